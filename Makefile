@@ -1,0 +1,55 @@
+# rlstream — `make help` lists the targets. `make demo` and `make test` do all set-up themselves.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: help setup sysdeps kafka demo test test-unit test-integration lint typecheck fmt clean cluster-down
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 20
+
+setup: $(STAMP)  ## create .venv and install rlstream with its dev tools
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+sysdeps:  ## install Java, Maven and kcat from Debian packages when missing (needs root)
+	@bash ops/sysdeps.sh
+
+kafka: setup sysdeps  ## fetch the Apache Kafka jars from Maven Central (once, into ~/.cache/rlstream)
+	$(BIN)/rlstream cluster fetch
+
+demo: kafka  ## start the local cluster and run the main job
+	$(BIN)/rlstream demo
+
+test: kafka  ## the whole suite: unit tests, then integration tests on a real local broker
+	$(BIN)/pytest -q $(PYTEST_ARGS) tests
+
+test-unit: setup  ## unit tests only (no broker)
+	$(BIN)/pytest -q $(PYTEST_ARGS) tests/unit
+
+test-integration: kafka  ## integration tests only
+	$(BIN)/pytest -q $(PYTEST_ARGS) tests/integration
+
+lint: setup  ## ruff lint and format check
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+fmt: setup  ## ruff format and autofix
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+typecheck: setup  ## mypy
+	$(BIN)/mypy .
+
+cluster-down:  ## stop the local cluster started by demo
+	$(BIN)/rlstream cluster down
+
+clean:  ## remove the virtualenv and caches (not the Kafka cache)
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,87 @@
+"""Kafka jars from Maven Central, resolved once into a per-user cache.
+
+`ops/kafka/pom.xml` lists the artifacts (broker, MirrorMaker 2, tools, log4j2 with the slf4j 1.7
+binding). `mvn dependency:copy-dependencies` copies them and their dependencies into
+``$RLSTREAM_CACHE/kafka-<version>/libs`` (default ``~/.cache/rlstream``). A marker file is written
+only after a complete copy, so an interrupted download is redone, never half used.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+POM = Path(__file__).resolve().parent.parent / "kafka" / "pom.xml"
+
+
+class SetupError(RuntimeError):
+    """Something the user must fix on their machine (missing Java or Maven, a failed download)."""
+
+
+def kafka_version() -> str:
+    match = re.search(r"<kafka.version>([^<]+)</kafka.version>", POM.read_text())
+    assert match, f"no kafka.version in {POM}"
+    return match.group(1)
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("RLSTREAM_CACHE", Path.home() / ".cache" / "rlstream"))
+
+
+def java_binary() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and (Path(java_home) / "bin" / "java").exists():
+        return str(Path(java_home) / "bin" / "java")
+    found = shutil.which("java")
+    if not found:
+        raise SetupError(
+            "Java 17 or newer is needed to run Kafka: install a JDK (e.g. `apt-get install "
+            "openjdk-17-jre-headless`) or set JAVA_HOME."
+        )
+    return found
+
+
+def libs_dir() -> Path:
+    """The directory holding every Kafka jar; resolves it with Maven on first use."""
+    target = cache_root() / f"kafka-{kafka_version()}" / "libs"
+    marker = target.parent / ".complete"
+    if marker.exists():
+        return target
+    mvn = shutil.which("mvn")
+    if not mvn:
+        raise SetupError(
+            "Maven is needed once to fetch Kafka from Maven Central: `apt-get install maven`, "
+            "or point rlstream at an existing cluster with RLSTREAM_BOOTSTRAP."
+        )
+    staging = target.parent / "libs.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        mvn,
+        "-q",
+        "-B",
+        "-f",
+        str(POM),
+        "dependency:copy-dependencies",
+        f"-DoutputDirectory={staging}",
+        "-DincludeScope=runtime",
+    ]
+    print(
+        f"fetching Apache Kafka {kafka_version()} jars from Maven Central into {target} ...",
+        flush=True,
+    )
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-20:])
+        raise SetupError(f"Maven could not fetch the Kafka jars:\n{tail}")
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    marker.write_text(kafka_version())
+    return target
+
+
+def classpath() -> str:
+    return str(libs_dir() / "*")

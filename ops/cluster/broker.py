@@ -1,0 +1,212 @@
+"""One region's Kafka: a single KRaft node in combined mode (broker + controller) on loopback.
+
+Rules:
+- storage is formatted on first start only; later starts reuse the data (topics survive `down`);
+- ports are chosen free at first start and kept, so clients and MirrorMaker configs stay valid;
+  if a kept port was taken meanwhile, new ones are chosen (the static quorum allows it);
+- the broker is ready when the admin client lists topics through the advertised listener.
+"""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rlstream.ops.cluster import artifacts, procs
+
+MARKER = "kafka.Kafka"  # with the properties path, identifies our broker process
+
+LOG4J2 = """\
+status = warn
+appender.file.type = RollingFile
+appender.file.name = file
+appender.file.fileName = {log}
+appender.file.filePattern = {log}.%i
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+appender.file.policies.type = Policies
+appender.file.policies.size.type = SizeBasedTriggeringPolicy
+appender.file.policies.size.size = 50MB
+appender.file.strategy.type = DefaultRolloverStrategy
+appender.file.strategy.max = 3
+rootLogger.level = info
+rootLogger.appenderRef.file.ref = file
+logger.kafka.name = kafka
+logger.kafka.level = warn
+logger.apache.name = org.apache.kafka
+logger.apache.level = warn
+logger.started.name = kafka.server.KafkaRaftServer
+logger.started.level = info
+"""
+
+
+@dataclass
+class Region:
+    """What we know about one region's broker; persisted in the cluster state file."""
+
+    name: str
+    home: str
+    broker_port: int
+    controller_port: int
+    pid: int | None = None
+    cluster_id: str = ""
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.broker_port}"
+
+    @property
+    def dir(self) -> Path:
+        return Path(self.home) / self.name
+
+    @property
+    def properties(self) -> Path:
+        return self.dir / "server.properties"
+
+    @property
+    def log(self) -> Path:
+        return self.dir / "logs" / "server.log"
+
+    @property
+    def stdout_log(self) -> Path:
+        return self.dir / "logs" / "stdout.log"
+
+    def running(self) -> bool:
+        return procs.alive(self.pid, str(self.properties))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def new_region(name: str, home: Path) -> Region:
+    return Region(
+        name=name, home=str(home), broker_port=procs.free_port(), controller_port=procs.free_port()
+    )
+
+
+def _properties(region: Region) -> str:
+    data = region.dir / "data"
+    lines = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.voters": f"1@127.0.0.1:{region.controller_port}",
+        "listeners": (
+            f"PLAINTEXT://127.0.0.1:{region.broker_port},"
+            f"CONTROLLER://127.0.0.1:{region.controller_port}"
+        ),
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{region.broker_port}",
+        "controller.listener.names": "CONTROLLER",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "log.dirs": str(data),
+        "num.partitions": "1",
+        # A single node can only hold one replica of the internal topics.
+        "offsets.topic.replication.factor": "1",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+        "auto.create.topics.enable": "false",
+        "message.max.bytes": str(16 * 1024 * 1024),
+        "log.segment.bytes": str(256 * 1024 * 1024),
+        # Transactions abort quickly after a producer dies, so tests of crashes stay short.
+        "transaction.max.timeout.ms": str(15 * 60 * 1000),
+    }
+    return "".join(f"{key}={value}\n" for key, value in lines.items())
+
+
+def _write_config(region: Region) -> None:
+    region.dir.mkdir(parents=True, exist_ok=True)
+    region.log.parent.mkdir(parents=True, exist_ok=True)
+    region.properties.write_text(_properties(region))
+    (region.dir / "log4j2.properties").write_text(LOG4J2.format(log=region.log))
+
+
+def _java(region: Region, heap: str) -> list[str]:
+    return [
+        artifacts.java_binary(),
+        f"-Xms256m",
+        f"-Xmx{heap}",
+        "-XX:+UseG1GC",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={region.dir / 'log4j2.properties'}",
+        "-cp",
+        artifacts.classpath(),
+    ]
+
+
+def _format(region: Region, heap: str) -> None:
+    if (region.dir / "data" / "meta.properties").exists():
+        return
+    region.cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    cmd = [
+        *_java(region, heap),
+        "kafka.tools.StorageTool",
+        "format",
+        "-t",
+        region.cluster_id,
+        "-c",
+        str(region.properties),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise artifacts.SetupError(
+            f"formatting Kafka storage for region {region.name} failed:\n{proc.stdout}{proc.stderr}"
+        )
+
+
+def start(region: Region, heap: str = "1g", timeout: float = 120.0) -> Region:
+    """Start the region's broker (formatting storage the first time) and wait until it serves."""
+    if procs.port_in_use(region.broker_port) or procs.port_in_use(region.controller_port):
+        region.broker_port, region.controller_port = procs.free_port(), procs.free_port()
+    _write_config(region)
+    _format(region, heap)
+    cmd = [*_java(region, heap), MARKER, str(region.properties)]
+    proc = procs.spawn(cmd, region.stdout_log, cwd=region.dir)
+    region.pid = proc.pid
+    wait_ready(region, timeout, proc)
+    return region
+
+
+def wait_ready(region: Region, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(
+        {"bootstrap.servers": region.bootstrap, "log_level": 0, "logger": _silent_logger()}
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (proc.poll() is not None) if proc else not region.running():
+            raise artifacts.SetupError(
+                f"the Kafka broker of region {region.name} exited during start-up. Last lines "
+                f"of {region.log}:\n{procs.tail(region.log)}\n{procs.tail(region.stdout_log, 10)}"
+            )
+        try:
+            admin.list_topics(timeout=2)
+            return
+        except Exception:  # noqa: BLE001 - not reachable yet; retried until the deadline
+            time.sleep(0.5)
+    raise artifacts.SetupError(
+        f"the Kafka broker of region {region.name} did not answer on {region.bootstrap} within "
+        f"{timeout:.0f}s. Last lines of {region.log}:\n{procs.tail(region.log)}"
+    )
+
+
+def _silent_logger():
+    import logging
+
+    logger = logging.getLogger("rlstream.cluster.admin")
+    logger.addHandler(logging.NullHandler())
+    logger.propagate = False
+    return logger
+
+
+def stop(region: Region) -> None:
+    if region.pid:
+        procs.stop(region.pid, str(region.properties))
+    region.pid = None

@@ -1,0 +1,167 @@
+"""MirrorMaker 2 in dedicated mode between the local regions.
+
+A flow ``SRC->DST:REGEX`` copies topics of region SRC whose names match REGEX to region DST.
+The default replication policy names the copy ``SRC.TOPIC`` on DST, so consumers in DST
+subscribe by pattern (``^(SRC\\.)?rl\\.RUN\\.tasks$``). Topic lists are refreshed every few
+seconds (the MirrorMaker default is ten minutes) so topics a run creates are mirrored promptly.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from rlstream.ops.cluster import artifacts, procs
+from rlstream.ops.cluster.broker import LOG4J2, Region
+
+MARKER = "org.apache.kafka.connect.mirror.MirrorMaker"
+FLOW = re.compile(r"^(?P<src>[A-Za-z0-9_-]+)->(?P<dst>[A-Za-z0-9_-]+):(?P<regex>.+)$")
+
+
+@dataclass(frozen=True)
+class Flow:
+    src: str
+    dst: str
+    regex: str
+
+    def __str__(self) -> str:
+        return f"{self.src}->{self.dst}:{self.regex}"
+
+
+def parse_flow(text: str) -> Flow:
+    match = FLOW.match(text.strip())
+    if not match:
+        raise ValueError(
+            f"bad mirror flow {text!r}: expected SRC->DST:REGEX, e.g. "
+            r"'trainer->eu:rl\..*\.tasks'"
+        )
+    try:
+        re.compile(match["regex"])
+    except re.error as exc:
+        raise ValueError(f"bad topic regex in mirror flow {text!r}: {exc}") from exc
+    return Flow(match["src"], match["dst"], match["regex"])
+
+
+@dataclass
+class Mirror:
+    home: str
+    flows: list[str] = field(default_factory=list)
+    pid: int | None = None
+
+    @property
+    def dir(self) -> Path:
+        return Path(self.home) / "mirror"
+
+    @property
+    def properties(self) -> Path:
+        return self.dir / "mm2.properties"
+
+    @property
+    def log(self) -> Path:
+        return self.dir / "logs" / "mirror.log"
+
+    def running(self) -> bool:
+        return procs.alive(self.pid, str(self.properties))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def mm2_properties(flows: list[Flow], regions: dict[str, Region]) -> str:
+    """The MirrorMaker 2 config: one replication per (src, dst), its topic regexes or-ed."""
+    names = sorted({f.src for f in flows} | {f.dst for f in flows})
+    missing = [n for n in names if n not in regions]
+    if missing:
+        raise ValueError(
+            f"mirror flow names unknown region(s) {missing}; started: {sorted(regions)}"
+        )
+    lines = [f"clusters = {', '.join(names)}"]
+    lines += [f"{n}.bootstrap.servers = {regions[n].bootstrap}" for n in names]
+    pairs: dict[tuple[str, str], list[str]] = {}
+    for flow in flows:
+        pairs.setdefault((flow.src, flow.dst), []).append(flow.regex)
+    for (src, dst), regexes in sorted(pairs.items()):
+        lines += [
+            f"{src}->{dst}.enabled = true",
+            f"{src}->{dst}.topics = {'|'.join(f'(?:{r})' for r in regexes)}",
+        ]
+    lines += [
+        "replication.factor = 1",
+        "checkpoints.topic.replication.factor = 1",
+        "heartbeats.topic.replication.factor = 1",
+        "offset-syncs.topic.replication.factor = 1",
+        "offset.storage.replication.factor = 1",
+        "status.storage.replication.factor = 1",
+        "config.storage.replication.factor = 1",
+        "sync.topic.acls.enabled = false",
+        "refresh.topics.interval.seconds = 2",
+        "refresh.groups.interval.seconds = 5",
+        "emit.checkpoints.interval.seconds = 5",
+        "sync.group.offsets.enabled = false",
+        "tasks.max = 2",
+        # Weight chunks and long trajectories exceed the 1 MB client defaults.
+        "producer.max.request.size = 16777216",
+        "consumer.max.partition.fetch.bytes = 16777216",
+        "consumer.fetch.max.bytes = 33554432",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def start(
+    home: Path,
+    flows: list[Flow],
+    regions: dict[str, Region],
+    heap: str = "512m",
+    timeout: float = 120.0,
+) -> Mirror:
+    mirror = Mirror(home=str(home), flows=[str(f) for f in flows])
+    mirror.dir.mkdir(parents=True, exist_ok=True)
+    mirror.log.parent.mkdir(parents=True, exist_ok=True)
+    mirror.properties.write_text(mm2_properties(flows, regions))
+    (mirror.dir / "log4j2.properties").write_text(
+        LOG4J2.format(log=mirror.log).replace(
+            "logger.apache.level = warn", "logger.apache.level = info"
+        )
+    )
+    cmd = [
+        artifacts.java_binary(),
+        "-Xms128m",
+        f"-Xmx{heap}",
+        f"-Dlog4j2.configurationFile={mirror.dir / 'log4j2.properties'}",
+        "-cp",
+        artifacts.classpath(),
+        MARKER,
+        str(mirror.properties),
+    ]
+    proc = procs.spawn(cmd, mirror.dir / "logs" / "stdout.log", cwd=mirror.dir)
+    mirror.pid = proc.pid
+    _wait_started(mirror, proc, timeout)
+    return mirror
+
+
+def _wait_started(mirror: Mirror, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise artifacts.SetupError(
+                f"MirrorMaker 2 exited during start-up (status {proc.returncode}). Last lines "
+                f"of {mirror.log}:\n{procs.tail(mirror.log)}\n"
+                f"{procs.tail(mirror.dir / 'logs' / 'stdout.log', 10)}"
+            )
+        text = mirror.log.read_text(errors="replace") if mirror.log.exists() else ""
+        if "Kafka MirrorMaker started" in text:
+            return
+        time.sleep(0.5)
+    raise artifacts.SetupError(
+        f"MirrorMaker 2 did not start within {timeout:.0f}s. Last lines of {mirror.log}:\n"
+        f"{procs.tail(mirror.log)}"
+    )
+
+
+def stop(mirror: Mirror) -> None:
+    if mirror.pid:
+        procs.stop(mirror.pid, str(mirror.properties))
+    mirror.pid = None

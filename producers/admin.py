@@ -1,0 +1,117 @@
+"""Topic administration: create a run's topics from the catalog idempotently, report drift.
+
+``apply_topics`` creates missing topics with the catalog's partitions and configs, and compares
+existing ones: a partition count or config that differs is *drift*, reported, never silently
+changed (repartitioning a keyed stream would break per-group ordering and co-partitioning).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+from rlstream.producers.settings import KafkaSettings
+
+
+@dataclass(frozen=True)
+class TopicWant:
+    """A topic as it should be: name, partitions and topic-level configs."""
+
+    name: str
+    partitions: int
+    configs: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ApplyReport:
+    created: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    drift: dict[str, list[str]] = field(default_factory=dict)
+
+
+def admin_client(settings: KafkaSettings) -> AdminClient:
+    return AdminClient(settings.librdkafka())
+
+
+def apply_topics(admin: AdminClient, wants: list[TopicWant], timeout: float = 30.0) -> ApplyReport:
+    """Create the missing topics of ``wants`` and report drift on the existing ones."""
+    report = ApplyReport()
+    # replication_factor=-1 takes the cluster's default.replication.factor.
+    existing = admin.list_topics(timeout=timeout).topics
+    missing = [w for w in wants if w.name not in existing]
+    if missing:
+        futures = admin.create_topics(
+            [
+                NewTopic(w.name, w.partitions, replication_factor=-1, config=dict(w.configs))
+                for w in missing
+            ],
+            operation_timeout=timeout,
+        )
+        for name, future in futures.items():
+            try:
+                future.result()
+                report.created.append(name)
+            except KafkaException as exc:
+                if exc.args[0].code() != 36:  # TOPIC_ALREADY_EXISTS: a concurrent apply won
+                    raise
+                report.unchanged.append(name)
+    present = [w for w in wants if w.name in existing]
+    for want, problems in zip(present, _drift(admin, present, existing, timeout), strict=True):
+        if problems:
+            report.drift[want.name] = problems
+        else:
+            report.unchanged.append(want.name)
+    return report
+
+
+def _drift(
+    admin: AdminClient, wants: list[TopicWant], existing: Mapping[str, Any], timeout: float
+) -> list[list[str]]:
+    if not wants:
+        return []
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, w.name) for w in wants]
+    described = admin.describe_configs(resources, request_timeout=timeout)
+    results = []
+    for want, resource in zip(wants, resources, strict=True):
+        problems = []
+        have_parts = len(existing[want.name].partitions)
+        if have_parts != want.partitions:
+            problems.append(f"partitions: have {have_parts}, catalog says {want.partitions}")
+        configs = described[resource].result()
+        for key, value in want.configs.items():
+            have = configs[key].value if key in configs else None
+            if have != value:
+                problems.append(f"{key}: have {have}, catalog says {value}")
+        results.append(problems)
+    return results
+
+
+def delete_topics(admin: AdminClient, names: list[str], timeout: float = 30.0) -> None:
+    if not names:
+        return
+    for future in admin.delete_topics(names, operation_timeout=timeout).values():
+        future.result()
+
+
+def group_lag(admin: AdminClient, group: str, timeout: float = 10.0) -> dict[str, int]:
+    """Per-topic lag of a consumer group: end offsets minus committed offsets, summed."""
+    request = [ConsumerGroupTopicPartitions(group)]
+    result = admin.list_consumer_group_offsets(request, request_timeout=timeout)
+    committed = result[group].result().topic_partitions or []
+    if not committed:
+        return {}
+    from confluent_kafka import OffsetSpec
+
+    ends = admin.list_offsets(
+        {TopicPartition(tp.topic, tp.partition): OffsetSpec.latest() for tp in committed},
+        request_timeout=timeout,
+    )
+    lag: dict[str, int] = {}
+    for tp in committed:
+        end = ends[TopicPartition(tp.topic, tp.partition)].result().offset
+        lag[tp.topic] = lag.get(tp.topic, 0) + max(0, end - max(tp.offset, 0))
+    return lag
