@@ -1,0 +1,241 @@
+"""The topic catalog: every stream of a run, its key, partitions, retention and size limits.
+
+Names: per-run streams are ``rl.RUN.STREAM`` (a run is copied, replayed or deleted as a unit);
+the cluster-wide streams are ``rl.schemas`` and ``rl.runs``. MirrorMaker 2's default replication
+policy prefixes remote copies with the source region (``eu.rl.RUN.trajectories``), which
+``parse_topic`` and ``topic_pattern`` understand. Consumer groups are ``rlstream.RUN.ROLE[.NAME]``.
+
+Guarantees:
+- run, role, name and region names are validated (``[A-Za-z0-9_-]``, no dots), so every derived
+  name is a legal Kafka name and parses back unambiguously;
+- trajectories, rewards, admitted and rejected always share one partition count and the group-id
+  key, so admission joins a group inside one partition (``catalog`` cannot break this);
+- every stream's ``max_message_bytes`` fits its largest record: trajectories and admission
+  decisions larger than ``max_value_bytes`` are split (``rlstream.schemas.arrays``), weight
+  chunks carry at most ``CHUNK_PAYLOAD_BYTES``.
+
+Producers must raise librdkafka's ``message.max.bytes`` to at least the topic's limit (its
+default is 1 MB), and consumers ``fetch.max.bytes`` likewise.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import Any, Literal
+
+PREFIX = "rl"
+GROUP_PREFIX = "rlstream"
+SCHEMAS_TOPIC = "rl.schemas"
+RUNS_TOPIC = "rl.runs"
+MIB = 1024 * 1024
+DAY_MS = 24 * 3600 * 1000
+FOREVER = -1
+CHUNK_PAYLOAD_BYTES = 1 * MIB
+"""Largest payload the learner puts in one WeightChunk."""
+VALUE_HEADROOM = 64 * 1024
+"""Room left under max.message.bytes for key, headers and batch overhead."""
+DEFAULT_GROUP_PARTITIONS = 6
+DEFAULT_TASK_PARTITIONS = 12
+MAX_NAME_LENGTH = 64
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+_GROUP_STREAMS = ("trajectories", "rewards", "admitted", "rejected")
+
+Cleanup = Literal["delete", "compact"]
+Mirror = Literal["outward", "inward", "none"]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSpec:
+    """One stream of the design and the Kafka settings of its topic."""
+
+    stream: str
+    """Stream name: the STREAM of rl.RUN.STREAM, or the cluster topic's suffix."""
+    key_doc: str
+    """What the Kafka key is (it decides partitioning and ordering)."""
+    partitions: int
+    retention_ms: int
+    """Time retention; -1 keeps records forever (the run's record)."""
+    cleanup_policy: Cleanup
+    max_message_bytes: int
+    event: str
+    """Short event name of the values (a key of ``EVENTS``); "" for rl.schemas (schema JSON)."""
+    key_fields: tuple[str, ...] = ()
+    """Record fields whose values, joined by "/", form the key (see ``record_key``)."""
+    cluster_wide: bool = False
+    """True for rl.schemas and rl.runs, which belong to no run."""
+    mirror: Mirror = "none"
+    """MirrorMaker 2 direction: outward from the trainer region, inward to it, or none."""
+
+    @property
+    def max_value_bytes(self) -> int:
+        """Largest record value to produce: ``max_message_bytes`` minus ``VALUE_HEADROOM``."""
+        return self.max_message_bytes - VALUE_HEADROOM
+
+
+def catalog(
+    group_partitions: int = DEFAULT_GROUP_PARTITIONS, task_partitions: int = DEFAULT_TASK_PARTITIONS
+) -> Mapping[str, StreamSpec]:
+    """Every stream by name. Rule: the group-keyed streams all get ``group_partitions``."""
+    if group_partitions < 1 or task_partitions < 1:
+        raise ValueError("partition counts must be >= 1")
+    g, spec = group_partitions, StreamSpec
+    specs = [
+        spec("tasks", "task id", task_partitions, 7 * DAY_MS, "delete", 4 * MIB, "task", ("task_id",), mirror="outward"),
+        spec("trajectories", "group id", g, 7 * DAY_MS, "delete", 8 * MIB, "trajectory", ("group_id",), mirror="inward"),
+        spec("rewards", "group id", g, 7 * DAY_MS, "delete", 1 * MIB, "reward", ("group_id",)),
+        spec("admitted", "group id", g, FOREVER, "delete", 8 * MIB, "admission", ("group_id",)),
+        spec("rejected", "group id", g, 30 * DAY_MS, "delete", 8 * MIB, "admission", ("group_id",)),
+        spec("weights.manifests", "model name", 1, FOREVER, "delete", 4 * MIB, "weight_manifest", ("model",), mirror="outward"),
+        spec("weights.chunks", "MODEL/VERSION/INDEX", 6, 7 * DAY_MS, "delete", CHUNK_PAYLOAD_BYTES + 256 * 1024, "weight_chunk", ("model", "version", "index"), mirror="outward"),
+        spec("feedback", "request id", 6, 30 * DAY_MS, "delete", 4 * MIB, "feedback", ("request_id",)),
+        spec("dlq", "original topic", 1, 30 * DAY_MS, "delete", 16 * MIB, "dead_letter", ("source_topic",)),
+        spec("schemas", "schema fingerprint (hex)", 1, FOREVER, "compact", 1 * MIB, "", cluster_wide=True, mirror="outward"),
+        spec("runs", "run name", 1, FOREVER, "compact", 4 * MIB, "run_manifest", ("run",), cluster_wide=True, mirror="outward"),
+    ]  # fmt: skip
+    return MappingProxyType({s.stream: s for s in specs})
+
+
+STREAMS: Mapping[str, StreamSpec] = catalog()
+"""The default catalog."""
+RUN_STREAMS = tuple(name for name, s in STREAMS.items() if not s.cluster_wide)
+CO_PARTITIONED = _GROUP_STREAMS
+
+
+def with_partitions(spec: StreamSpec, partitions: int) -> StreamSpec:
+    """A copy of ``spec`` with another partition count (use ``catalog`` for group streams)."""
+    return replace(spec, partitions=partitions)
+
+
+def check_copartitioned(specs: Mapping[str, StreamSpec]) -> None:
+    """Raise ``ValueError`` unless the group-keyed streams share one partition count."""
+    counts = {name: specs[name].partitions for name in _GROUP_STREAMS if name in specs}
+    if len(set(counts.values())) > 1:
+        raise ValueError(f"group-keyed streams must be co-partitioned, got {counts}")
+
+
+def validate_name(name: str, what: str = "run") -> str:
+    """Return ``name`` if it is a legal run/role/region name, else raise ``ValueError``.
+
+    Rule: 1-64 characters from [A-Za-z0-9_-], starting with a letter or digit; no dots, since
+    dots separate the parts of topic and group names.
+    """
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or len(name) > MAX_NAME_LENGTH:
+        raise ValueError(
+            f"invalid {what} name {name!r}: use 1-{MAX_NAME_LENGTH} characters from "
+            "[A-Za-z0-9_-], starting with a letter or digit"
+        )
+    return name
+
+
+def _spec(stream: str, specs: Mapping[str, StreamSpec] | None = None) -> StreamSpec:
+    specs = STREAMS if specs is None else specs
+    if stream not in specs:
+        raise ValueError(f"unknown stream {stream!r}; known: {sorted(specs)}")
+    return specs[stream]
+
+
+def topic_name(run: str, stream: str) -> str:
+    """``rl.RUN.STREAM`` for a per-run stream; the fixed name for ``schemas`` and ``runs``."""
+    if _spec(stream).cluster_wide:
+        return f"{PREFIX}.{stream}"
+    return f"{PREFIX}.{validate_name(run)}.{stream}"
+
+
+def cluster_topic(stream: str) -> str:
+    """Name of a cluster-wide topic: ``rl.schemas`` or ``rl.runs``."""
+    if not _spec(stream).cluster_wide:
+        raise ValueError(f"{stream!r} is a per-run stream; use topic_name(run, stream)")
+    return f"{PREFIX}.{stream}"
+
+
+def run_topics(run: str) -> dict[str, str]:
+    """Topic name of every per-run stream of ``run``, by stream."""
+    return {stream: topic_name(run, stream) for stream in RUN_STREAMS}
+
+
+@dataclass(frozen=True, slots=True)
+class TopicName:
+    """A parsed topic name: ``region`` is set for a MirrorMaker 2 remote copy."""
+
+    region: str | None
+    run: str | None
+    stream: str
+
+
+def parse_topic(topic: str) -> TopicName:
+    """Inverse of ``topic_name``, also for remote copies ``REGION.rl.RUN.STREAM``.
+
+    Raises ``ValueError`` for a topic that is not an rlstream topic.
+    """
+    parts = topic.split(".")
+    region = None
+    if parts and parts[0] != PREFIX:
+        region, parts = parts[0], parts[1:]
+    if (
+        len(parts) == 2
+        and parts[0] == PREFIX
+        and parts[1] in STREAMS
+        and STREAMS[parts[1]].cluster_wide
+    ):
+        return TopicName(region, None, parts[1])
+    if len(parts) >= 3 and parts[0] == PREFIX:
+        stream = ".".join(parts[2:])
+        if stream in STREAMS and not STREAMS[stream].cluster_wide and _NAME.fullmatch(parts[1]):
+            return TopicName(region, parts[1], stream)
+    raise ValueError(f"{topic!r} is not an rlstream topic (rl.RUN.STREAM or REGION.rl.RUN.STREAM)")
+
+
+def topic_pattern(run: str, stream: str, remote: bool = True) -> str:
+    """Regex subscription (leading ``^``, as librdkafka requires) for a stream of a run.
+
+    With ``remote`` it also matches MirrorMaker 2 copies from any region, so the trainer consumes
+    local and mirrored trajectories with one subscription.
+    """
+    local = re.escape(topic_name(run, stream))
+    return f"^([A-Za-z0-9_-]+\\.)?{local}$" if remote else f"^{local}$"
+
+
+def group_id(run: str, role: str, name: str | None = None) -> str:
+    """Consumer group id ``rlstream.RUN.ROLE[.NAME]`` (e.g. ``rlstream.r1.judge.tests``)."""
+    parts = [GROUP_PREFIX, validate_name(run), validate_name(role, "role")]
+    if name is not None:
+        parts.append(validate_name(name, "name"))
+    return ".".join(parts)
+
+
+def record_key(stream: str, record: Mapping[str, Any]) -> bytes:
+    """The Kafka key of ``record`` on ``stream``: its key fields joined by "/", UTF-8.
+
+    Rule: the key is derived from the record, never chosen by the producer, so every writer of a
+    stream partitions the same way (rl.schemas records are keyed by ``SchemaStore.records``).
+    """
+    spec = _spec(stream)
+    if not spec.key_fields:
+        raise ValueError(f"the key of {stream!r} records is not a record field ({spec.key_doc})")
+    try:
+        return "/".join(str(record[f]) for f in spec.key_fields).encode("utf-8")
+    except KeyError as exc:
+        raise ValueError(f"{stream} record lacks key field {exc.args[0]!r}") from exc
+
+
+def topic_configs(spec: StreamSpec, min_insync_replicas: int | None = None) -> dict[str, str]:
+    """Kafka topic configs (``kafka-topics --config`` / AdminClient ``NewTopic.config``).
+
+    Rule: compacted topics keep their latest record per key forever; time-retained topics delete
+    whole segments after ``retention_ms``; producers' timestamps are kept (CreateTime).
+    """
+    configs = {
+        "cleanup.policy": spec.cleanup_policy,
+        "retention.ms": str(FOREVER if spec.cleanup_policy == "compact" else spec.retention_ms),
+        "max.message.bytes": str(spec.max_message_bytes),
+        "message.timestamp.type": "CreateTime",
+    }
+    if spec.cleanup_policy == "compact":
+        # keep tombstones a day so a slow consumer still sees a deletion
+        configs["delete.retention.ms"] = str(DAY_MS)
+    if min_insync_replicas is not None:
+        configs["min.insync.replicas"] = str(min_insync_replicas)
+    return configs
