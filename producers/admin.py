@@ -115,3 +115,36 @@ def group_lag(admin: AdminClient, group: str, timeout: float = 10.0) -> dict[str
         end = ends[TopicPartition(tp.topic, tp.partition)].result().offset
         lag[tp.topic] = lag.get(tp.topic, 0) + max(0, end - max(tp.offset, 0))
     return lag
+
+
+def run_topic_wants(run: str, specs: Mapping[str, Any] | None = None) -> list[TopicWant]:
+    """The catalog's topics for ``run`` plus the cluster-wide ``rl.schemas`` and ``rl.runs``."""
+    from rlstream.schemas import topics
+
+    specs = specs or topics.STREAMS
+    return [
+        TopicWant(topics.topic_name(run, name), spec.partitions, topics.topic_configs(spec))
+        for name, spec in specs.items()
+    ]
+
+
+def ensure_run_topics(
+    settings: KafkaSettings, run: str, partitions: int | None = None
+) -> ApplyReport:
+    """Create or check every topic of ``run`` (``partitions`` for the group-keyed streams)."""
+    from rlstream.schemas import topics
+
+    specs = topics.catalog(group_partitions=partitions) if partitions else topics.STREAMS
+    return apply_topics(admin_client(settings), run_topic_wants(run, specs))
+
+
+def ensure_cluster_topics(settings: KafkaSettings) -> ApplyReport:
+    """Create or check the cluster-wide topics ``rl.schemas`` and ``rl.runs``."""
+    from rlstream.schemas import topics
+
+    wants = [
+        TopicWant(topics.cluster_topic(name), spec.partitions, topics.topic_configs(spec))
+        for name, spec in topics.STREAMS.items()
+        if spec.cluster_wide
+    ]
+    return apply_topics(admin_client(settings), wants)

@@ -105,9 +105,19 @@ def up(
             broker.start(region, heap=heap)
             cluster.save()
             log(f"region {name}: ready at {region.bootstrap} (pid {region.pid}, log {region.log})")
+        _create_cluster_topics(cluster, regions or [DEFAULT_REGION])
         _ensure_mirror(cluster, flows or [], log)
         cluster.save()
         return cluster
+
+
+def _create_cluster_topics(cluster: Cluster, regions: list[str]) -> None:
+    """Every region gets ``rl.schemas`` and ``rl.runs`` so any consumer there can decode."""
+    from rlstream.producers.admin import ensure_cluster_topics
+    from rlstream.producers.settings import KafkaSettings
+
+    for name in regions:
+        ensure_cluster_topics(KafkaSettings(bootstrap_servers=cluster.bootstrap(name)))
 
 
 def _ensure_mirror(cluster: Cluster, flows: list[Flow], log) -> None:

@@ -130,7 +130,7 @@ def _write_config(region: Region) -> None:
 def _java(region: Region, heap: str) -> list[str]:
     return [
         artifacts.java_binary(),
-        f"-Xms256m",
+        "-Xms256m",
         f"-Xmx{heap}",
         "-XX:+UseG1GC",
         "-Djava.awt.headless=true",
@@ -189,7 +189,7 @@ def wait_ready(region: Region, timeout: float, proc: subprocess.Popen | None = N
         try:
             admin.list_topics(timeout=2)
             return
-        except Exception:  # noqa: BLE001 - not reachable yet; retried until the deadline
+        except Exception:
             time.sleep(0.5)
     raise artifacts.SetupError(
         f"the Kafka broker of region {region.name} did not answer on {region.bootstrap} within "

@@ -6,6 +6,7 @@ process's command line still names the file we started it with (its properties f
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -83,10 +84,8 @@ def stop(pid: int, marker: str, timeout: float = 30.0) -> None:
 
 
 def _reap(pid: int) -> None:
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def tail(path: Path, lines: int = 30) -> str:

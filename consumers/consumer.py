@@ -1,0 +1,203 @@
+"""Role consumers: derived group ids, manual commits, read-committed, graceful stop.
+
+Rules:
+- the group id is derived (``rlstream.RUN.ROLE[.NAME]``), never typed by hand;
+- auto-commit is off: a loop commits offsets after its effect (or inside its transaction);
+- only committed transactional data is read (``isolation.level=read_committed``);
+- SIGTERM and SIGINT set a stop flag; the loop finishes its batch, commits, and closes, which
+  leaves the group at once so a rebalance hands its partitions over without waiting;
+- a record that cannot be decoded goes to the dead-letter stream and the consumer goes on.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from rlstream.producers.settings import KafkaSettings
+from rlstream.schemas import events
+
+CONSUMER_DEFAULTS = {
+    "enable.auto.commit": "false",
+    "enable.auto.offset.store": "false",
+    "auto.offset.reset": "earliest",
+    "isolation.level": "read_committed",
+    "partition.assignment.strategy": "cooperative-sticky",
+    "max.partition.fetch.bytes": str(16 * 1024 * 1024),
+    "fetch.max.bytes": str(64 * 1024 * 1024),
+    "session.timeout.ms": "10000",
+    "heartbeat.interval.ms": "1000",
+}
+
+
+class Stopper:
+    """A stop flag set by SIGTERM/SIGINT (when installed) or by ``stop()``."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def install(self) -> Stopper:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: self._event.set())
+        return self
+
+    def stop(self) -> None:
+        self._event.set()
+
+    @property
+    def stopped(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, seconds: float) -> bool:
+        return self._event.wait(seconds)
+
+
+@dataclass
+class Record:
+    """A consumed record with its decoded event (None when it failed to decode)."""
+
+    message: Message
+    event: events.Decoded | None
+    error: str | None = None
+    reason: str | None = None  # a DeadLetter.reason symbol when decoding failed
+
+    @property
+    def key(self) -> bytes | None:
+        return self.message.key()
+
+    @property
+    def value(self) -> dict[str, Any]:
+        assert self.event is not None, self.error
+        return self.event.record
+
+
+def make_consumer(settings: KafkaSettings, group_id: str, **overrides: str) -> Consumer:
+    conf: dict[str, Any] = {**settings.librdkafka(), **CONSUMER_DEFAULTS, "group.id": group_id}
+    conf.update(overrides)
+    return Consumer(conf)
+
+
+class RoleConsumer:
+    """A thin wrapper over ``Consumer`` that decodes events and batches polls."""
+
+    def __init__(
+        self,
+        consumer: Consumer,
+        topics: Iterable[str],
+        store: events.SchemaStore | None = None,
+        on_assign: Callable[[list[TopicPartition]], None] | None = None,
+        on_revoke: Callable[[list[TopicPartition]], None] | None = None,
+        settings: KafkaSettings | None = None,
+    ) -> None:
+        self.consumer = consumer
+        self.store = store or events.default_store()
+        self.decode = events.deserializer(self.store)
+        self._settings = settings  # to learn unknown writer schemas from rl.schemas
+        self._on_assign, self._on_revoke = on_assign, on_revoke
+        consumer.subscribe(
+            list(topics), on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._revoked
+        )
+
+    def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self._on_assign:
+            self._on_assign(partitions)
+
+    def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self._on_revoke:
+            self._on_revoke(partitions)
+
+    def poll_batch(self, max_records: int = 500, timeout: float = 1.0) -> list[Record]:
+        """Up to ``max_records`` records, decoded; partition EOFs and transient errors skipped."""
+        messages = self.consumer.consume(max_records, timeout)
+        batch = []
+        for msg in messages:
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF or err.retriable():
+                    continue
+                raise RuntimeError(f"consumer error: {err.str()}")
+            batch.append(self._decode(msg))
+        return batch
+
+    def _decode(self, msg: Message) -> Record:
+        try:
+            return Record(msg, self.decode(msg.value(), None))
+        except events.DecodeError as exc:
+            if exc.reason == "unknown_schema" and self._settings is not None:
+                # Written by code we have never seen: learn its schema from rl.schemas, once.
+                load_schema_topic(self._settings, self.store)
+                try:
+                    return Record(msg, self.decode(msg.value(), None))
+                except events.EventError as again:
+                    return Record(msg, None, str(again), again.reason)
+            return Record(msg, None, str(exc), exc.reason)
+        except events.EventError as exc:
+            return Record(msg, None, str(exc), exc.reason)
+
+    def commit(self, records: list[Record]) -> None:
+        """Synchronously commit the offsets after ``records`` (their effect is done)."""
+        if records:
+            self.consumer.commit(offsets=next_offsets(records), asynchronous=False)
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def next_offsets(records: Iterable[Record]) -> list[TopicPartition]:
+    """The offset to resume from, per partition: one past the last record seen."""
+    last: dict[tuple[str, int], int] = {}
+    for rec in records:
+        tp = (rec.message.topic(), rec.message.partition())
+        last[tp] = max(last.get(tp, -1), rec.message.offset())
+    return [TopicPartition(t, p, o + 1) for (t, p), o in last.items()]
+
+
+def load_schema_topic(
+    settings: KafkaSettings, store: events.SchemaStore, timeout: float = 10.0
+) -> int:
+    """Read every writer schema in ``rl.schemas`` into ``store``; returns how many were read.
+
+    This is how a consumer decodes records written by code it has never seen.
+    """
+    from confluent_kafka import OFFSET_BEGINNING
+
+    from rlstream.schemas import topics
+
+    consumer = Consumer(
+        {
+            **settings.librdkafka(),
+            "group.id": "rlstream.schema-reader",
+            "enable.auto.commit": "false",
+            "enable.partition.eof": "true",
+        }
+    )
+    try:
+        meta = consumer.list_topics(topics.SCHEMAS_TOPIC, timeout=timeout).topics
+        parts = meta.get(topics.SCHEMAS_TOPIC)
+        if parts is None or parts.error is not None:
+            return 0
+        pending = {p for p in parts.partitions}
+        consumer.assign(
+            [TopicPartition(topics.SCHEMAS_TOPIC, p, OFFSET_BEGINNING) for p in pending]
+        )
+        count = 0
+        while pending:
+            msg = consumer.poll(timeout)
+            if msg is None:
+                break
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    pending.discard(msg.partition())
+                continue
+            if msg.value() is not None:
+                store.add_record(msg.key() or b"", msg.value())
+                count += 1
+        return count
+    finally:
+        consumer.close()

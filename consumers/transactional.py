@@ -1,0 +1,195 @@
+"""Exactly-once consume-transform-produce: the loop the judges, admission, feedback-rl and the
+learner share.
+
+Each batch is one Kafka transaction holding (a) the outputs the processor made from the batch,
+(b) dead letters for records that failed to decode or that the processor refused, and (c) the
+consumer offsets after the batch. Either all three become visible or none does, so after a
+crash (even SIGKILL mid-batch) the restarted member re-reads exactly the uncommitted records and
+each input is reflected in the output exactly once. A restarted member reuses its transactional
+id, which fences its dead predecessor and aborts the predecessor's open transaction.
+
+The processor is a plain function ``records -> outputs``. It may keep state across batches; if
+a transaction aborts, the loop rewinds the consumer to the committed offsets and calls
+``on_abort`` so the processor can drop state built from the aborted batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
+
+from rlstream.consumers.consumer import Record, RoleConsumer, Stopper, make_consumer, next_offsets
+from rlstream.consumers.dlq import dead_letter, dead_letter_headers
+from rlstream.producers.producer import EventProducer, make_producer
+from rlstream.producers.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Output:
+    """One record to produce in the batch's transaction: an event, or raw bytes if ``raw``."""
+
+    topic: str
+    event: str | None
+    value: Any
+    key: str | bytes | None = None
+    headers: Sequence[tuple[str, bytes]] = ()
+
+
+class Refused(Exception):
+    """Raised by a processor for one record it cannot accept; the record is dead-lettered."""
+
+    def __init__(self, record: Record, reason: str) -> None:
+        super().__init__(reason)
+        self.record, self.reason = record, reason
+
+
+Processor = Callable[[list[Record]], Iterable[Output]]
+
+
+@dataclass
+class LoopStats:
+    batches: int = 0
+    records: int = 0
+    outputs: int = 0
+    dead_letters: int = 0
+    aborts: int = 0
+    last_batch_s: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class TransactionalLoop:
+    """Consume ``topics`` as ``group_id``; process; produce and commit in one transaction."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        *,
+        group_id: str,
+        topics: Iterable[str],
+        transactional_id: str,
+        dlq_topic: str,
+        process: Processor,
+        on_abort: Callable[[], None] | None = None,
+        on_assign: Callable[[list[TopicPartition]], None] | None = None,
+        on_revoke: Callable[[list[TopicPartition]], None] | None = None,
+        batch_size: int = 500,
+        poll_timeout: float = 0.5,
+        instance_id: str | None = None,
+    ) -> None:
+        self.group_id, self.dlq_topic = group_id, dlq_topic
+        self.process, self.on_abort = process, on_abort
+        self.batch_size, self.poll_timeout = batch_size, poll_timeout
+        # A stable instance id (static membership) lets a restarted member take its partitions
+        # back at once instead of after the dead member's session times out.
+        static = {"group.instance.id": instance_id} if instance_id else {}
+        self.consumer = RoleConsumer(
+            make_consumer(settings, group_id, **static),
+            topics,
+            on_assign=on_assign,
+            on_revoke=on_revoke,
+            settings=settings,
+        )
+        self.producer = EventProducer(make_producer(settings, transactional_id=transactional_id))
+        self.producer.producer.init_transactions(60)
+        self.stats = LoopStats()
+
+    def run(self, stopper: Stopper, idle_exit_s: float | None = None) -> LoopStats:
+        """Process batches until stopped (or idle for ``idle_exit_s``), then close cleanly."""
+        idle_since = time.monotonic()
+        try:
+            while not stopper.stopped:
+                if self.run_once():
+                    idle_since = time.monotonic()
+                elif idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
+                    break
+        finally:
+            self.close()
+        return self.stats
+
+    def run_once(self) -> int:
+        """One batch: poll, transform, produce and commit atomically. Returns records consumed."""
+        records = self.consumer.poll_batch(self.batch_size, self.poll_timeout)
+        if not records:
+            return 0
+        started = time.monotonic()
+        producer = self.producer.producer
+        producer.begin_transaction()
+        try:
+            self._produce_batch(records)
+            producer.send_offsets_to_transaction(
+                next_offsets(records), self.consumer.consumer.consumer_group_metadata(), 60
+            )
+            producer.commit_transaction(60)
+        except KafkaException as exc:
+            self._abort(exc)
+            return 0
+        self.stats.batches += 1
+        self.stats.records += len(records)
+        self.stats.last_batch_s = time.monotonic() - started
+        return len(records)
+
+    def _produce_batch(self, records: list[Record]) -> None:
+        good = []
+        for rec in records:
+            if rec.event is None:
+                self._dead_letter(rec, rec.reason or "other", rec.error or "")
+            else:
+                good.append(rec)
+        try:
+            outputs = list(self.process(good)) if good else []
+        except Refused as refused:
+            # Refusal of one record: dead-letter it and re-run the rest of the batch.
+            self._dead_letter(refused.record, "invalid_record", refused.reason)
+            rest = [r for r in good if r is not refused.record]
+            outputs = list(self.process(rest)) if rest else []
+        for out in outputs:
+            if out.event is None:
+                self.producer.produce_raw(out.topic, out.value, out.key, out.headers)
+            else:
+                self.producer.produce(out.topic, out.event, out.value, out.key, out.headers)
+        self.stats.outputs += len(outputs)
+
+    def _dead_letter(self, rec: Record, reason: str, error: str) -> None:
+        letter = dead_letter(rec.message, reason, error, self.group_id)
+        self.producer.produce(
+            self.dlq_topic,
+            "dead_letter",
+            letter,
+            rec.message.topic(),
+            dead_letter_headers(rec.message, reason, error),
+        )
+        self.stats.dead_letters += 1
+
+    def _abort(self, exc: KafkaException) -> None:
+        err = exc.args[0]
+        if not err.txn_requires_abort():
+            raise exc  # fatal (e.g. fenced by a newer instance): let the role exit
+        log.warning("transaction aborted, rewinding to committed offsets: %s", err.str())
+        self.producer.producer.abort_transaction(60)
+        self.stats.aborts += 1
+        self._rewind()
+        if self.on_abort:
+            self.on_abort()
+
+    def _rewind(self) -> None:
+        consumer = self.consumer.consumer
+        assigned = consumer.assignment()
+        if not assigned:
+            return
+        for tp in consumer.committed(assigned, timeout=30):
+            # No committed offset yet: start over (auto.offset.reset is earliest).
+            offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+            consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+
+    def close(self) -> None:
+        try:
+            self.consumer.close()
+        finally:
+            self.producer.producer.flush(10)

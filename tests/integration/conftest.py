@@ -1,0 +1,66 @@
+"""One real Kafka per test session.
+
+``RLSTREAM_BOOTSTRAP`` points the suite at an existing cluster; otherwise the project's own
+launcher starts a broker in a temporary state directory and stops exactly that broker, by pid,
+when the session ends. Every test makes its own uniquely named topics and groups.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rlstream.producers.settings import KafkaSettings
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="session")
+def cluster_home() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="rlstream-it-") as tmp:
+        yield Path(tmp) / "cluster"
+
+
+@pytest.fixture(scope="session")
+def kafka(cluster_home: Path) -> Iterator[KafkaSettings]:
+    """Settings for the session's broker (region ``trainer``)."""
+    from rlstream.producers.admin import ensure_cluster_topics
+
+    external = KafkaSettings.from_env()
+    if external is not None:
+        ensure_cluster_topics(external)
+        yield external
+        return
+    from rlstream.ops import cluster
+
+    state = cluster.up(["trainer"], home=cluster_home, heap="768m", log=lambda *_: None)
+    try:
+        settings = KafkaSettings(bootstrap_servers=state.bootstrap("trainer"))
+        ensure_cluster_topics(settings)
+        yield settings
+    finally:
+        cluster.down(home=cluster_home, purge=True, log=lambda *_: None)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture
+def bootstrap(kafka: KafkaSettings) -> str:
+    return kafka.bootstrap_servers
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Clients talk to 127.0.0.1 only; a proxy variable must never reroute them.
+    for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    os.environ.setdefault("RLSTREAM_TEST", "1")

@@ -1,0 +1,68 @@
+"""Small helpers shared by integration tests: make topics, produce events, read a topic whole."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+from rlstream.producers.admin import TopicWant, admin_client, apply_topics
+from rlstream.producers.settings import KafkaSettings
+from rlstream.schemas import events
+
+
+def make_topics(settings: KafkaSettings, *names: str, partitions: int = 3) -> None:
+    apply_topics(admin_client(settings), [TopicWant(n, partitions) for n in names])
+
+
+def task(run: str, task_id: str) -> dict[str, Any]:
+    return {
+        "run": run,
+        "task_id": task_id,
+        "created_ms": int(time.time() * 1000),
+        "family": "arith",
+        "prompt": f"prompt {task_id}",
+        "spec_json": "{}",
+        "group_size": 4,
+        "max_turns": 1,
+        "seed": 7,
+    }
+
+
+def read_all(
+    settings: KafkaSettings, topic: str, committed_only: bool = True, timeout: float = 15.0
+) -> list[tuple[bytes | None, bytes, Any]]:
+    """Every record of ``topic`` as (key, value, message), reading until each partition's end."""
+    consumer = Consumer(
+        {
+            **settings.librdkafka(),
+            "group.id": f"reader-{uuid.uuid4().hex}",
+            "enable.auto.commit": "false",
+            "enable.partition.eof": "true",
+            "isolation.level": "read_committed" if committed_only else "read_uncommitted",
+        }
+    )
+    try:
+        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        open_parts, out = set(parts), []
+        deadline = time.monotonic() + timeout
+        while open_parts and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    open_parts.discard(msg.partition())
+                continue
+            out.append((msg.key(), msg.value(), msg))
+        assert not open_parts, f"did not reach the end of {topic} partitions {open_parts}"
+        return out
+    finally:
+        consumer.close()
+
+
+def decode_all(settings: KafkaSettings, topic: str) -> list[events.Decoded]:
+    return [events.decode(v) for _, v, _ in read_all(settings, topic)]

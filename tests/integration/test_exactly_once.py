@@ -1,0 +1,77 @@
+"""A transactional consume-transform-produce loop killed with SIGKILL mid-batch and restarted
+produces each output exactly once; undecodable records land in the dead-letter stream."""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from helpers import decode_all, make_topics, read_all, task
+
+from rlstream.producers.producer import EventProducer
+from rlstream.producers.settings import KafkaSettings
+from rlstream.schemas import events
+
+WORKER = Path(__file__).with_name("eos_worker.py")
+
+
+def _start(kafka: KafkaSettings, names: dict[str, str], delay: float) -> subprocess.Popen:
+    args = [
+        sys.executable,
+        str(WORKER),
+        "--bootstrap",
+        kafka.bootstrap_servers,
+        "--delay",
+        str(delay),
+        "--idle-exit",
+        "6",
+    ]
+    for k, v in names.items():
+        args += [f"--{k}", v]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, cwd=WORKER.parent)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def test_sigkill_mid_batch_then_restart_outputs_each_input_once(kafka, unique_run):
+    names = {
+        "input": f"{unique_run}.in",
+        "output": f"{unique_run}.out",
+        "dlq": f"{unique_run}.dlq",
+        "group": f"rlstream.{unique_run}.copier",
+        "txid": f"rlstream.{unique_run}.copier.0",
+    }
+    make_topics(kafka, names["input"], names["output"], names["dlq"])
+    n = 300
+    with EventProducer.connect(kafka) as producer:
+        for i in range(n):
+            producer.produce(names["input"], "task", task(unique_run, f"t{i}"), f"t{i}")
+        producer.produce_raw(names["input"], b"\x00garbage that is no event", b"bad")
+
+    first = _start(kafka, names, delay=0.02)
+    time.sleep(2.5)  # a few batches committed, one open
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    partial = len(read_all(kafka, names["output"]))
+    assert 0 < partial < n, f"kill did not land mid-run ({partial} outputs)"
+
+    second = _start(kafka, names, delay=0.0)
+    out, _ = second.communicate(timeout=120)
+    assert second.returncode == 0, out
+
+    ids = collections.Counter(d.record["task_id"] for d in decode_all(kafka, names["output"]))
+    assert set(ids) == {f"t{i}" for i in range(n)}, "an input was lost"
+    assert max(ids.values()) == 1, f"duplicated outputs: {[k for k, c in ids.items() if c > 1][:5]}"
+    letters = decode_all(kafka, names["dlq"])
+    assert len(letters) == 1
+    letter = letters[0].record
+    assert letter["reason"] == "bad_header" and letter["value"] == b"\x00garbage that is no event"
+    assert letter["source_topic"] == names["input"] and letter["key"] == b"bad"
+    # uncommitted (aborted) outputs of the killed run exist only outside read_committed
+    assert len(read_all(kafka, names["output"], committed_only=False)) >= n
+    assert events.decode(read_all(kafka, names["output"])[0][1]).event == "reward"
