@@ -35,6 +35,9 @@ CONSUMER_DEFAULTS = {
 }
 
 
+_BENIGN = (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
+
+
 class Stopper:
     """A stop flag set by SIGTERM/SIGINT (when installed) or by ``stop()``."""
 
@@ -119,8 +122,8 @@ class RoleConsumer:
         for msg in messages:
             err = msg.error()
             if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF or err.retriable():
-                    continue
+                if err.code() in _BENIGN or err.retriable():
+                    continue  # a subscribed topic may be created (or mirrored) later
                 raise RuntimeError(f"consumer error: {err.str()}")
             batch.append(self._decode(msg))
         return batch

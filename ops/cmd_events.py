@@ -26,7 +26,7 @@ def add_tap_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=["text", "jsonl"], default="text")
 
 
-def run_tap(args: argparse.Namespace) -> int:
+def tap_role(args: argparse.Namespace) -> int:
     from rlstream.consumers.tap import jsonable, tap
     from rlstream.schemas import topics
 

@@ -95,7 +95,7 @@ class EventProducer:
         """Put a writer schema into the compacted ``rl.schemas`` topic (once per process)."""
         if fingerprint in self._announced:
             return
-        schema_json = dict(self.store.records())[fingerprint.hex()]
+        schema_json = self.store.canonical(fingerprint) or ""
         self.produce_raw(topics.SCHEMAS_TOPIC, schema_json.encode(), fingerprint.hex())
         self._announced.add(fingerprint)
 

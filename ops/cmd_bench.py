@@ -1,0 +1,25 @@
+"""``rlstream bench NAME [--json]``: benchmarks that measure against a baseline in the same run.
+
+Each bench module exposes ``register_bench(subparsers)``. Progress goes to stderr; with ``--json``
+the last line of stdout is one JSON object with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+BENCHES = (
+    "rlstream.ops.bench.bus",
+    "rlstream.ops.bench.deltas",
+    "rlstream.ops.bench.sync",
+    "rlstream.ops.bench.router_replay",
+)
+# Benchmarks added as the features land are appended here.
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("bench", help="run a benchmark (bus, deltas, sync, ...)")
+    bsub = parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
+    for name in BENCHES:
+        importlib.import_module(name).register_bench(bsub)
