@@ -1,0 +1,583 @@
+"""Lossless, chunked, verified weight deltas and keyframes between policy versions.
+
+After each RL step the learner ships the new weights as a *delta* against the previous
+version (per tensor, only the elements whose bit patterns changed) or as a *keyframe* (a
+full snapshot). An encoded version is a JSON-serialisable manifest plus chunk payloads.
+
+Guarantees:
+
+- Bit-exact: tensors are bit patterns (``TensorBits``); NaN payloads, -0.0, infinities and
+  denormals round-trip exactly because values are never interpreted as numbers.
+- Bounded chunks: every chunk is at most ``max_chunk_bytes`` (default 900 000, so a chunk and
+  its record headers fit a 1 MB Kafka message) and holds whole pieces (element ranges of
+  tensors), so each chunk decodes without the others.
+- Verified: every chunk has a checksum and a size in the manifest, every tensor the hash of
+  its new bits and of the base bits it was computed against, and the manifest the state
+  hashes of both versions (rules in ``deltacodec_bits``). ``decode`` checks all of them and
+  raises a ``DeltaError`` subclass on the first failure: ``MissingChunk``, ``ChunkCorrupt``,
+  ``BaseMismatch``, ``HashMismatch`` or ``ManifestInvalid``.
+- Never partial: ``decode`` builds the new state in new arrays (or in buffers the caller
+  explicitly gives up with ``recycle``) and returns it only after every check passed; the
+  base passed in is never written to.
+- Deterministic: the same inputs give byte-identical chunks and manifest.
+
+Manifest fields: ``format``, ``version``, ``base_version`` (None for keyframes), ``kind``
+("delta" | "keyframe"), ``tensors`` (sorted by name; each ``name``, ``dtype``, ``shape``,
+``encoding`` (its pieces' encodings joined by "+"), ``changed`` (elements whose bits differ
+from the base; every element without base), ``hash``, ``base_hash`` (None without base),
+``raw_bytes``, ``encoded_bytes`` and ``pieces`` ``[[chunk, start, stop, encoding, nbytes],
+...]``), ``chunks`` (``[{index, nbytes, checksum}]``, checksum = xxh3_128 hex of the
+payload), ``state_hash``, ``base_state_hash``, ``raw_bytes``, ``encoded_bytes`` (sum of chunk
+sizes), ``max_chunk_bytes``. Chunk layout: ``<4sBxxxI`` (magic ``RLDK``, format 1, piece
+count) followed by the pieces (``deltacodec_pieces``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+import xxhash
+import zstandard
+
+from .deltacodec_bits import (
+    BITS_ONLY_DTYPES,
+    DTYPE_WIDTHS,
+    UINT_BY_WIDTH,
+    TensorBits,
+    as_bytes,
+    bits_hash,
+    from_torch,
+    same_state,
+    state_hash,
+    to_torch,
+)
+from .deltacodec_manifest import (
+    FORMAT,
+    BaseMismatch,
+    ChunkCorrupt,
+    DeltaError,
+    HashMismatch,
+    ManifestInvalid,
+    MissingChunk,
+    validate_manifest,
+    verify_chunk,
+)
+from .deltacodec_pieces import (
+    ENCODINGS,
+    UNCHANGED,
+    ZSTD_LEVEL,
+    Changes,
+    Piece,
+    decode_piece,
+    encode_best,
+    find_changes,
+    read_piece,
+    zigzag,
+)
+
+__all__ = [
+    "BITS_ONLY_DTYPES",
+    "DEFAULT_MAX_CHUNK_BYTES",
+    "DTYPE_WIDTHS",
+    "FORMAT",
+    "BaseMismatch",
+    "ChunkCorrupt",
+    "DeltaError",
+    "Encoded",
+    "EntropyBound",
+    "HashMismatch",
+    "ManifestInvalid",
+    "MissingChunk",
+    "TensorBits",
+    "bits_hash",
+    "decode",
+    "encode_delta",
+    "encode_keyframe",
+    "entropy_bound",
+    "from_torch",
+    "same_state",
+    "state_hash",
+    "to_torch",
+    "validate_manifest",
+    "verify_chunk",
+]
+
+DEFAULT_MAX_CHUNK_BYTES: Final = 900_000
+#: Smallest chunk limit accepted: one element stored raw must always fit in a chunk.
+MIN_CHUNK_BYTES: Final = 256
+CHUNK_HEADER: Final = struct.Struct("<4sBxxxI")
+CHUNK_MAGIC: Final = b"RLDK"
+# Elements are encoded in ranges of at most this many raw bytes before any splitting, which
+# bounds the encoder's temporary memory (changed positions are int64) per range.
+MAX_RANGE_BYTES: Final = 8 << 20
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One encoded version: the manifest (plain JSON-serialisable dict) and chunk payloads."""
+
+    manifest: dict[str, Any]
+    chunks: list[bytes]
+
+    @property
+    def ratio(self) -> float:
+        """Raw bytes of the new weights per encoded chunk byte."""
+        return self.manifest["raw_bytes"] / max(1, self.manifest["encoded_bytes"])
+
+
+# --- encoding ---------------------------------------------------------------------------
+
+
+def encode_delta(
+    old: Mapping[str, TensorBits],
+    new: Mapping[str, TensorBits],
+    *,
+    version: int,
+    base_version: int,
+    max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
+) -> Encoded:
+    """Encode ``new`` as a delta against ``old`` (the state of ``base_version``).
+
+    Per tensor of ``new``: a tensor of ``old`` with the same name, dtype and shape is its base
+    and only changed bit patterns are encoded; otherwise the tensor is sent whole. Tensors of
+    ``old`` absent from ``new`` are absent from the decoded state."""
+    return _encode(old, new, version, base_version, max_chunk_bytes)
+
+
+def encode_keyframe(
+    state: Mapping[str, TensorBits],
+    *,
+    version: int,
+    max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
+) -> Encoded:
+    """Encode a full snapshot (no base): byte planes + zstd, same chunking and hashes."""
+    return _encode(None, state, version, None, max_chunk_bytes)
+
+
+def _encode(
+    old: Mapping[str, TensorBits] | None,
+    new: Mapping[str, TensorBits],
+    version: int,
+    base_version: int | None,
+    limit: int,
+) -> Encoded:
+    if limit < MIN_CHUNK_BYTES:
+        raise ValueError(f"max_chunk_bytes must be >= {MIN_CHUNK_BYTES}, got {limit}")
+    cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=False, threads=0)
+    budget = limit - CHUNK_HEADER.size
+    names = sorted(new)
+    per_tensor: list[tuple[list[Piece], int, TensorBits | None]] = []
+    for i, name in enumerate(names):
+        base = old.get(name) if old is not None else None
+        if base is not None and (base.dtype, base.shape) != (new[name].dtype, new[name].shape):
+            base = None
+        pieces, changed = _encode_tensor(i, base, new[name], budget, cctx)
+        per_tensor.append((pieces, changed, base))
+    groups = _group_into_chunks([p for pieces, _, _ in per_tensor for p in pieces], limit)
+    chunks = [_chunk_bytes(g) for g in groups]
+    where = {(p.tensor, p.start): c for c, g in enumerate(groups) for p in g}
+    entries = [
+        _tensor_entry(name, new[name], base, pieces, changed, where)
+        for name, (pieces, changed, base) in zip(names, per_tensor, strict=True)
+    ]
+    manifest: dict[str, Any] = {
+        "format": FORMAT,
+        "version": int(version),
+        "base_version": None if base_version is None else int(base_version),
+        "kind": "keyframe" if old is None else "delta",
+        "tensors": entries,
+        "chunks": [
+            {"index": i, "nbytes": len(c), "checksum": xxhash.xxh3_128_hexdigest(c)}
+            for i, c in enumerate(chunks)
+        ],
+        "state_hash": state_hash(new),
+        "base_state_hash": None if old is None else state_hash(old),
+        "raw_bytes": sum(t.nbytes for t in new.values()),
+        "encoded_bytes": sum(len(c) for c in chunks),
+        "max_chunk_bytes": limit,
+    }
+    return Encoded(manifest, chunks)
+
+
+def _encode_tensor(
+    index: int,
+    base: TensorBits | None,
+    tensor: TensorBits,
+    budget: int,
+    cctx: zstandard.ZstdCompressor,
+) -> tuple[list[Piece], int]:
+    """Pieces of one tensor, each at most ``budget`` bytes, and its changed-element count.
+    Both hashes are computed on the way (in the same pass as the comparison)."""
+    old_h = xxhash.xxh3_128() if base is not None and not base.hash_known else None
+    new_h = None if tensor.hash_known else xxhash.xxh3_128()
+    n, width = tensor.numel, tensor.width
+    # Range size follows the last ratio seen so that a piece roughly fills a chunk.
+    ratio = float(MAX_RANGE_BYTES) if base is not None else 1.0
+    pieces: list[Piece] = []
+    changed, lo = 0, 0
+    while lo < n:
+        step = max(8, int(0.95 * budget * ratio) // width // 8 * 8)
+        hi = min(n, lo + min(step, MAX_RANGE_BYTES // width))
+        new_r = tensor.bits[lo:hi]
+        old_r = base.bits[lo:hi] if base is not None else None
+        if old_r is None:
+            if new_h is not None:
+                new_h.update(as_bytes(new_r))
+            ch, changed = None, changed + (hi - lo)
+        else:
+            ch = find_changes(old_r, new_r, old_h, new_h)
+            changed += int(ch.pos.size)
+        made = _fit(index, lo, old_r, new_r, ch, budget, cctx)
+        ratio = new_r.nbytes / max(1, sum(p.nbytes for p in made))
+        pieces += made
+        lo = hi
+    if old_h is not None and base is not None:
+        base.remember_hash(old_h.hexdigest())
+    if new_h is not None:
+        tensor.remember_hash(new_h.hexdigest())
+    return _merge_unchanged(pieces), changed
+
+
+def _fit(
+    index: int,
+    start: int,
+    old: np.ndarray | None,
+    new: np.ndarray,
+    ch: Changes | None,
+    budget: int,
+    cctx: zstandard.ZstdCompressor,
+) -> list[Piece]:
+    """Encode a range; split it and retry until every piece fits ``budget`` (terminates:
+    a one-element raw piece always fits, as ``budget >= MIN_CHUNK_BYTES - header``)."""
+    piece = encode_best(index, start, old, new, ch, cctx)
+    if piece.nbytes <= budget:
+        return [piece]
+    n = new.size
+    parts = min(n, max(2, math.ceil(piece.nbytes / (0.85 * budget))))
+    cuts = [n * j // parts for j in range(parts + 1)]
+    if n >= 16 * parts:  # keep ranges 8-element aligned so 8-byte word views stay aligned
+        cuts = [c // 8 * 8 for c in cuts[:-1]] + [n]
+    out: list[Piece] = []
+    for a, b in itertools.pairwise(cuts):
+        if a < b:
+            sub = ch.window(a, b) if ch is not None else None
+            old_s = old[a:b] if old is not None else None
+            out += _fit(index, start + a, old_s, new[a:b], sub, budget, cctx)
+    return out
+
+
+def _merge_unchanged(pieces: list[Piece]) -> list[Piece]:
+    """Adjacent ``unchanged`` pieces of a tensor become one (they carry no data)."""
+    out: list[Piece] = []
+    for p in pieces:
+        if out and p.encoding == UNCHANGED == out[-1].encoding:
+            last = out.pop()
+            p = Piece(p.tensor, last.start, p.stop, UNCHANGED, 0, 0, ())
+        out.append(p)
+    return out
+
+
+def _group_into_chunks(pieces: list[Piece], limit: int) -> list[list[Piece]]:
+    """Greedy, order-preserving: start a new chunk when the next piece would overflow."""
+    groups: list[list[Piece]] = []
+    size = limit + 1
+    for p in pieces:
+        if size + p.nbytes > limit:
+            groups.append([])
+            size = CHUNK_HEADER.size
+        groups[-1].append(p)
+        size += p.nbytes
+    return groups
+
+
+def _chunk_bytes(pieces: list[Piece]) -> bytes:
+    head = CHUNK_HEADER.pack(CHUNK_MAGIC, 1, len(pieces))
+    return b"".join([head] + [p.to_bytes() for p in pieces])
+
+
+def _tensor_entry(
+    name: str,
+    tensor: TensorBits,
+    base: TensorBits | None,
+    pieces: list[Piece],
+    changed: int,
+    where: dict[tuple[int, int], int],
+) -> dict[str, Any]:
+    names = list(dict.fromkeys(ENCODINGS[p.encoding] for p in pieces))
+    return {
+        "name": name,
+        "dtype": tensor.dtype,
+        "shape": list(tensor.shape),
+        "encoding": "+".join(names) if names else "empty",
+        "changed": changed,
+        "hash": tensor.hash,
+        "base_hash": None if base is None else base.hash,
+        "raw_bytes": tensor.nbytes,
+        "encoded_bytes": sum(p.nbytes for p in pieces),
+        "pieces": [
+            [where[(p.tensor, p.start)], p.start, p.stop, ENCODINGS[p.encoding], p.nbytes]
+            for p in pieces
+        ],
+    }
+
+
+# --- decoding ---------------------------------------------------------------------------
+
+
+def decode(
+    manifest: Mapping[str, Any],
+    chunks: Sequence[bytes | None],
+    base: Mapping[str, TensorBits] | None = None,
+    *,
+    recycle: Mapping[str, TensorBits] | None = None,
+) -> dict[str, TensorBits]:
+    """Decode and verify one version; returns the complete new state or raises.
+
+    Checks, in order: manifest structure (``ManifestInvalid``); chunk count (``MissingChunk``,
+    also for a None entry); each chunk's size, checksum and pieces against the manifest
+    (``ChunkCorrupt``); for a delta, the base's tensors, tensor hashes and state hash
+    (``BaseMismatch``); every decoded tensor's hash and the state hash (``HashMismatch``).
+    A keyframe ignores ``base``. Base hashes already cached on the ``TensorBits`` are reused;
+    missing ones are computed while the base is read, and cached.
+
+    ``recycle`` (optional) is a state the caller gives up, typically the version before
+    ``base`` in a double-buffered worker: its tensors of matching dtype and shape, when their
+    memory is writable and disjoint from ``base``, are overwritten with the new state instead
+    of allocating (fresh pages cost more than the decode itself). It is consumed even when
+    decoding fails: do not use it afterwards."""
+    validate_manifest(manifest)
+    if len(chunks) < len(manifest["chunks"]) or any(c is None for c in chunks):
+        raise MissingChunk(f"need {len(manifest['chunks'])} chunks, got {_present(chunks)}")
+    if len(chunks) > len(manifest["chunks"]):
+        raise ChunkCorrupt(f"{len(chunks)} chunks given, manifest lists {len(manifest['chunks'])}")
+    pieces = _read_pieces(manifest, [c for c in chunks if c is not None])
+    bases = _match_base(manifest, base)
+    dctx = zstandard.ZstdDecompressor()
+    taken = _Spans(base.values() if base is not None else ())
+    out: dict[str, TensorBits] = {}
+    for entry, tensor_pieces in zip(manifest["tensors"], pieces, strict=True):
+        name = entry["name"]
+        bits = _output_array(entry, recycle.get(name) if recycle else None, taken)
+        out[name] = _decode_tensor(entry, tensor_pieces, bases.get(name), bits, dctx)
+    if (
+        base is not None
+        and manifest["kind"] == "delta"
+        and (state_hash(base) != manifest["base_state_hash"])
+    ):
+        raise BaseMismatch("base state hash differs from the delta's base_state_hash")
+    if state_hash(out) != manifest["state_hash"]:
+        raise HashMismatch("decoded state hash differs from the manifest")
+    return out
+
+
+def _present(chunks: Sequence[bytes | None]) -> int:
+    return sum(c is not None for c in chunks)
+
+
+def _read_pieces(manifest: Mapping[str, Any], chunks: Sequence[bytes]) -> list[list[Piece]]:
+    """All pieces, per tensor in start order, after checking chunks against the manifest."""
+    tensors = manifest["tensors"]
+    listed = {
+        (t, start): (c, stop, enc)
+        for t, entry in enumerate(tensors)
+        for c, start, stop, enc, _ in entry["pieces"]
+    }
+    found: list[list[Piece]] = [[] for _ in tensors]
+    for index, payload in enumerate(chunks):
+        verify_chunk(manifest, index, payload)
+        try:
+            for p in _parse_chunk(payload):
+                want = listed.pop((p.tensor, p.start), None)
+                if want != (index, p.stop, ENCODINGS[p.encoding]):
+                    raise ValueError(f"piece {p.tensor}:{p.start} is not in the manifest")
+                found[p.tensor].append(p)
+        except ValueError as exc:
+            raise ChunkCorrupt(f"chunk {index}: {exc}") from exc
+    if listed:
+        (t, start), (c, _, _) = next(iter(listed.items()))
+        raise ChunkCorrupt(f"chunk {c} lacks piece {start} of {tensors[t]['name']!r}")
+    return [sorted(ps, key=lambda p: p.start) for ps in found]
+
+
+def _parse_chunk(payload: bytes) -> list[Piece]:
+    buf = memoryview(payload)
+    if len(buf) < CHUNK_HEADER.size:
+        raise ValueError("truncated chunk header")
+    magic, fmt, count = CHUNK_HEADER.unpack_from(buf, 0)
+    if magic != CHUNK_MAGIC or fmt != 1:
+        raise ValueError("not a weight chunk (bad magic or format)")
+    offset, pieces = CHUNK_HEADER.size, []
+    for _ in range(count):
+        piece, offset = read_piece(buf, offset)
+        pieces.append(piece)
+    if offset != len(buf):
+        raise ValueError("trailing bytes after the last piece")
+    return pieces
+
+
+def _match_base(
+    manifest: Mapping[str, Any], base: Mapping[str, TensorBits] | None
+) -> dict[str, TensorBits]:
+    """The base tensor of each entry that has one; fails fast on anything already known."""
+    if manifest["kind"] == "keyframe":
+        return {}
+    if base is None:
+        raise BaseMismatch(f"a delta needs the state of version {manifest['base_version']}")
+    out: dict[str, TensorBits] = {}
+    for entry in manifest["tensors"]:
+        if entry["base_hash"] is None:
+            continue
+        t = base.get(entry["name"])
+        if t is None or t.dtype != entry["dtype"] or list(t.shape) != entry["shape"]:
+            raise BaseMismatch(f"base lacks {entry['name']!r} as {entry['dtype']}{entry['shape']}")
+        if t.hash_known and t.hash != entry["base_hash"]:
+            raise BaseMismatch(f"base tensor {entry['name']!r} differs from the delta's base")
+        out[entry["name"]] = t
+    if all(t.hash_known for t in base.values()) and (
+        state_hash(base) != manifest["base_state_hash"]
+    ):
+        raise BaseMismatch("base state hash differs from the delta's base_state_hash")
+    return out
+
+
+class _Spans:
+    """Address ranges already in use (the base, then each recycled buffer), so that a
+    recycled buffer never overlaps the base or another output."""
+
+    def __init__(self, tensors: Iterable[TensorBits]) -> None:
+        # Base tensors may overlap (tied weights): merge so that spans stay disjoint and a
+        # claim only needs to look at its two neighbours.
+        self._spans: list[tuple[int, int]] = []
+        for lo, hi in sorted(s for t in tensors if (s := _span(t.bits))[1] > s[0]):
+            if self._spans and lo < self._spans[-1][1]:
+                self._spans[-1] = (self._spans[-1][0], max(hi, self._spans[-1][1]))
+            else:
+                self._spans.append((lo, hi))
+
+    def claim(self, array: np.ndarray) -> bool:
+        lo, hi = _span(array)
+        i = bisect.bisect_left(self._spans, (lo, hi))
+        neighbours = self._spans[max(0, i - 1) : i + 1]
+        if any(a < hi and lo < b for a, b in neighbours):
+            return False
+        self._spans.insert(i, (lo, hi))
+        return True
+
+
+def _span(array: np.ndarray) -> tuple[int, int]:
+    lo = int(array.__array_interface__["data"][0])
+    return lo, lo + array.nbytes
+
+
+def _output_array(entry: Mapping[str, Any], old: TensorBits | None, taken: _Spans) -> np.ndarray:
+    """Where a tensor is decoded to: a recycled buffer when one fits, else a new array."""
+    dtype = UINT_BY_WIDTH[DTYPE_WIDTHS[entry["dtype"]]]
+    n = math.prod(entry["shape"])
+    if old is not None and old.dtype == entry["dtype"] and old.numel == n and n:
+        buf = old.bits.view()
+        try:
+            buf.flags.writeable = True
+        except ValueError:  # memory we may not write (e.g. a bytes buffer): allocate
+            return np.empty(n, dtype=dtype)
+        if taken.claim(buf):
+            old.forget_hash()
+            return buf
+    return np.empty(n, dtype=dtype)
+
+
+def _decode_tensor(
+    entry: Mapping[str, Any],
+    pieces: list[Piece],
+    base: TensorBits | None,
+    bits: np.ndarray,
+    dctx: zstandard.ZstdDecompressor,
+) -> TensorBits:
+    """Decode one tensor into ``bits``, hashing base and result piece by piece."""
+    name, shape = entry["name"], tuple(entry["shape"])
+    n = bits.size
+    old_h = xxhash.xxh3_128() if base is not None and not base.hash_known else None
+    new_h = xxhash.xxh3_128()
+    covered = 0
+    for p in pieces:
+        if p.start != covered or p.stop > n:
+            raise ChunkCorrupt(f"{name!r}: pieces do not tile 0..{n} (at {p.start})")
+        base_r = base.bits[p.start : p.stop] if base is not None else None
+        try:
+            decode_piece(p, base_r, bits[p.start : p.stop], dctx, old_h, new_h)
+        except ValueError as exc:
+            raise ChunkCorrupt(f"{name!r} elements {p.start}..{p.stop}: {exc}") from exc
+        covered = p.stop
+    if covered != n:
+        raise ChunkCorrupt(f"{name!r}: pieces cover {covered} of {n} elements")
+    if base is not None:
+        if old_h is not None:
+            base.remember_hash(old_h.hexdigest())
+        if base.hash != entry["base_hash"]:
+            raise BaseMismatch(f"base tensor {name!r} differs from the delta's base")
+    if new_h.hexdigest() != entry["hash"]:
+        raise HashMismatch(f"decoded {name!r} does not match its hash")
+    out = TensorBits(entry["dtype"], shape, bits)
+    out.remember_hash(entry["hash"])
+    return out
+
+
+# --- the order-0 entropy bound ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EntropyBound:
+    """Order-0 entropy bound of a change (see ``entropy_bound``)."""
+
+    raw_bits: int
+    bound_bits: float
+    changed: int
+    numel: int
+
+    @property
+    def ratio(self) -> float:
+        """Best compression ratio (raw / encoded) an order-0 coder could reach."""
+        return self.raw_bits / self.bound_bits if self.bound_bits else math.inf
+
+
+def _entropy(counts: np.ndarray) -> float:
+    """Shannon entropy in bits per symbol of the empirical distribution ``counts``."""
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log2(p)).sum())
+
+
+def entropy_bound(old: Mapping[str, TensorBits], new: Mapping[str, TensorBits]) -> EntropyBound:
+    """Order-0 entropy bound of the change ``old -> new``.
+
+    Per tensor of ``new`` with N elements of which k changed (bit patterns differ), p = k/N:
+    bits = N * H(p) + k * H_v, where H(p) is the binary entropy of the changed mask as an
+    i.i.d. Bernoulli(p) sequence and H_v the empirical entropy (bits per symbol) of the
+    tensor's value symbols, the zigzag-mapped wrapped integer differences ``new - old`` of
+    the bit patterns of the changed elements. A tensor without a matching base counts its
+    raw bits. The bound is the sum over tensors; ratio bound = raw bits / bound bits. Any
+    coder that treats positions and values as independent symbols drawn from these
+    per-tensor distributions needs at least this many bits (metadata not counted).
+    """
+    raw = bound = 0.0
+    changed = numel = 0
+    for name, t in new.items():
+        b = old.get(name)
+        raw += t.nbytes * 8
+        numel += t.numel
+        if b is None or (b.dtype, b.shape) != (t.dtype, t.shape):
+            bound += t.nbytes * 8
+            changed += t.numel
+            continue
+        idx = np.flatnonzero(b.bits != t.bits)
+        k = int(idx.size)
+        changed += k
+        if k:
+            _, counts = np.unique(zigzag(t.bits[idx] - b.bits[idx]), return_counts=True)
+            bound += t.numel * _entropy(np.array([k, t.numel - k])) + k * _entropy(counts)
+    return EntropyBound(int(raw), bound, changed, numel)

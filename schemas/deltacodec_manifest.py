@@ -1,0 +1,93 @@
+"""The weight manifest's format rules, its validation, and the codec's errors.
+
+A manifest arrives from Kafka as JSON: before anything indexes into it, ``validate_manifest``
+checks its structure, and ``verify_chunk`` checks a chunk payload against it (size and
+xxh3_128 checksum). Every failure is a ``DeltaError`` subclass naming what is wrong, so a
+consumer can log it and keep serving the version it has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+import xxhash
+
+from .deltacodec_bits import DTYPE_WIDTHS
+from .deltacodec_pieces import ENCODINGS
+
+#: Format tag of manifests written by this codec.
+FORMAT: Final = "rlstream.weights/1"
+
+
+class DeltaError(Exception):
+    """A version could not be decoded or verified; nothing was applied."""
+
+
+class ManifestInvalid(DeltaError):
+    """The manifest is malformed or of an unknown format."""
+
+
+class MissingChunk(DeltaError):
+    """Fewer chunks than the manifest lists (or a missing entry)."""
+
+
+class ChunkCorrupt(DeltaError):
+    """A chunk's size, checksum or contents disagree with the manifest."""
+
+
+class BaseMismatch(DeltaError):
+    """The base state is not the one the delta was computed against."""
+
+
+class HashMismatch(DeltaError):
+    """A decoded tensor or the decoded state does not hash to the manifest's value."""
+
+
+def verify_chunk(manifest: Mapping[str, Any], index: int, payload: bytes) -> None:
+    """Raise ``ChunkCorrupt`` unless ``payload`` is chunk ``index`` of ``manifest`` (size and
+    xxh3_128 checksum). Consumers can call it as chunks arrive."""
+    chunks = manifest.get("chunks") or []
+    if not 0 <= index < len(chunks):
+        raise ChunkCorrupt(f"chunk {index} is not listed in the manifest ({len(chunks)} chunks)")
+    want = chunks[index]
+    if len(payload) != want["nbytes"]:
+        raise ChunkCorrupt(f"chunk {index}: {len(payload)} bytes, manifest says {want['nbytes']}")
+    if xxhash.xxh3_128_hexdigest(payload) != want["checksum"]:
+        raise ChunkCorrupt(f"chunk {index}: checksum mismatch")
+
+
+def validate_manifest(m: Mapping[str, Any]) -> None:
+    """Structure checks so that later code can index the manifest without surprises."""
+
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            raise ManifestInvalid(what)
+
+    need(isinstance(m, Mapping) and m.get("format") == FORMAT, f"format is not {FORMAT}")
+    need(m.get("kind") in ("delta", "keyframe"), "kind must be delta or keyframe")
+    need(isinstance(m.get("version"), int), "version must be an int")
+    need(m["kind"] == "keyframe" or isinstance(m.get("base_version"), int), "no base_version")
+    need(isinstance(m.get("state_hash"), str), "state_hash missing")
+    need(m["kind"] == "keyframe" or isinstance(m.get("base_state_hash"), str), "no base hash")
+    chunks, tensors = m.get("chunks"), m.get("tensors")
+    if not isinstance(chunks, list) or not isinstance(tensors, list):
+        raise ManifestInvalid("chunks and tensors must be lists")
+    for i, c in enumerate(chunks):
+        need(isinstance(c, Mapping) and c.get("index") == i, f"chunk entry {i} malformed")
+        need(isinstance(c.get("nbytes"), int) and isinstance(c.get("checksum"), str), "chunk")
+    seen: set[str] = set()
+    for t in tensors:
+        need(isinstance(t, Mapping) and isinstance(t.get("name"), str), "tensor entry")
+        need(t["name"] not in seen and t.get("dtype") in DTYPE_WIDTHS, f"tensor {t['name']!r}")
+        shape = t.get("shape")
+        need(isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape), "shape")
+        need(isinstance(t.get("hash"), str), f"tensor {t['name']!r} has no hash")
+        need(t.get("base_hash") is None or isinstance(t["base_hash"], str), "base_hash")
+        need(m["kind"] == "delta" or t["base_hash"] is None, "keyframe tensor with base_hash")
+        pieces = t.get("pieces")
+        need(isinstance(pieces, list), f"tensor {t['name']!r} has no piece list")
+        for p in pieces:
+            need(isinstance(p, list) and len(p) == 5 and p[3] in ENCODINGS, "piece entry")
+            need(isinstance(p[0], int) and 0 <= p[0] < len(chunks), "piece chunk index")
+        seen.add(t["name"])

@@ -1,0 +1,491 @@
+"""Piece encodings of the weight-delta codec: what the bytes inside a chunk mean.
+
+A *piece* is the element range ``[start, stop)`` of one tensor, encoded on its own so that a
+chunk (a run of whole pieces) decodes without any other chunk. Values are bit patterns
+(unsigned integers of the element width); nothing here ever reads them as floats.
+
+Encodings, per piece, the smallest one kept:
+
+- ``unchanged``: no data; the base's bits are copied.
+- ``sparse``: changed positions as gaps (count of unchanged elements before each change) in
+  a byte code where 255 means "255 more, continue" and 0..254 ends a gap (so a geometric gap
+  distribution costs close to its entropy under zstd's order-0 Huffman stage); changed values
+  as zigzag integer differences ``new - old`` of the bit patterns (wrapping), either packed
+  as 2- or 4-bit symbols ``z - 1`` with an escape for larger ones (their residuals in byte
+  planes), or as byte planes. Packing matters: ±1 ULP dominates and zstd cannot spend
+  under 1 bit per byte-symbol, while four 2-bit symbols per byte can.
+- ``xor`` / ``diff``: dense fallbacks, byte planes of ``old ^ new`` or of zigzag ``new - old``
+  over the whole range.
+- ``planes``: no base (keyframes, new tensors): byte planes of the bits.
+- ``raw``: the bits themselves, when nothing else is smaller.
+
+Every stream is zstd-compressed (single-threaded, low level) or stored, whichever is smaller.
+Wire layout of a piece, little-endian: header ``<IQQBBBxQ`` (tensor index, start, stop,
+encoding, stream count, aux, count), one ``<BI`` (codec, length) per stream, then the stream
+bytes. ``aux`` is the sparse value packing (0 planes, 2 or 4 bits); ``count`` the number of
+changed elements. Decoders raise ``ValueError`` on any inconsistency; the caller turns it
+into the codec's own error.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+import numpy as np
+import zstandard
+
+from .deltacodec_bits import UINT_BY_WIDTH, as_bytes
+
+UNCHANGED, SPARSE, XOR, DIFF, PLANES, RAW = range(6)
+ENCODINGS: Final = ("unchanged", "sparse", "xor", "diff", "planes", "raw")
+NEEDS_BASE: Final = frozenset({UNCHANGED, SPARSE, XOR, DIFF})
+STORED, ZSTD = 0, 1
+PIECE_HEADER: Final = struct.Struct("<IQQBBBxQ")
+STREAM_HEADER: Final = struct.Struct("<BI")
+ZSTD_LEVEL: Final = 1
+
+# Sparse is tried up to this changed fraction and the dense fallbacks from the next one on:
+# on simulated bf16 RL steps sparse still wins at 90% changed, dense only near 100%.
+SPARSE_MAX_FRACTION: Final = 0.9
+DENSE_MIN_FRACTION: Final = 0.5
+# Pack value symbols in b bits when at least this share of them fits without an escape.
+PACK_MIN_SHARE: Final = 0.8
+# Words compared per step: two blocks of 512 KiB stay in L2 while compared and hashed.
+BLOCK_WORDS: Final = 1 << 16
+
+
+class Hasher(Protocol):
+    def update(self, data: memoryview, /) -> None: ...
+
+
+Stream = tuple[int, bytes | memoryview]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One encoded element range of one tensor (see the module docstring for the layout)."""
+
+    tensor: int
+    start: int
+    stop: int
+    encoding: int
+    aux: int
+    count: int
+    streams: tuple[Stream, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return PIECE_HEADER.size + sum(STREAM_HEADER.size + len(d) for _, d in self.streams)
+
+    def to_bytes(self) -> bytes:
+        head = PIECE_HEADER.pack(
+            self.tensor,
+            self.start,
+            self.stop,
+            self.encoding,
+            len(self.streams),
+            self.aux,
+            self.count,
+        )
+        parts = [head] + [STREAM_HEADER.pack(c, len(d)) for c, d in self.streams]
+        return b"".join(parts + [bytes(d) for _, d in self.streams])
+
+
+def read_piece(buf: memoryview, offset: int) -> tuple[Piece, int]:
+    """Parse one piece at ``offset``; returns it (streams are zero-copy views) and the end."""
+    if offset + PIECE_HEADER.size > len(buf):
+        raise ValueError("truncated piece header")
+    tensor, start, stop, enc, nstreams, aux, count = PIECE_HEADER.unpack_from(buf, offset)
+    if enc >= len(ENCODINGS) or stop < start:
+        raise ValueError(f"bad piece header (encoding {enc}, range {start}..{stop})")
+    offset += PIECE_HEADER.size
+    if offset + nstreams * STREAM_HEADER.size > len(buf):
+        raise ValueError("truncated stream table")
+    heads = [
+        STREAM_HEADER.unpack_from(buf, offset + i * STREAM_HEADER.size) for i in range(nstreams)
+    ]
+    offset += nstreams * STREAM_HEADER.size
+    streams = []
+    for codec, length in heads:
+        if codec not in (STORED, ZSTD) or offset + length > len(buf):
+            raise ValueError("bad or truncated stream")
+        streams.append((codec, buf[offset : offset + length]))
+        offset += length
+    return Piece(tensor, start, stop, enc, aux, count, tuple(streams)), offset
+
+
+# --- streams and byte planes ------------------------------------------------------------
+
+
+def pack_stream(data: np.ndarray, cctx: zstandard.ZstdCompressor) -> Stream:
+    """zstd the bytes of a contiguous array, or store them when zstd does not shrink them."""
+    raw = as_bytes(np.ascontiguousarray(data))
+    if not raw.nbytes:
+        return (STORED, b"")
+    packed = cctx.compress(raw)
+    return (ZSTD, packed) if len(packed) < raw.nbytes else (STORED, raw.tobytes())
+
+
+def unpack_stream(
+    stream: Stream, dctx: zstandard.ZstdDecompressor, expected: int | None, limit: int = 0
+) -> np.ndarray:
+    """The stream's bytes as a uint8 array; checks the length (``expected``, or at most
+    ``limit`` when the length is data-dependent) before decompressing anything large."""
+    codec, data = stream
+    if codec == ZSTD:
+        size = zstandard.frame_content_size(data)
+        if size < 0 or (expected is not None and size != expected) or (limit and size > limit):
+            raise ValueError(f"zstd frame of unexpected size {size}")
+        try:
+            data = dctx.decompress(data)
+        except zstandard.ZstdError as exc:
+            raise ValueError(f"zstd: {exc}") from exc
+    out = np.frombuffer(data, dtype=np.uint8)
+    if (expected is not None and out.size != expected) or (limit and out.size > limit):
+        raise ValueError(f"stream of {out.size} bytes, expected {expected or limit}")
+    return out
+
+
+def split_planes(x: np.ndarray) -> list[np.ndarray]:
+    """Byte planes of unsigned integers: plane j holds byte j (little-endian) of every element.
+    Same-significance bytes together give zstd one statistic per plane."""
+    width = x.dtype.itemsize
+    if width == 1:
+        return [x]
+    u8 = x.view(np.uint8).reshape(-1, width)
+    return [np.ascontiguousarray(u8[:, j]) for j in range(width)]
+
+
+def join_planes(planes: list[np.ndarray], width: int, n: int) -> np.ndarray:
+    """Inverse of ``split_planes``."""
+    out = np.empty(n, dtype=UINT_BY_WIDTH[width])
+    u8 = out.view(np.uint8).reshape(n, width)
+    for j, plane in enumerate(planes):
+        u8[:, j] = plane
+    return out
+
+
+def zigzag(d: np.ndarray) -> np.ndarray:
+    """Map wrapped differences to small unsigned ints: 0, -1, 1, -2, ... -> 0, 1, 2, 3, ..."""
+    bits = d.dtype.itemsize * 8
+    s = d.view(d.dtype.str.replace("u", "i"))
+    return ((s << 1) ^ (s >> (bits - 1))).view(d.dtype)
+
+
+def unzigzag(z: np.ndarray) -> np.ndarray:
+    """Inverse of ``zigzag`` (result is the wrapped difference as unsigned)."""
+    signed = z.dtype.str.replace("u", "i")
+    return ((z >> 1).view(signed) ^ -((z & 1).view(signed))).view(z.dtype)
+
+
+# --- finding changes --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Changes:
+    """Changed positions (ascending int64) of a range with the old and new bit patterns."""
+
+    pos: np.ndarray
+    old: np.ndarray
+    new: np.ndarray
+
+    def window(self, lo: int, hi: int) -> Changes:
+        """The changes inside ``[lo, hi)``, positions made relative to ``lo``."""
+        a, b = np.searchsorted(self.pos, (lo, hi))
+        return Changes(self.pos[a:b] - lo, self.old[a:b], self.new[a:b])
+
+
+def find_changes(
+    old: np.ndarray, new: np.ndarray, old_hasher: Hasher | None, new_hasher: Hasher | None
+) -> Changes:
+    """Elements whose bit patterns differ, found by comparing 8-byte words first (only the
+    changed words are split into elements). Hashers, when given, are fed each block while it
+    is in cache, so hashing costs no second pass over memory."""
+    width = old.itemsize
+    lanes = 8 // width
+    nwords = old.size // lanes
+    old_w = old[: nwords * lanes].view(np.uint64)
+    new_w = new[: nwords * lanes].view(np.uint64)
+    mask = np.empty(min(BLOCK_WORDS, nwords), dtype=bool)
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    for s in range(0, nwords, BLOCK_WORDS):
+        a, b = old_w[s : s + BLOCK_WORDS], new_w[s : s + BLOCK_WORDS]
+        words = np.flatnonzero(np.not_equal(a, b, out=mask[: a.size]))
+        if old_hasher is not None:
+            old_hasher.update(as_bytes(a))
+        if new_hasher is not None:
+            new_hasher.update(as_bytes(b))
+        if words.size:
+            parts.append(_split_words(a[words], b[words], words + s, old.dtype))
+    tail = nwords * lanes
+    if tail < old.size:
+        ta, tb = old[tail:], new[tail:]
+        if old_hasher is not None:
+            old_hasher.update(as_bytes(ta))
+        if new_hasher is not None:
+            new_hasher.update(as_bytes(tb))
+        idx = np.flatnonzero(ta != tb)
+        parts.append((idx + tail, ta[idx], tb[idx]))
+    if not parts:
+        empty = np.empty(0, dtype=old.dtype)
+        return Changes(np.empty(0, dtype=np.int64), empty, empty)
+    return Changes(*(np.concatenate(p) for p in zip(*parts, strict=True)))
+
+
+def _split_words(
+    a: np.ndarray, b: np.ndarray, words: np.ndarray, dtype: np.dtype
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    lanes = 8 // dtype.itemsize
+    av, bv = a.view(dtype), b.view(dtype)
+    if lanes == 1:
+        return words.astype(np.int64), av, bv
+    j = np.flatnonzero(av != bv)
+    shift = lanes.bit_length() - 1
+    pos = (words[j >> shift].astype(np.int64) << shift) | (j & (lanes - 1))
+    return pos, av[j], bv[j]
+
+
+# --- encoders ---------------------------------------------------------------------------
+
+
+def encode_positions(pos: np.ndarray) -> np.ndarray:
+    """Gap code of ascending positions: gap g (unchanged elements before a change) becomes
+    g // 255 bytes of 255, then one byte g % 255."""
+    gaps = np.diff(pos, prepend=-1) - 1
+    big = np.flatnonzero(gaps >= 255)
+    code = gaps.astype(np.uint8)
+    if not big.size:
+        return code
+    code[big] = gaps[big] % 255
+    return np.insert(code, np.repeat(big, gaps[big] // 255), 255)
+
+
+def decode_positions(code: np.ndarray, count: int) -> np.ndarray:
+    """Inverse of ``encode_positions``: ``count`` ascending int64 positions. A terminating
+    byte r advances by r + 1 elements, an escape byte by 255."""
+    steps = np.add(code, 1, dtype=np.int64)
+    esc = np.flatnonzero(code == 255)
+    if code.size - esc.size != count or (count and code[-1] == 255):
+        raise ValueError("gap code does not hold the stated number of changes")
+    steps[esc] = 255
+    np.cumsum(steps, out=steps)
+    steps -= 1
+    return np.delete(steps, esc) if esc.size else steps
+
+
+def pack_values(z: np.ndarray, cctx: zstandard.ZstdCompressor) -> tuple[int, list[Stream]]:
+    """Value streams of a sparse piece and their packing (``aux``). Zigzag values are >= 1;
+    symbols ``z - 1`` go in 2 (or 4) bits when at least ``PACK_MIN_SHARE`` of them fit below
+    the escape symbol ``2**b - 1``; escaped ones keep their residual in byte planes."""
+    k = z.size
+    bits = 0
+    for b in (2, 4):
+        if k and np.count_nonzero(z < (1 << b)) >= PACK_MIN_SHARE * k:
+            bits = b
+            break
+    if not bits:
+        return 0, [pack_stream(p, cctx) for p in split_planes(z)]
+    esc = (1 << bits) - 1
+    sym = z - 1
+    big = sym >= esc
+    main = np.minimum(sym, esc).astype(np.uint8)
+    per = 8 // bits
+    main = np.concatenate([main, np.zeros(-k % per, dtype=np.uint8)]).reshape(-1, per)
+    packed = main[:, 0].copy()
+    for j in range(1, per):
+        packed |= main[:, j] << (bits * j)
+    residual = sym[big] - esc
+    return bits, [pack_stream(packed, cctx)] + [
+        pack_stream(p, cctx) for p in split_planes(residual)
+    ]
+
+
+@functools.cache
+def _delta_table(bits: int, dtype_str: str) -> np.ndarray:
+    """For every packed byte, the wrapped differences of its ``8 // bits`` symbols (0 for
+    the escape symbol: a real difference is never 0). Rows of up to 8 bytes are viewed as one
+    unsigned int so that decoding is a single 1-D gather."""
+    dtype, per, esc = np.dtype(dtype_str), 8 // bits, (1 << bits) - 1
+    sym = (np.arange(256, dtype=np.uint16)[:, None] >> np.arange(0, 8, bits)) & esc
+    table = unzigzag((sym + 1).astype(dtype))
+    table[sym == esc] = 0
+    row = per * dtype.itemsize
+    if row in UINT_BY_WIDTH:
+        table = np.ascontiguousarray(table).view(UINT_BY_WIDTH[row]).reshape(256)
+    table.flags.writeable = False
+    return table
+
+
+def unpack_deltas(piece: Piece, dtype: np.dtype, dctx: zstandard.ZstdDecompressor) -> np.ndarray:
+    """Inverse of ``pack_values`` followed by ``unzigzag``: the wrapped differences of a
+    sparse piece (from its streams after the gap stream)."""
+    k, bits, width = piece.count, piece.aux, dtype.itemsize
+    streams = piece.streams[1:]
+    if bits == 0:
+        if len(streams) != width:
+            raise ValueError("wrong number of value planes")
+        return unzigzag(join_planes([unpack_stream(s, dctx, k) for s in streams], width, k))
+    if bits not in (2, 4) or len(streams) != 1 + width:
+        raise ValueError(f"bad value packing {bits}")
+    packed = unpack_stream(streams[0], dctx, -(-k // (8 // bits)))
+    deltas = _delta_table(bits, dtype.str)[packed].view(dtype).reshape(-1)[:k]
+    at = np.flatnonzero(deltas == 0)
+    residual = join_planes([unpack_stream(s, dctx, at.size) for s in streams[1:]], width, at.size)
+    deltas[at] = unzigzag(residual + dtype.type(1 << bits))
+    return deltas
+
+
+def encode_sparse(
+    tensor: int, start: int, stop: int, ch: Changes, cctx: zstandard.ZstdCompressor
+) -> Piece:
+    """Sparse piece from the changes of ``[start, stop)`` (positions relative to start)."""
+    aux, values = pack_values(zigzag(ch.new - ch.old), cctx)
+    streams = (pack_stream(encode_positions(ch.pos), cctx), *values)
+    return Piece(tensor, start, stop, SPARSE, aux, int(ch.pos.size), streams)
+
+
+def encode_dense(
+    tensor: int,
+    start: int,
+    old: np.ndarray | None,
+    new: np.ndarray,
+    encoding: int,
+    cctx: zstandard.ZstdCompressor,
+) -> Piece:
+    """A whole-range piece: ``xor``/``diff`` against ``old``, ``planes`` or ``raw`` of ``new``."""
+    stop = start + new.size
+    if encoding == RAW:
+        return Piece(tensor, start, stop, RAW, 0, new.size, ((STORED, new.tobytes()),))
+    if encoding == XOR:
+        assert old is not None
+        x = old ^ new
+    elif encoding == DIFF:
+        assert old is not None
+        x = zigzag(new - old)
+    else:
+        x = new
+    streams = tuple(pack_stream(p, cctx) for p in split_planes(x))
+    return Piece(tensor, start, stop, encoding, 0, new.size, streams)
+
+
+def encode_best(
+    tensor: int,
+    start: int,
+    old: np.ndarray | None,
+    new: np.ndarray,
+    ch: Changes | None,
+    cctx: zstandard.ZstdCompressor,
+) -> Piece:
+    """The smallest encoding of ``new`` (elements ``start..``) given ``old`` and its changes.
+    Without a base: ``planes`` or ``raw``. With one: ``unchanged`` when nothing changed, else
+    the smallest of ``sparse`` (changed fraction <= 0.9), ``xor`` and ``diff`` (>= 0.5), and
+    ``raw`` (its size is known without building it)."""
+    n = new.size
+    stop = start + n
+    if old is None or ch is None:
+        cands = [encode_dense(tensor, start, None, new, PLANES, cctx)]
+    elif ch.pos.size == 0:
+        return Piece(tensor, start, stop, UNCHANGED, 0, 0, ())
+    else:
+        cands = []
+        if ch.pos.size <= SPARSE_MAX_FRACTION * n:
+            cands.append(encode_sparse(tensor, start, stop, ch, cctx))
+        if ch.pos.size >= DENSE_MIN_FRACTION * n:
+            cands += [encode_dense(tensor, start, old, new, e, cctx) for e in (XOR, DIFF)]
+    best = min(cands, key=lambda p: p.nbytes)
+    raw_size = PIECE_HEADER.size + STREAM_HEADER.size + new.nbytes
+    return best if best.nbytes < raw_size else encode_dense(tensor, start, None, new, RAW, cctx)
+
+
+# --- decoder ----------------------------------------------------------------------------
+
+# Elements applied per step: the base and output blocks (512 KiB each) stay in L2 while the
+# block is copied, patched and hashed.
+APPLY_BLOCK_BYTES: Final = 512 << 10
+
+
+def decode_piece(
+    piece: Piece,
+    base: np.ndarray | None,
+    out: np.ndarray,
+    dctx: zstandard.ZstdDecompressor,
+    old_hasher: Hasher | None = None,
+    new_hasher: Hasher | None = None,
+) -> None:
+    """Write the piece's elements into ``out`` (the range's slice of the new tensor), reading
+    the same range of ``base``, and feed the hashers with the base and output bytes of the
+    range. Never writes outside ``out``; raises ValueError when the piece is inconsistent
+    with itself or with the tensor."""
+    n, dtype = out.size, out.dtype
+    if piece.encoding in NEEDS_BASE and base is None:
+        raise ValueError(f"{ENCODINGS[piece.encoding]} piece for a tensor without base")
+    if base is not None and piece.encoding in (UNCHANGED, SPARSE):
+        pos, deltas = _sparse_changes(piece, n, dtype, dctx)
+        _apply(base, out, pos, deltas, old_hasher, new_hasher)
+        return
+    if piece.encoding == RAW:
+        if len(piece.streams) != 1:
+            raise ValueError("raw piece needs one stream")
+        out.view(np.uint8)[:] = unpack_stream(piece.streams[0], dctx, out.nbytes)
+    else:
+        if len(piece.streams) != dtype.itemsize:
+            raise ValueError("wrong number of byte planes")
+        x = join_planes([unpack_stream(s, dctx, n) for s in piece.streams], dtype.itemsize, n)
+        if piece.encoding == XOR and base is not None:
+            np.bitwise_xor(base, x, out=out)
+        elif piece.encoding == DIFF and base is not None:
+            np.add(base, unzigzag(x), out=out)
+        else:
+            np.copyto(out, x)
+    if old_hasher is not None and base is not None:
+        old_hasher.update(as_bytes(base))
+    if new_hasher is not None:
+        new_hasher.update(as_bytes(out))
+
+
+def _sparse_changes(
+    piece: Piece, n: int, dtype: np.dtype, dctx: zstandard.ZstdDecompressor
+) -> tuple[np.ndarray, np.ndarray]:
+    """Positions and wrapped differences of a sparse (or unchanged) piece."""
+    k = piece.count
+    if piece.encoding == UNCHANGED:
+        if k or piece.streams:
+            raise ValueError("unchanged piece with data")
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=dtype)
+    if k > n or not piece.streams:
+        raise ValueError("sparse piece claims more changes than elements")
+    # A gap code holds one byte per change plus one per 255 skipped elements.
+    code = unpack_stream(piece.streams[0], dctx, None, limit=k + n // 255 + 1)
+    pos = decode_positions(code, k)
+    if k and pos[-1] >= n:
+        raise ValueError("sparse position outside the piece")
+    return pos, unpack_deltas(piece, dtype, dctx)
+
+
+def _apply(
+    base: np.ndarray,
+    out: np.ndarray,
+    pos: np.ndarray,
+    deltas: np.ndarray,
+    old_hasher: Hasher | None,
+    new_hasher: Hasher | None,
+) -> None:
+    """out = base with ``deltas`` added at ``pos``, block by block, hashing each block of
+    base and output while it is still in cache."""
+    n = out.size
+    step = max(1, APPLY_BLOCK_BYTES // out.itemsize)
+    bounds = [0, *np.searchsorted(pos, np.arange(step, n, step)).tolist(), pos.size]
+    for i, s in enumerate(range(0, n, step)):
+        o, b = out[s : s + step], base[s : s + step]
+        np.copyto(o, b)
+        j0, j1 = bounds[i], bounds[i + 1]
+        if j1 > j0:
+            p = pos[j0:j1] - s
+            o[p] = b[p] + deltas[j0:j1]
+        if old_hasher is not None:
+            old_hasher.update(as_bytes(b))
+        if new_hasher is not None:
+            new_hasher.update(as_bytes(o))
