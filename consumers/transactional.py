@@ -82,6 +82,9 @@ class TransactionalLoop:
         batch_size: int = 500,
         poll_timeout: float = 0.5,
         instance_id: str | None = None,
+        offsets: Callable[[list[Record]], list[TopicPartition]] | None = None,
+        tick_s: float | None = None,
+        consumer_conf: dict[str, str] | None = None,
     ) -> None:
         self.group_id, self.dlq_topic = group_id, dlq_topic
         self.process, self.on_abort = process, on_abort
@@ -89,6 +92,7 @@ class TransactionalLoop:
         # A stable instance id (static membership) lets a restarted member take its partitions
         # back at once instead of after the dead member's session times out.
         static = {"group.instance.id": instance_id} if instance_id else {}
+        static.update(consumer_conf or {})
         self.consumer = RoleConsumer(
             make_consumer(settings, group_id, **static),
             topics,
@@ -98,6 +102,11 @@ class TransactionalLoop:
         )
         self.producer = EventProducer(make_producer(settings, transactional_id=transactional_id))
         self.producer.producer.init_transactions(60)
+        # ``offsets`` lets a stateful processor commit less than it read (e.g. admission keeps
+        # pending groups re-readable); ``tick_s`` calls ``process([])`` when idle that often,
+        # for time-based decisions.
+        self.offsets = offsets or next_offsets
+        self.tick_s, self._last_tick = tick_s, time.monotonic()
         self.stats = LoopStats()
 
     def run(self, stopper: Stopper, idle_exit_s: float | None = None) -> LoopStats:
@@ -117,14 +126,17 @@ class TransactionalLoop:
         """One batch: poll, transform, produce and commit atomically. Returns records consumed."""
         records = self.consumer.poll_batch(self.batch_size, self.poll_timeout)
         if not records:
+            if self.tick_s is not None and time.monotonic() - self._last_tick >= self.tick_s:
+                self._tick()
             return 0
+        self._last_tick = time.monotonic()
         started = time.monotonic()
         producer = self.producer.producer
         producer.begin_transaction()
         try:
             self._produce_batch(records)
             producer.send_offsets_to_transaction(
-                next_offsets(records), self.consumer.consumer.consumer_group_metadata(), 60
+                self.offsets(records), self.consumer.consumer.consumer_group_metadata(), 60
             )
             producer.commit_transaction(60)
         except KafkaException as exc:
@@ -134,6 +146,28 @@ class TransactionalLoop:
         self.stats.records += len(records)
         self.stats.last_batch_s = time.monotonic() - started
         return len(records)
+
+    def _tick(self) -> None:
+        """Run ``process([])`` in a transaction of its own (outputs only, no offsets)."""
+        self._last_tick = time.monotonic()
+        outputs = list(self.process([]))
+        if not outputs:
+            return
+        producer = self.producer.producer
+        producer.begin_transaction()
+        try:
+            self._produce(outputs)
+            producer.commit_transaction(60)
+        except KafkaException as exc:
+            self._abort(exc)
+
+    def _produce(self, outputs: list[Output]) -> None:
+        for out in outputs:
+            if out.event is None:
+                self.producer.produce_raw(out.topic, out.value, out.key, out.headers)
+            else:
+                self.producer.produce(out.topic, out.event, out.value, out.key, out.headers)
+        self.stats.outputs += len(outputs)
 
     def _produce_batch(self, records: list[Record]) -> None:
         good = []
@@ -149,12 +183,7 @@ class TransactionalLoop:
             self._dead_letter(refused.record, "invalid_record", refused.reason)
             rest = [r for r in good if r is not refused.record]
             outputs = list(self.process(rest)) if rest else []
-        for out in outputs:
-            if out.event is None:
-                self.producer.produce_raw(out.topic, out.value, out.key, out.headers)
-            else:
-                self.producer.produce(out.topic, out.event, out.value, out.key, out.headers)
-        self.stats.outputs += len(outputs)
+        self._produce(outputs)
 
     def _dead_letter(self, rec: Record, reason: str, error: str) -> None:
         letter = dead_letter(rec.message, reason, error, self.group_id)

@@ -153,6 +153,7 @@ def examples() -> dict[str, dict[str, Any]]:
         "task_class": "fix-failing-test",
         "region": "eu",
         "trajectory": REF,
+        "segment_bounds": [0, 180, 180, 300],
     }
     admission = {
         "run": "r1",

@@ -1,0 +1,222 @@
+"""The admission role: join each group's trajectories with its rewards; admit or reject it.
+
+Exactly once and restart-safe without a state store of its own:
+- decisions, dead letters and consumer offsets commit in one transaction;
+- the committed offset of each input partition is its *low watermark*: the first record of
+  the oldest group still pending there. After a crash or rebalance those records are re-read,
+  which rebuilds every pending group;
+- groups already decided are recognised on re-read from the admitted and rejected streams,
+  which are co-partitioned with the inputs: on assignment of partition p, admission reads
+  partition p of both and skips those group ids.
+The rules themselves are in ``admission_rules``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+from rlstream.consumers.admission_rules import (
+    AdmissionConfig,
+    PendingGroup,
+    Verdict,
+    admitted_samples,
+    decide,
+)
+from rlstream.consumers.consumer import Record
+from rlstream.consumers.transactional import Output, TransactionalLoop
+from rlstream.consumers.versions import VersionWatcher
+from rlstream.producers.settings import KafkaSettings
+from rlstream.schemas import arrays, topics
+
+
+class Admission:
+    """State and processing of one admission member (see the module docstring)."""
+
+    def __init__(
+        self, settings: KafkaSettings, run: str, cfg: AdmissionConfig, member: str = "0"
+    ) -> None:
+        self.settings, self.run, self.cfg = settings, run, cfg
+        self.names = topics.run_topics(run)
+        self.pending: dict[str, PendingGroup] = {}
+        self.first_offset: dict[str, dict[tuple[str, int], int]] = {}  # group -> tp -> offset
+        self.decided: set[str] = set()
+        self.loaded: set[int] = set()
+        self.segments = arrays.trajectory_reassembler()
+        self.counts = {"admitted": 0, "rejected": 0}
+        self.watcher = VersionWatcher(settings, self.names["weights.manifests"])
+        self.loop = TransactionalLoop(
+            settings,
+            group_id=topics.group_id(run, "admission"),
+            topics=[
+                topics.topic_pattern(run, "trajectories"),
+                topics.topic_pattern(run, "rewards"),
+            ],
+            transactional_id=f"{topics.group_id(run, 'admission')}.{member}",
+            instance_id=f"admission-{member}",
+            dlq_topic=self.names["dlq"],
+            process=self.process,
+            offsets=self.offsets,
+            tick_s=1.0,
+            on_assign=self._assigned,
+            on_revoke=self._revoked,
+            on_abort=self._reset,
+            # Eager rebalancing: every rebalance revokes all partitions and resumes them from the
+            # committed low watermarks, so pending state is always rebuilt whole.
+            consumer_conf={"partition.assignment.strategy": "range"},
+        )
+
+    # --- processing -------------------------------------------------------------------------
+
+    def process(self, records: list[Record]) -> list[Output]:
+        touched = set()
+        for rec in records:
+            group_id = self._add(rec)
+            if group_id:
+                touched.add(group_id)
+        # On an idle tick every pending group is re-checked (deadlines, staleness).
+        candidates = touched if records else set(self.pending)
+        outputs = []
+        now_ms, version = int(time.time() * 1000), self.watcher.version
+        for group_id in sorted(candidates):
+            group = self.pending.get(group_id)
+            verdict = decide(group, now_ms, version, self.cfg) if group else None
+            if verdict is not None:
+                outputs += self._decision(group, verdict, version, now_ms)
+        return outputs
+
+    def _add(self, rec: Record) -> str | None:
+        value, msg = rec.value, rec.message
+        group_id = value["group_id"]
+        if group_id in self.decided:
+            return None
+        if rec.event and rec.event.event == "trajectory":
+            value = self.segments.add(value)
+            if value is None:
+                return None  # more segments to come
+        group = self.pending.get(group_id)
+        if group is None:
+            group = self.pending[group_id] = PendingGroup(
+                group_id,
+                value["task_id"],
+                int(value.get("group_size") or 0),
+                int(time.time() * 1000),
+            )
+        tp = (msg.topic(), msg.partition())
+        firsts = self.first_offset.setdefault(group_id, {})
+        firsts[tp] = min(firsts.get(tp, msg.offset()), msg.offset())
+        ref = {"topic": msg.topic(), "partition": msg.partition(), "offset": msg.offset()}
+        if rec.event and rec.event.event == "trajectory":
+            group.group_size = int(value["group_size"])
+            group.add_sample({**value, "_ref": ref})
+        else:
+            group.add_reward(value)
+        group.refs.append(ref)
+        return group_id
+
+    def _decision(
+        self, group: PendingGroup, verdict: Verdict, version: int, now_ms: int
+    ) -> list[Output]:
+        versions = [int(s["policy_version"]) for s in group.samples.values()] or [version]
+        record = {
+            "run": self.run,
+            "group_id": group.group_id,
+            "task_id": group.task_id,
+            "decision": "admitted" if verdict.admitted else "rejected",
+            "reason": verdict.reason,
+            "detail": verdict.detail or None,
+            "source": "rollout",
+            "learner_version": max(version, 0),
+            "min_behaviour_version": min(versions),
+            "max_behaviour_version": max(versions),
+            "staleness": verdict.staleness,
+            "decided_ms": now_ms,
+            "group_size": group.group_size,
+            "task_class": None,
+            "samples": admitted_samples(group, self.cfg) if verdict.admitted else [],
+            "inputs": group.refs,
+        }
+        stream = "admitted" if verdict.admitted else "rejected"
+        self.counts[stream] += 1
+        self.decided.add(group.group_id)
+        self.pending.pop(group.group_id, None)
+        self.first_offset.pop(group.group_id, None)
+        parts = arrays.split_group(record, topics.STREAMS[stream].max_value_bytes)
+        return [Output(self.names[stream], "admission", p, group.group_id) for p in parts]
+
+    def offsets(self, records: list[Record]) -> list[TopicPartition]:
+        """Per input partition: one past the batch, but never past a pending group's first record."""
+        nxt: dict[tuple[str, int], int] = {}
+        for rec in records:
+            tp = (rec.message.topic(), rec.message.partition())
+            nxt[tp] = max(nxt.get(tp, 0), rec.message.offset() + 1)
+        for firsts in self.first_offset.values():
+            for tp, offset in firsts.items():
+                if tp in nxt:
+                    nxt[tp] = min(nxt[tp], offset)
+        return [TopicPartition(t, p, o) for (t, p), o in nxt.items()]
+
+    # --- rebalance and recovery ----------------------------------------------------------
+
+    def _assigned(self, partitions: list[TopicPartition]) -> None:
+        new = {tp.partition for tp in partitions} - self.loaded
+        if new:
+            self.decided |= decided_groups(self.settings, self.run, new)
+            self.loaded |= new
+
+    def _revoked(self, partitions: list[TopicPartition]) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        """Forget pending state: it is rebuilt by re-reading from the committed offsets."""
+        self.pending.clear()
+        self.first_offset.clear()
+        self.segments = arrays.trajectory_reassembler()
+
+    def close(self) -> None:
+        self.watcher.close()
+
+
+def decided_groups(settings: KafkaSettings, run: str, partitions: set[int]) -> set[str]:
+    """Group ids already in the admitted or rejected stream, in the given partitions."""
+    names = [topics.topic_name(run, "admitted"), topics.topic_name(run, "rejected")]
+    consumer = Consumer(
+        {
+            **settings.librdkafka(),
+            "group.id": "rlstream.admission-restore",
+            "enable.auto.commit": "false",
+            "enable.partition.eof": "true",
+            "isolation.level": "read_committed",
+        }
+    )
+    try:
+        assign = [TopicPartition(t, p, OFFSET_BEGINNING) for t in names for p in partitions]
+        consumer.assign(assign)
+        open_parts, decided = {(tp.topic, tp.partition) for tp in assign}, set()
+        idle = 0
+        while open_parts and idle < 20:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                idle += 1
+                continue
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    open_parts.discard((msg.topic(), msg.partition()))
+                continue
+            decided.add((msg.key() or b"").decode())
+        return decided
+    finally:
+        consumer.close()
+
+
+def run_admission(
+    settings: KafkaSettings, run: str, cfg: AdmissionConfig, stopper: Any, member: str = "0"
+) -> dict[str, int]:
+    admission = Admission(settings, run, cfg, member)
+    try:
+        admission.loop.run(stopper)
+    finally:
+        admission.close()
+    return admission.counts

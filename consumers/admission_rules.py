@@ -1,0 +1,150 @@
+"""Admission rules: which groups the learner may train on. Pure functions, no Kafka.
+
+A *group* is the G samples of one task plus, for each sample, one reward per required judge.
+Rules, applied in this order when a group is complete or its deadline passed:
+
+1. stale: staleness = learner version now - the oldest behaviour version in the group; a group
+   with staleness > ``max_staleness`` is rejected (never silently dropped);
+2. timed out: a group still incomplete ``timeout_s`` after its first record is rejected;
+3. no signal: a complete group whose total rewards are all equal has zero GRPO advantage for
+   every sample, so training on it only costs time: rejected;
+4. otherwise the group is admitted, each sample carrying its per-judge rewards and the total
+   (weighted sum over judges).
+
+Duplicates (a sample re-published after a rollout worker crashed, a reward re-sent) are
+ignored: the first record of each (sample) and (sample, judge) wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class AdmissionConfig(BaseModel):
+    """Config of the admission role."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    judges: dict[str, float] = Field(
+        default_factory=lambda: {"tests": 1.0, "format": 0.1},
+        description="Required judges and their weight in the total reward.",
+    )
+    max_staleness: int = Field(
+        2, ge=0, description="Largest admitted learner - behaviour version gap."
+    )
+    timeout_s: float = Field(300.0, gt=0, description="Reject a group incomplete for this long.")
+    reject_no_signal: bool = Field(True, description="Reject groups whose rewards are all equal.")
+
+
+@dataclass
+class PendingGroup:
+    """What admission has seen of one group so far."""
+
+    group_id: str
+    task_id: str
+    group_size: int
+    first_seen_ms: int
+    samples: dict[int, dict[str, Any]] = field(default_factory=dict)  # sample index -> trajectory
+    rewards: dict[int, dict[str, dict[str, Any]]] = field(
+        default_factory=dict
+    )  # idx -> judge -> reward
+    refs: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # input positions (topic/partition/offset)
+
+    def add_sample(self, trajectory: dict[str, Any]) -> bool:
+        """Record a sample; False if this sample index was already seen (a duplicate)."""
+        index = int(trajectory["sample_index"])
+        if index in self.samples:
+            return False
+        self.samples[index] = trajectory
+        return True
+
+    def add_reward(self, reward: dict[str, Any]) -> bool:
+        per_sample = self.rewards.setdefault(int(reward["sample_index"]), {})
+        if reward["judge"] in per_sample:
+            return False
+        per_sample[reward["judge"]] = reward
+        return True
+
+    def complete(self, judges: dict[str, float]) -> bool:
+        if len(self.samples) < self.group_size:
+            return False
+        return all(set(judges) <= set(self.rewards.get(i, {})) for i in self.samples)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    admitted: bool
+    reason: str | None
+    staleness: int
+    detail: str = ""
+
+
+def staleness(learner_version: int, behaviour_versions: list[int]) -> int:
+    """Learner version now minus the oldest behaviour version of the group (>= 0)."""
+    return max(0, learner_version - min(behaviour_versions)) if behaviour_versions else 0
+
+
+def total_reward(rewards: dict[str, dict[str, Any]], judges: dict[str, float]) -> float:
+    """Weighted sum over the required judges of their scores for one sample."""
+    return float(sum(weight * float(rewards[name]["score"]) for name, weight in judges.items()))
+
+
+def decide(
+    group: PendingGroup, now_ms: int, learner_version: int, cfg: AdmissionConfig
+) -> Verdict | None:
+    """The verdict for ``group`` now, or None while it may still complete (see module rules)."""
+    versions = [int(s["policy_version"]) for s in group.samples.values()]
+    stale = staleness(learner_version, versions)
+    if versions and stale > cfg.max_staleness:
+        return Verdict(False, "stale", stale, f"staleness {stale} > max {cfg.max_staleness}")
+    if not group.complete(cfg.judges):
+        if now_ms - group.first_seen_ms > cfg.timeout_s * 1000:
+            have = f"{len(group.samples)}/{group.group_size} samples"
+            return Verdict(
+                False, "timed_out", stale, f"incomplete after {cfg.timeout_s:.0f}s: {have}"
+            )
+        return None
+    totals = [total_reward(group.rewards[i], cfg.judges) for i in sorted(group.samples)]
+    if cfg.reject_no_signal and max(totals) - min(totals) < 1e-9:
+        return Verdict(False, "no_signal", stale, f"every sample scored {totals[0]:.3f}")
+    return Verdict(True, None, stale)
+
+
+def admitted_samples(group: PendingGroup, cfg: AdmissionConfig) -> list[dict[str, Any]]:
+    """The AdmittedSample records of a complete group, in sample order."""
+    out = []
+    for index in sorted(group.samples):
+        traj, rewards = group.samples[index], group.rewards.get(index, {})
+        scores = {name: float(r["score"]) for name, r in rewards.items()}
+        out.append(
+            {
+                "sample_index": index,
+                "policy_version": int(traj["policy_version"]),
+                "prompt_tokens": int(traj["prompt_tokens"]),
+                **{
+                    k: traj[k]
+                    for k in (
+                        "token_ids",
+                        "logprobs",
+                        "loss_mask",
+                        "routed_experts",
+                        "n_layers",
+                        "top_k",
+                        "temperature",
+                    )
+                },
+                "rewards": scores,
+                "reward": total_reward(rewards, cfg.judges)
+                if set(cfg.judges) <= set(rewards)
+                else 0.0,
+                "passed": bool(rewards.get("tests", {}).get("passed", False)),
+                "region": traj.get("region"),
+                "trajectory": traj.get("_ref"),
+            }
+        )
+    return out
