@@ -148,3 +148,11 @@ def admitted_samples(group: PendingGroup, cfg: AdmissionConfig) -> list[dict[str
             }
         )
     return out
+
+
+def segment_bounds(trajectory: dict[str, Any]) -> list[int]:
+    """Flat [start, end, ...] of the replayable contexts; [] when the sample is one context."""
+    turns = trajectory.get("turns") or []
+    if len(turns) <= 1:
+        return []
+    return [int(v) for t in turns for v in (t["token_start"], t["token_end"])]

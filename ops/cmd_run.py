@@ -20,7 +20,6 @@ ROLES = {
     "judge": "rlstream.ops.roles:judge",
     "admission": "rlstream.ops.roles:admission",
     "learner": "rlstream.ops.roles:learner",
-    "feedback-rl": "rlstream.ops.roles:feedback_rl",
 }
 
 

@@ -1,0 +1,111 @@
+"""A run's configuration: one typed model, a TOML recipe, command-line overrides on top.
+
+Values every role must agree on (seed, model name, policy shape, task family, group size, step
+size, staleness budget) are set once at the top of the recipe and injected into each role's own
+config by ``RunConfig.role``; the resolved config is what the run manifest records.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rlstream.consumers.admission_rules import AdmissionConfig
+from rlstream.envs import tasks as task_family
+from rlstream.envs.judges import JudgeConfig
+from rlstream.rollout.scheduler import SchedulerConfig
+from rlstream.rollout.worker import RolloutConfig
+from rlstream.trainer.learner import LearnerConfig
+from rlstream.trainer.model import PolicyConfig
+
+RECIPES = Path(__file__).resolve().parent / "recipes"
+
+
+def _default_judges() -> dict[str, JudgeConfig]:
+    return {"tests": JudgeConfig(kind="tests"), "format": JudgeConfig(kind="format")}
+
+
+class RunConfig(BaseModel):
+    """Everything a run needs; see the module docstring for how roles get their part."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seed: int = Field(0, ge=0, description="Run seed (tasks, sampling, learner).")
+    model: str = Field("policy", description="Model name; key of the weight manifests.")
+    group_size: int = Field(8, ge=2, le=1024, description="GRPO group size G.")
+    groups_per_step: int = Field(4, ge=1, description="Admitted groups per learner step B.")
+    max_staleness: int = Field(2, ge=0, description="Staleness budget (versions).")
+    policy: PolicyConfig = Field(
+        default_factory=lambda: PolicyConfig(vocab_size=task_family.VOCAB_SIZE),
+        description="Policy shape, shared by learner and rollout.",
+    )
+    tasks: task_family.TaskConfig = Field(
+        default_factory=task_family.TaskConfig, description="Task family difficulty, shared."
+    )
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig, description="Scheduler.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Rollout workers.")
+    judges: dict[str, JudgeConfig] = Field(
+        default_factory=_default_judges, description="Judge roles by name."
+    )
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig, description="Admission.")
+    learner: LearnerConfig = Field(default_factory=LearnerConfig, description="Learner.")
+
+    def role(self, role: str, name: str | None = None) -> BaseModel:
+        """The config of ``role`` (judge ``name``) with the shared values injected."""
+        if role == "scheduler":
+            return self.scheduler.model_copy(
+                update={
+                    "group_size": self.group_size,
+                    "groups_per_step": self.groups_per_step,
+                    "max_staleness": self.max_staleness,
+                    "seed": self.seed,
+                    "tasks": self.tasks,
+                }
+            )
+        if role == "rollout":
+            return self.rollout.model_copy(
+                update={"model": self.model, "policy": self.policy, "seed": self.seed}
+            )
+        if role == "judge":
+            if name not in self.judges:
+                raise SystemExit(
+                    f"error: no judge {name!r} in the config (have {sorted(self.judges)})"
+                )
+            return self.judges[name].model_copy(update={"tasks": self.tasks})
+        if role == "admission":
+            return self.admission.model_copy(update={"max_staleness": self.max_staleness})
+        if role == "learner":
+            warm = self.learner.warm_start.model_copy(update={"task": self.tasks})
+            return self.learner.model_copy(
+                update={
+                    "model": self.model,
+                    "policy": self.policy,
+                    "seed": self.seed,
+                    "groups_per_step": self.groups_per_step,
+                    "warm_start": warm,
+                }
+            )
+        raise SystemExit(f"error: unknown role {role!r}")
+
+
+def load_run_config(path: str | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """The recipe at ``path`` (default: the demo recipe) with ``key.sub=value`` overrides."""
+    data: dict[str, Any] = tomllib.loads(Path(path or RECIPES / "demo.toml").read_text())
+    for item in overrides or []:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise SystemExit(f"error: --set {item!r}: expected KEY=VALUE")
+        try:
+            value: Any = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        node = data
+        *parents, leaf = key.strip().split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return RunConfig.model_validate(data)

@@ -1,0 +1,86 @@
+"""Admission and pacing rules, without a broker."""
+
+from __future__ import annotations
+
+from rlstream.consumers.admission_rules import (
+    AdmissionConfig,
+    PendingGroup,
+    admitted_samples,
+    decide,
+    staleness,
+)
+from rlstream.rollout.scheduler import releasable
+
+CFG = AdmissionConfig(judges={"tests": 1.0, "format": 0.5}, max_staleness=2, timeout_s=10)
+
+
+def _group(versions: list[int], scores: list[float] | None, now: int = 0) -> PendingGroup:
+    g = PendingGroup("g1", "t1", len(versions), first_seen_ms=now)
+    for i, v in enumerate(versions):
+        g.add_sample(
+            {
+                "sample_index": i,
+                "policy_version": v,
+                "prompt_tokens": 3,
+                "token_ids": b"",
+                "logprobs": b"",
+                "loss_mask": b"",
+                "routed_experts": b"",
+                "n_layers": 0,
+                "top_k": 0,
+                "temperature": 1.0,
+                "turns": [],
+            }
+        )
+        for judge in ("tests", "format"):
+            if scores is not None:
+                g.add_reward(
+                    {"sample_index": i, "judge": judge, "score": scores[i], "passed": scores[i] > 0}
+                )
+    return g
+
+
+def test_staleness_is_learner_minus_oldest_behaviour_version():
+    assert staleness(7, [5, 6, 7]) == 2
+    assert staleness(3, [5]) == 0
+
+
+def test_complete_fresh_group_with_signal_is_admitted_with_weighted_rewards():
+    g = _group([4, 5], [1.0, 0.0])
+    verdict = decide(g, 0, learner_version=5, cfg=CFG)
+    assert verdict is not None and verdict.admitted and verdict.staleness == 1
+    samples = admitted_samples(g, CFG)
+    assert [s["reward"] for s in samples] == [1.5, 0.0]
+    assert samples[0]["passed"] and not samples[1]["passed"]
+
+
+def test_stale_group_is_rejected_with_reason_even_if_incomplete():
+    g = _group([1, 5], None)
+    verdict = decide(g, 0, learner_version=5, cfg=CFG)
+    assert verdict is not None and not verdict.admitted and verdict.reason == "stale"
+
+
+def test_incomplete_group_waits_then_times_out():
+    g = _group([5, 5], None, now=0)
+    assert decide(g, 5_000, 5, CFG) is None
+    verdict = decide(g, 11_000, 5, CFG)
+    assert verdict is not None and verdict.reason == "timed_out"
+
+
+def test_group_without_reward_variance_is_rejected_no_signal():
+    verdict = decide(_group([5, 5], [1.0, 1.0]), 0, 5, CFG)
+    assert verdict is not None and verdict.reason == "no_signal"
+
+
+def test_duplicate_samples_and_rewards_are_ignored():
+    g = _group([5, 5], [1.0, 0.0])
+    assert not g.add_sample({"sample_index": 0, "policy_version": 9})
+    assert not g.add_reward({"sample_index": 0, "judge": "tests", "score": 0.0})
+    assert g.samples[0]["policy_version"] == 5
+
+
+def test_pacing_keeps_in_flight_within_staleness_budget():
+    assert releasable(released=0, decided=0, groups_per_step=4, max_staleness=2) == 8
+    assert releasable(released=8, decided=0, groups_per_step=4, max_staleness=2) == 0
+    assert releasable(released=8, decided=3, groups_per_step=4, max_staleness=2) == 3
+    assert releasable(released=10, decided=0, groups_per_step=4, max_staleness=2) == 0

@@ -1,0 +1,185 @@
+"""The learner's Kafka loop (rules and guarantees: see ``trainer.learner``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+from confluent_kafka import TopicPartition
+
+from rlstream.consumers.consumer import RoleConsumer, Stopper, make_consumer
+from rlstream.consumers.tap import tap
+from rlstream.producers.producer import EventProducer, make_producer
+from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.weights import WeightPublisher
+from rlstream.schemas import arrays, topics
+from rlstream.trainer.learner import (
+    Checkpoints,
+    LearnerConfig,
+    StepInput,
+    init_model,
+    published_state,
+    train_step,
+)
+
+
+def last_published_version(settings: KafkaSettings, run: str, model: str) -> int:
+    """The newest committed manifest version of ``model`` in ``run`` (-1 if none)."""
+    newest = -1
+    for _, decoded, _ in tap(settings, topics.topic_name(run, "weights.manifests"), idle_s=1.0):
+        if decoded is not None and decoded.record["model"] == model:
+            newest = max(newest, int(decoded.record["version"]))
+    return newest
+
+
+def commit_offsets(used: list[StepInput], waiting: list[StepInput]) -> list[TopicPartition]:
+    """Per partition: one past the last record trained, never past a record still waiting."""
+    nxt: dict[tuple[str, int], int] = {}
+    for item in used:
+        for topic, part, offset in item.refs:
+            nxt[(topic, part)] = max(nxt.get((topic, part), 0), offset + 1)
+    for item in waiting:
+        for topic, part, offset in item.refs:
+            if (topic, part) in nxt:
+                nxt[(topic, part)] = min(nxt[(topic, part)], offset)
+    return [TopicPartition(t, p, o) for (t, p), o in sorted(nxt.items())]
+
+
+class Learner:
+    """One run's learner: model, optimizer, publisher and the admitted-stream consumer."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        run: str,
+        cfg: LearnerConfig,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        torch.set_num_threads(1)
+        torch.use_deterministic_algorithms(True)
+        self.settings, self.run, self.cfg, self.log = settings, run, cfg, log
+        group = topics.group_id(run, "learner")
+        self.producer = EventProducer(make_producer(settings, transactional_id=f"{group}.0"))
+        self.producer.producer.init_transactions(60)
+        self.publisher = WeightPublisher(
+            self.producer, run, cfg.model, keyframe_every=cfg.keyframe_every
+        )
+        self.model, self.optimizer = init_model(cfg, log)
+        self.checkpoints = Checkpoints(cfg.state_dir, run)
+        self.version = self._resume()
+        self.consumer = RoleConsumer(
+            make_consumer(
+                settings,
+                group,
+                **{"group.instance.id": "learner-0", "max.poll.interval.ms": "600000"},
+            ),
+            [topics.topic_pattern(run, "admitted")],
+            settings=settings,
+        )
+        self.parts = arrays.group_reassembler()
+        self.part_refs: dict[str, list[tuple[str, int, int]]] = {}
+        self.waiting: list[StepInput] = []
+        self.history: list[dict[str, float]] = []
+
+    def _resume(self) -> int:
+        last = last_published_version(self.settings, self.run, self.cfg.model)
+        if last < 0:
+            self._publish(0, [], {"warm_start": 1.0})
+            self.log("learner: published version 0 (warm start keyframe)")
+            return 0
+        if not self.checkpoints.load(last, self.model, self.optimizer):
+            self._restore_from_stream(last)
+        self.publisher.resume(published_state(self.model, self.cfg.publish_dtype), last)
+        self.log(f"learner: resumed at version {last}")
+        return last
+
+    def _restore_from_stream(self, version: int) -> None:
+        """No local checkpoint: take the published weights of ``version`` (optimizer restarts)."""
+        from rlstream.consumers.weights import WeightSubscriber
+        from rlstream.schemas.deltacodec import to_torch
+
+        sub = WeightSubscriber(self.settings, self.run, self.cfg.model)
+        while (sub.current() or (-1, None))[0] < version:
+            sub.poll(1.0)
+        _, state = sub.current()
+        sub.close()
+        with torch.no_grad():
+            self.model.load_state_dict({k: v.float() for k, v in to_torch(state).items()})
+        self.log(f"learner: no checkpoint of version {version}; weights rebuilt from the stream")
+
+    def _publish(
+        self,
+        version: int,
+        used: list[StepInput],
+        stats: dict[str, float],
+        offsets: list[TopicPartition] | None = None,
+    ) -> None:
+        producer = self.producer.producer
+        producer.begin_transaction()
+        state = published_state(self.model, self.cfg.publish_dtype)
+        refs = [{"topic": t, "partition": p, "offset": o} for item in used for t, p, o in item.refs]
+        self.publisher.publish(state, version, step_inputs=refs, stats=stats)
+        if offsets:
+            producer.send_offsets_to_transaction(
+                offsets, self.consumer.consumer.consumer_group_metadata(), 60
+            )
+        producer.commit_transaction(120)
+
+    def poll(self) -> None:
+        for rec in self.consumer.poll_batch(100, 0.5):
+            if rec.event is None:
+                self.log(f"learner: skipping undecodable admitted record: {rec.error}")
+                continue
+            value, msg = rec.value, rec.message
+            refs = self.part_refs.setdefault(value["group_id"], [])
+            refs.append((msg.topic(), msg.partition(), msg.offset()))
+            joined = self.parts.add(value)
+            if joined is not None:
+                self.waiting.append(StepInput(joined, self.part_refs.pop(value["group_id"])))
+
+    def step(self) -> dict[str, float]:
+        b = self.cfg.groups_per_step
+        used, self.waiting = self.waiting[:b], self.waiting[b:]
+        started = time.perf_counter()
+        stats = train_step(self.model, self.optimizer, used, self.cfg)
+        self.version += 1
+        self.checkpoints.save(self.version, self.model, self.optimizer)
+        stats["step_s"] = time.perf_counter() - started
+        self._publish(self.version, used, stats, commit_offsets(used, self.waiting))
+        stats["publish_s"] = time.perf_counter() - started - stats["step_s"]
+        self.history.append({"version": float(self.version), **stats})
+        return stats
+
+    def run_until(self, stopper: Stopper) -> int:
+        while not stopper.stopped and self.version < self.cfg.max_versions:
+            self.poll()
+            while (
+                len(self.waiting) >= self.cfg.groups_per_step
+                and self.version < self.cfg.max_versions
+            ):
+                s = self.step()
+                self.log(
+                    f"learner: v{self.version} success {s['success_rate']:.2f} reward "
+                    f"{s['reward_mean']:.2f} staleness {s['staleness_mean']:.1f} "
+                    f"step {s['step_s']:.2f}s publish {s['publish_s']:.2f}s"
+                )
+        return self.version
+
+    def close(self) -> None:
+        self.consumer.close()
+        self.producer.producer.flush(10)
+
+
+def run_learner(
+    settings: KafkaSettings,
+    run: str,
+    cfg: LearnerConfig,
+    stopper: Stopper,
+    log: Callable[[str], None] = print,
+) -> int:
+    learner = Learner(settings, run, cfg, log)
+    try:
+        return learner.run_until(stopper)
+    finally:
+        learner.close()
