@@ -148,7 +148,7 @@ def encode_delta(
     Per tensor of ``new``: a tensor of ``old`` with the same name, dtype and shape is its base
     and only changed bit patterns are encoded; otherwise the tensor is sent whole. Tensors of
     ``old`` absent from ``new`` are absent from the decoded state."""
-    return _encode(old, new, version, base_version, max_chunk_bytes)
+    return _encode(old, new, version, int(base_version), max_chunk_bytes)
 
 
 def encode_keyframe(
@@ -187,10 +187,20 @@ def _encode(
         _tensor_entry(name, new[name], base, pieces, changed, where)
         for name, (pieces, changed, base) in zip(names, per_tensor, strict=True)
     ]
-    manifest: dict[str, Any] = {
+    head = {"version": int(version), "base_version": base_version, "max_chunk_bytes": limit}
+    return Encoded(_manifest(head, entries, chunks, old, new), chunks)
+
+
+def _manifest(
+    head: dict[str, Any],
+    entries: list[dict[str, Any]],
+    chunks: list[bytes],
+    old: Mapping[str, TensorBits] | None,
+    new: Mapping[str, TensorBits],
+) -> dict[str, Any]:
+    return {
         "format": FORMAT,
-        "version": int(version),
-        "base_version": None if base_version is None else int(base_version),
+        **head,
         "kind": "keyframe" if old is None else "delta",
         "tensors": entries,
         "chunks": [
@@ -201,9 +211,7 @@ def _encode(
         "base_state_hash": None if old is None else state_hash(old),
         "raw_bytes": sum(t.nbytes for t in new.values()),
         "encoded_bytes": sum(len(c) for c in chunks),
-        "max_chunk_bytes": limit,
     }
-    return Encoded(manifest, chunks)
 
 
 def _encode_tensor(

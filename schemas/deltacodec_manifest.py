@@ -57,37 +57,49 @@ def verify_chunk(manifest: Mapping[str, Any], index: int, payload: bytes) -> Non
         raise ChunkCorrupt(f"chunk {index}: checksum mismatch")
 
 
+def _need(ok: bool, what: str) -> None:
+    if not ok:
+        raise ManifestInvalid(what)
+
+
 def validate_manifest(m: Mapping[str, Any]) -> None:
     """Structure checks so that later code can index the manifest without surprises."""
-
-    def need(ok: bool, what: str) -> None:
-        if not ok:
-            raise ManifestInvalid(what)
-
-    need(isinstance(m, Mapping) and m.get("format") == FORMAT, f"format is not {FORMAT}")
-    need(m.get("kind") in ("delta", "keyframe"), "kind must be delta or keyframe")
-    need(isinstance(m.get("version"), int), "version must be an int")
-    need(m["kind"] == "keyframe" or isinstance(m.get("base_version"), int), "no base_version")
-    need(isinstance(m.get("state_hash"), str), "state_hash missing")
-    need(m["kind"] == "keyframe" or isinstance(m.get("base_state_hash"), str), "no base hash")
+    _need(isinstance(m, Mapping) and m.get("format") == FORMAT, f"format is not {FORMAT}")
+    _need(m.get("kind") in ("delta", "keyframe"), "kind must be delta or keyframe")
+    _need(isinstance(m.get("version"), int), "version must be an int")
+    delta = m["kind"] == "delta"
+    _need(not delta or isinstance(m.get("base_version"), int), "delta without base_version")
+    _need(isinstance(m.get("state_hash"), str), "state_hash missing")
+    _need(not delta or isinstance(m.get("base_state_hash"), str), "delta without base hash")
+    sizes = [m.get(k) for k in ("raw_bytes", "encoded_bytes", "max_chunk_bytes")]
+    _need(all(isinstance(c, int) for c in sizes), "raw_bytes/encoded_bytes/max_chunk_bytes")
     chunks, tensors = m.get("chunks"), m.get("tensors")
     if not isinstance(chunks, list) or not isinstance(tensors, list):
         raise ManifestInvalid("chunks and tensors must be lists")
     for i, c in enumerate(chunks):
-        need(isinstance(c, Mapping) and c.get("index") == i, f"chunk entry {i} malformed")
-        need(isinstance(c.get("nbytes"), int) and isinstance(c.get("checksum"), str), "chunk")
+        _need(isinstance(c, Mapping) and c.get("index") == i, f"chunk entry {i} malformed")
+        _need(isinstance(c.get("nbytes"), int) and isinstance(c.get("checksum"), str), "chunk")
     seen: set[str] = set()
     for t in tensors:
-        need(isinstance(t, Mapping) and isinstance(t.get("name"), str), "tensor entry")
-        need(t["name"] not in seen and t.get("dtype") in DTYPE_WIDTHS, f"tensor {t['name']!r}")
-        shape = t.get("shape")
-        need(isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape), "shape")
-        need(isinstance(t.get("hash"), str), f"tensor {t['name']!r} has no hash")
-        need(t.get("base_hash") is None or isinstance(t["base_hash"], str), "base_hash")
-        need(m["kind"] == "delta" or t["base_hash"] is None, "keyframe tensor with base_hash")
-        pieces = t.get("pieces")
-        need(isinstance(pieces, list), f"tensor {t['name']!r} has no piece list")
-        for p in pieces:
-            need(isinstance(p, list) and len(p) == 5 and p[3] in ENCODINGS, "piece entry")
-            need(isinstance(p[0], int) and 0 <= p[0] < len(chunks), "piece chunk index")
+        _need(isinstance(t, Mapping) and isinstance(t.get("name"), str), "tensor entry")
+        _need(t["name"] not in seen, f"tensor {t['name']!r} listed twice")
+        _check_tensor(t, delta, len(chunks))
         seen.add(t["name"])
+
+
+def _check_tensor(t: Mapping[str, Any], delta: bool, nchunks: int) -> None:
+    what = f"tensor {t['name']!r}"
+    _need(t.get("dtype") in DTYPE_WIDTHS, f"{what}: unknown dtype")
+    shape = t.get("shape")
+    _need(isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape), what)
+    _need(isinstance(t.get("hash"), str), f"{what} has no hash")
+    _need(t.get("base_hash") is None or isinstance(t["base_hash"], str), f"{what}: base_hash")
+    _need(delta or t["base_hash"] is None, f"{what}: base_hash in a keyframe")
+    counts = [t.get(k) for k in ("changed", "raw_bytes", "encoded_bytes")]
+    _need(all(isinstance(c, int) for c in counts), f"{what}: sizes")
+    pieces = t.get("pieces")
+    if not isinstance(pieces, list):
+        raise ManifestInvalid(f"{what} has no piece list")
+    for p in pieces:
+        _need(isinstance(p, list) and len(p) == 5 and p[3] in ENCODINGS, f"{what}: piece")
+        _need(isinstance(p[0], int) and 0 <= p[0] < nchunks, f"{what}: piece chunk index")

@@ -201,16 +201,17 @@ class Changes:
 def find_changes(
     old: np.ndarray, new: np.ndarray, old_hasher: Hasher | None, new_hasher: Hasher | None
 ) -> Changes:
-    """Elements whose bit patterns differ, found by comparing 8-byte words first (only the
-    changed words are split into elements). Hashers, when given, are fed each block while it
-    is in cache, so hashing costs no second pass over memory."""
-    width = old.itemsize
-    lanes = 8 // width
+    """Elements whose bit patterns differ, found by comparing 8-byte words first; only the
+    changed words are gathered (while their block is in cache) and split into elements, once
+    for the whole range. Hashers, when given, are fed each block while it is in cache, so
+    hashing costs no second pass over memory."""
+    lanes = 8 // old.itemsize
     nwords = old.size // lanes
     old_w = old[: nwords * lanes].view(np.uint64)
     new_w = new[: nwords * lanes].view(np.uint64)
     mask = np.empty(min(BLOCK_WORDS, nwords), dtype=bool)
-    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    no_words = np.empty(0, dtype=np.uint64)
+    found = [(np.empty(0, dtype=np.int64), no_words, no_words)]
     for s in range(0, nwords, BLOCK_WORDS):
         a, b = old_w[s : s + BLOCK_WORDS], new_w[s : s + BLOCK_WORDS]
         words = np.flatnonzero(np.not_equal(a, b, out=mask[: a.size]))
@@ -219,7 +220,9 @@ def find_changes(
         if new_hasher is not None:
             new_hasher.update(as_bytes(b))
         if words.size:
-            parts.append(_split_words(a[words], b[words], words + s, old.dtype))
+            found.append((words + s, a[words], b[words]))
+    words, a_words, b_words = (np.concatenate(f) for f in zip(*found, strict=True))
+    parts = [_split_words(words, a_words, b_words, old.dtype)]
     tail = nwords * lanes
     if tail < old.size:
         ta, tb = old[tail:], new[tail:]
@@ -229,22 +232,20 @@ def find_changes(
             new_hasher.update(as_bytes(tb))
         idx = np.flatnonzero(ta != tb)
         parts.append((idx + tail, ta[idx], tb[idx]))
-    if not parts:
-        empty = np.empty(0, dtype=old.dtype)
-        return Changes(np.empty(0, dtype=np.int64), empty, empty)
     return Changes(*(np.concatenate(p) for p in zip(*parts, strict=True)))
 
 
 def _split_words(
-    a: np.ndarray, b: np.ndarray, words: np.ndarray, dtype: np.dtype
+    words: np.ndarray, a: np.ndarray, b: np.ndarray, dtype: np.dtype
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Changed elements (positions, old, new) inside changed 8-byte words."""
     lanes = 8 // dtype.itemsize
     av, bv = a.view(dtype), b.view(dtype)
     if lanes == 1:
-        return words.astype(np.int64), av, bv
+        return words, av, bv
     j = np.flatnonzero(av != bv)
     shift = lanes.bit_length() - 1
-    pos = (words[j >> shift].astype(np.int64) << shift) | (j & (lanes - 1))
+    pos = (words[j >> shift] << shift) | (j & (lanes - 1))
     return pos, av[j], bv[j]
 
 
@@ -254,7 +255,10 @@ def _split_words(
 def encode_positions(pos: np.ndarray) -> np.ndarray:
     """Gap code of ascending positions: gap g (unchanged elements before a change) becomes
     g // 255 bytes of 255, then one byte g % 255."""
-    gaps = np.diff(pos, prepend=-1) - 1
+    gaps = np.empty_like(pos)
+    gaps[:1] = pos[:1]
+    np.subtract(pos[1:], pos[:-1], out=gaps[1:])
+    gaps[1:] -= 1
     big = np.flatnonzero(gaps >= 255)
     code = gaps.astype(np.uint8)
     if not big.size:
@@ -265,15 +269,15 @@ def encode_positions(pos: np.ndarray) -> np.ndarray:
 
 def decode_positions(code: np.ndarray, count: int) -> np.ndarray:
     """Inverse of ``encode_positions``: ``count`` ascending int64 positions. A terminating
-    byte r advances by r + 1 elements, an escape byte by 255."""
-    steps = np.add(code, 1, dtype=np.int64)
+    byte r advances by r + 1 elements, an escape byte by 255 (both fit a byte)."""
     esc = np.flatnonzero(code == 255)
     if code.size - esc.size != count or (count and code[-1] == 255):
         raise ValueError("gap code does not hold the stated number of changes")
+    steps = code + np.uint8(1)
     steps[esc] = 255
-    np.cumsum(steps, out=steps)
-    steps -= 1
-    return np.delete(steps, esc) if esc.size else steps
+    pos = np.cumsum(steps, dtype=np.int64)
+    pos -= 1
+    return np.delete(pos, esc) if esc.size else pos
 
 
 def pack_values(z: np.ndarray, cctx: zstandard.ZstdCompressor) -> tuple[int, list[Stream]]:
@@ -402,9 +406,9 @@ def encode_best(
 
 # --- decoder ----------------------------------------------------------------------------
 
-# Elements applied per step: the base and output blocks (512 KiB each) stay in L2 while the
-# block is copied, patched and hashed.
-APPLY_BLOCK_BYTES: Final = 512 << 10
+# Bytes applied per step: the base and output blocks stay in L2 while the block is copied,
+# patched and hashed (256 KiB measured fastest; 1 MiB is 20% slower).
+APPLY_BLOCK_BYTES: Final = 256 << 10
 
 
 def decode_piece(

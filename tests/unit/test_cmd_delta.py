@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -28,7 +29,7 @@ def _run(*argv: str | Path) -> int:
     return int(args.func(args))
 
 
-def _states() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def _states() -> tuple[dict[str, Any], dict[str, Any]]:
     g = torch.Generator().manual_seed(0)
     old = {
         "layer.weight": torch.randn(300, 200, generator=g).to(torch.bfloat16),
@@ -45,7 +46,7 @@ def _states() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     return old, new
 
 
-def _bits(state: dict[str, torch.Tensor]) -> dict[str, dc.TensorBits]:
+def _bits(state: dict[str, Any]) -> dict[str, dc.TensorBits]:
     return dc.from_torch(state)
 
 
