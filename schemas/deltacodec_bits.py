@@ -192,7 +192,9 @@ def same_state(a: Mapping[str, TensorBits], b: Mapping[str, TensorBits]) -> bool
 
 def from_torch(state_dict: Mapping[str, torch.Tensor]) -> dict[str, TensorBits]:
     """Bit patterns of a torch state dict (tensors are moved to CPU; zero-copy when they
-    already are contiguous CPU tensors). Raises TypeError on a non-tensor entry."""
+    already are contiguous CPU tensors, so snapshot with ``clone()`` any tensor that will be
+    changed in place afterwards, such as weights an optimizer steps: the result would change
+    under its cached hash). Raises TypeError on a non-tensor entry."""
     import torch
 
     out: dict[str, TensorBits] = {}

@@ -198,6 +198,19 @@ class Changes:
         return Changes(self.pos[a:b] - lo, self.old[a:b], self.new[a:b])
 
 
+def _true_positions(mask: np.ndarray) -> np.ndarray:
+    """``flatnonzero`` of a bool mask. When few flags are set (RL steps: ~7% of 8-byte words
+    change at 1.7% changed bf16), first find the groups of 8 flags with any set, then the
+    flags inside them: about 20% faster there, but slower on dense masks, hence the switch."""
+    whole = mask.size - mask.size % 8
+    if whole < mask.size or np.count_nonzero(mask) > 0.1 * mask.size:
+        return np.flatnonzero(mask)
+    groups = mask.view(np.uint64)
+    g = np.flatnonzero(groups != 0)
+    inner = np.flatnonzero(groups[g].view(np.bool_))
+    return (g[inner >> 3] << 3) | (inner & 7)
+
+
 def find_changes(
     old: np.ndarray, new: np.ndarray, old_hasher: Hasher | None, new_hasher: Hasher | None
 ) -> Changes:
@@ -214,7 +227,7 @@ def find_changes(
     found = [(np.empty(0, dtype=np.int64), no_words, no_words)]
     for s in range(0, nwords, BLOCK_WORDS):
         a, b = old_w[s : s + BLOCK_WORDS], new_w[s : s + BLOCK_WORDS]
-        words = np.flatnonzero(np.not_equal(a, b, out=mask[: a.size]))
+        words = _true_positions(np.not_equal(a, b, out=mask[: a.size]))
         if old_hasher is not None:
             old_hasher.update(as_bytes(a))
         if new_hasher is not None:
@@ -480,14 +493,15 @@ def _apply(
     """out = base with ``deltas`` added at ``pos``, block by block, hashing each block of
     base and output while it is still in cache."""
     n = out.size
-    step = max(1, APPLY_BLOCK_BYTES // out.itemsize)
+    step = APPLY_BLOCK_BYTES // out.itemsize  # a power of two, so pos & (step - 1) is in-block
+    rel = pos & (step - 1)
     bounds = [0, *np.searchsorted(pos, np.arange(step, n, step)).tolist(), pos.size]
     for i, s in enumerate(range(0, n, step)):
         o, b = out[s : s + step], base[s : s + step]
         np.copyto(o, b)
         j0, j1 = bounds[i], bounds[i + 1]
         if j1 > j0:
-            p = pos[j0:j1] - s
+            p = rel[j0:j1]
             o[p] = b[p] + deltas[j0:j1]
         if old_hasher is not None:
             old_hasher.update(as_bytes(b))

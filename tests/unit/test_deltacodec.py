@@ -23,7 +23,12 @@ from rlstream.schemas import deltacodec as dc
 from rlstream.schemas import deltacodec_file as dfile
 from rlstream.schemas.deltacodec import TensorBits
 from rlstream.schemas.deltacodec_bits import UINT_BY_WIDTH
-from rlstream.schemas.deltacodec_pieces import decode_piece, decode_positions, encode_positions
+from rlstream.schemas.deltacodec_pieces import (
+    _true_positions,
+    decode_piece,
+    decode_positions,
+    encode_positions,
+)
 
 DTYPES = sorted(dc.DTYPE_WIDTHS)
 #: Bit patterns that float code tends to mangle: NaN payloads (quiet, signalling, negative),
@@ -350,6 +355,13 @@ def test_dense_change_uses_a_dense_encoding_and_noise_goes_raw() -> None:
     e = dc.encode_delta(base, noise, version=1, base_version=0)
     assert e.manifest["tensors"][0]["encoding"] == "raw"
     assert dc.same_state(dc.decode(e.manifest, e.chunks, base), noise)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(0, 5000), st.floats(0, 1))
+def test_true_positions_is_flatnonzero(seed: int, size: int, density: float) -> None:
+    mask = np.random.default_rng(seed).random(size) < density
+    assert np.array_equal(_true_positions(mask), np.flatnonzero(mask))
 
 
 @settings(max_examples=100, deadline=None)
