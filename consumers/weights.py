@@ -1,0 +1,591 @@
+"""Weight subscription: follow a model's manifests, fetch, verify, stage, then swap.
+
+A ``WeightSubscriber`` reads the model's manifest history from the start of
+``weights.manifests`` (no consumer group: it assigns the partition), then follows it. Whenever a
+newer version is known it plans a route (``plan_route``), fetches the chunks each manifest of
+the route names, verifies them and decodes into a *staging* state (the codec never writes into
+its base), and only then hands the complete, verified state over: ``current()`` / ``latest()``
+and the ``on_swap`` callback. Guarantees:
+
+- never partial: the exposed state is always one complete version whose every chunk checksum,
+  tensor hash and state hash matched its manifest;
+- any failure (missing or corrupt chunk, hash mismatch, wrong base, fetch timeout) leaves the
+  exposed version as it was, is logged and recorded in ``failures``, and excludes that
+  manifest from later routes, so the worker catches up from a keyframe instead;
+- cheapest route (``plan_route``): the newest reachable version, through the fewest chunk bytes
+  among "deltas from the current version" and "a keyframe plus the deltas after it";
+- chunk fetches go straight to the positions the manifest names (``ChunkRef.ref``); when those
+  are absent or belong to another cluster (a MirrorMaker copy keeps the topic's data but not
+  its offsets), the partitions are scanned from the previous manifest's time instead. Chunks are
+  matched by key and checksum, so a wrong position can only cost time, never correctness.
+
+Per applied version an ``Applied`` report gives fetch, decode and total apply time and chunk
+bytes fetched; the swap pause is the time ``on_swap`` (or a ``swap_timer`` block) takes.
+``poll`` is synchronous; ``start`` runs it in a background thread and ``latest`` hands over the
+newest complete state without a lock (one reference assignment).
+
+numpy and Kafka only: importing this module never loads torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
+
+from rlstream.consumers.consumer import load_schema_topic
+from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.weights import codec_manifest
+from rlstream.schemas import deltacodec as codec
+from rlstream.schemas import events, topics
+
+log = logging.getLogger(__name__)
+
+# Chunk records of another cluster's clock may be stamped a little before the manifest before
+# them; the time-based scan starts this much earlier.
+CLOCK_SLACK_MS = 60_000
+_READER = {
+    "enable.auto.commit": "false",
+    "enable.partition.eof": "true",
+    "auto.offset.reset": "error",  # a pruned position must fail loudly, not jump elsewhere
+    "isolation.level": "read_committed",
+    "max.partition.fetch.bytes": str(16 * 1024 * 1024),
+    "fetch.max.bytes": str(64 * 1024 * 1024),
+    "fetch.wait.max.ms": "50",
+}
+_CLOSED = {KafkaError._PARTITION_EOF, KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE}
+
+Key = tuple[int, str]  # (version, kind) names one manifest
+State = dict[str, codec.TensorBits]
+
+
+# --- planning (pure) -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Link:
+    """What planning needs of one manifest."""
+
+    version: int
+    kind: str  # "delta" | "keyframe"
+    base_version: int | None
+    nbytes: int  # chunk bytes to fetch
+
+
+@dataclass(frozen=True)
+class Route:
+    """Manifests to apply in order to reach ``target``, and the chunk bytes they cost."""
+
+    target: int
+    steps: tuple[Key, ...]
+    nbytes: int
+
+    @property
+    def from_keyframe(self) -> bool:
+        return bool(self.steps) and self.steps[0][1] == "keyframe"
+
+
+def plan_route(
+    links: Iterable[Link], current: int | None, skip: Container[Key] = ()
+) -> Route | None:
+    """The cheapest route to the newest version reachable from ``current``, or None.
+
+    Rule: targets are tried newest first, down to ``current`` (exclusive). For a target, walk
+    back along delta links (version -> its base); every keyframe met on the way (the target's
+    own included) is a start costing its bytes plus the deltas walked, and meeting ``current``
+    is a start costing the deltas alone. The cheapest start wins; a tie prefers the route
+    without a keyframe. Manifests in ``skip`` (failed before) are never used. A target no
+    start reaches is passed over for an older one."""
+    deltas: dict[int, Link] = {}
+    keyframes: dict[int, Link] = {}
+    for link in links:
+        if (link.version, link.kind) in skip:
+            continue
+        if link.kind == "keyframe":
+            keyframes[link.version] = link
+        elif link.base_version is not None and link.base_version < link.version:
+            deltas[link.version] = link
+    floor = -1 if current is None else current
+    for target in sorted({*deltas, *keyframes}, reverse=True):
+        if target <= floor:
+            return None
+        route = _best_start(target, current, deltas, keyframes)
+        if route is not None:
+            return route
+    return None
+
+
+def _best_start(
+    target: int, current: int | None, deltas: Mapping[int, Link], keyframes: Mapping[int, Link]
+) -> Route | None:
+    best: Route | None = None
+    walked: list[Key] = []  # deltas from the target backwards
+    cost, at = 0, target
+    while best is None or cost <= best.nbytes:
+        if at == current:  # no dearer than any keyframe route found: a tie prefers this one
+            return Route(target, tuple(reversed(walked)), cost)
+        kf = keyframes.get(at)
+        if kf is not None and (best is None or cost + kf.nbytes < best.nbytes):
+            best = Route(target, ((at, "keyframe"), *reversed(walked)), cost + kf.nbytes)
+        delta = deltas.get(at)
+        if delta is None or delta.base_version is None:
+            break
+        walked.append((at, "delta"))
+        cost += delta.nbytes
+        at = delta.base_version
+    return best
+
+
+def fetch_windows(chunks: Sequence[Mapping[str, Any]], topic: str) -> dict[int, tuple[int, int]]:
+    """``partition -> (first, last)`` offsets holding the chunks, from their refs.
+
+    Rule: usable only when every chunk has a ref into ``topic`` (the topic being read);
+    otherwise empty, and the caller scans."""
+    windows: dict[int, tuple[int, int]] = {}
+    for c in chunks:
+        ref = c.get("ref")
+        if ref is None or ref["topic"] != topic:
+            return {}
+        p, off = ref["partition"], ref["offset"]
+        lo, hi = windows.get(p, (off, off))
+        windows[p] = (min(lo, off), max(hi, off))
+    return windows
+
+
+# --- reports ---------------------------------------------------------------------------------
+
+
+class Snapshot(NamedTuple):
+    """One complete, verified version: unpacks as ``version, state``."""
+
+    version: int
+    state: State
+
+
+@dataclass(frozen=True)
+class Applied:
+    """One version handed over: how it was reached and what it cost."""
+
+    version: int
+    steps: tuple[Key, ...]
+    fetch_s: float
+    decode_s: float
+    apply_s: float  # fetch + verify + decode of every step
+    bytes_fetched: int
+    state_hash: str
+    published_ms: int  # the target manifest's created_ms
+    applied_ms: int  # wall clock when the state became current
+    swap_ms: float | None = None  # time on_swap took (the pause), if there is one
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A manifest that could not be applied, and why."""
+
+    version: int
+    kind: str
+    reason: str
+
+
+@dataclass
+class _Timing:
+    ms: float = 0.0
+
+
+@contextlib.contextmanager
+def swap_timer(into: list[float] | None = None) -> Iterator[_Timing]:
+    """Time a swap (the pause generation sees): ``with swap_timer() as t: ...; t.ms``."""
+    timing = _Timing()
+    t0 = time.perf_counter()
+    try:
+        yield timing
+    finally:
+        timing.ms = (time.perf_counter() - t0) * 1000
+        if into is not None:
+            into.append(timing.ms)
+
+
+# --- the subscriber --------------------------------------------------------------------------
+
+
+@dataclass
+class _Fetch:
+    """Chunks wanted for one manifest, matched by key and checksum."""
+
+    keys: dict[bytes, tuple[int, str]]  # record key -> (index, checksum)
+    got: dict[int, bytes] = field(default_factory=dict)
+    nbytes: int = 0
+
+
+class WeightSubscriber:
+    """Follows one model's weight versions (see the module docstring for the guarantees).
+
+    ``poll`` and the background thread (``start``) are two ways to drive it, never both.
+    ``initial`` seeds a worker that already holds a version (its arrays are never written).
+    ``recycle=True`` decodes each new version into the buffers of the version replaced at the
+    hand-over before: only for callers that copy the state in ``on_swap`` and keep no
+    reference to a snapshot's arrays afterwards."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        run: str,
+        model: str,
+        *,
+        manifest_topic: str | None = None,
+        chunk_topic: str | None = None,
+        on_swap: Callable[[Snapshot], None] | None = None,
+        fetch_timeout: float = 30.0,
+        initial: Snapshot | None = None,
+        recycle: bool = False,
+    ) -> None:
+        self.settings, self.run, self.model = settings, run, model
+        self.manifest_topic = manifest_topic or topics.topic_name(run, "weights.manifests")
+        self.chunk_topic = chunk_topic  # None: the topic each manifest names
+        self.on_swap, self.fetch_timeout = on_swap, fetch_timeout
+        self.failures: list[Failure] = []
+        self.reports: deque[Applied] = deque(maxlen=1000)
+        self._manifests: dict[Key, dict[str, Any]] = {}
+        self._bad: set[Key] = set()
+        self._snapshot: Snapshot | None = initial
+        self._initial = initial  # the caller's arrays: never recycled
+        self.recycle = recycle
+        self._spare: State | None = None
+        self._store = events.default_store()
+        self._decode = events.deserializer(self._store)
+        group = f"rlstream.{run}.weights-reader.{uuid.uuid4().hex[:8]}"  # never joined
+        self._manifest_reader = Consumer({**settings.librdkafka(), **_READER, "group.id": group})
+        self._chunk_reader = Consumer({**settings.librdkafka(), **_READER, "group.id": group})
+        self._assign_manifests()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # -- the state ------------------------------------------------------------------------
+
+    def current(self) -> Snapshot | None:
+        """The version being served and its state (None before the first one)."""
+        return self._snapshot
+
+    latest = current  # the background thread's hand-over: one atomic reference read
+
+    @property
+    def version(self) -> int | None:
+        return None if self._snapshot is None else self._snapshot.version
+
+    def newest_known(self) -> int | None:
+        """The newest version any manifest read so far names."""
+        return max((v for v, _ in self._manifests), default=None)
+
+    # -- driving it -----------------------------------------------------------------------
+
+    def poll(self, timeout: float = 1.0) -> list[Applied]:
+        """Read new manifests (waiting up to ``timeout`` for some), then catch up; returns the
+        versions handed over (usually one: intermediate versions of a route are not)."""
+        self._read_manifests(timeout)
+        return self._catch_up()
+
+    def wait_for(self, version: int, timeout: float = 30.0) -> Snapshot | None:
+        """Poll until the current version is at least ``version`` or ``timeout`` passes."""
+        deadline = time.monotonic() + timeout
+        while (self.version is None or self.version < version) and time.monotonic() < deadline:
+            self.poll(min(0.5, max(0.0, deadline - time.monotonic())))
+        return self._snapshot
+
+    def start(self, interval: float = 0.5) -> None:
+        """Follow in a background thread; read the newest complete state with ``latest()``."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._follow, args=(interval,), name=f"weights-{self.model}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout)
+            self._thread = None
+
+    def close(self) -> None:
+        self.stop()
+        self._manifest_reader.close()
+        self._chunk_reader.close()
+
+    def __enter__(self) -> WeightSubscriber:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _follow(self, interval: float) -> None:
+        while not self._stop.is_set():
+            try:
+                self.poll(interval)
+            except Exception:  # keep serving the old version; the next round retries
+                log.exception("weights: follow round failed")
+                self._stop.wait(interval)
+
+    # -- manifests ------------------------------------------------------------------------
+
+    def _assign_manifests(self) -> None:
+        meta = self._manifest_reader.list_topics(self.manifest_topic, timeout=10)
+        topic = meta.topics.get(self.manifest_topic)
+        if topic is None or topic.error is not None:
+            raise ValueError(f"no topic {self.manifest_topic}: create the run's topics first")
+        parts = topic.partitions
+        self._manifest_reader.assign(
+            [TopicPartition(self.manifest_topic, p, OFFSET_BEGINNING) for p in parts]
+        )
+
+    def _read_manifests(self, timeout: float, wait: bool = True) -> None:
+        """Read what is new; return at the end of the log once there is something to do (or at
+        once without ``wait``), else wait up to ``timeout`` for more."""
+        deadline = time.monotonic() + timeout
+        new = False
+        while True:
+            remaining = deadline - time.monotonic()
+            batch = _next_batch(self._manifest_reader, max(0.0, min(remaining, 0.2)))
+            at_end = False
+            for msg in batch:
+                err = msg.error()
+                if err is None:
+                    new |= self._add_manifest(msg)
+                    at_end = False
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    at_end = True
+                elif not err.retriable():
+                    raise RuntimeError(f"manifest reader: {err.str()}")
+            if (at_end and (new or not wait or self._behind())) or remaining <= 0:
+                return
+
+    def _behind(self) -> bool:
+        newest = self.newest_known()
+        return newest is not None and (self.version is None or newest > self.version)
+
+    def _add_manifest(self, msg: Message) -> bool:
+        try:
+            rec = self._decode_value(msg.value(), "weight_manifest")
+        except events.EventError as exc:
+            log.warning("weights: skipping undecodable manifest at %s: %s", msg.offset(), exc)
+            return False
+        if rec["model"] != self.model:
+            return False
+        key = (rec["version"], rec["kind"])
+        self._manifests[key] = rec  # a republished version replaces the older record
+        self._bad.discard(key)
+        return True
+
+    def _decode_value(self, value: bytes | None, event: str) -> dict[str, Any]:
+        try:
+            decoded = self._decode(value, None)
+        except events.DecodeError as exc:
+            if exc.reason != "unknown_schema":
+                raise
+            load_schema_topic(self.settings, self._store)  # written by newer code: learn it
+            decoded = self._decode(value, None)
+        if decoded.event != event:
+            raise events.DecodeError(f"expected {event}, got {decoded.event}", "unexpected_event")
+        return decoded.record
+
+    # -- catching up ----------------------------------------------------------------------
+
+    def _catch_up(self) -> list[Applied]:
+        applied: list[Applied] = []
+        while True:
+            links = [
+                Link(v, k, m["base_version"], m["encoded_bytes"])
+                for (v, k), m in self._manifests.items()
+            ]
+            route = plan_route(links, self.version, self._bad)
+            if route is None:
+                return applied
+            report = self._apply(route)
+            if report is not None:
+                applied.append(report)
+
+    def _apply(self, route: Route) -> Applied | None:
+        """Apply a route into staging; hand it over only when every step verified."""
+        t0 = time.perf_counter()
+        staged = self._stage(route)
+        if staged is None:
+            return None
+        state, fetch_s, decode_s, nbytes = staged
+        target = self._manifests[route.steps[-1]]
+        # the codec orders tensors by name; hand them over in the manifest's state-dict order
+        snapshot = Snapshot(route.target, {t["name"]: state[t["name"]] for t in target["tensors"]})
+        apply_s = time.perf_counter() - t0
+        swap_ms = self._swap(snapshot)
+        report = Applied(
+            version=route.target,
+            steps=route.steps,
+            fetch_s=fetch_s,
+            decode_s=decode_s,
+            apply_s=apply_s,
+            bytes_fetched=nbytes,
+            state_hash=target["state_hash"],
+            published_ms=target["created_ms"],
+            applied_ms=int(time.time() * 1000),
+            swap_ms=swap_ms,
+        )
+        self.reports.append(report)
+        return report
+
+    def _stage(self, route: Route) -> tuple[State, float, float, int] | None:
+        """Fetch, verify and decode every step of ``route`` into new arrays (or recycled
+        ones); None after recording the failure of a step."""
+        state = None if route.from_keyframe or self._snapshot is None else self._snapshot.state
+        fetch_s = decode_s = 0.0
+        nbytes = 0
+        for key in route.steps:
+            rec = self._manifests[key]
+            log.info("weights: applying version %d (%s, %d bytes)", *key, rec["encoded_bytes"])
+            spare, self._spare = self._spare, None  # handed to the codec: consumed either way
+            try:
+                t1 = time.perf_counter()
+                chunks, got = self._fetch(rec)
+                t2 = time.perf_counter()
+                manifest = codec_manifest(rec, chunks)
+                state = codec.decode(manifest, chunks, state, recycle=spare)
+                fetch_s, decode_s = fetch_s + t2 - t1, decode_s + time.perf_counter() - t2
+                nbytes += got
+            except codec.DeltaError as exc:
+                self._refuse(key, f"{type(exc).__name__}: {exc}")
+                return None
+        assert state is not None
+        return state, fetch_s, decode_s, nbytes
+
+    def _swap(self, snapshot: Snapshot) -> float | None:
+        swap_ms = None
+        if self.on_swap is not None:
+            with swap_timer() as t:
+                self.on_swap(snapshot)
+            swap_ms = t.ms
+        replaced, self._snapshot = self._snapshot, snapshot  # the hand-over: one assignment
+        if self.recycle and replaced is not None and replaced is not self._initial:
+            self._spare = replaced.state
+        return swap_ms
+
+    def _refuse(self, key: Key, reason: str) -> None:
+        log.warning(
+            "weights: refusing version %d (%s), staying on %s: %s", *key, self.version, reason
+        )
+        self.failures.append(Failure(key[0], key[1], reason))
+        self._bad.add(key)
+
+    # -- fetching chunks ------------------------------------------------------------------
+
+    def _fetch(self, rec: Mapping[str, Any]) -> tuple[list[bytes | None], int]:
+        """Chunk payloads of one manifest (None where missing) and their total size."""
+        topic = self.chunk_topic or rec["chunk_topic"]
+        want = _Fetch(
+            {
+                f"{rec['model']}/{rec['version']}/{c['index']}".encode(): (
+                    c["index"],
+                    c["checksum"],
+                )
+                for c in rec["chunks"]
+            }
+        )
+        deadline = time.monotonic() + self.fetch_timeout
+        windows = fetch_windows(rec["chunks"], topic)
+        if windows:
+            self._scan(topic, {p: w[0] for p, w in windows.items()}, windows, rec, want, deadline)
+        if len(want.got) < len(want.keys):
+            if windows:
+                log.info(
+                    "weights: version %d: chunks not at their positions; scanning", rec["version"]
+                )
+            starts = self._scan_starts(topic, rec)
+            self._scan(topic, starts, {}, rec, want, deadline)
+        return [want.got.get(i) for i in range(len(rec["chunks"]))], want.nbytes
+
+    def _scan_starts(self, topic: str, rec: Mapping[str, Any]) -> dict[int, int]:
+        """Per partition, the first offset at or after the previous manifest's time."""
+        before = [m["created_ms"] for (v, _), m in self._manifests.items() if v < rec["version"]]
+        since = max(0, max(before, default=0) - CLOCK_SLACK_MS)
+        meta = self._chunk_reader.list_topics(topic, timeout=10).topics[topic].partitions
+        query = [TopicPartition(topic, p, since) for p in meta]
+        found = self._chunk_reader.offsets_for_times(query, timeout=10)
+        return {tp.partition: tp.offset for tp in found if tp.offset >= 0}
+
+    def _scan(
+        self,
+        topic: str,
+        starts: Mapping[int, int],
+        windows: Mapping[int, tuple[int, int]],
+        rec: Mapping[str, Any],
+        want: _Fetch,
+        deadline: float,
+    ) -> None:
+        """Read partitions from ``starts`` until every chunk is found, each partition is past
+        its window (or at its end), or the deadline."""
+        reader = self._chunk_reader
+        reader.assign([TopicPartition(topic, p, off) for p, off in starts.items()])
+        open_parts = set(starts)
+        try:
+            while open_parts and len(want.got) < len(want.keys) and time.monotonic() < deadline:
+                for msg in _next_batch(reader, 0.2):
+                    p, err = msg.partition() or 0, msg.error()
+                    if err is not None:
+                        if err.code() in _CLOSED:
+                            open_parts.discard(p)
+                        elif not err.retriable():
+                            raise RuntimeError(f"chunk reader: {err.str()}")
+                        continue
+                    self._match(msg, rec, want)
+                    if p in windows and (msg.offset() or 0) >= windows[p][1]:
+                        open_parts.discard(p)
+                        reader.pause([TopicPartition(topic, p)])
+        finally:
+            # librdkafka keeps a partition's pause across assignments: undo it before leaving
+            reader.resume([TopicPartition(topic, p) for p in starts])
+            reader.unassign()
+
+    def _match(self, msg: Message, rec: Mapping[str, Any], want: _Fetch) -> None:
+        hit = want.keys.get(msg.key() or b"")
+        if hit is None or hit[0] in want.got:
+            return
+        try:
+            chunk = self._decode_value(msg.value(), "weight_chunk")
+        except events.EventError as exc:
+            log.warning("weights: undecodable chunk record at %s: %s", msg.offset(), exc)
+            return
+        # same key, other payload: the keyframe and the delta of one version share chunk keys
+        if chunk["checksum"] == hit[1] and chunk["version"] == rec["version"]:
+            want.got[hit[0]] = chunk["payload"]
+            want.nbytes += len(chunk["payload"])
+
+
+def _next_batch(consumer: Consumer, timeout: float, limit: int = 256) -> list[Message]:
+    """Wait up to ``timeout`` for one message, then take what else is already there.
+    (``consume(n, timeout)`` would wait for ``n`` messages: a delay on every small fetch.)"""
+    first = consumer.poll(timeout)
+    return [] if first is None else [first, *consumer.consume(limit - 1, 0)]
+
+
+def read_manifests(
+    settings: KafkaSettings,
+    run: str,
+    model: str,
+    *,
+    topic: str | None = None,
+    timeout: float = 15.0,
+) -> list[dict[str, Any]]:
+    """Every manifest record of ``model`` by version, delta before keyframe (for ``prune``)."""
+    sub = WeightSubscriber(settings, run, model, manifest_topic=topic)
+    try:
+        sub._read_manifests(timeout, wait=False)
+        return sorted(
+            sub._manifests.values(), key=lambda m: (m["version"], m["kind"] == "keyframe")
+        )
+    finally:
+        sub.close()
