@@ -1,0 +1,253 @@
+"""Multi-turn rollout harness: the policy may run code before it answers.
+
+Protocol (single tokens for the tags, see :mod:`rlstream.envs.tasks`): the policy generates
+until EOS (its final answer) or ``</run>``. After ``<run>CODE</run>`` the harness runs CODE in
+the sandbox and appends ``<out>OUTPUT</out>`` to the context (at most ``tool_output_chars``
+characters), then the policy continues, up to ``max_turns`` tool calls; past that budget the
+observation says so. The demo task is solvable in one turn; tools are optional.
+
+Rules and guarantees:
+
+- Every token of a sample is processed by the model exactly once, and its arrays are aligned
+  position by position: ``token_ids`` (int32), ``logprobs`` (float32, the behaviour logprob for
+  generated tokens, 0 elsewhere), ``loss_mask`` (uint8, 1 exactly for tokens the policy
+  generated; prompt, observations and summaries are 0) and ``routes`` (uint8 ``[T, L, K]``,
+  the experts that processed each token, for router replay).
+- Continuations reuse the KV cache of the earlier turns, so the recorded routes are the ones that
+  actually produced the later tokens.
+- Context overflow: when the next observation plus a full turn would not fit the model window,
+  the current segment is closed and a new one starts from a deterministic compaction prompt
+  (the task prompt plus ``<sum>`` a summary of the tool runs ``</sum>``; a tiny model cannot
+  summarise itself). Segments are half-open ranges of the flat arrays; each is a self-contained
+  context the learner replays on its own.
+- The G samples of a group share one prompt and their first turn is generated as one batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from rlstream.envs import sandbox, tasks
+from rlstream.trainer.model import Generation, KVCache, Policy, generate, inference_copy
+
+GenerateFn = Callable[..., Generation]
+
+
+class HarnessConfig(BaseModel):
+    """How one sample is rolled out."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_new_tokens: int = Field(64, ge=1, le=4096, description="Token budget of one turn.")
+    max_turns: int = Field(2, ge=0, le=64, description="Tool calls allowed before the answer.")
+    max_segments: int = Field(4, ge=1, le=64, description="Compactions allowed plus one.")
+    temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature.")
+    tool_output_chars: int = Field(120, ge=8, le=100_000, description="Observation cap (chars).")
+    summary_chars: int = Field(60, ge=8, le=10_000, description="Summary cap when compacting.")
+    inference_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Weights precision for rollout inference (learner stays fp32)."
+    )
+    tool_sandbox: sandbox.SandboxConfig = Field(
+        default_factory=lambda: sandbox.SandboxConfig(wall_timeout_s=3.0, cpu_limit_s=1),
+        description="Limits for <run> tool calls.",
+    )
+
+
+@dataclass
+class Segment:
+    """``[start, end)`` of a sample's flat arrays: one context the learner replays on its own."""
+
+    start: int
+    end: int
+    turns: int
+    reason: Literal["final", "compacted", "truncated"]
+
+
+@dataclass
+class Sample:
+    """One rollout (see the module docstring for the array rules)."""
+
+    index: int
+    token_ids: np.ndarray
+    logprobs: np.ndarray
+    loss_mask: np.ndarray
+    routes: np.ndarray
+    segments: list[Segment]
+    completion: str
+    turns: int
+    finished: bool
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Row:
+    """Mutable per-sample state while rolling out."""
+
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    routes: list[np.ndarray] = field(default_factory=list)
+    segments: list[Segment] = field(default_factory=list)
+    seg_start: int = 0
+    seg_prompt: int = 0  # flat offset where the current segment's generated text begins
+    turns: int = 0
+    outputs: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=lambda: {"generate_s": 0.0, "tool_s": 0.0})
+
+    def feed(self, ids: list[int], routes: np.ndarray) -> None:
+        """Append context tokens the policy did not generate."""
+        self.tokens += ids
+        self.logprobs += [0.0] * len(ids)
+        self.mask += [0] * len(ids)
+        self.routes.append(routes)
+
+    def emit(self, ids: list[int], logprobs: list[float], routes: np.ndarray) -> None:
+        """Append tokens the policy generated."""
+        self.tokens += ids
+        self.logprobs += logprobs
+        self.mask += [1] * len(ids)
+        self.routes.append(routes)
+
+    def close(self, reason: Literal["final", "compacted", "truncated"]) -> None:
+        self.segments.append(Segment(self.seg_start, len(self.tokens), self.turns, reason))
+        self.seg_start = len(self.tokens)
+
+
+def _routes(gen: Generation, row: int, n: int, offset: int = 0) -> np.ndarray:
+    return gen.routes[row, offset : offset + n].to(torch.uint8).numpy()
+
+
+def _observation(code: str, cfg: HarnessConfig) -> str:
+    result = sandbox.run(code, cfg.tool_sandbox)
+    text = result.stdout + result.stderr
+    if result.status != "ok":
+        text += f"[{result.status}]"
+    return text[: cfg.tool_output_chars]
+
+
+def _compaction_prompt(prompt: str, row: _Row, cfg: HarnessConfig) -> str:
+    """Deterministic summary: how many runs, and the tail of the last output."""
+    last = row.outputs[-1] if row.outputs else ""
+    summary = f"{row.turns} runs; last: {last}"[: cfg.summary_chars]
+    return f"{prompt}<sum>{summary}</sum>"
+
+
+class Rollout:
+    """Rolls out groups of samples for prompts with one policy."""
+
+    def __init__(
+        self, model: Policy, cfg: HarnessConfig, generate_fn: GenerateFn = generate
+    ) -> None:
+        self.cfg = cfg
+        dtype = torch.bfloat16 if cfg.inference_dtype == "bfloat16" else torch.float32
+        self.model = (
+            model if next(model.parameters()).dtype == dtype else inference_copy(model, dtype)
+        )
+        self.generate_fn = generate_fn
+        self.window = model.cfg.max_seq_len
+
+    def group(self, prompt: str, group_size: int, generator: torch.Generator) -> list[Sample]:
+        """``group_size`` samples for ``prompt``; the first turn runs as one batch."""
+        ids = [tasks.BOS, *tasks.encode(prompt)]
+        started = time.perf_counter()
+        gen = self._generate(torch.tensor([ids] * group_size), generator, None)
+        first_s = time.perf_counter() - started
+        samples = []
+        for b in range(group_size):
+            row = _Row()
+            row.feed(ids, _routes(gen, b, len(ids)))
+            row.seg_prompt = len(ids)
+            row.timings["generate_s"] += first_s
+            self._finish(row, gen, b, prompt, generator)
+            samples.append(self._sample(b, row))
+        return samples
+
+    def _generate(
+        self, context: torch.Tensor, generator: torch.Generator, cache: KVCache | None
+    ) -> Generation:
+        return self.generate_fn(
+            self.model,
+            context,
+            max_new=self.cfg.max_new_tokens,
+            temperature=self.cfg.temperature,
+            generator=generator,
+            stop_ids=(tasks.EOS, tasks.RUN_END),
+            cache=cache,
+        )
+
+    def _finish(
+        self, row: _Row, gen: Generation, b: int, prompt: str, generator: torch.Generator
+    ) -> None:
+        """Take row ``b`` of ``gen`` and keep going through tool turns until the answer."""
+        while True:
+            n = int(gen.lengths[b])
+            new = gen.tokens[b, :n].tolist()
+            row.emit(new, gen.logprobs[b, :n].tolist(), _routes(gen, b, n, gen.prompt_len))
+            if not new or new[-1] != tasks.RUN_END:
+                row.close("final" if new and new[-1] == tasks.EOS else "truncated")
+                return
+            started = time.perf_counter()
+            text = tasks.decode(row.tokens[row.seg_prompt :])
+            code = text.rsplit("<run>", 1)[-1].removesuffix("</run>")
+            if row.turns >= self.cfg.max_turns:
+                output = "no tool calls left"
+            else:
+                output = _observation(code, self.cfg)
+                row.turns += 1
+            row.outputs.append(output)
+            row.timings["tool_s"] += time.perf_counter() - started
+            obs = [tasks.OUT, *tasks.encode(output), tasks.OUT_END]
+            used = len(row.tokens) - row.seg_start
+            if used + len(obs) + self.cfg.max_new_tokens <= self.window:
+                cache = gen.cache.select(b, used)
+                context = torch.tensor([obs])
+            elif len(row.segments) + 1 < self.cfg.max_segments:
+                row.close("compacted")
+                ids = [tasks.BOS, *tasks.encode(_compaction_prompt(prompt, row, self.cfg))]
+                cache, context = None, torch.tensor([ids])
+            else:
+                row.close("truncated")
+                return
+            started = time.perf_counter()
+            gen, b = self._generate(context, generator, cache), 0
+            row.timings["generate_s"] += time.perf_counter() - started
+            fed = context.shape[1]
+            row.feed(context[0].tolist(), _routes(gen, 0, fed))
+            if cache is None:
+                row.seg_prompt = len(row.tokens)
+
+    def _sample(self, index: int, row: _Row) -> Sample:
+        last = row.segments[-1]
+        text = tasks.decode(row.tokens[row.seg_prompt : last.end])
+        return Sample(
+            index=index,
+            token_ids=np.asarray(row.tokens, dtype=np.int32),
+            logprobs=np.asarray(row.logprobs, dtype=np.float32),
+            loss_mask=np.asarray(row.mask, dtype=np.uint8),
+            routes=np.concatenate(row.routes, axis=0).astype(np.uint8),
+            segments=row.segments,
+            completion=text,
+            turns=row.turns,
+            finished=last.reason == "final",
+            timings=dict(row.timings),
+        )
+
+
+def rollout_group(
+    model: Policy,
+    prompt: str,
+    group_size: int,
+    cfg: HarnessConfig | None = None,
+    generator: torch.Generator | None = None,
+    **kwargs: Any,
+) -> list[Sample]:
+    """Convenience wrapper: ``Rollout(model, cfg).group(prompt, group_size, generator)``."""
+    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    return Rollout(model, cfg or HarnessConfig(), **kwargs).group(prompt, group_size, gen)

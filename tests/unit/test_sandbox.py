@@ -1,0 +1,163 @@
+"""The sandbox contains what untrusted code can throw at it, and the machine survives."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import threading
+import time
+
+import pytest
+
+from rlstream.envs import sandbox
+from rlstream.envs.sandbox import SandboxConfig, classify, run
+
+FAST = SandboxConfig(wall_timeout_s=3.0, cpu_limit_s=1)
+
+
+def _pids_of(uid: int | None) -> set[int]:
+    """Live processes owned by ``uid`` (the sandbox's own uid when the tests run as root)."""
+    if uid is None:
+        return set()
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/status") as fh:
+                    status = fh.read()
+            except OSError:
+                continue
+            if f"\nUid:\t{uid}\t" in status and "\nState:\tZ" not in status:
+                found.add(int(entry))
+    return found
+
+
+def test_ok_run_returns_output_and_isolation() -> None:
+    r = run("import math\nprint(math.factorial(5))", FAST)
+    assert r.status == "ok" and r.exit_code == 0
+    assert r.stdout == "120\n"
+    assert r.wall_s < 3.0
+    if os.geteuid() == 0:
+        assert r.isolation["own_uid"]
+
+
+def test_stdin_and_scrubbed_env_and_own_cwd() -> None:
+    code = "import os, sys\nprint(sys.stdin.read()[::-1])\nprint(sorted(os.environ))\nprint(os.getcwd())"
+    r = run(code, FAST, stdin="abc")
+    lines = r.stdout.splitlines()
+    assert lines[0] == "cba"
+    assert lines[1] == "['HOME', 'LANG', 'PATH']"
+    assert "rlstream-sbx" in lines[2] and lines[2] != os.getcwd()
+
+
+def test_infinite_loop_is_stopped_by_cpu_limit() -> None:
+    started = time.monotonic()
+    r = run("while True:\n    pass", SandboxConfig(wall_timeout_s=10.0, cpu_limit_s=1))
+    assert r.status == "timeout"
+    assert time.monotonic() - started < 5.0
+
+
+def test_sleep_is_stopped_by_wall_clock() -> None:
+    r = run("import time\ntime.sleep(60)", SandboxConfig(wall_timeout_s=0.5, cpu_limit_s=1))
+    assert r.status == "timeout" and r.reason == "wall-clock limit"
+    assert r.wall_s < 3.0
+
+
+def test_memory_bomb_is_oom() -> None:
+    code = "blocks = []\nwhile True:\n    blocks.append(bytearray(50 * 2**20))"
+    r = run(code, SandboxConfig(wall_timeout_s=10.0, memory_bytes=128 * 2**20))
+    assert r.status == "oom"
+
+
+def test_huge_output_is_capped() -> None:
+    cfg = SandboxConfig(max_output_bytes=1000, max_file_bytes=64 * 1024, wall_timeout_s=10.0)
+    r = run("while True:\n    print('x' * 999)", cfg)
+    assert r.status == "killed" and "size limit" in r.reason
+    assert len(r.stdout) == 1000 and r.stdout_truncated
+
+
+def test_fork_bomb_is_contained_and_leaves_nothing_behind() -> None:
+    code = (
+        "import os\n"
+        "while True:\n"
+        "    try:\n"
+        "        if os.fork() == 0:\n"
+        "            os.setsid()\n"  # try to escape the process group
+        "    except OSError:\n"
+        "        pass\n"
+    )
+    started = time.monotonic()
+    r = run(code, SandboxConfig(wall_timeout_s=1.5, cpu_limit_s=1, max_processes=8))
+    assert r.status in ("timeout", "killed")
+    assert time.monotonic() - started < 6.0
+    time.sleep(0.2)
+    assert _pids_of(r.uid) == set()
+    assert run("print('alive')", FAST).stdout == "alive\n"  # the machine still forks
+
+
+def test_escaped_child_dies_with_the_program() -> None:
+    code = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(30)\nprint('parent done')"
+    r = run(code, FAST)
+    assert r.status == "ok" and r.stdout == "parent done\n"
+    time.sleep(0.2)
+    assert _pids_of(r.uid) == set()
+
+
+@pytest.mark.parametrize("block_exec", [True, False])
+def test_network_is_unreachable(block_exec: bool) -> None:
+    """A server on the host's loopback cannot be reached, with or without the audit hook."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(3.0)
+    port = server.getsockname()[1]
+    accepted: list[object] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            accepted.append(server.accept())
+
+    t = threading.Thread(target=accept)
+    t.start()
+    code = (
+        "import socket\n"
+        "s = socket.socket()\n"
+        "s.settimeout(1)\n"
+        f"s.connect(('127.0.0.1', {port}))\n"
+        "print('connected')"
+    )
+    r = run(code, SandboxConfig(wall_timeout_s=3.0, block_exec=block_exec))
+    t.join()
+    server.close()
+    assert "connected" not in r.stdout
+    assert r.status == "crash"
+    assert not accepted
+    if not block_exec:
+        assert r.isolation["network_namespace"], "without the hook only the namespace guards"
+
+
+def test_subprocess_is_refused_by_the_audit_hook() -> None:
+    r = run("import subprocess\nsubprocess.run(['true'])\nprint('ran')", FAST)
+    assert r.status == "crash" and "not allowed" in r.stderr and "ran" not in r.stdout
+
+
+def test_files_stay_in_the_sandbox_dir_and_are_removed() -> None:
+    r = run("import os\nopen('x.txt', 'w').write('hi')\nprint(os.path.abspath('x.txt'))", FAST)
+    path = r.stdout.strip()
+    assert r.status == "ok" and not os.path.exists(path)
+
+
+def test_classify_rules() -> None:
+    cfg = SandboxConfig(cpu_limit_s=2)
+    killed = signal.SIGKILL  # wait status for "killed by signal n" is n itself
+    assert classify(0, 0.1, cfg, timed_out=True)[0] == "timeout"
+    assert classify(None, 0.0, cfg, timed_out=False)[0] == "killed"
+    assert classify(int(signal.SIGXCPU), 2.0, cfg, False)[0] == "timeout"
+    assert classify(int(killed), 2.5, cfg, False)[0] == "timeout"
+    assert classify(int(killed), 0.1, cfg, False)[0] == "killed"
+    assert classify(int(signal.SIGSEGV), 0.1, cfg, False)[0] == "crash"
+    assert classify(sandbox.OOM_EXIT << 8, 0.1, cfg, False)[0] == "oom"
+    assert classify(0, 0.1, cfg, False)[0] == "ok"
+    assert classify(3 << 8, 0.1, cfg, False)[:2] == ("crash", 3)

@@ -1,0 +1,126 @@
+"""Supervised warm start ("mid-training") on a weak teacher's demonstrations.
+
+Rules and guarantees:
+
+- Each step draws fresh training tasks (seeds below ``EVAL_SEED_BASE``, never the evaluation
+  set) and one demonstration each from :func:`rlstream.envs.tasks.demonstration`; the loss is
+  next-token cross-entropy on the answer and its EOS only (the prompt is context), plus a small
+  Switch-style load-balancing term so every expert gets used.
+- The result depends only on the policy config and this config: same seeds, same data order,
+  single-threaded CPU math -> the same weights.
+- Because the teacher is unreliable (``TeacherConfig``), the warm-started policy knows the format
+  and the vocabulary but succeeds only sometimes: RL has room to improve.
+- With ``cache_path`` the state dict is stored there under a key of both configs; a later call
+  with the same configs loads it instead of training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+
+from rlstream.envs import tasks
+from rlstream.trainer.model import Policy, PolicyConfig, build_policy
+
+
+class WarmStartConfig(BaseModel):
+    """Supervised warm-start settings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    steps: int = Field(300, ge=0, le=1_000_000, description="Optimizer steps.")
+    batch_size: int = Field(48, ge=1, le=4096, description="Demonstrations per step.")
+    lr: float = Field(
+        1e-2, gt=0, le=1, description="Adam learning rate (linear warm-up, 20 steps)."
+    )
+    balance_coef: float = Field(0.01, ge=0, le=1, description="Load-balancing loss weight.")
+    seed: int = Field(0, ge=0, description="Seed of task sampling and demonstrations.")
+    teacher: tasks.TeacherConfig = Field(
+        default_factory=tasks.TeacherConfig, description="Reliability of the demonstrations."
+    )
+    task: tasks.TaskConfig = Field(
+        default_factory=tasks.TaskConfig, description="Task family difficulty."
+    )
+
+
+def demo_batch(
+    rng: random.Random, n: int, teacher: tasks.TeacherConfig, task_cfg: tasks.TaskConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` demonstrations as (tokens ``[n, T]`` right-padded, target mask ``[n, T]``).
+
+    Rule: a row is ``BOS prompt answer EOS``; the mask is 1 on answer and EOS tokens only.
+    """
+    rows, masks = [], []
+    for _ in range(n):
+        task = tasks.sample_task(rng.randrange(tasks.EVAL_SEED_BASE), task_cfg)
+        prompt = [tasks.BOS, *tasks.encode(task.prompt)]
+        answer = [*tasks.encode(tasks.demonstration(task, rng, teacher)), tasks.EOS]
+        rows.append(prompt + answer)
+        masks.append([0] * len(prompt) + [1] * len(answer))
+    width = max(map(len, rows))
+    tokens = torch.full((n, width), tasks.PAD, dtype=torch.long)
+    mask = torch.zeros(n, width)
+    for i, (row, m) in enumerate(zip(rows, masks, strict=True)):
+        tokens[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(m)] = torch.tensor(m, dtype=torch.float32)
+    return tokens, mask
+
+
+def cache_key(policy_cfg: PolicyConfig, cfg: WarmStartConfig) -> str:
+    """Hash of both configs: a cached state dict is reused only for the same ones."""
+    text = policy_cfg.model_dump_json() + cfg.model_dump_json()
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def warm_start(
+    policy_cfg: PolicyConfig,
+    cfg: WarmStartConfig | None = None,
+    cache_path: str | None = None,
+    log: Callable[[str], None] | None = None,
+) -> Policy:
+    """A policy trained on demonstrations (or loaded from ``cache_path`` when the key matches)."""
+    cfg = cfg or WarmStartConfig()
+    model = build_policy(policy_cfg)
+    key = cache_key(policy_cfg, cfg)
+    if cache_path and os.path.exists(cache_path):
+        stored = torch.load(cache_path, map_location="cpu", weights_only=True)
+        if stored.get("key") == key:
+            model.load_state_dict(stored["state_dict"])
+            return model
+    _train(model, cfg, log)
+    if cache_path:
+        os.makedirs(os.path.dirname(os.path.abspath(cache_path)), exist_ok=True)
+        tmp = f"{cache_path}.tmp{os.getpid()}"
+        torch.save({"key": key, "state_dict": model.state_dict()}, tmp)
+        os.replace(tmp, cache_path)  # readers never see a half-written file
+    return model
+
+
+def _train(model: Policy, cfg: WarmStartConfig, log: Callable[[str], None] | None) -> None:
+    rng = random.Random(cfg.seed)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98))
+    started = time.perf_counter()
+    model.train()
+    for step in range(cfg.steps):
+        for group in optimizer.param_groups:
+            group["lr"] = cfg.lr * min(1.0, (step + 1) / 20)
+        tokens, mask = demo_batch(rng, cfg.batch_size, cfg.teacher, cfg.task)
+        logits, _ = model(tokens[:, :-1])
+        nll = F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")
+        loss = (nll * mask[:, 1:]).sum() / mask[:, 1:].sum()
+        total = loss + cfg.balance_coef * model.load_balance_loss()
+        optimizer.zero_grad(set_to_none=True)
+        total.backward()  # type: ignore[no-untyped-call]
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        if log and (step % 50 == 0 or step == cfg.steps - 1):
+            elapsed = time.perf_counter() - started
+            log(f"warm-start step {step:4d}  loss {float(loss.detach()):.3f}  {elapsed:5.1f}s")
+    model.eval()
