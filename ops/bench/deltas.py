@@ -19,7 +19,12 @@ Per case, medians over ``--reps`` repetitions, all single-threaded (numpy, zstd 
 - baselines in the same run: zstd (level 3) of the full new weights and of old XOR new, and
   ``memcpy_gb_per_s`` (``np.copy`` of the same bytes into new memory; ``memcpy_reuse`` into
   existing memory);
-- ``bit_exact``: every decoded state equals the new state bit for bit.
+- ``bit_exact``: every decoded state equals the new state bit for bit (checked outside the
+  timed region).
+
+Every ``*_gb_per_s`` uses wall-clock medians; ``cpu_time_gb_per_s`` repeats them with this
+process's CPU time, the steadier per-core figure on a machine shared with other work (the
+run also records the load average).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import argparse
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from rlstream.ops.bench.common import emit, median, progress
 
@@ -106,14 +111,26 @@ def _adam_step(w: Any, lr: float, rng: Any) -> Any:
     return w + m
 
 
-def _timed(fn: Callable[[], Any], reps: int) -> tuple[float, Any]:
-    """Median seconds of ``reps`` calls and the last result."""
-    times, out = [], None
+class Timing(NamedTuple):
+    """Median seconds of the repetitions: wall clock, and this process's CPU time (on a
+    shared machine the CPU time is the steadier per-core figure)."""
+
+    wall: float
+    cpu: float
+
+
+def _timed(
+    fn: Callable[[], Any], reps: int, check: Callable[[Any], bool] | None = None
+) -> tuple[Timing, Any, bool]:
+    """Time ``reps`` calls; ``check`` runs on each result outside the timed region."""
+    walls, cpus, ok, out = [], [], True, None
     for _ in range(max(1, reps)):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = fn()
-        times.append(time.perf_counter() - t0)
-    return median(times), out
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+        ok = ok and (check is None or check(out))
+    return Timing(median(walls), median(cpus)), out, ok
 
 
 def _state(arrays: list[Any]) -> dict[str, Any]:
@@ -135,6 +152,14 @@ def _case(lr: float, old: list[Any], new: list[Any], args: argparse.Namespace) -
     bound = dc.entropy_bound(_state(old), _state(new))
     ratio = raw / enc.manifest["encoded_bytes"]
     t_copy, t_copy_reuse = _time_memcpy(new, args.reps)
+    times = {
+        "encode": t_enc,
+        "encode_warm": t_enc_warm,
+        "decode": t_dec,
+        "decode_recycled": t_dec_rec,
+        "memcpy": t_copy,
+        "memcpy_reuse": t_copy_reuse,
+    }
     return {
         "lr": lr,
         "changed_fraction": bound.changed / max(1, bound.numel),
@@ -145,12 +170,8 @@ def _case(lr: float, old: list[Any], new: list[Any], args: argparse.Namespace) -
         "chunks": len(enc.chunks),
         "largest_chunk_bytes": max((len(c) for c in enc.chunks), default=0),
         "encodings": sorted({t["encoding"] for t in enc.manifest["tensors"]}),
-        "encode_gb_per_s": raw / t_enc / 1e9,
-        "encode_warm_gb_per_s": raw / t_enc_warm / 1e9,
-        "decode_gb_per_s": raw / t_dec / 1e9,
-        "decode_recycled_gb_per_s": raw / t_dec_rec / 1e9,
-        "memcpy_gb_per_s": raw / t_copy / 1e9,
-        "memcpy_reuse_gb_per_s": raw / t_copy_reuse / 1e9,
+        **{f"{k}_gb_per_s": raw / t.wall / 1e9 for k, t in times.items()},
+        "cpu_time_gb_per_s": {k: raw / t.cpu / 1e9 for k, t in times.items()},
         **_zstd_baselines(old, new),
         "bit_exact": exact,
     }
@@ -158,49 +179,53 @@ def _case(lr: float, old: list[Any], new: list[Any], args: argparse.Namespace) -
 
 def _time_encode(
     old: list[Any], new: list[Any], args: argparse.Namespace
-) -> tuple[Any, float, float]:
+) -> tuple[Any, Timing, Timing]:
     """Encode from fresh wrappers (hashes computed) and with the base hashes known."""
     from rlstream.schemas import deltacodec as dc
 
     mk = {"version": 1, "base_version": 0, "max_chunk_bytes": args.max_chunk_bytes}
-    t_cold, enc = _timed(lambda: dc.encode_delta(_state(old), _state(new), **mk), args.reps)
+    t_cold, enc, _ = _timed(lambda: dc.encode_delta(_state(old), _state(new), **mk), args.reps)
     warm = _state(old)
     for t in warm.values():
         _ = t.hash
-    t_warm, _ = _timed(lambda: dc.encode_delta(warm, _state(new), **mk), args.reps)
+    t_warm, _, _ = _timed(lambda: dc.encode_delta(warm, _state(new), **mk), args.reps)
     return enc, t_cold, t_warm
 
 
-def _time_decode(enc: Any, old: list[Any], new: list[Any], reps: int) -> tuple[float, float, bool]:
+def _time_decode(
+    enc: Any, old: list[Any], new: list[Any], reps: int
+) -> tuple[Timing, Timing, bool]:
     """Decode cold (new arrays, base hashes computed) and as a double-buffered worker (base
     hashes known, output over the previous buffers); checks every result bit for bit."""
     from rlstream.schemas import deltacodec as dc
 
-    want, exact = _state(new), []
+    want = _state(new)
 
-    def cold() -> None:
-        exact.append(dc.same_state(dc.decode(enc.manifest, enc.chunks, _state(old)), want))
+    def exact(out: Any) -> bool:
+        return dc.same_state(out, want)
 
-    t_cold, _ = _timed(cold, reps)
+    t_cold, _, ok_cold = _timed(
+        lambda: dc.decode(enc.manifest, enc.chunks, _state(old)), reps, exact
+    )
     base = _state(old)
     for t in base.values():
         _ = t.hash
     spare = {k: dc.TensorBits(t.dtype, t.shape, t.bits.copy()) for k, t in base.items()}
 
-    def recycled() -> None:
+    def recycled() -> Any:
         nonlocal spare
         spare = dc.decode(enc.manifest, enc.chunks, base, recycle=spare)
-        exact.append(dc.same_state(spare, want))
+        return spare
 
-    t_recycled, _ = _timed(recycled, reps)
-    return t_cold, t_recycled, all(exact)
+    t_recycled, _, ok_recycled = _timed(recycled, reps, exact)
+    return t_cold, t_recycled, ok_cold and ok_recycled
 
 
-def _time_memcpy(arrays: list[Any], reps: int) -> tuple[float, float]:
+def _time_memcpy(arrays: list[Any], reps: int) -> tuple[Timing, Timing]:
     """Copy of the same bytes into new memory, and into memory already in use."""
     import numpy as np
 
-    t_fresh, _ = _timed(lambda: [a.copy() for a in arrays], reps)
+    t_fresh, _, _ = _timed(lambda: [a.copy() for a in arrays], reps)
     sinks = [np.empty_like(a) for a in arrays]
 
     def reuse() -> None:
@@ -208,7 +233,7 @@ def _time_memcpy(arrays: list[Any], reps: int) -> tuple[float, float]:
             np.copyto(sink, a)
 
     reuse()  # fault the pages in first
-    t_reuse, _ = _timed(reuse, reps)
+    t_reuse, _, _ = _timed(reuse, reps)
     return t_fresh, t_reuse
 
 
@@ -247,5 +272,8 @@ def _lines(result: dict[str, Any]) -> list[str]:
             f"  encode {c['encode_gb_per_s']:.2f} GB/s (warm {c['encode_warm_gb_per_s']:.2f}),"
             f" decode {c['decode_gb_per_s']:.2f} GB/s (recycled {c['decode_recycled_gb_per_s']:.2f}),"
             f" memcpy {c['memcpy_gb_per_s']:.2f} GB/s (reuse {c['memcpy_reuse_gb_per_s']:.2f})",
+            "  by CPU time: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in c["cpu_time_gb_per_s"].items())
+            + " GB/s",
         ]
     return lines
