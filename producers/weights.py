@@ -24,8 +24,9 @@ Rules (pure functions below, unit-tested):
   per-tensor piece table is not stored as such (the schema has no field for it): each tensor's
   pieces occupy one contiguous span of the concatenated chunk payloads, recorded in
   ``TensorEntry.offset``/``nbytes`` as the schema documents, and the chunks themselves describe
-  their pieces, so the subscriber rebuilds the table from the verified chunks and checks it
-  against these spans. ``codec_version`` is the codec's format number.
+  their pieces, so ``codec_manifest`` (the subscriber's inverse mapping) rebuilds the table
+  from the verified chunks and checks it against these spans. ``codec_version`` is the codec's
+  format number; the tensors are listed in the caller's state-dict order.
 - retention (``retention_cutoffs``/``prune``): keep every chunk of every version at or after the
   ``keep_keyframes``-th newest keyframe (default 2: a worker catching up from the older keyframe
   is never cut off when a new keyframe lands); per chunk partition, delete the records before
@@ -38,6 +39,7 @@ numpy and Kafka only: importing this module never loads torch.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -157,18 +159,12 @@ def manifest_record(
     }
 
 
+_ENTRY_FIELDS = ("name", "dtype", "encoding", "changed", "hash", "base_hash")
+
+
 def _tensor_entry(entry: Mapping[str, Any], span: tuple[int, int]) -> dict[str, Any]:
-    return {
-        "name": entry["name"],
-        "dtype": entry["dtype"],
-        "shape": list(entry["shape"]),
-        "encoding": entry["encoding"],
-        "changed": entry["changed"],
-        "hash": entry["hash"],
-        "base_hash": entry["base_hash"],
-        "offset": span[0],
-        "nbytes": span[1],
-    }
+    same = {k: entry[k] for k in _ENTRY_FIELDS}
+    return {**same, "shape": list(entry["shape"]), "offset": span[0], "nbytes": span[1]}
 
 
 def _chunk_ref(chunk: Mapping[str, Any], ref: Ref | None) -> dict[str, Any]:
@@ -250,13 +246,8 @@ def _chunk_pieces(
 
 def _codec_tensor(entry: Mapping[str, Any], pieces: list[list[Any]]) -> dict[str, Any]:
     return {
-        "name": entry["name"],
-        "dtype": entry["dtype"],
+        **{k: entry[k] for k in _ENTRY_FIELDS},
         "shape": list(entry["shape"]),
-        "encoding": entry["encoding"],
-        "changed": entry["changed"],
-        "hash": entry["hash"],
-        "base_hash": entry["base_hash"],
         "raw_bytes": math.prod(entry["shape"]) * DTYPE_WIDTHS.get(entry["dtype"], 0),
         "encoded_bytes": sum(p[4] for p in pieces),
         "pieces": sorted(pieces, key=lambda p: p[1]),
@@ -346,6 +337,26 @@ class PublishStats:
     raw_bytes: int
     changed: int  # elements whose bits changed against the previous version (all: no base)
 
+    @classmethod
+    def of(
+        cls,
+        version: int,
+        kinds: tuple[str, ...],
+        encoded: Sequence[codec.Encoded],
+        encode_s: float,
+        produce_s: float,
+    ) -> PublishStats:
+        first = encoded[0].manifest
+        return cls(
+            version,
+            kinds,
+            encode_s,
+            produce_s,
+            {k: e.manifest["encoded_bytes"] for k, e in zip(kinds, encoded, strict=True)},
+            first["raw_bytes"],
+            sum(t["changed"] for t in first["tensors"]),
+        )
+
 
 class WeightPublisher:
     """Publishes policy versions of one model as chunks + manifest (see the module docstring).
@@ -427,38 +438,29 @@ class WeightPublisher:
         kinds = publish_kinds(version, self.keyframe_every, last is not None, force)
         t0 = time.perf_counter()
         encoded = [self._encode(kind, state, version) for kind in kinds]
-        t1 = time.perf_counter()
+        encode_s = time.perf_counter() - t0
         created_ms = int(time.time() * 1000)
         refs = self._produce_chunks(version, kinds, encoded)
         keyframe_version = version if "keyframe" in kinds else _keyframe_of(last)
-        records = []
-        for kind, enc in zip(kinds, encoded, strict=True):
-            rec = manifest_record(
-                enc.manifest,
-                run=self.run,
-                model=self.model,
-                chunk_topic=self.chunk_topic,
-                keyframe_version=keyframe_version,
-                created_ms=created_ms,
-                order=list(state),
-                refs=refs[kind],
-                step_inputs=step_inputs,
-                stats=stats,
-            )
+        record = functools.partial(
+            manifest_record,
+            run=self.run,
+            model=self.model,
+            chunk_topic=self.chunk_topic,
+            keyframe_version=keyframe_version,
+            created_ms=created_ms,
+            order=list(state),
+            step_inputs=step_inputs,
+            stats=stats,
+        )
+        records = [record(e.manifest, refs=refs[k]) for k, e in zip(kinds, encoded, strict=True)]
+        for rec in records:
             self._produce_manifest(rec)
-            records.append(rec)
         self._undo, self._last = last, _Published(version, state, keyframe_version)
         self._floor = version
         self.history += [{k: v for k, v in r.items() if k != "tensors"} for r in records]
-        self.last_stats = PublishStats(
-            version,
-            kinds,
-            t1 - t0,
-            time.perf_counter() - t1,
-            {k: e.manifest["encoded_bytes"] for k, e in zip(kinds, encoded, strict=True)},
-            encoded[0].manifest["raw_bytes"],
-            sum(t["changed"] for t in encoded[0].manifest["tensors"]),
-        )
+        produce_s = time.perf_counter() - t0 - encode_s
+        self.last_stats = PublishStats.of(version, kinds, encoded, encode_s, produce_s)
         return records[-1]
 
     def rollback(self) -> None:

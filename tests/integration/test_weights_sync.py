@@ -127,9 +127,33 @@ def test_late_joiner_bootstraps_from_the_newest_keyframe(kafka, unique_run):
         assert [a.steps for a in applied] == [((3, "keyframe"), (4, "delta"), (5, "delta"))]
         _assert_on(sub, learner, 5)
         report = applied[0]
-        assert (
-            report.bytes_fetched > 0 and report.apply_s >= report.fetch_s + report.decode_s - 1e-6
-        )
+        assert report.bytes_fetched > 0
+        assert report.apply_s >= report.fetch_s + report.decode_s - 1e-6
+    with _subscriber(kafka, unique_run) as background:  # the rollout worker's mode
+        background.start(interval=0.1)
+        deadline = time.monotonic() + 15
+        while (background.version or -1) < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        background.stop()
+        _assert_on(background, learner, 5)
+
+
+def test_an_aborted_publish_is_invisible_and_rollback_rebases_the_next_delta(kafka, unique_run):
+    _make_topics(kafka, unique_run)
+    learner, pub = Learner(seed=5), _publisher(kafka, unique_run, k=4)
+    _publish(pub, learner, range(2))
+    producer = pub.producer.producer
+    producer.begin_transaction()
+    pub.publish(Learner(seed=99).states[0], 2)  # a version that never commits
+    producer.abort_transaction(30)
+    pub.rollback()
+    _publish(pub, learner, range(2, 4))
+    with _subscriber(kafka, unique_run) as sub:
+        sub.wait_for(3, timeout=20)
+        _assert_on(sub, learner, 3)
+        steps = [r.steps for r in sub.reports]
+        assert steps == [((0, "keyframe"), (1, "delta"), (2, "delta"), (3, "delta"))]
+        assert not sub.failures
 
 
 def test_corrupt_chunk_is_refused_then_the_next_keyframe_recovers(kafka, unique_run):
