@@ -67,11 +67,15 @@ def _demo(args: argparse.Namespace) -> int:
         demo.start_role("admission", run, settings, out / "logs", extra),
     ]
     roles += [
-        demo.start_role("judge", run, settings, out / "logs", ["--name", name, *extra])
+        demo.start_role(
+            "judge", run, settings, out / "logs", ["--name", name, *extra], f"judge-{name}"
+        )
         for name in config.judges
     ]
     roles += [
-        demo.start_role("rollout", run, settings, out / "logs", ["--member", str(i), *extra])
+        demo.start_role(
+            "rollout", run, settings, out / "logs", ["--member", str(i), *extra], f"rollout-{i}"
+        )
         for i in range(args.rollout_workers)
     ]
     roles.append(demo.start_role("scheduler", run, settings, out / "logs", extra))
@@ -117,9 +121,7 @@ def _watch(args, roles, progress, stopper, started) -> None:
         if time.monotonic() - last >= 5:
             print(demo.status_line(progress, started), flush=True)
             last = time.monotonic()
-        dead = [
-            r for r in roles if r.proc.poll() is not None and r.name.split("-")[0] != "scheduler"
-        ]
+        dead = [r for r in roles if r.proc.poll() is not None and r.name != "scheduler"]
         if dead:
             print(
                 f"role {dead[0].name} exited ({dead[0].proc.returncode}); see {dead[0].log}",

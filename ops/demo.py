@@ -59,10 +59,14 @@ class Progress:
         values = [v for ver in versions for v in self.success.get(ver, [])]
         return sum(values) / len(values) if values else float("nan")
 
-    def final_versions(self, min_samples: int = 64) -> list[int]:
-        """The newest versions holding at least ``min_samples`` judged samples together."""
+    def final_versions(self, min_samples: int = 256, skip_newest: int = 2) -> list[int]:
+        """The newest versions holding at least ``min_samples`` judged samples together.
+
+        The ``skip_newest`` newest versions are left out: when the run stops, their groups are
+        still being judged, and the ones judged first (short answers) would bias the rate.
+        """
         chosen, count = [], 0
-        for ver in sorted(self.success, reverse=True):
+        for ver in sorted(self.success, reverse=True)[skip_newest:]:
             chosen.append(ver)
             count += len(self.success[ver])
             if count >= min_samples:
@@ -78,9 +82,9 @@ class RoleProcess:
 
 
 def start_role(
-    role: str, run: str, settings: KafkaSettings, logs: Path, extra: list[str]
+    role: str, run: str, settings: KafkaSettings, logs: Path, extra: list[str], name: str = ""
 ) -> RoleProcess:
-    name = "-".join([role, *[e for e in extra if not e.startswith("-")][:1]])
+    name = name or role
     log = logs / f"{name}.log"
     cmd = [
         sys.executable,

@@ -30,7 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from rlstream.envs import tasks as task_family
 from rlstream.schemas import arrays
 from rlstream.schemas.deltacodec import from_torch
-from rlstream.trainer import grpo
+from rlstream.trainer import grpo as rules
+from rlstream.trainer.grpo import GrpoConfig
 from rlstream.trainer.model import Policy, PolicyConfig
 from rlstream.trainer.warmstart import WarmStartConfig, warm_start
 
@@ -50,7 +51,7 @@ class LearnerConfig(BaseModel):
     warm_start: WarmStartConfig = Field(
         default_factory=WarmStartConfig, description="Supervised warm start before RL (version 0)."
     )
-    grpo: grpo.GrpoConfig = Field(default_factory=grpo.GrpoConfig, description="GRPO rules.")
+    grpo: GrpoConfig = Field(default_factory=GrpoConfig, description="GRPO rules.")
     lr: float = Field(2e-3, gt=0, le=1, description="Adam learning rate.")
     groups_per_step: int = Field(4, ge=1, description="Admitted groups per optimizer step (B).")
     keyframe_every: int = Field(8, ge=1, description="A keyframe every K versions.")
@@ -72,18 +73,18 @@ class StepInput:
 
 
 def group_sequences(
-    group: dict[str, Any], cfg: grpo.GrpoConfig
-) -> tuple[list[grpo.TrainSequence], list[float]]:
+    group: dict[str, Any], cfg: GrpoConfig
+) -> tuple[list[rules.TrainSequence], list[float]]:
     """The training contexts of one admitted group with each one's group-normalised advantage."""
     samples = group["samples"]
-    advantages = grpo.group_advantages([s["reward"] for s in samples], cfg.adv_eps)
-    seqs: list[grpo.TrainSequence] = []
+    advantages = rules.group_advantages([s["reward"] for s in samples], cfg.adv_eps)
+    seqs: list[rules.TrainSequence] = []
     advs: list[float] = []
     for sample, adv in zip(samples, advantages, strict=True):
         t = arrays.unpack_tokens(sample)
         flat = sample.get("segment_bounds") or []
         bounds = list(zip(flat[::2], flat[1::2], strict=True)) or None
-        parts = grpo.split_segments(
+        parts = rules.split_segments(
             np.array(t.token_ids),
             np.array(t.logprobs),
             np.array(t.loss_mask),
@@ -99,13 +100,13 @@ def train_step(
     model: Policy, optimizer: torch.optim.Optimizer, inputs: list[StepInput], cfg: LearnerConfig
 ) -> dict[str, float]:
     """One GRPO step on the groups of ``inputs`` (in order); returns its statistics."""
-    seqs: list[grpo.TrainSequence] = []
+    seqs: list[rules.TrainSequence] = []
     advs: list[float] = []
     for item in inputs:
         s, a = group_sequences(item.group, cfg.grpo)
         seqs += s
         advs += a
-    stats = grpo.grpo_step(model, optimizer, grpo.make_batch(seqs, advs), cfg.grpo)
+    stats = rules.grpo_step(model, optimizer, rules.make_batch(seqs, advs), cfg.grpo)
     samples = [s for item in inputs for s in item.group["samples"]]
     stats.update(
         groups=float(len(inputs)),

@@ -1,0 +1,186 @@
+"""The asynchronous GRPO pipeline on a real broker, every role its own process.
+
+One short run checks what must hold whatever the numbers:
+- killing the learner, admission and a rollout worker with SIGKILL mid-run and restarting them
+  loses no group and trains none twice (checked from the topics, by group id);
+- the learner resumes from its last version (versions are consecutive, none published twice);
+- a group whose samples are too old is rejected with the reason ``stale``.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import decode_all, read_all
+
+from rlstream.producers.admin import ensure_run_topics
+from rlstream.producers.producer import EventProducer
+from rlstream.schemas import topics
+
+pytestmark = pytest.mark.slow
+
+TASKS = 16
+SETTINGS = [
+    "--set",
+    "groups_per_step=2",
+    "--set",
+    "group_size=4",
+    "--set",
+    "max_staleness=1",
+    "--set",
+    f"scheduler.max_tasks={TASKS}",
+    "--set",
+    "learner.warm_start.steps=30",
+    "--set",
+    "learner.keyframe_every=3",
+    "--set",
+    "admission.reject_no_signal=false",
+    "--set",
+    "rollout.harness.max_new_tokens=24",
+]
+
+
+def _start(role: str, run: str, bootstrap: str, tmp: Path, *extra: str) -> subprocess.Popen:
+    name = "-".join([role, *[e for e in extra if not e.startswith("-")]])
+    log = open(tmp / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlstream",
+        "run",
+        role,
+        "--run",
+        run,
+        "--bootstrap",
+        bootstrap,
+        *SETTINGS,
+        "--set",
+        f"learner.state_dir={tmp / 'learner'}",
+        "--set",
+        f"learner.warm_start_cache={tmp / 'warm.pt'}",
+        *extra,
+    ]
+    return subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
+
+
+def _decided(kafka, run: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = collections.defaultdict(list)
+    for stream in ("admitted", "rejected"):
+        for d in decode_all(kafka, topics.topic_name(run, stream)):
+            if d.record["part_index"] == 0:
+                out[d.record["group_id"]].append(d.record["reason"] or "admitted")
+    return out
+
+
+def _wait(predicate, timeout: float, procs: dict) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        dead = [n for n, p in procs.items() if p.poll() is not None and n != "scheduler"]
+        assert not dead, f"role(s) exited: {dead}"
+        time.sleep(1)
+    raise AssertionError("timed out waiting for the pipeline")
+
+
+def test_roles_killed_and_restarted_lose_nothing_and_train_nothing_twice(
+    kafka, unique_run, tmp_path
+):
+    run, boot = unique_run, kafka.bootstrap_servers
+    ensure_run_topics(kafka, run)
+    procs = {
+        "learner": _start("learner", run, boot, tmp_path),
+        "admission": _start("admission", run, boot, tmp_path),
+        "judge-tests": _start("judge", run, boot, tmp_path, "--name", "tests"),
+        "judge-format": _start("judge", run, boot, tmp_path, "--name", "format"),
+        "rollout": _start("rollout", run, boot, tmp_path, "--member", "0"),
+        "scheduler": _start("scheduler", run, boot, tmp_path),
+    }
+    try:
+        _wait(lambda: len(_decided(kafka, run)) >= 4, 240, procs)
+        for name in ("learner", "admission", "rollout"):
+            os.kill(procs[name].pid, signal.SIGKILL)
+            procs[name].wait()
+        procs["learner"] = _start("learner", run, boot, tmp_path)
+        procs["admission"] = _start("admission", run, boot, tmp_path)
+        procs["rollout"] = _start("rollout", run, boot, tmp_path, "--member", "0")
+        _wait(lambda: len(_decided(kafka, run)) >= TASKS, 300, procs)
+        decided = _decided(kafka, run)
+        n_admitted = sum(v == ["admitted"] for v in decided.values())
+        _wait(lambda: _trained_groups(kafka, run)[1] >= n_admitted // 2 * 2, 120, procs)
+        assert len(decided) == TASKS, "a group was lost"
+        assert all(len(v) == 1 for v in decided.values()), "a group was decided twice"
+        trained, _ = _trained_groups(kafka, run)
+        counts = collections.Counter(trained)
+        assert max(counts.values()) == 1, (
+            f"trained twice: {[g for g, c in counts.items() if c > 1]}"
+        )
+        admitted = {g for g, v in decided.items() if v == ["admitted"]}
+        assert set(counts) <= admitted
+        versions = [
+            d.record["version"]
+            for d in decode_all(kafka, topics.topic_name(run, "weights.manifests"))
+            if d.record["kind"] == "delta" or d.record["version"] == 0
+        ]
+        assert versions == list(range(len(versions))), f"versions not consecutive: {versions}"
+        _check_stale_rejected(kafka, run, procs)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs.values():
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def _trained_groups(kafka, run: str) -> tuple[list[str], int]:
+    """Group ids behind every step's inputs (from the manifests), and how many there are."""
+    by_ref = {}
+    for key, _value, msg in read_all(kafka, topics.topic_name(run, "admitted")):
+        by_ref[(msg.topic(), msg.partition(), msg.offset())] = key.decode()
+    seen_versions, groups = set(), []
+    for d in decode_all(kafka, topics.topic_name(run, "weights.manifests")):
+        if d.record["version"] in seen_versions:
+            continue  # a keyframe and a delta of one version share their inputs
+        seen_versions.add(d.record["version"])
+        refs = {(r["topic"], r["partition"], r["offset"]) for r in d.record["step_inputs"]}
+        groups += sorted({by_ref[r] for r in refs})
+    return groups, len(groups)
+
+
+def _check_stale_rejected(kafka, run: str, procs: dict) -> None:
+    """Samples from version 0 arriving when the learner is past max_staleness: rejected."""
+    from test_events import examples
+
+    traj, reward = examples()["trajectory"], examples()["reward"]
+    with EventProducer.connect(kafka) as producer:
+        for i in range(4):
+            producer.produce(
+                topics.topic_name(run, "trajectories"),
+                "trajectory",
+                {
+                    **traj,
+                    "run": run,
+                    "group_id": "old-group",
+                    "task_id": "fx-1",
+                    "sample_index": i,
+                    "group_size": 4,
+                    "segment_index": 0,
+                    "segment_count": 1,
+                    "token_offset": 0,
+                    "policy_version": 0,
+                },
+                "old-group",
+            )
+    _wait(lambda: _decided(kafka, run).get("old-group") == ["stale"], 60, procs)
