@@ -163,7 +163,7 @@ def _check_stale_rejected(kafka, run: str, procs: dict) -> None:
     """Samples from version 0 arriving when the learner is past max_staleness: rejected."""
     from test_events import examples
 
-    traj, reward = examples()["trajectory"], examples()["reward"]
+    traj = examples()["trajectory"]
     with EventProducer.connect(kafka) as producer:
         for i in range(4):
             producer.produce(
