@@ -22,9 +22,7 @@ and the ``on_swap`` callback. Guarantees:
 Per applied version an ``Applied`` report gives fetch, decode and total apply time and chunk
 bytes fetched; the swap pause is the time ``on_swap`` (or a ``swap_timer`` block) takes.
 ``poll`` is synchronous; ``start`` runs it in a background thread and ``latest`` hands over the
-newest complete state without a lock (one reference assignment).
-
-numpy and Kafka only: importing this module never loads torch.
+newest complete state without a lock (one reference assignment). numpy and Kafka only.
 """
 
 from __future__ import annotations
@@ -186,8 +184,7 @@ class Applied:
     swap_ms: float | None = None  # time on_swap took (the pause), if there is one
 
 
-@dataclass(frozen=True)
-class Failure:
+class Failure(NamedTuple):
     """A manifest that could not be applied, and why."""
 
     version: int
@@ -197,7 +194,7 @@ class Failure:
 
 @dataclass
 class _Timing:
-    ms: float = 0.0
+    ms: float = 0.0  # set when the block ends
 
 
 @contextlib.contextmanager
@@ -411,6 +408,17 @@ class WeightSubscriber:
             report = self._apply(route)
             if report is not None:
                 applied.append(report)
+                self._forget()
+
+    def _forget(self) -> None:
+        """Drop manifests older than both the current version and the second-newest keyframe:
+        no route starts there any more (and retention deletes their chunks), so a long run's
+        history does not grow without bound in memory."""
+        keyframes = sorted(v for v, kind in self._manifests if kind == "keyframe")
+        if self.version is not None and len(keyframes) >= 2:
+            floor = min(self.version, keyframes[-2])
+            for key in [k for k in self._manifests if k[0] < floor]:
+                del self._manifests[key]
 
     def _apply(self, route: Route) -> Applied | None:
         """Apply a route into staging; hand it over only when every step verified."""
