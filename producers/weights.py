@@ -387,8 +387,8 @@ class WeightPublisher:
         self.history: list[dict[str, Any]] = []  # manifests without tensors, for ``prune``
         self.last_stats: PublishStats | None = None
         self._last: _Published | None = None
-        self._undo: _Published | None = None
         self._floor = -1  # versions at or below it were published (or resumed from)
+        self._undo: tuple[_Published | None, int] | None = None  # what rollback restores
         self._serialize_chunk = events.serializer("weight_chunk", producer.store)
         self._serialize_manifest = events.serializer("weight_manifest", producer.store)
         self._chunk_limit = topics.STREAMS["weights.chunks"].max_value_bytes
@@ -456,8 +456,8 @@ class WeightPublisher:
         records = [record(e.manifest, refs=refs[k]) for k, e in zip(kinds, encoded, strict=True)]
         for rec in records:
             self._produce_manifest(rec)
-        self._undo, self._last = last, _Published(version, state, keyframe_version)
-        self._floor = version
+        self._undo = (last, self._floor)
+        self._last, self._floor = _Published(version, state, keyframe_version), version
         self.history += [{k: v for k, v in r.items() if k != "tensors"} for r in records]
         produce_s = time.perf_counter() - t0 - encode_s
         self.last_stats = PublishStats.of(version, kinds, encoded, encode_s, produce_s)
@@ -466,12 +466,11 @@ class WeightPublisher:
     def rollback(self) -> None:
         """Forget the last ``publish`` (its transaction was aborted): the next delta is computed
         against the version before it again."""
-        if self._last is None:
-            return
+        if self._undo is None or self._last is None:
+            return  # nothing published since the last resume or rollback
         dropped = self._last.version
         self.history = [m for m in self.history if m["version"] != dropped]
-        self._last, self._undo = self._undo, None
-        self._floor = -1 if self._last is None else self._last.version
+        (self._last, self._floor), self._undo = self._undo, None
 
     def publish_version(
         self,

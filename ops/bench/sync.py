@@ -453,5 +453,6 @@ def _exit_with_parent() -> None:
 
 
 if __name__ == "__main__":
-    role, config = sys.argv[1], json.loads(sys.argv[2])
-    {"_learner": _learner, "_subscriber": _subscriber}[role](config)
+    if sys.argv[1:2] not in (["_learner"], ["_subscriber"]) or len(sys.argv) != 3:
+        sys.exit("this module runs the processes of `rlstream bench sync`; run that instead")
+    {"_learner": _learner, "_subscriber": _subscriber}[sys.argv[1]](json.loads(sys.argv[2]))
