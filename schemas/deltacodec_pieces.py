@@ -215,16 +215,15 @@ def find_changes(
     old: np.ndarray, new: np.ndarray, old_hasher: Hasher | None, new_hasher: Hasher | None
 ) -> Changes:
     """Elements whose bit patterns differ, found by comparing 8-byte words first; only the
-    changed words are gathered (while their block is in cache) and split into elements, once
-    for the whole range. Hashers, when given, are fed each block while it is in cache, so
-    hashing costs no second pass over memory."""
+    changed words are split into elements, block by block while the block is in cache
+    (splitting once per range instead was 10-25% slower). Hashers, when given, are fed each
+    block while it is in cache too, so hashing costs no second pass over memory."""
     lanes = 8 // old.itemsize
     nwords = old.size // lanes
     old_w = old[: nwords * lanes].view(np.uint64)
     new_w = new[: nwords * lanes].view(np.uint64)
     mask = np.empty(min(BLOCK_WORDS, nwords), dtype=bool)
-    no_words = np.empty(0, dtype=np.uint64)
-    found = [(np.empty(0, dtype=np.int64), no_words, no_words)]
+    parts = [(np.empty(0, dtype=np.int64), old[:0], new[:0])]
     for s in range(0, nwords, BLOCK_WORDS):
         a, b = old_w[s : s + BLOCK_WORDS], new_w[s : s + BLOCK_WORDS]
         words = _true_positions(np.not_equal(a, b, out=mask[: a.size]))
@@ -233,9 +232,7 @@ def find_changes(
         if new_hasher is not None:
             new_hasher.update(as_bytes(b))
         if words.size:
-            found.append((words + s, a[words], b[words]))
-    words, a_words, b_words = (np.concatenate(f) for f in zip(*found, strict=True))
-    parts = [_split_words(words, a_words, b_words, old.dtype)]
+            parts.append(_split_words(words + s, a[words], b[words], old.dtype))
     tail = nwords * lanes
     if tail < old.size:
         ta, tb = old[tail:], new[tail:]
@@ -307,17 +304,24 @@ def pack_values(z: np.ndarray, cctx: zstandard.ZstdCompressor) -> tuple[int, lis
         return 0, [pack_stream(p, cctx) for p in split_planes(z)]
     esc = (1 << bits) - 1
     sym = z - 1
-    big = sym >= esc
     main = np.minimum(sym, esc).astype(np.uint8)
-    per = 8 // bits
-    main = np.concatenate([main, np.zeros(-k % per, dtype=np.uint8)]).reshape(-1, per)
-    packed = main[:, 0].copy()
-    for j in range(1, per):
-        packed |= main[:, j] << (bits * j)
-    residual = sym[big] - esc
-    return bits, [pack_stream(packed, cctx)] + [
+    residual = sym[np.flatnonzero(main == esc)] - esc
+    return bits, [pack_stream(pack_symbols(main, bits), cctx)] + [
         pack_stream(p, cctx) for p in split_planes(residual)
     ]
+
+
+def pack_symbols(sym: np.ndarray, bits: int) -> np.ndarray:
+    """Pack uint8 symbols below ``2**bits`` (2 or 4), the first in the low bits of a byte.
+    Four bytes read as one little-endian uint32 times 0x01041040 put symbol i at bits
+    24 + 2i with no carries (the other partial products land below bit 24 or beyond 31)."""
+    per = 8 // bits
+    if sym.size % per:
+        sym = np.concatenate([sym, np.zeros(-sym.size % per, dtype=np.uint8)])
+    if bits == 2:
+        return ((sym.view("<u4") * np.uint32(0x01041040)) >> 24).astype(np.uint8)
+    pairs = sym.view("<u2")
+    return (pairs | (pairs >> 4)).astype(np.uint8)
 
 
 @functools.cache

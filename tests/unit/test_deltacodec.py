@@ -357,6 +357,24 @@ def test_dense_change_uses_a_dense_encoding_and_noise_goes_raw() -> None:
     assert dc.same_state(dc.decode(e.manifest, e.chunks, base), noise)
 
 
+@pytest.mark.parametrize(
+    ("steps", "packing"),
+    [([1, -1] * 6 + [2, 300], 2), ([1, -2, 3, -4, 5, -6, 7, 99], 4), ([999], 0)],
+)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "int64"])
+def test_value_packings_round_trip(steps: list[int], packing: int, dtype: str) -> None:
+    rng = np.random.default_rng(len(steps))
+    width = dc.DTYPE_WIDTHS[dtype]
+    a = _random_bits(rng, dtype, 20_001)
+    d = rng.choice(np.array(steps, dtype=np.int64), a.size).astype(a.dtype)
+    b = np.where(rng.random(a.size) < 0.05, a + d, a)
+    old, new = {"x": TensorBits(dtype, (a.size,), a)}, {"x": TensorBits(dtype, (a.size,), b)}
+    enc = dc.encode_delta(old, new, version=1, base_version=0)
+    pieces = [p for c in enc.chunks for p in dc._parse_chunk(c)]
+    assert {p.aux for p in pieces} == {packing}, width
+    assert dc.same_state(dc.decode(enc.manifest, enc.chunks, old), new)
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.integers(0, 5000), st.floats(0, 1))
 def test_true_positions_is_flatnonzero(seed: int, size: int, density: float) -> None:
