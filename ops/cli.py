@@ -21,6 +21,7 @@ COMMANDS = (
     "rlstream.ops.cmd_delta",
     "rlstream.ops.cmd_bench",
     "rlstream.ops.cmd_demo",
+    "rlstream.ops.cmd_replay",
 )
 # Command modules added as the features land are appended here.
 

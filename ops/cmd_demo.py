@@ -23,13 +23,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_demo)
 
 
-def _role_args(args: argparse.Namespace) -> list[str]:
-    extra = ["--config", args.config] if args.config else []
-    for item in args.set:
-        extra += ["--set", item]
-    return extra
-
-
 def _demo(args: argparse.Namespace) -> int:
     from rlstream.consumers.consumer import Stopper
     from rlstream.ops import cluster, demo
@@ -38,30 +31,28 @@ def _demo(args: argparse.Namespace) -> int:
     from rlstream.producers.settings import KafkaSettings
     from rlstream.trainer.learner import init_model
 
-    config = load_run_config(args.config, [*args.set, f"learner.max_versions={args.max_versions}"])
     run = args.run or time.strftime("demo-%Y%m%d-%H%M%S")
     out = Path(args.out) / run
     (out / "logs").mkdir(parents=True, exist_ok=True)
+    cache = str(Path(args.out) / "warm-start.pt")
+    # Every role gets the same overrides; the run manifest records the config they resolve to.
+    sets = [
+        *args.set,
+        f"learner.warm_start_cache={cache}",
+        f"learner.state_dir={out / 'learner'}",
+        f"learner.max_versions={args.max_versions}",
+    ]
+    config = load_run_config(args.config, sets)
+    extra = ["--config", args.config] if args.config else []
+    for item in sets:
+        extra += ["--set", item]
     state = cluster.up(["trainer"], home=args.home)
     settings = KafkaSettings(bootstrap_servers=state.bootstrap("trainer"))
     ensure_run_topics(settings, run)
     demo.record_run_manifest(settings, run, config, "running", int(time.time() * 1000), ["trainer"])
     print(f"run {run}: logs in {out / 'logs'}, Kafka at {settings.bootstrap_servers}", flush=True)
-    cache = str(Path(args.out) / "warm-start.pt")
-    extra = [
-        *_role_args(args),
-        "--set",
-        f"learner.warm_start_cache={cache}",
-        "--set",
-        f"learner.state_dir={out / 'learner'}",
-        "--set",
-        f"learner.max_versions={args.max_versions}",
-    ]
     print("warm start (supervised, cached) ...", flush=True)
-    init_model(
-        config.role("learner").model_copy(update={"warm_start_cache": cache}),
-        lambda line: print(f"  {line}", flush=True),
-    )
+    init_model(config.role("learner"), lambda line: print(f"  {line}", flush=True))
     roles = [
         demo.start_role("learner", run, settings, out / "logs", extra),
         demo.start_role("admission", run, settings, out / "logs", extra),

@@ -1,0 +1,180 @@
+"""Reproduce a run from its record, and manage runs.
+
+``replay`` rebuilds the run's learner from the run manifest (resolved config, seeds) and feeds
+it the admitted records each weight manifest names, in the recorded order, checking every new
+version's state hash against the recorded one. On CPU the reproduction is bit-exact; the first
+divergence is reported with the version and the first tensor whose hash differs.
+
+``rescore`` re-judges a run's recorded trajectories with another judge into a second run's
+topics (trajectories copied, rewards new), so two judges can be compared on the same data.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rlstream.consumers.tap import tap
+from rlstream.producers.settings import KafkaSettings
+from rlstream.schemas import arrays, topics
+from rlstream.schemas.deltacodec_bits import state_hash
+
+
+@dataclass
+class ReplayResult:
+    versions: int
+    diverged_at: int | None = None
+    tensor: str | None = None
+    detail: str = ""
+
+
+def run_manifests(settings: KafkaSettings) -> dict[str, dict[str, Any]]:
+    """The newest manifest of every run in ``rl.runs`` (deleted runs left out)."""
+    runs: dict[str, dict[str, Any] | None] = {}
+    for msg, decoded, _ in tap(settings, topics.RUNS_TOPIC, idle_s=1.0):
+        key = (msg.key() or b"").decode()
+        runs[key] = decoded.record if decoded is not None else None
+    return {k: v for k, v in runs.items() if v is not None}
+
+
+def weight_manifests(settings: KafkaSettings, run: str) -> dict[int, dict[str, Any]]:
+    """One manifest per version (the delta where a version has both; it names the inputs)."""
+    out: dict[int, dict[str, Any]] = {}
+    for _, decoded, _ in tap(settings, topics.topic_name(run, "weights.manifests"), idle_s=1.0):
+        if decoded is None:
+            continue
+        rec = decoded.record
+        if rec["version"] not in out or rec["kind"] == "delta":
+            out[int(rec["version"])] = rec
+    return out
+
+
+def admitted_by_ref(
+    settings: KafkaSettings, run: str
+) -> dict[tuple[str, int, int], dict[str, Any]]:
+    records = {}
+    for msg, decoded, _ in tap(settings, topics.topic_name(run, "admitted"), idle_s=1.0):
+        if decoded is not None:
+            records[(msg.topic(), msg.partition(), msg.offset())] = decoded.record
+    return records
+
+
+def step_inputs(
+    manifest: dict[str, Any], admitted: dict[tuple[str, int, int], dict[str, Any]]
+) -> list[Any]:
+    """The step's groups, in training order, joined from their parts."""
+    from rlstream.trainer.learner import StepInput
+
+    parts = arrays.group_reassembler()
+    inputs = []
+    for ref in manifest["step_inputs"]:
+        key = (ref["topic"], ref["partition"], ref["offset"])
+        if key not in admitted:
+            raise LookupError(
+                f"admitted record {key} named by version {manifest['version']} is gone"
+            )
+        joined = parts.add(admitted[key])
+        if joined is not None:
+            inputs.append(StepInput(joined, [key]))
+    return inputs
+
+
+def replay(
+    settings: KafkaSettings,
+    run: str,
+    to_version: int | None = None,
+    log: Callable[[str], None] = print,
+) -> ReplayResult:
+    """Re-run the learner on the recorded admitted stream; see the module docstring."""
+    import torch
+
+    from rlstream.ops.config import RunConfig
+    from rlstream.trainer.learner import init_model, published_state, train_step
+
+    runs = run_manifests(settings)
+    if run not in runs:
+        raise LookupError(f"no run manifest for {run!r} in {topics.RUNS_TOPIC}")
+    config = RunConfig.model_validate(json.loads(runs[run]["config_json"]))
+    cfg = config.role("learner")
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    manifests = weight_manifests(settings, run)
+    admitted = admitted_by_ref(settings, run)
+    model, optimizer = init_model(cfg, lambda line: None)
+    last = max(manifests) if to_version is None else min(to_version, max(manifests))
+    for version in range(0, last + 1):
+        if version > 0:
+            train_step(model, optimizer, step_inputs(manifests[version], admitted), cfg)
+        state = published_state(model, cfg.publish_dtype)
+        recorded = manifests[version]
+        if state_hash(state) != recorded["state_hash"]:
+            tensor = _first_differing(state, recorded)
+            return ReplayResult(
+                version,
+                version,
+                tensor,
+                f"version {version}: state hash differs (first tensor: {tensor})",
+            )
+        log(f"version {version}: state hash {recorded['state_hash'][:16]} reproduced")
+    return ReplayResult(last)
+
+
+def _first_differing(state: dict[str, Any], manifest: dict[str, Any]) -> str | None:
+    recorded = {t["name"]: t["hash"] for t in manifest["tensors"]}
+    for name, bits in state.items():
+        if recorded.get(name) != bits.hash:
+            return name
+    return None
+
+
+def rescore(
+    settings: KafkaSettings, run: str, judge: str, into: str, log: Callable[[str], None] = print
+) -> int:
+    """Copy ``run``'s trajectories into ``into`` and judge them there with ``judge``."""
+    from rlstream.envs.judges import Judge, JudgeConfig
+    from rlstream.ops.config import RunConfig
+    from rlstream.producers.admin import ensure_run_topics
+    from rlstream.producers.producer import EventProducer
+
+    runs = run_manifests(settings)
+    config = (
+        RunConfig.model_validate(json.loads(runs[run]["config_json"]))
+        if run in runs
+        else RunConfig()
+    )
+    judge_cfg = config.judges.get(judge) or JudgeConfig(kind=judge)  # type: ignore[arg-type]
+    scorer = Judge(into, judge, judge_cfg.model_copy(update={"tasks": config.tasks}))
+    ensure_run_topics(settings, into)
+    count = 0
+    with EventProducer.connect(settings) as producer:
+        for msg, decoded, _ in tap(settings, topics.topic_name(run, "trajectories"), idle_s=1.0):
+            if decoded is None:
+                continue
+            traj = {**decoded.record, "run": into}
+            source = {"topic": msg.topic(), "partition": msg.partition(), "offset": msg.offset()}
+            producer.produce(
+                topics.topic_name(into, "trajectories"), "trajectory", traj, traj["group_id"]
+            )
+            reward = scorer.rubric(traj, scorer.cfg)
+            producer.produce(
+                topics.topic_name(into, "rewards"),
+                "reward",
+                {
+                    "run": into,
+                    "group_id": traj["group_id"],
+                    "task_id": traj["task_id"],
+                    "sample_index": traj["sample_index"],
+                    "judge": judge,
+                    "judge_version": "1",
+                    "latency_ms": 0,
+                    "policy_version": traj["policy_version"],
+                    "trajectory": source,
+                    **reward,
+                },
+                traj["group_id"],
+            )
+            count += 1
+    log(f"re-scored {count} trajectories of {run} with judge {judge} into {into}")
+    return count
