@@ -279,13 +279,15 @@ def encode_positions(pos: np.ndarray) -> np.ndarray:
 
 def decode_positions(code: np.ndarray, count: int) -> np.ndarray:
     """Inverse of ``encode_positions``: ``count`` ascending int64 positions. A terminating
-    byte r advances by r + 1 elements, an escape byte by 255 (both fit a byte)."""
+    byte r advances by r + 1 elements, an escape byte by 255."""
     esc = np.flatnonzero(code == 255)
     if code.size - esc.size != count or (count and code[-1] == 255):
         raise ValueError("gap code does not hold the stated number of changes")
-    steps = code + np.uint8(1)
-    steps[esc] = 255
-    pos = np.cumsum(steps, dtype=np.int64)
+    # Widen first: cumsum casting uint8 -> int64 on the fly is three times slower.
+    pos = code.astype(np.int64)
+    pos += 1
+    pos[esc] = 255
+    np.cumsum(pos, out=pos)
     pos -= 1
     return np.delete(pos, esc) if esc.size else pos
 
