@@ -14,6 +14,7 @@ BENCHES = (
     "rlstream.ops.bench.deltas",
     "rlstream.ops.bench.sync",
     "rlstream.ops.bench.router_replay",
+    "rlstream.ops.bench.asyncrl",
 )
 # Benchmarks added as the features land are appended here.
 

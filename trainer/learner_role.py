@@ -24,12 +24,17 @@ from rlstream.trainer.learner import (
 )
 
 
-def last_published_version(settings: KafkaSettings, run: str, model: str) -> int:
-    """The newest committed manifest version of ``model`` in ``run`` (-1 if none)."""
-    newest = -1
+def last_manifest(settings: KafkaSettings, run: str, model: str) -> dict | None:
+    """The newest committed manifest of ``model`` in ``run`` (None if none)."""
+    newest: dict | None = None
     for _, decoded, _ in tap(settings, topics.topic_name(run, "weights.manifests"), idle_s=1.0):
-        if decoded is not None and decoded.record["model"] == model:
-            newest = max(newest, int(decoded.record["version"]))
+        rec = decoded.record if decoded is not None else None
+        if (
+            rec is not None
+            and rec["model"] == model
+            and (newest is None or rec["version"] >= newest["version"])
+        ):
+            newest = rec
     return newest
 
 
@@ -83,14 +88,20 @@ class Learner:
         self.history: list[dict[str, float]] = []
 
     def _resume(self) -> int:
-        last = last_published_version(self.settings, self.run, self.cfg.model)
-        if last < 0:
+        manifest = last_manifest(self.settings, self.run, self.cfg.model)
+        if manifest is None:
             self._publish(0, [], {"warm_start": 1.0})
             self.log("learner: published version 0 (warm start keyframe)")
             return 0
+        last = int(manifest["version"])
         if not self.checkpoints.load(last, self.model, self.optimizer):
             self._restore_from_stream(last)
-        self.publisher.resume(published_state(self.model, self.cfg.publish_dtype), last)
+        self.publisher.resume(
+            published_state(self.model, self.cfg.publish_dtype),
+            last,
+            keyframe_version=int(manifest["keyframe_version"]),
+            state_hash=manifest["state_hash"],
+        )
         self.log(f"learner: resumed at version {last}")
         return last
 
@@ -119,12 +130,19 @@ class Learner:
         producer.begin_transaction()
         state = published_state(self.model, self.cfg.publish_dtype)
         refs = [{"topic": t, "partition": p, "offset": o} for item in used for t, p, o in item.refs]
-        self.publisher.publish(state, version, step_inputs=refs, stats=stats)
-        if offsets:
-            producer.send_offsets_to_transaction(
-                offsets, self.consumer.consumer.consumer_group_metadata(), 60
-            )
-        producer.commit_transaction(120)
+        try:
+            self.publisher.publish(state, version, step_inputs=refs, stats=stats)
+            if offsets:
+                producer.send_offsets_to_transaction(
+                    offsets, self.consumer.consumer.consumer_group_metadata(), 60
+                )
+            producer.commit_transaction(120)
+        except BaseException:
+            # Nothing of this version became visible: the learner exits and, restarted,
+            # resumes from the last committed version and re-reads these inputs.
+            producer.abort_transaction(60)
+            self.publisher.rollback()
+            raise
 
     def poll(self) -> None:
         for rec in self.consumer.poll_batch(100, 0.5):

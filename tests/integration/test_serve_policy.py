@@ -1,0 +1,116 @@
+"""``serve policy`` on a real broker and real HTTP: completions carry the policy version and a
+request id, new versions are hot-swapped from the weight stream, bad requests get a 4xx that
+names the field, and the LLM-as-judge rubric scores a sample through this endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import torch
+from aiohttp import web
+
+from rlstream.envs.judges import JudgeConfig, judge_llm
+from rlstream.producers.admin import ensure_run_topics
+from rlstream.producers.producer import EventProducer, make_producer
+from rlstream.producers.weights import WeightPublisher
+from rlstream.rollout.serve import PolicyServer, make_app
+from rlstream.schemas.deltacodec import from_torch
+from rlstream.trainer.model import PolicyConfig, build_policy
+
+POLICY = PolicyConfig(vocab_size=128, d_model=32, n_heads=2, d_expert=32, max_seq_len=128)
+
+
+def _publisher(kafka, run: str) -> WeightPublisher:
+    producer = EventProducer(make_producer(kafka, transactional_id=f"rlstream.{run}.learner.0"))
+    producer.producer.init_transactions(30)
+    return WeightPublisher(producer, run, "policy", keyframe_every=4)
+
+
+def _state(seed: int):
+    torch.manual_seed(seed)
+    model = build_policy(POLICY.model_copy(update={"seed": seed}))
+    return from_torch({k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items()})
+
+
+class _Serving:
+    def __init__(self, app: web.Application) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.runner = web.AppRunner(app)
+        self.loop.run_until_complete(self.runner.setup())
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        self.loop.run_until_complete(site.start())
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    req = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def _served_version(base: str) -> int:
+    with urllib.request.urlopen(f"{base}/v1/models", timeout=10) as resp:
+        return json.loads(resp.read())["data"][0]["policy_version"]
+
+
+def test_policy_served_hot_swapped_and_judged(kafka, unique_run):
+    ensure_run_topics(kafka, unique_run)
+    publisher = _publisher(kafka, unique_run)
+    publisher.publish_version(_state(0), 0)
+    server = PolicyServer(kafka, unique_run, "policy", POLICY)
+    serving = _Serving(make_app(server))
+    base = f"http://127.0.0.1:{serving.port}"
+    try:
+        deadline = time.monotonic() + 30
+        status, body = 503, {}
+        while status == 503 and time.monotonic() < deadline:
+            status, body = _post(
+                f"{base}/v1/completions",
+                {"model": "policy", "prompt": "f(x): double\n", "max_tokens": 8, "seed": 1},
+            )
+            time.sleep(0.2)
+        assert status == 200, body
+        assert body["policy_version"] == 0 and body["request_id"].startswith("req-")
+        assert body["object"] == "text_completion" and len(body["choices"]) == 1
+
+        status, body = _post(
+            f"{base}/v1/completions", {"model": "policy", "prompt": "x", "max_tokens": 0}
+        )
+        assert status == 422 and body["error"]["param"] == "max_tokens"
+        status, body = _post(f"{base}/v1/completions", {"model": "other", "prompt": "x"})
+        assert status == 404 and body["error"]["param"] == "model"
+
+        publisher.publish_version(_state(1), 1)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            _post(f"{base}/v1/completions", {"model": "policy", "prompt": "x", "max_tokens": 1})
+            if _served_version(base) == 1:
+                break
+            time.sleep(0.3)
+        assert _served_version(base) == 1
+
+        cfg = JudgeConfig(kind="llm", endpoint=f"{base}/v1/completions", llm_model="policy")
+        verdict = judge_llm({"prompt": "f(x): double", "completion": "return x*2"}, cfg)
+        assert 0.0 <= verdict["score"] <= 1.0
+        if "error" not in verdict:  # a tiny policy rarely prints a number; both paths are valid
+            assert verdict["details"]["served_version"] == 1.0
+        else:
+            assert verdict["error"] == "unparseable grade"
+    finally:
+        serving.close()
+        server.close()
