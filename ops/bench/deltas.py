@@ -48,7 +48,7 @@ def register_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--params", type=int, default=100_000_000, help="bf16 weights in the model")
     p.add_argument("--tensors", type=int, default=4, help="tensors the weights are split into")
     p.add_argument("--lrs", default="1e-6,1e-5", help="comma-separated learning rates")
-    p.add_argument("--reps", type=int, default=3, help="repetitions per timing (median)")
+    p.add_argument("--reps", type=int, default=5, help="repetitions per timing (median)")
     p.add_argument("--max-chunk-bytes", type=int, default=900_000, help="codec chunk limit")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
