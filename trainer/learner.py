@@ -122,7 +122,10 @@ def train_step(
 def published_state(model: Policy, dtype: str) -> dict[str, Any]:
     """The codec's view of the weights to publish (``dtype`` cast of the fp32 master)."""
     torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-    return from_torch({k: v.detach().to(torch_dtype) for k, v in model.state_dict().items()})
+    # clone(): from_torch is zero-copy, and the published state must not move with training.
+    return from_torch(
+        {k: v.detach().to(torch_dtype).clone() for k, v in model.state_dict().items()}
+    )
 
 
 def init_model(cfg: LearnerConfig, log_fn: Any = print) -> tuple[Policy, torch.optim.Optimizer]:
