@@ -1,8 +1,9 @@
 """One real Kafka per test session.
 
-``RLSTREAM_BOOTSTRAP`` points the suite at an existing cluster; otherwise the project's own
-launcher starts a broker in a temporary state directory and stops exactly that broker, by pid,
-when the session ends. Every test makes its own uniquely named topics and groups.
+``RLSTREAM_BOOTSTRAP`` points the suite at an existing cluster; ``RLSTREAM_TESTCONTAINERS=1``
+runs testcontainers' Kafka (needs a Docker engine); otherwise the project's own launcher starts
+a broker in a temporary state directory and stops exactly that broker, by pid, when the session
+ends. Every test makes its own uniquely named topics and groups.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ def kafka(cluster_home: Path) -> Iterator[KafkaSettings]:
         ensure_cluster_topics(external)
         yield external
         return
+    if os.environ.get("RLSTREAM_TESTCONTAINERS") == "1":
+        yield from _testcontainers_kafka(ensure_cluster_topics)
+        return
     from rlstream.ops import cluster
 
     state = cluster.up(["trainer"], home=cluster_home, heap="768m", log=lambda *_: None)
@@ -44,6 +48,15 @@ def kafka(cluster_home: Path) -> Iterator[KafkaSettings]:
         yield settings
     finally:
         cluster.down(home=cluster_home, purge=True, log=lambda *_: None)
+
+
+def _testcontainers_kafka(ensure_cluster_topics) -> Iterator[KafkaSettings]:
+    from testcontainers.kafka import KafkaContainer
+
+    with KafkaContainer().with_kraft() as container:
+        settings = KafkaSettings(bootstrap_servers=container.get_bootstrap_server())
+        ensure_cluster_topics(settings)
+        yield settings
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
