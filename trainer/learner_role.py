@@ -10,6 +10,7 @@ from confluent_kafka import TopicPartition
 
 from rlstream.consumers.consumer import RoleConsumer, Stopper, make_consumer
 from rlstream.consumers.tap import tap
+from rlstream.producers.admin import admin_client
 from rlstream.producers.producer import EventProducer, make_producer
 from rlstream.producers.settings import KafkaSettings
 from rlstream.producers.weights import WeightPublisher
@@ -72,6 +73,7 @@ class Learner:
         )
         self.model, self.optimizer = init_model(cfg, log)
         self.checkpoints = Checkpoints(cfg.state_dir, run)
+        self.admin = admin_client(settings)
         self.version = self._resume()
         self.consumer = RoleConsumer(
             make_consumer(
@@ -166,6 +168,9 @@ class Learner:
         stats["step_s"] = time.perf_counter() - started
         self._publish(self.version, used, stats, commit_offsets(used, self.waiting))
         stats["publish_s"] = time.perf_counter() - started - stats["step_s"]
+        if self.version % self.cfg.keyframe_every == 0:
+            # A new keyframe landed: chunks no worker can still need are deleted.
+            self.publisher.prune(self.admin)
         self.history.append({"version": float(self.version), **stats})
         return stats
 
