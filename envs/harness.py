@@ -45,14 +45,21 @@ class HarnessConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_new_tokens: int = Field(64, ge=1, le=4096, description="Token budget of one turn.")
-    max_turns: int = Field(2, ge=0, le=64, description="Tool calls allowed before the answer.")
-    max_segments: int = Field(4, ge=1, le=64, description="Compactions allowed plus one.")
-    temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature.")
-    tool_output_chars: int = Field(120, ge=8, le=100_000, description="Observation cap (chars).")
-    summary_chars: int = Field(60, ge=8, le=10_000, description="Summary cap when compacting.")
+    max_new_tokens: int = Field(default=64, ge=1, le=4096, description="Token budget of one turn.")
+    max_turns: int = Field(
+        default=2, ge=0, le=64, description="Tool calls allowed before the answer."
+    )
+    max_segments: int = Field(default=4, ge=1, le=64, description="Compactions allowed plus one.")
+    temperature: float = Field(default=1.0, gt=0, le=10, description="Sampling temperature.")
+    tool_output_chars: int = Field(
+        default=120, ge=8, le=100_000, description="Observation cap (chars)."
+    )
+    summary_chars: int = Field(
+        default=60, ge=8, le=10_000, description="Summary cap when compacting."
+    )
     inference_dtype: Literal["float32", "bfloat16"] = Field(
-        "float32", description="Weights precision for rollout inference (learner stays fp32)."
+        default="float32",
+        description="Weights precision for rollout inference (learner stays fp32).",
     )
     tool_sandbox: sandbox.SandboxConfig = Field(
         default_factory=lambda: sandbox.SandboxConfig(wall_timeout_s=3.0, cpu_limit_s=1),

@@ -55,26 +55,36 @@ class SandboxConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    wall_timeout_s: float = Field(5.0, gt=0, le=3600, description="Wall-clock limit in seconds.")
-    cpu_limit_s: int = Field(2, ge=1, le=3600, description="CPU-seconds limit (RLIMIT_CPU).")
+    wall_timeout_s: float = Field(
+        default=5.0, gt=0, le=3600, description="Wall-clock limit in seconds."
+    )
+    cpu_limit_s: int = Field(
+        default=2, ge=1, le=3600, description="CPU-seconds limit (RLIMIT_CPU)."
+    )
     memory_bytes: int = Field(
-        256 * 2**20, ge=32 * 2**20, description="Address-space limit per process (RLIMIT_AS)."
+        default=256 * 2**20,
+        ge=32 * 2**20,
+        description="Address-space limit per process (RLIMIT_AS).",
     )
     max_processes: int = Field(
-        16, ge=1, le=4096, description="Process limit for the sandbox uid (RLIMIT_NPROC)."
+        default=16, ge=1, le=4096, description="Process limit for the sandbox uid (RLIMIT_NPROC)."
     )
     max_file_bytes: int = Field(
-        1 * 2**20, ge=4096, description="Largest file the code may write, stdout/stderr included."
+        default=1 * 2**20,
+        ge=4096,
+        description="Largest file the code may write, stdout/stderr included.",
     )
     max_output_bytes: int = Field(
-        16 * 2**10, ge=64, description="Bytes of stdout and of stderr returned to the caller."
+        default=16 * 2**10,
+        ge=64,
+        description="Bytes of stdout and of stderr returned to the caller.",
     )
-    isolate_network: bool = Field(True, description="Run in an empty network namespace.")
+    isolate_network: bool = Field(default=True, description="Run in an empty network namespace.")
     block_exec: bool = Field(
-        True, description="Audit hook refuses exec/spawn/subprocess/ctypes in the child."
+        default=True, description="Audit hook refuses exec/spawn/subprocess/ctypes in the child."
     )
     python: str | None = Field(
-        None,
+        default=None,
         description="Interpreter for the code; None picks one whose standard library the "
         "sandbox uid can read (probed once).",
     )
@@ -321,32 +331,38 @@ def run(code: str, cfg: SandboxConfig | None = None, stdin: str = "") -> Sandbox
             "cwd": work,
             "block": cfg.block_exec,
         }
-        env = {"PATH": "/usr/bin:/bin", "HOME": work, "LANG": "C.UTF-8"}
-        with open(os.path.join(root, "status"), "wb") as st:
-            spec["status_fd"] = st.fileno()
-            argv = [
-                *prefix,
-                cfg.python or default_python(),
-                "-I",
-                "-S",
-                "-c",
-                _BOOT,
-                json.dumps(spec),
-            ]
-            started = time.monotonic()
-            proc = _spawn(argv, env, root, st.fileno(), stdin)
-            timed_out = _wait(proc, cfg.wall_timeout_s)
-            if timed_out:
-                with contextlib.suppress(OSError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            wall = time.monotonic() - started
-        _cleanup(proc, uid, bool(prefix))
+        python = cfg.python or default_python()
+        wall, timed_out = _execute(
+            root, [*prefix, python, "-I", "-S", "-c", _BOOT], spec, cfg, stdin
+        )
+        _cleanup_uid(uid, bool(prefix))
         result = _collect(cfg, root, wall, timed_out, isolation)
         result.uid = uid
         return result
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _execute(
+    root: str, argv: list[str], spec: dict[str, object], cfg: SandboxConfig, stdin: str
+) -> tuple[float, bool]:
+    """Start the bootstrap, wait for it (killing its process group on timeout): (wall_s, timed_out)."""
+    work = str(spec["cwd"])
+    env = {"PATH": "/usr/bin:/bin", "HOME": work, "LANG": "C.UTF-8"}
+    with open(os.path.join(root, "status"), "wb") as st:
+        spec["status_fd"] = st.fileno()
+        started = time.monotonic()
+        proc = _spawn([*argv, json.dumps(spec)], env, root, st.fileno(), stdin)
+        timed_out = _wait(proc, cfg.wall_timeout_s)
+        if timed_out:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        wall = time.monotonic() - started
+    # the group may hold stragglers even after a clean exit when there is no PID namespace
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    return wall, timed_out
 
 
 def _spawn(
@@ -371,10 +387,8 @@ def _spawn(
         )
 
 
-def _cleanup(proc: subprocess.Popen[bytes], uid: int | None, namespaced: bool) -> None:
-    """Make sure nothing the program started outlives it."""
-    with contextlib.suppress(OSError):
-        os.killpg(proc.pid, signal.SIGKILL)
+def _cleanup_uid(uid: int | None, namespaced: bool) -> None:
+    """Without a PID namespace, kill whatever still runs as the sandbox uid."""
     if not namespaced and uid is not None:
         _kill_uid(uid)
 

@@ -116,10 +116,12 @@ class TaskConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     op_count_weights: tuple[float, ...] = Field(
-        (0.5, 0.5), description="Relative weight of 1, 2, 3, ... steps per task."
+        default=(0.5, 0.5), description="Relative weight of 1, 2, 3, ... steps per task."
     )
-    n_hidden: int = Field(5, ge=1, le=50, description="Hidden test inputs per task.")
-    hidden_range: int = Field(20, ge=5, le=10**6, description="Hidden inputs lie in [-r, r].")
+    n_hidden: int = Field(default=5, ge=1, le=50, description="Hidden test inputs per task.")
+    hidden_range: int = Field(
+        default=20, ge=5, le=10**6, description="Hidden inputs lie in [-r, r]."
+    )
 
 
 @dataclass(frozen=True)
@@ -311,8 +313,12 @@ class TeacherConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    p_correct: float = Field(0.4, ge=0, le=1, description="Chance each step is written right.")
-    p_hack: float = Field(0.1, ge=0, le=1, description="Chance a demo echoes the visible example.")
+    p_correct: float = Field(
+        default=0.4, ge=0, le=1, description="Chance each step is written right."
+    )
+    p_hack: float = Field(
+        default=0.1, ge=0, le=1, description="Chance a demo echoes the visible example."
+    )
 
 
 def demonstration(task: Task, rng: random.Random, teacher: TeacherConfig | None = None) -> str:

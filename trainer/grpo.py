@@ -32,11 +32,15 @@ class GrpoConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    is_cap: float = Field(2.0, gt=0, description="C in min(exp(logp_cur - logp_beh), C).")
-    adv_eps: float = Field(1e-6, gt=0, description="eps in (r - mean) / (std + eps).")
-    max_grad_norm: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
-    temperature: float = Field(1.0, gt=0, description="Temperature the behaviour sampled at.")
-    router_replay: bool = Field(True, description="Force the recorded experts when recomputing.")
+    is_cap: float = Field(default=2.0, gt=0, description="C in min(exp(logp_cur - logp_beh), C).")
+    adv_eps: float = Field(default=1e-6, gt=0, description="eps in (r - mean) / (std + eps).")
+    max_grad_norm: float = Field(default=1.0, gt=0, description="Global gradient-norm clip.")
+    temperature: float = Field(
+        default=1.0, gt=0, description="Temperature the behaviour sampled at."
+    )
+    router_replay: bool = Field(
+        default=True, description="Force the recorded experts when recomputing."
+    )
 
 
 def group_advantages(rewards: Sequence[float] | np.ndarray, eps: float = 1e-6) -> np.ndarray:
@@ -183,7 +187,7 @@ def grpo_step(
         logp_cur, batch.behaviour_logprobs, batch.advantages, batch.loss_mask, cfg.is_cap
     )
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()  # type: ignore[no-untyped-call]
+    loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
     optimizer.step()
     with torch.no_grad():

@@ -42,7 +42,7 @@ class LocalLoopConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    seed: int = Field(0, ge=0, description="Seed of task order and sampling.")
+    seed: int = Field(default=0, ge=0, description="Seed of task order and sampling.")
     policy: PolicyConfig = Field(
         default_factory=lambda: PolicyConfig(vocab_size=tasks.VOCAB_SIZE),
         description="Policy shape.",
@@ -52,19 +52,27 @@ class LocalLoopConfig(BaseModel):
         default_factory=lambda: HarnessConfig(max_new_tokens=48), description="Rollouts."
     )
     grpo: GrpoConfig = Field(default_factory=GrpoConfig, description="GRPO rules.")
-    lr: float = Field(5e-4, gt=0, le=1, description="Adam learning rate of the RL phase.")
-    group_size: int = Field(8, ge=2, le=1024, description="Samples per task (G).")
-    groups_per_step: int = Field(6, ge=1, le=1024, description="Groups per optimizer step.")
-    steps: int = Field(200, ge=0, description="Optimizer steps (the time budget may stop sooner).")
-    time_budget_s: float = Field(240.0, gt=0, description="Stop RL after this many seconds.")
-    lag: int = Field(
-        0, ge=0, le=16, description="Staleness: rollouts use the policy of `lag` steps ago."
+    lr: float = Field(default=5e-4, gt=0, le=1, description="Adam learning rate of the RL phase.")
+    group_size: int = Field(default=8, ge=2, le=1024, description="Samples per task (G).")
+    groups_per_step: int = Field(default=6, ge=1, le=1024, description="Groups per optimizer step.")
+    steps: int = Field(
+        default=200, ge=0, description="Optimizer steps (the time budget may stop sooner)."
     )
-    eval_tasks: int = Field(64, ge=1, description="Held-out evaluation tasks.")
-    eval_samples: int = Field(4, ge=1, description="Samples per evaluation task.")
-    eval_every: int = Field(10, ge=1, description="Evaluate every this many steps.")
-    score_workers: int = Field(2, ge=1, le=64, description="Parallel sandbox runs when scoring.")
-    cache_path: str | None = Field(None, description="Where to cache the warm-start weights.")
+    time_budget_s: float = Field(
+        default=240.0, gt=0, description="Stop RL after this many seconds."
+    )
+    lag: int = Field(
+        default=0, ge=0, le=16, description="Staleness: rollouts use the policy of `lag` steps ago."
+    )
+    eval_tasks: int = Field(default=64, ge=1, description="Held-out evaluation tasks.")
+    eval_samples: int = Field(default=4, ge=1, description="Samples per evaluation task.")
+    eval_every: int = Field(default=10, ge=1, description="Evaluate every this many steps.")
+    score_workers: int = Field(
+        default=2, ge=1, le=64, description="Parallel sandbox runs when scoring."
+    )
+    cache_path: str | None = Field(
+        default=None, description="Where to cache the warm-start weights."
+    )
 
 
 class Scorer:

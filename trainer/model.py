@@ -34,15 +34,23 @@ class PolicyConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    vocab_size: int = Field(128, ge=2, le=65536, description="Token vocabulary size.")
-    max_seq_len: int = Field(256, ge=8, le=8192, description="Context window in tokens.")
-    d_model: int = Field(64, ge=8, le=4096, description="Residual stream width.")
-    n_heads: int = Field(4, ge=1, le=64, description="Attention heads (must divide d_model).")
-    n_layers: int = Field(2, ge=1, le=48, description="Transformer blocks, each with an MoE FFN.")
-    n_experts: int = Field(4, ge=2, le=255, description="Experts per MoE layer (fit in uint8).")
-    top_k: int = Field(2, ge=1, le=8, description="Experts each token is routed to.")
-    d_expert: int = Field(128, ge=4, le=16384, description="Hidden width of one expert MLP.")
-    seed: int = Field(0, ge=0, description="Seed of the weight initialisation.")
+    vocab_size: int = Field(default=128, ge=2, le=65536, description="Token vocabulary size.")
+    max_seq_len: int = Field(default=256, ge=8, le=8192, description="Context window in tokens.")
+    d_model: int = Field(default=64, ge=8, le=4096, description="Residual stream width.")
+    n_heads: int = Field(
+        default=4, ge=1, le=64, description="Attention heads (must divide d_model)."
+    )
+    n_layers: int = Field(
+        default=2, ge=1, le=48, description="Transformer blocks, each with an MoE FFN."
+    )
+    n_experts: int = Field(
+        default=4, ge=2, le=255, description="Experts per MoE layer (fit in uint8)."
+    )
+    top_k: int = Field(default=2, ge=1, le=8, description="Experts each token is routed to.")
+    d_expert: int = Field(
+        default=128, ge=4, le=16384, description="Hidden width of one expert MLP."
+    )
+    seed: int = Field(default=0, ge=0, description="Seed of the weight initialisation.")
 
 
 @dataclass

@@ -35,13 +35,13 @@ class WarmStartConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    steps: int = Field(300, ge=0, le=1_000_000, description="Optimizer steps.")
-    batch_size: int = Field(48, ge=1, le=4096, description="Demonstrations per step.")
+    steps: int = Field(default=300, ge=0, le=1_000_000, description="Optimizer steps.")
+    batch_size: int = Field(default=48, ge=1, le=4096, description="Demonstrations per step.")
     lr: float = Field(
-        1e-2, gt=0, le=1, description="Adam learning rate (linear warm-up, 20 steps)."
+        default=1e-2, gt=0, le=1, description="Adam learning rate (linear warm-up, 20 steps)."
     )
-    balance_coef: float = Field(0.01, ge=0, le=1, description="Load-balancing loss weight.")
-    seed: int = Field(0, ge=0, description="Seed of task sampling and demonstrations.")
+    balance_coef: float = Field(default=0.01, ge=0, le=1, description="Load-balancing loss weight.")
+    seed: int = Field(default=0, ge=0, description="Seed of task sampling and demonstrations.")
     teacher: tasks.TeacherConfig = Field(
         default_factory=tasks.TeacherConfig, description="Reliability of the demonstrations."
     )
@@ -117,7 +117,7 @@ def _train(model: Policy, cfg: WarmStartConfig, log: Callable[[str], None] | Non
         loss = (nll * mask[:, 1:]).sum() / mask[:, 1:].sum()
         total = loss + cfg.balance_coef * model.load_balance_loss()
         optimizer.zero_grad(set_to_none=True)
-        total.backward()  # type: ignore[no-untyped-call]
+        total.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         if log and (step % 50 == 0 or step == cfg.steps - 1):

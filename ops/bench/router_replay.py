@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from typing import Any
 
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     policy_cfg = PolicyConfig(vocab_size=tasks.VOCAB_SIZE)
     ws = WarmStartConfig(steps=getattr(args, "warm_steps", 150), seed=args.seed)
-    model = warm_start(policy_cfg, ws, getattr(args, "cache", None))
+    model = warm_start(policy_cfg, ws, getattr(args, "cache", None), _progress)
     rollout = Rollout(model, HarnessConfig(max_new_tokens=48, inference_dtype="bfloat16"))
     gen = torch.Generator().manual_seed(args.seed)
     seqs: list[grpo.TrainSequence] = []
@@ -90,6 +91,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "top_k": policy_cfg.top_k,
         "seconds": round(time.perf_counter() - started, 2),
     }
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _mismatch(model: Any, batch: Any, replay: bool, flipped: Any = None) -> dict[str, Any]:
@@ -123,5 +128,5 @@ def _mismatch(model: Any, batch: Any, replay: bool, flipped: Any = None) -> dict
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m rlstream.ops.bench.router_replay")
     register_bench(parser.add_subparsers())
-    ns = parser.parse_args(["router-replay", *__import__("sys").argv[1:]])
+    ns = parser.parse_args(["router-replay", *sys.argv[1:]])
     raise SystemExit(ns.func(ns))

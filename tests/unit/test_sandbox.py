@@ -161,3 +161,20 @@ def test_classify_rules() -> None:
     assert classify(sandbox.OOM_EXIT << 8, 0.1, cfg, False)[0] == "oom"
     assert classify(0, 0.1, cfg, False)[0] == "ok"
     assert classify(3 << 8, 0.1, cfg, False)[:2] == ("crash", 3)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the uid sweep needs a root parent")
+def test_without_namespaces_the_uid_sweep_still_cleans_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sandbox, "_unshare_prefix", lambda network: ())
+    code = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(30)\nprint('done')"
+    r = run(code, FAST)
+    assert r.status == "ok" and not r.isolation["pid_namespace"]
+    time.sleep(0.1)
+    assert _pids_of(r.uid) == set()
+    bomb = (
+        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    )
+    r = run(bomb, SandboxConfig(wall_timeout_s=1.0, cpu_limit_s=1, max_processes=8))
+    assert r.status in ("timeout", "killed")
+    time.sleep(0.1)
+    assert _pids_of(r.uid) == set()

@@ -1,0 +1,165 @@
+"""The rollout harness: tool turns, aligned arrays, compaction, replayable segments."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+
+from rlstream.envs import tasks
+from rlstream.envs.harness import HarnessConfig, Rollout, Sample, rollout_group
+from rlstream.trainer.model import (
+    Generation,
+    KVCache,
+    Policy,
+    PolicyConfig,
+    build_policy,
+    sequence_logprobs,
+)
+
+SMALL = PolicyConfig(vocab_size=tasks.VOCAB_SIZE, d_model=32, n_heads=4, d_expert=32)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+def scripted(replies: list[list[int]]) -> Callable[..., Generation]:
+    """A generate_fn that emits ``replies`` in turn (same for every row), scoring them honestly.
+
+    It teacher-forces the scripted tokens through the real model with the cache, so logprobs,
+    routes and cache are exactly what sampling those tokens would have recorded.
+    """
+    queue = list(replies)
+
+    def fake(
+        model: Policy,
+        context: torch.Tensor,
+        max_new: int,
+        temperature: float,
+        generator: torch.Generator,
+        stop_ids: tuple[int, ...],
+        cache: KVCache | None,
+    ) -> Generation:
+        ids = queue.pop(0)[:max_new]
+        b = context.shape[0]
+        cache = cache if cache is not None else KVCache.empty(model.cfg.n_layers)
+        with torch.no_grad():
+            logits, prompt_routes = model(context, cache=cache)
+            toks = torch.tensor([ids] * b)
+            gen_logits, gen_routes = model(toks, cache=cache)
+        step_logits = torch.cat([logits[:, -1:], gen_logits[:, :-1]], dim=1) / temperature
+        lps = step_logits.log_softmax(-1).gather(-1, toks[..., None]).squeeze(-1)
+        return Generation(
+            tokens=toks,
+            logprobs=lps.float(),
+            routes=torch.cat([prompt_routes, gen_routes], dim=1),
+            lengths=torch.full((b,), len(ids)),
+            stopped=torch.full((b,), ids[-1] in stop_ids),
+            cache=cache,
+            prompt_len=context.shape[1],
+        )
+
+    return fake
+
+
+def _check_aligned(s: Sample, model: Policy) -> None:
+    """Arrays aligned; each segment replays to its recorded logprobs (fp32 inference)."""
+    t = len(s.token_ids)
+    assert s.token_ids.dtype == np.int32 and s.logprobs.dtype == np.float32
+    assert s.loss_mask.dtype == np.uint8 and s.routes.dtype == np.uint8
+    assert s.logprobs.shape == s.loss_mask.shape == (t,)
+    assert s.routes.shape == (t, model.cfg.n_layers, model.cfg.top_k)
+    assert np.all(s.logprobs[s.loss_mask == 0] == 0)
+    assert np.all(s.logprobs[s.loss_mask == 1] < 0)
+    assert s.segments[0].start == 0 and s.segments[-1].end == t
+    for seg in s.segments:
+        assert s.token_ids[seg.start] == tasks.BOS, "each segment is a self-contained context"
+        ids = torch.from_numpy(s.token_ids[seg.start : seg.end].astype(np.int64))[None]
+        routes = torch.from_numpy(s.routes[seg.start : seg.end].astype(np.int64))[None]
+        with torch.no_grad():
+            lp, _ = sequence_logprobs(model, ids, routes)
+        mask = s.loss_mask[seg.start : seg.end] == 1
+        recorded = torch.from_numpy(s.logprobs[seg.start : seg.end])
+        assert torch.allclose(lp[0][mask], recorded[mask], atol=1e-4)
+
+
+PROMPT = "f(x): inc\nf(1)=2\n"
+
+
+def test_tool_call_output_is_appended_and_masked_out() -> None:
+    model = build_policy(SMALL)
+    run_call = [tasks.RUN, *tasks.encode("print(6*7)"), tasks.RUN_END]
+    answer = [*tasks.encode("x=x+1;return x"), tasks.EOS]
+    cfg = HarnessConfig(max_new_tokens=32)
+    samples = Rollout(model, cfg, scripted([run_call, answer, answer])).group(
+        PROMPT, 2, torch.Generator().manual_seed(0)
+    )
+    assert len(samples) == 2
+    s = samples[0]
+    assert s.turns == 1 and s.finished and len(s.segments) == 1
+    assert s.segments[0].reason == "final"
+    observation = tasks.decode(s.token_ids[s.loss_mask == 0].tolist())
+    assert observation == PROMPT + "<out>42\n</out>"
+    assert tasks.final_answer(s.completion) == "x=x+1;return x"
+    assert tasks.score(tasks.sample_task(0), s.completion)[1]["format_ok"]
+    assert s.timings["tool_s"] > 0
+    _check_aligned(s, model)
+
+
+def test_tool_budget_exhausted_is_said_not_run() -> None:
+    model = build_policy(SMALL)
+    run_call = [tasks.RUN, *tasks.encode("print(1)"), tasks.RUN_END]
+    answer = [*tasks.encode("return x"), tasks.EOS]
+    cfg = HarnessConfig(max_new_tokens=32, max_turns=0)
+    (s,) = Rollout(model, cfg, scripted([run_call, answer])).group(
+        PROMPT, 1, torch.Generator().manual_seed(0)
+    )
+    assert s.turns == 0
+    assert "<out>no tool calls left</out>" in tasks.decode(s.token_ids.tolist())
+    _check_aligned(s, model)
+
+
+def test_overflow_compacts_into_a_new_segment() -> None:
+    model = build_policy(SMALL.model_copy(update={"max_seq_len": 64}))
+    run_call = [tasks.RUN, *tasks.encode("print('a'*50)"), tasks.RUN_END]
+    answer = [*tasks.encode("return x"), tasks.EOS]
+    cfg = HarnessConfig(max_new_tokens=20, tool_output_chars=60, summary_chars=20)
+    (s,) = Rollout(model, cfg, scripted([run_call, answer])).group(
+        PROMPT, 1, torch.Generator().manual_seed(0)
+    )
+    assert [seg.reason for seg in s.segments] == ["compacted", "final"]
+    second = s.segments[1]
+    context = tasks.decode(s.token_ids[second.start : second.end].tolist())
+    assert context.startswith(PROMPT + "<sum>1 runs; last: aa")
+    assert tasks.final_answer(s.completion) == "return x"
+    assert s.segments[0].end == second.start
+    _check_aligned(s, model)
+
+
+def test_no_answer_within_budget_is_truncated() -> None:
+    model = build_policy(SMALL)
+    cfg = HarnessConfig(max_new_tokens=5)
+    (s,) = Rollout(model, cfg, scripted([tasks.encode("x=x+1;return x")])).group(
+        PROMPT, 1, torch.Generator().manual_seed(0)
+    )
+    assert not s.finished and s.segments[-1].reason == "truncated"
+    assert int(s.loss_mask.sum()) == 5
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_real_policy_group_is_batched_aligned_and_deterministic(dtype: str) -> None:
+    model = build_policy(SMALL)
+    cfg = HarnessConfig(max_new_tokens=12, inference_dtype=dtype)  # type: ignore[arg-type]
+    a = rollout_group(model, PROMPT, 4, cfg, torch.Generator().manual_seed(5))
+    b = rollout_group(model, PROMPT, 4, cfg, torch.Generator().manual_seed(5))
+    assert len(a) == 4 and [s.index for s in a] == [0, 1, 2, 3]
+    prompt_len = 1 + len(tasks.encode(PROMPT))
+    for x, y in zip(a, b, strict=True):
+        assert np.array_equal(x.token_ids, y.token_ids) and np.array_equal(x.routes, y.routes)
+        assert np.all(x.loss_mask[:prompt_len] == 0) and x.loss_mask[prompt_len:].sum() > 0
+        if dtype == "float32":
+            _check_aligned(x, model)
