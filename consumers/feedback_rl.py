@@ -1,0 +1,353 @@
+"""feedback-rl: real-time RL from editor feedback. Windows of the feedback stream become online
+groups (``source=online``) in the admitted stream, next to the rollout groups; the rules that
+decide a window are in ``feedback_rules``.
+
+Windows: per input partition, consecutive feedback records; a window closes when it holds
+``window_size`` records or ``window_seconds`` after its first record arrived. A feedback id
+seen before (a retry stored twice) is dropped and counted, never trained twice: retries share
+the request id, hence the partition, so the open window or the remembered ids catch them (the
+last ``dedup_ids`` decided ids, reloaded on partition assignment from the ``dedup_lookback``
+records before the committed offset, so a restart forgets none of them).
+
+Exactly once, without a state store: outputs, dead letters and consumer offsets commit in one
+transaction (``TransactionalLoop``); the committed offset of a partition is the first record of
+its open window, so a crash or rebalance re-reads exactly the records not yet decided. Windows
+close in offset order, so no decided record is ever re-read. Baselines and remembered ids change
+only with a committed transaction (restored on abort); after a restart baselines start over,
+which shifts rewards by a baseline but never duplicates or loses feedback.
+
+``mix_online_groups``/``mix_rollout_groups`` are read by the learner, not enforced here: see
+``online_quota``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+
+from rlstream.consumers.consumer import Record, Stopper
+from rlstream.consumers.feedback_rules import (
+    FeedbackRLConfig,
+    Item,
+    RunningMean,
+    window_decisions,
+)
+from rlstream.consumers.transactional import Output, TransactionalLoop
+from rlstream.consumers.versions import VersionWatcher
+from rlstream.producers.settings import KafkaSettings
+from rlstream.schemas import arrays, events, topics
+
+__all__ = ["FeedbackRL", "FeedbackRLConfig", "decided_ids", "newest_version", "run_feedback_rl"]
+
+log = logging.getLogger(__name__)
+
+
+# --- the role -------------------------------------------------------------------------------
+
+
+@dataclass
+class _Window:
+    first_offset: int
+    opened: float
+    items: list[Item] = field(default_factory=list)
+    ids: set[str] = field(default_factory=set)
+
+
+class FeedbackRL:
+    """One feedback-rl member: windows per input partition, decided in transactions."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        run: str,
+        cfg: FeedbackRLConfig,
+        member: str = "0",
+        version: Callable[[], int] | None = None,
+    ) -> None:
+        self.run_name, self.cfg = run, cfg
+        self.names = topics.run_topics(run)
+        self.watcher = None
+        if version is None:
+            manifests = self.names["weights.manifests"]
+            watcher = VersionWatcher(settings, manifests, cfg.model)
+            # The watcher starts at -1; never decide staleness before knowing the learner's
+            # version, or a restart would admit stale feedback.
+            floor = newest_version(settings, manifests, cfg.model)
+            self.watcher, version = watcher, lambda: max(floor, watcher.version)
+        self.version = version
+        self.windows: dict[tuple[str, int], _Window] = {}
+        self.position: dict[tuple[str, int], int] = {}  # next offset to read, per partition
+        self.baselines: dict[str, RunningMean] = {}
+        self._committed_baselines: dict[str, RunningMean] = {}
+        self.seen: OrderedDict[str, None] = OrderedDict()
+        self._staged: list[str] = []
+        self.counts: Counter[str] = Counter()
+        self.settings = settings
+        group = topics.group_id(run, "feedback-rl")
+        self.loop = TransactionalLoop(
+            settings,
+            group_id=group,
+            topics=[topics.topic_pattern(run, "feedback")],
+            transactional_id=f"{group}.{member}",
+            instance_id=f"feedback-rl-{member}",
+            dlq_topic=self.names["dlq"],
+            process=self.process,
+            offsets=self.offsets,
+            on_abort=self._reset,
+            on_assign=self._assigned,
+            on_revoke=self._revoked,
+            batch_size=cfg.batch_size,
+        )
+
+    def process(self, records: list[Record]) -> list[Output]:
+        """Add a batch to the windows; decide every window that is full or due."""
+        self._settle()
+        outputs: list[Output] = []
+        for rec in records:
+            outputs += self._add(rec)
+        return outputs + self._close_due(time.monotonic())
+
+    def _add(self, rec: Record) -> list[Output]:
+        msg = rec.message
+        tp = (msg.topic(), msg.partition())
+        self.position[tp] = max(self.position.get(tp, 0), msg.offset() + 1)
+        if rec.event is None or rec.event.event != "feedback":
+            self.counts["not_feedback"] += 1
+            return []
+        value = rec.value
+        window = self.windows.get(tp)
+        fid = value["feedback_id"]
+        if fid in self.seen or fid in self._staged or (window is not None and fid in window.ids):
+            self.counts["duplicate"] += 1
+            return []
+        if window is None:
+            window = self.windows[tp] = _Window(msg.offset(), time.monotonic())
+        window.items.append(
+            Item(value, {"topic": tp[0], "partition": tp[1], "offset": msg.offset()})
+        )
+        window.ids.add(fid)
+        return self._close(tp) if len(window.items) >= self.cfg.window_size else []
+
+    def _close_due(self, now: float) -> list[Output]:
+        due = [tp for tp, w in self.windows.items() if now - w.opened >= self.cfg.window_seconds]
+        return [out for tp in due for out in self._close(tp)]
+
+    def _close(self, tp: tuple[str, int]) -> list[Output]:
+        window = self.windows.pop(tp)
+        window_id = f"{tp[0]}/{tp[1]}/{window.first_offset}"
+        decisions, self.baselines = window_decisions(
+            window.items,
+            window_id,
+            self.version(),
+            self.baselines,
+            self.cfg,
+            self.run_name,
+            int(time.time() * 1000),
+        )
+        self._staged += [i.record["feedback_id"] for i in window.items]
+        outputs = []
+        for decision in decisions:
+            stream = "admitted" if decision["decision"] == "admitted" else "rejected"
+            self.counts[decision["reason"] or "admitted"] += 1
+            self.counts["samples_admitted"] += len(decision["samples"])
+            for part in arrays.split_group(decision, topics.STREAMS[stream].max_value_bytes):
+                outputs.append(Output(self.names[stream], "admission", part, decision["group_id"]))
+        return outputs
+
+    def offsets(self, records: list[Record]) -> list[TopicPartition]:
+        """Per partition: the first record of its open window, else one past the last read."""
+        for rec in records:  # undecodable records count as read: they were dead-lettered
+            tp = (rec.message.topic(), rec.message.partition())
+            self.position[tp] = max(self.position.get(tp, 0), rec.message.offset() + 1)
+        out = []
+        for tp, nxt in sorted(self.position.items()):
+            window = self.windows.get(tp)
+            out.append(TopicPartition(tp[0], tp[1], window.first_offset if window else nxt))
+        return out
+
+    # --- transactions outside the loop's batches, state that follows commits ------------------
+
+    def _settle(self) -> None:
+        """The last transaction committed: make its remembered ids and baselines permanent."""
+        for fid in self._staged:
+            self.seen[fid] = None
+        self._staged.clear()
+        while len(self.seen) > self.cfg.dedup_ids:
+            self.seen.popitem(last=False)
+        self._committed_baselines = dict(self.baselines)
+
+    def _reset(self) -> None:
+        """A transaction aborted: forget uncommitted state; records are re-read from commits."""
+        self.windows.clear()
+        self.position.clear()
+        self._staged.clear()
+        self.baselines = dict(self._committed_baselines)
+
+    def _assigned(self, partitions: list[TopicPartition]) -> None:
+        """Remember the ids decided before the committed offsets of newly assigned partitions."""
+        if not partitions or not self.cfg.dedup_lookback:
+            return
+        committed = self.loop.consumer.consumer.committed(partitions, timeout=30)
+        for tp in committed:
+            if tp.offset > 0:
+                for fid in decided_ids(self.settings, tp, self.cfg.dedup_lookback):
+                    self.seen[fid] = None
+        while len(self.seen) > self.cfg.dedup_ids:
+            self.seen.popitem(last=False)
+
+    def _revoked(self, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            self.windows.pop((tp.topic, tp.partition), None)
+            self.position.pop((tp.topic, tp.partition), None)
+
+    def flush_due(self) -> int:
+        """When idle, decide windows that are due in a transaction of their own, offsets included.
+
+        (The loop's idle tick commits no offsets, which would let a crash re-decide them.)
+        """
+        now = time.monotonic()
+        if not any(now - w.opened >= self.cfg.window_seconds for w in self.windows.values()):
+            return 0
+        self._settle()
+        outputs = self._close_due(now)
+        producer = self.loop.producer
+        producer.producer.begin_transaction()
+        try:
+            for out in outputs:
+                producer.produce(out.topic, out.event or "admission", out.value, out.key)
+            producer.producer.send_offsets_to_transaction(
+                self.offsets([]), self.loop.consumer.consumer.consumer_group_metadata(), 60
+            )
+            producer.producer.commit_transaction(60)
+        except KafkaException as exc:
+            self._abort(exc)
+            return 0
+        self._settle()
+        return len(outputs)
+
+    def _abort(self, exc: KafkaException) -> None:
+        if not exc.args[0].txn_requires_abort():
+            raise exc
+        log.warning("feedback-rl transaction aborted, rewinding: %s", exc.args[0].str())
+        self.loop.producer.producer.abort_transaction(60)
+        consumer = self.loop.consumer.consumer
+        assigned = consumer.assignment()
+        for tp in consumer.committed(assigned, timeout=30) if assigned else []:
+            consumer.seek(
+                TopicPartition(
+                    tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+                )
+            )
+        self._reset()
+
+    def run(self, stopper: Stopper, idle_exit_s: float | None = None) -> Counter[str]:
+        """Decide feedback until stopped (or idle for ``idle_exit_s``); returns the counts."""
+        idle_since = time.monotonic()
+        try:
+            while not stopper.stopped:
+                if self.loop.run_once() or self.flush_due():
+                    idle_since = time.monotonic()
+                elif idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
+                    break
+        finally:
+            self.close()
+        return self.counts
+
+    def close(self) -> None:
+        try:
+            self.loop.close()
+        finally:
+            if self.watcher is not None:
+                self.watcher.close()
+
+
+def _reader(settings: KafkaSettings, name: str) -> Consumer:
+    return Consumer(
+        {
+            **settings.librdkafka(),
+            "group.id": f"rlstream.{name}",
+            "enable.auto.commit": "false",
+            "enable.partition.eof": "true",
+            "isolation.level": "read_committed",
+        }
+    )
+
+
+def decided_ids(settings: KafkaSettings, committed: TopicPartition, lookback: int) -> list[str]:
+    """Feedback ids of the (at most ``lookback``) records before a committed offset, in order.
+
+    Every record before the committed offset of a feedback partition is decided (windows close
+    in offset order), so these ids are the ones a retry must not bring back.
+    """
+    consumer = _reader(settings, "feedback-rl-restore")
+    start, stop, ids = max(0, committed.offset - lookback), committed.offset, []
+    decode = events.deserializer(expect="feedback")
+    try:
+        consumer.assign([TopicPartition(committed.topic, committed.partition, start)])
+        idle = 0
+        while idle < 20:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                idle += 1
+                continue
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    break
+                continue
+            if (msg.offset() or 0) >= stop:
+                break
+            with contextlib.suppress(events.EventError):
+                ids.append(decode(msg.value(), None).record["feedback_id"])
+        return ids
+    finally:
+        consumer.close()
+
+
+def newest_version(settings: KafkaSettings, topic: str, model: str, timeout: float = 30.0) -> int:
+    """The newest committed manifest version of ``model`` on ``topic`` now (-1 if none).
+
+    The learner is the single writer of the single-partition manifests topic and its versions
+    grow, so the last few records hold the newest version.
+    """
+    consumer = _reader(settings, "version-floor")
+    newest, decode = -1, events.deserializer(expect="weight_manifest")
+    try:
+        try:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout)
+        except KafkaException:  # no such topic yet: no learner version yet
+            return -1
+        if high <= low:
+            return -1
+        consumer.assign([TopicPartition(topic, 0, max(low, high - 16))])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    break
+                continue
+            with contextlib.suppress(events.EventError):
+                record = decode(msg.value(), None).record
+                if record["model"] == model:
+                    newest = max(newest, int(record["version"]))
+        return newest
+    finally:
+        consumer.close()
+
+
+def run_feedback_rl(
+    settings: KafkaSettings, run: str, cfg: FeedbackRLConfig, stopper: Stopper, member: str = "0"
+) -> dict[str, int]:
+    """The feedback-rl role until stopped; returns its decision counts."""
+    role = FeedbackRL(settings, run, cfg, member)
+    return dict(role.run(stopper))

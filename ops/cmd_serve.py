@@ -1,0 +1,95 @@
+"""``rlstream serve SERVICE``: long-running network services of a run.
+
+``serve feedback`` runs feedback-ingest, the HTTP endpoint the editor backend posts user feedback
+to (see ``rlstream.producers.feedback_http``). Each service registers itself with one
+``_register_<service>`` function, so adding one is one function and one line in ``register``.
+Heavy modules (aiohttp, confluent_kafka) are imported only when a service starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from rlstream.ops.kafka_env import add_kafka_args
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("serve", help="run a network service of a run (feedback, ...)")
+    ssub = parser.add_subparsers(dest="service", metavar="SERVICE", required=True)
+    _register_feedback(ssub)
+
+
+# --- feedback -------------------------------------------------------------------------------
+
+
+def _register_feedback(ssub: argparse._SubParsersAction) -> None:
+    p = ssub.add_parser(
+        "feedback",
+        help="HTTP feedback ingestion: POST /v1/feedback -> rl.RUN.feedback",
+        description="Editor feedback over HTTP into the run's feedback stream. Bearer tokens "
+        "come from the config's `tokens` or $RLSTREAM_FEEDBACK_TOKENS (comma-separated), never "
+        "from the command line; HMAC keys from the config's `hmac_keys`.",
+    )
+    p.add_argument("--run", required=True, help="run name (topic rl.RUN.feedback)")
+    p.add_argument("--host", default=None, help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="TCP port, 0 = any free (default 8088)")
+    p.add_argument(
+        "--config",
+        default=None,
+        help="TOML with the service config: its [serve.feedback] table, else the whole file",
+    )
+    add_kafka_args(p)
+    p.set_defaults(func=_serve_feedback)
+
+
+def feedback_service_config(args: argparse.Namespace) -> Any:
+    """The service config: the TOML file (if any) with --run/--host/--port on top."""
+    from rlstream.producers.feedback_models import FeedbackServiceConfig
+
+    data: dict[str, Any] = {}
+    if args.config:
+        data = tomllib.loads(Path(args.config).read_text())
+        data = dict(data.get("serve", {}).get("feedback", data))
+    data["run"] = args.run
+    for key in ("host", "port"):
+        if getattr(args, key) is not None:
+            data[key] = getattr(args, key)
+    return FeedbackServiceConfig.model_validate(data)
+
+
+def _serve_feedback(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    try:
+        cfg = feedback_service_config(args)
+    except ValidationError as exc:
+        raise SystemExit(f"error: invalid feedback service config: {exc}") from None
+    from rlstream.ops.kafka_env import settings_from_args
+    from rlstream.producers.admin import admin_client, apply_topics, run_topic_wants
+    from rlstream.producers.feedback_http import serve
+    from rlstream.schemas import topics
+
+    settings = settings_from_args(args)
+    try:
+        apply_topics(admin_client(settings), run_topic_wants(cfg.run), timeout=10)
+    except Exception as exc:  # Kafka down: serve anyway; writes answer 503 until it is back
+        print(f"warning: could not check the run's topics: {exc}", file=sys.stderr)
+    topic = topics.topic_name(cfg.run, "feedback")
+
+    def started(url: str) -> None:
+        print(
+            f"feedback-ingest listening on {url} (POST /v1/feedback -> {topic}; "
+            f"metrics {url}/metrics, API {url}/openapi.json)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    try:
+        serve(cfg, settings, on_start=started)
+    except ValueError as exc:  # e.g. no credentials configured
+        raise SystemExit(f"error: {exc}") from None
+    return 0

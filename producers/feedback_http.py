@@ -1,0 +1,543 @@
+"""feedback-ingest: the HTTP service that turns editor feedback into records of rl.RUN.feedback.
+
+``rlstream serve feedback --run RUN`` runs it. Endpoints:
+
+- ``POST /v1/feedback``: one event (a JSON object) or ``{"events": [...]}``; authenticated by a
+  bearer token or an HMAC signature (see ``feedback_models``);
+- ``GET /healthz``, ``GET /metrics`` (Prometheus text format), ``GET /openapi.json`` (OpenAPI 3.1
+  generated from the pydantic models, so the document and the validation cannot drift).
+
+Guarantees:
+- 202 means stored: the answer is sent only after the broker acknowledged every event of the
+  request (the delivery report resolves a future per record; a poll thread serves the reports).
+  The producer is idempotent with acks=all, so broker-side retries never duplicate a record;
+- a retried request is stored once: feedback ids acknowledged within the idempotency window are
+  answered ``duplicate`` without writing, and a retry racing the original waits for the
+  original's delivery instead of writing again. Records are keyed by request id and carry the
+  feedback id (value and ``feedback_id`` header) so late duplicates are detectable downstream;
+- when Kafka cannot take the write (broker down, delivery timeout ``message_timeout_ms``, local
+  queue full) the answer is 503 with ``Retry-After``, naming the events that were stored anyway
+  (a retry then reports them as duplicates);
+- refusals happen before Kafka and say why: 413 body too large, 401 bad or missing credentials,
+  415 not ``application/json``, 400 not JSON, 422 invalid with each field named;
+- no request can crash the service: anything unexpected is logged and answered 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from aiohttp import web
+from confluent_kafka import KafkaError, KafkaException, Message
+
+from rlstream.producers.feedback_models import (
+    FEEDBACK_PATH,
+    IDEMPOTENCY_HEADER,
+    AcceptedResponse,
+    ErrorDetail,
+    ErrorResponse,
+    EventResult,
+    FeedbackEvent,
+    FeedbackServiceConfig,
+    RequestError,
+    authenticate,
+    openapi_document,
+    parse_events,
+    to_record,
+)
+from rlstream.producers.producer import make_producer
+from rlstream.producers.settings import KafkaSettings
+from rlstream.schemas import events, topics
+
+log = logging.getLogger(__name__)
+
+
+# --- the Kafka side -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """The broker's answer for one record: acknowledged at (partition, offset), or an error."""
+
+    ok: bool
+    partition: int = -1
+    offset: int = -1
+    error: str = ""
+
+
+class Unavailable(Exception):
+    """Kafka cannot take a record now (local queue full, producer failed)."""
+
+
+class Sink(Protocol):
+    """Where accepted records go; ``KafkaSink`` in production, a fake in unit tests."""
+
+    def submit(
+        self, topic: str, key: bytes, value: bytes, headers: list[tuple[str, bytes]]
+    ) -> asyncio.Future[Delivery]: ...
+
+    async def ready(self) -> Delivery: ...
+
+    def close(self) -> None: ...
+
+
+def _resolve(future: asyncio.Future[Delivery], result: Delivery) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+class KafkaSink:
+    """Idempotent producer whose records each resolve an asyncio future when acknowledged.
+
+    ``ready`` writes the feedback writer schema to rl.schemas (and waits for its ack) before the
+    first record, so every consumer can decode every record. A fatal producer error (possible
+    with idempotence) replaces the producer; records it had not acknowledged resolve as failed.
+    """
+
+    def __init__(self, settings: KafkaSettings, message_timeout_ms: int) -> None:
+        self._conf = {"message.timeout.ms": str(message_timeout_ms), "linger.ms": "2"}
+        self._settings = settings
+        self._producer = make_producer(settings, **self._conf)
+        self._fatal = False
+        self._announced = False
+        self._lock = asyncio.Lock()
+        store = events.default_store()
+        fingerprint, _ = store.current("feedback")
+        self._schema = (fingerprint.hex().encode(), (store.canonical(fingerprint) or "").encode())
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="feedback-kafka", daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            self._producer.poll(0.05)
+
+    def submit(
+        self, topic: str, key: bytes, value: bytes, headers: list[tuple[str, bytes]]
+    ) -> asyncio.Future[Delivery]:
+        """Queue one record; the future resolves with the broker's answer (never raises)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Delivery] = loop.create_future()
+
+        def on_delivery(err: KafkaError | None, msg: Message) -> None:
+            if err is not None and err.fatal():
+                self._fatal = True
+            if err is None:
+                result = Delivery(True, msg.partition() or 0, msg.offset() or 0)
+            else:
+                result = Delivery(False, error=err.str())
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+                loop.call_soon_threadsafe(_resolve, future, result)
+
+        if self._fatal:
+            self._replace_producer()
+        try:
+            self._producer.produce(topic, value, key, headers=headers, on_delivery=on_delivery)
+        except BufferError as exc:
+            raise Unavailable("the local produce queue is full") from exc
+        except KafkaException as exc:
+            raise Unavailable(str(exc)) from exc
+        return future
+
+    def _replace_producer(self) -> None:
+        log.error("the Kafka producer hit a fatal error; replacing it")
+        old, self._producer, self._fatal = (
+            self._producer,
+            make_producer(self._settings, **self._conf),
+            False,
+        )
+        with contextlib.suppress(KafkaException):
+            old.purge()
+            old.flush(0)
+
+    async def ready(self) -> Delivery:
+        """Make sure the feedback writer schema is in rl.schemas (once per process)."""
+        if self._announced:
+            return Delivery(True)
+        async with self._lock:
+            if self._announced:
+                return Delivery(True)
+            key, value = self._schema
+            try:
+                result = await self.submit(topics.SCHEMAS_TOPIC, key, value, [])
+            except Unavailable as exc:
+                return Delivery(False, error=str(exc))
+            self._announced = result.ok
+            return result
+
+    def close(self) -> None:
+        """Wait (bounded) for queued records, then stop the poll thread."""
+        self._producer.flush(10)
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+# --- metrics --------------------------------------------------------------------------------
+
+
+class Metrics:
+    """Counters and a latency histogram, rendered in the Prometheus text format (0.0.4)."""
+
+    BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+    PATHS = frozenset({FEEDBACK_PATH, "/healthz", "/metrics", "/openapi.json"})
+
+    def __init__(self) -> None:
+        self.requests: Counter[tuple[str, int]] = Counter()
+        self.events: Counter[str] = Counter()
+        self.bucket_counts = [0] * len(self.BUCKETS)
+        self.latency_sum, self.latency_count = 0.0, 0
+
+    def observe(self, method: str, path: str, status: int, seconds: float) -> None:
+        """Count one answered request; POST /v1/feedback latencies go to the histogram."""
+        label = path if path in self.PATHS else "other"  # bounded label values
+        self.requests[(label, status)] += 1
+        if label != FEEDBACK_PATH or method != "POST":
+            return
+        self.latency_sum += seconds
+        self.latency_count += 1
+        for i, bound in enumerate(self.BUCKETS):
+            if seconds <= bound:
+                self.bucket_counts[i] += 1
+
+    def render(self) -> str:
+        name = "rlstream_feedback"
+        lines = [
+            f"# HELP {name}_requests_total HTTP requests answered, by path and status.",
+            f"# TYPE {name}_requests_total counter",
+        ]
+        for (path, status), n in sorted(self.requests.items()):
+            lines.append(f'{name}_requests_total{{path="{path}",status="{status}"}} {n}')
+        lines += [
+            f"# HELP {name}_events_total Feedback events by outcome (stored, duplicate, failed).",
+            f"# TYPE {name}_events_total counter",
+        ]
+        for outcome in ("stored", "duplicate", "failed"):
+            lines.append(f'{name}_events_total{{outcome="{outcome}"}} {self.events[outcome]}')
+        hist = f"{name}_request_seconds"
+        lines += [
+            f"# HELP {hist} Latency of POST {FEEDBACK_PATH}, receipt to answer.",
+            f"# TYPE {hist} histogram",
+        ]
+        for bound, n in zip(self.BUCKETS, self.bucket_counts, strict=True):
+            lines.append(f'{hist}_bucket{{le="{bound}"}} {n}')
+        lines.append(f'{hist}_bucket{{le="+Inf"}} {self.latency_count}')
+        lines += [f"{hist}_sum {self.latency_sum:.6f}", f"{hist}_count {self.latency_count}"]
+        return "\n".join(lines) + "\n"
+
+
+# --- the service ----------------------------------------------------------------------------
+
+
+def _answer(status: int, body: Any, headers: Mapping[str, str] | None = None) -> web.Response:
+    payload = body.model_dump(mode="json") if hasattr(body, "model_dump") else body
+    return web.json_response(payload, status=status, headers=headers)
+
+
+def _error(status: int, error: str, message: str, **extra: Any) -> web.Response:
+    headers = extra.pop("headers", None)
+    return _answer(status, ErrorResponse(error=error, message=message, **extra), headers)
+
+
+class FeedbackService:
+    """The feedback-ingest HTTP application (see the module docstring for its guarantees)."""
+
+    def __init__(
+        self, cfg: FeedbackServiceConfig, sink: Sink, environ: Mapping[str, str] | None = None
+    ) -> None:
+        from rlstream.producers.feedback_models import IdempotencyLRU
+
+        self.cfg, self.sink = cfg, sink
+        self.topic = topics.topic_name(cfg.run, "feedback")
+        self.max_value_bytes = topics.STREAMS["feedback"].max_value_bytes
+        self.tokens = cfg.accepted_tokens(environ)
+        self.keys = {k: v.get_secret_value().encode() for k, v in cfg.hmac_keys.items()}
+        if not self.tokens and not self.keys:
+            raise ValueError(
+                "no credentials configured: give tokens, hmac_keys or $RLSTREAM_FEEDBACK_TOKENS"
+            )
+        self.salt, stable = cfg.salt(environ)
+        if not stable:
+            log.warning("no user id salt configured: user hashes will differ across restarts")
+        self.acked = IdempotencyLRU(cfg.idempotency_window_s, cfg.idempotency_max_ids)
+        self.inflight: dict[str, asyncio.Future[Delivery]] = {}
+        self.serialize = events.serializer("feedback")
+        self.metrics = Metrics()
+        self.openapi = openapi_document()
+        self.kafka_ok = True
+        self._runner: web.AppRunner | None = None
+
+    def application(self) -> web.Application:
+        # client_max_size makes aiohttp refuse a longer body while reading it (413).
+        app = web.Application(client_max_size=self.cfg.max_body_bytes, middlewares=[self._observe])
+        app.router.add_post(FEEDBACK_PATH, self._post_feedback)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/openapi.json", self._openapi)
+        return app
+
+    @web.middleware
+    async def _observe(
+        self, request: web.Request, handler: Callable[..., Any]
+    ) -> web.StreamResponse:
+        started = time.perf_counter()
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:  # routing (404, 405) and aiohttp's own refusals
+            headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
+            response = _error(
+                exc.status, exc.reason.lower().replace(" ", "_"), exc.reason, headers=headers
+            )
+        except Exception:
+            log.exception("unexpected error answering %s %s", request.method, request.path)
+            response = _error(500, "internal", "unexpected error; the event was not stored")
+        self.metrics.observe(
+            request.method, request.path, response.status, time.perf_counter() - started
+        )
+        return response
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        limit = self.cfg.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise RequestError(
+                413, ErrorResponse(error="too_large", message=f"body over {limit} bytes")
+            )
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise RequestError(
+                413, ErrorResponse(error="too_large", message=f"body over {limit} bytes")
+            ) from None
+
+    async def _post_feedback(self, request: web.Request) -> web.Response:
+        try:
+            records = await self._accept(request)
+        except RequestError as exc:
+            headers = {"WWW-Authenticate": 'Bearer realm="rlstream"'} if exc.status == 401 else None
+            return _answer(exc.status, exc.body, headers)
+        results = await self._store(records)
+        return self._stored_answer(results)
+
+    async def _accept(self, request: web.Request) -> list[tuple[str, bytes, bytes]]:
+        """Read, authenticate, parse, validate and encode: (feedback id, key, value) per event."""
+        body = await self._read_body(request)
+        why = authenticate(
+            request.headers, body, self.tokens, self.keys, time.time(), self.cfg.hmac_skew_s
+        )
+        if why is not None:
+            raise RequestError(401, ErrorResponse(error="unauthorized", message=why))
+        if request.content_type != "application/json":
+            why = f"Content-Type must be application/json, got {request.content_type!r}"
+            raise RequestError(415, ErrorResponse(error="unsupported_media_type", message=why))
+        try:
+            data = json.loads(body)
+        except (ValueError, RecursionError) as exc:
+            raise RequestError(
+                400, ErrorResponse(error="bad_json", message=str(exc)[:200])
+            ) from None
+        parsed = parse_events(
+            data, request.headers.get(IDEMPOTENCY_HEADER), self.cfg.max_batch, self.cfg.max_tokens
+        )
+        received_ms = int(time.time() * 1000)
+        prefix = "events." if "events" in data else ""
+        return [
+            self._encode(e, received_ms, f"{prefix}{i}" if prefix else "")
+            for i, e in enumerate(parsed)
+        ]
+
+    def _encode(
+        self, event: FeedbackEvent, received_ms: int, where: str
+    ) -> tuple[str, bytes, bytes]:
+        try:
+            record = to_record(event, self.cfg.run, received_ms, self.salt)
+            value = self.serialize(record, None)
+        except events.EventError as exc:  # validated models should never get here
+            detail = ErrorDetail(field=where, message=str(exc)[:300])
+            raise RequestError(422, ErrorResponse(error="validation", details=[detail])) from None
+        if len(value) > self.max_value_bytes:
+            why = f"encoded record of {len(value)} bytes exceeds {self.max_value_bytes}"
+            detail = ErrorDetail(field=where, message=why)
+            raise RequestError(413, ErrorResponse(error="too_large", message=why, details=[detail]))
+        return record["feedback_id"], topics.record_key("feedback", record), value
+
+    async def _store(self, items: list[tuple[str, bytes, bytes]]) -> list[EventResult]:
+        """Write the events not stored yet; wait for every delivery report (see guarantees)."""
+        schema = await self.sink.ready()
+        if not schema.ok:
+            self.kafka_ok = False
+            return [EventResult(feedback_id=fid, status="failed") for fid, _, _ in items]
+        waits: list[tuple[str, asyncio.Future[Delivery] | None, bool]] = []
+        for fid, key, value in items:
+            if fid in self.acked:
+                waits.append((fid, None, True))
+            elif fid in self.inflight:  # a concurrent retry, or a repeat in this batch
+                waits.append((fid, self.inflight[fid], True))
+            else:
+                waits.append((fid, self._submit(fid, key, value), False))
+        pending = [asyncio.shield(f) for _, f, _ in waits if f is not None]
+        if pending:
+            await asyncio.gather(*pending)
+        return [self._result(fid, future, dup) for fid, future, dup in waits]
+
+    def _submit(self, fid: str, key: bytes, value: bytes) -> asyncio.Future[Delivery] | None:
+        try:
+            future = self.sink.submit(self.topic, key, value, [("feedback_id", fid.encode())])
+        except Unavailable as exc:
+            log.warning("kafka refused a record: %s", exc)
+            return None
+        self.inflight[fid] = future
+        future.add_done_callback(lambda f: self._delivered(fid, f))
+        return future
+
+    def _delivered(self, fid: str, future: asyncio.Future[Delivery]) -> None:
+        # Runs whatever happens to the request (even if the client went away): an acknowledged
+        # id is remembered, so a retry is answered duplicate.
+        if self.inflight.get(fid) is future:
+            del self.inflight[fid]
+        if not future.cancelled() and future.result().ok:
+            self.acked.add(fid)
+            self.kafka_ok = True
+        else:
+            self.kafka_ok = False
+
+    def _result(self, fid: str, future: asyncio.Future[Delivery] | None, dup: bool) -> EventResult:
+        if future is None:
+            return EventResult(feedback_id=fid, status="duplicate" if dup else "failed")
+        delivery = future.result()
+        if not delivery.ok:
+            return EventResult(feedback_id=fid, status="failed")
+        if dup:
+            return EventResult(feedback_id=fid, status="duplicate")
+        return EventResult(
+            feedback_id=fid, status="stored", partition=delivery.partition, offset=delivery.offset
+        )
+
+    def _stored_answer(self, results: list[EventResult]) -> web.Response:
+        counts = Counter(r.status for r in results)
+        self.metrics.events.update(counts)
+        if counts["failed"]:
+            retry = str(self.cfg.retry_after_s)
+            message = f"Kafka did not acknowledge {counts['failed']} event(s); retry"
+            done = [r for r in results if r.status != "failed"]
+            return _error(503, "unavailable", message, results=done, headers={"Retry-After": retry})
+        body = AcceptedResponse(
+            accepted=counts["stored"],
+            duplicates=counts["duplicate"],
+            duplicate=counts["stored"] == 0,
+            results=results,
+        )
+        return _answer(202 if counts["stored"] else 200, body)
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        kafka = "ok" if self.kafka_ok else "unavailable"
+        return web.json_response(
+            {"status": "ok", "run": self.cfg.run, "topic": self.topic, "kafka": kafka}
+        )
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.metrics.render(), content_type="text/plain", charset="utf-8")
+
+    async def _openapi(self, request: web.Request) -> web.Response:
+        return web.json_response(self.openapi)
+
+    async def start(self) -> str:
+        """Listen on the configured host and port; returns the base URL (real port if 0)."""
+        self._runner = web.AppRunner(self.application(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port)
+        await site.start()
+        host, port = self._runner.addresses[0][:2]
+        return f"http://{host}:{port}"
+
+    async def stop(self) -> None:
+        """Stop listening, then flush what Kafka still holds."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+        await asyncio.get_running_loop().run_in_executor(None, self.sink.close)
+
+
+# --- running it -----------------------------------------------------------------------------
+
+
+async def _serve_until_stopped(service: FeedbackService, on_start: Callable[[str], None]) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    on_start(await service.start())
+    try:
+        await stop.wait()
+    finally:
+        await service.stop()
+
+
+def serve(
+    cfg: FeedbackServiceConfig, settings: KafkaSettings, on_start: Callable[[str], None] = print
+) -> None:
+    """Run the service until SIGTERM/SIGINT; ``on_start`` gets the base URL once listening."""
+
+    async def main() -> None:
+        service = FeedbackService(cfg, KafkaSink(settings, cfg.message_timeout_ms))
+        await _serve_until_stopped(service, on_start)
+
+    asyncio.run(main())
+
+
+@dataclass
+class RunningService:
+    """A service running in a background thread (tests, benchmarks): its URL and object."""
+
+    url: str
+    service: FeedbackService
+
+
+@contextlib.contextmanager
+def running_service(
+    cfg: FeedbackServiceConfig,
+    settings: KafkaSettings | None = None,
+    sink: Sink | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Iterator[RunningService]:
+    """Run the service on its own event loop thread; stopped (and flushed) on exit."""
+    if sink is None and settings is None:
+        raise ValueError("give settings (Kafka) or a sink")
+    started = threading.Event()
+    box: list[RunningService] = []
+    failure: list[BaseException] = []
+    loop = asyncio.new_event_loop()
+
+    def main() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            use = sink or KafkaSink(settings, cfg.message_timeout_ms)
+            service = FeedbackService(cfg, use, environ)
+            box.append(RunningService(loop.run_until_complete(service.start()), service))
+        except BaseException as exc:
+            failure.append(exc)
+            started.set()
+            return
+        started.set()
+        loop.run_forever()
+        loop.run_until_complete(service.stop())
+        loop.close()
+
+    thread = threading.Thread(target=main, name="feedback-http", daemon=True)
+    thread.start()
+    started.wait()
+    if failure:
+        raise failure[0]
+    try:
+        yield box[0]
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=30)

@@ -1,0 +1,264 @@
+"""feedback-ingest against a real broker over real HTTP on a free port.
+
+Properties: no request (fuzzed from the service's own OpenAPI document) gets a 5xx; every event
+answered ``stored`` is in the feedback topic exactly once and nothing else is; a retried request
+is stored once; unauthenticated or tampered requests get 401 and store nothing; with Kafka
+unreachable the answer is 503 with Retry-After.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from helpers import read_all
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rlstream.producers import feedback_models as fm
+from rlstream.producers.admin import ensure_run_topics
+from rlstream.producers.feedback_http import running_service
+from rlstream.producers.settings import KafkaSettings
+from rlstream.schemas import events, topics
+
+TOKEN = "it-token"
+KEY = b"it-hmac-key"
+
+
+def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, str], Any]:
+    request = urllib.request.Request(f"{url}/v1/feedback", body, headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return r.status, dict(r.headers), json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), json.loads(e.read() or b"null")
+
+
+def post_json(url: str, payload: Any, **headers: str) -> tuple[int, dict[str, str], Any]:
+    body = json.dumps(payload).encode()
+    auth = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    return post(url, body, {**auth, **headers})
+
+
+def stored_ids(kafka: KafkaSettings, run: str) -> collections.Counter[str]:
+    values = read_all(kafka, topics.topic_name(run, "feedback"))
+    return collections.Counter(events.decode(v).record["feedback_id"] for _, v, _ in values)
+
+
+def good_event(fid: str, request: str = "q1", **over: Any) -> dict[str, Any]:
+    return {
+        "feedback_id": fid,
+        "request_id": request,
+        "policy_version": 1,
+        "model": "policy",
+        "action": "accepted",
+        "token_ids": [1, 2, 3],
+        "logprobs": [-0.1, -0.2, -0.3],
+        "prompt_tokens": 1,
+        "user_id": "u1",
+        **over,
+    }
+
+
+@pytest.fixture(scope="module")
+def service(kafka: KafkaSettings) -> Iterator[tuple[str, str]]:
+    run = f"t-ingest-{uuid.uuid4().hex[:8]}"
+    ensure_run_topics(kafka, run)
+    cfg = fm.FeedbackServiceConfig(
+        run=run, port=0, tokens=[TOKEN], hmac_keys={"k1": KEY.decode()}, max_body_bytes=65536
+    )
+    with running_service(cfg, settings=kafka, environ={fm.SALT_ENV: "salt"}) as running:
+        yield running.url, run
+
+
+# --- fuzzing from the OpenAPI document -------------------------------------------------------
+
+
+def from_schema(
+    schema: dict[str, Any], defs: dict[str, Any], depth: int = 0
+) -> st.SearchStrategy[Any]:
+    """Values for the subset of JSON Schema that pydantic emits (enough to reach every field)."""
+    if "$ref" in schema:
+        return from_schema(defs[schema["$ref"].rsplit("/", 1)[1]], defs, depth)
+    for key in ("anyOf", "oneOf"):
+        if key in schema:
+            return st.one_of([from_schema(s, defs, depth) for s in schema[key]])
+    if "enum" in schema:
+        return st.sampled_from(schema["enum"])
+    if "const" in schema:
+        return st.just(schema["const"])
+    kind = schema.get("type")
+    if kind == "object":
+        return _object(schema, defs, depth)
+    if kind == "array":
+        items = from_schema(schema.get("items", {}), defs, depth + 1)
+        return st.lists(items, max_size=min(schema.get("maxItems", 6), 6))
+    if kind == "integer":
+        low, high = schema.get("minimum", -(2**40)), schema.get("maximum", 2**40)
+        return st.integers(low - 1, high + 1) | st.sampled_from([low, high])
+    if kind == "number":
+        return st.floats(allow_nan=False, allow_infinity=False, width=32) | st.just(0.0)
+    if kind == "string":
+        if "pattern" in schema:
+            return st.from_regex(schema["pattern"], fullmatch=True).filter(lambda s: len(s) <= 128)
+        return st.text(max_size=min(schema.get("maxLength", 20), 20))
+    if kind == "boolean":
+        return st.booleans()
+    if kind == "null":
+        return st.none()
+    return st.none() | st.integers() | st.text(max_size=5)
+
+
+def _object(schema: dict[str, Any], defs: dict[str, Any], depth: int) -> st.SearchStrategy[Any]:
+    props = schema.get("properties", {})
+    if not props:
+        values = from_schema(schema.get("additionalProperties") or {"type": "string"}, defs, depth)
+        return st.dictionaries(st.text(min_size=1, max_size=8), values, max_size=3)
+    required = set(schema.get("required", ()))
+    fields = {
+        name: from_schema(sub, defs, depth + 1) if depth < 4 else st.none()
+        for name, sub in props.items()
+    }
+    mandatory = st.fixed_dictionaries({k: v for k, v in fields.items() if k in required})
+    optional = st.fixed_dictionaries(
+        {}, optional={k: v for k, v in fields.items() if k not in required}
+    )
+    extra = st.dictionaries(st.sampled_from(["surprise", "x"]), st.integers(), max_size=1)
+    return st.builds(lambda a, b, c: {**a, **b, **c}, mandatory, optional, extra)
+
+
+def valid_events() -> st.SearchStrategy[dict[str, Any]]:
+    """Events that pass validation, so the fuzz also exercises the storing path."""
+
+    def build(t: int, fid: str, req: str, action: str, cls: str | None) -> dict[str, Any]:
+        event = good_event(fid, req, action=action, token_ids=list(range(t)))
+        event.update(logprobs=[-0.5] * t, prompt_tokens=min(1, t))
+        event["task_class"] = cls
+        if action == "edited":
+            event["edit"] = "fixed"
+        return event
+
+    ids = st.text("abcdef0123", min_size=1, max_size=6)
+    actions = st.sampled_from(["accepted", "rejected", "edited", "dissatisfied"])
+    return st.builds(build, st.integers(0, 20), ids, ids, actions, st.none() | st.just("tab"))
+
+
+def test_fuzzed_requests_never_5xx_and_every_stored_event_is_in_the_topic_once(
+    kafka: KafkaSettings, service: tuple[str, str]
+) -> None:
+    url, run = service
+    with urllib.request.urlopen(f"{url}/openapi.json", timeout=10) as r:
+        doc = json.loads(r.read())
+    defs = doc["components"]["schemas"]
+    body = doc["paths"]["/v1/feedback"]["post"]["requestBody"]["content"]["application/json"]
+    fuzzed = from_schema(body["schema"], defs)
+    batches = st.lists(valid_events(), min_size=1, max_size=4).map(lambda e: {"events": e})
+    stored: collections.Counter[str] = collections.Counter()
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.one_of(fuzzed, valid_events(), batches))
+    def check(payload: Any) -> None:
+        status, _, answer = post_json(url, payload)
+        assert status < 500, (status, answer)
+        assert status in (200, 202, 413, 422), (status, answer)
+        if status in (200, 202):
+            stored.update(r["feedback_id"] for r in answer["results"] if r["status"] == "stored")
+
+    check()
+    assert stored, "the fuzz never reached the storing path"
+    assert max(stored.values()) == 1  # the service never answered stored twice for one id
+    assert stored_ids(kafka, run) == stored
+
+
+# --- properties one by one ------------------------------------------------------------------
+
+
+def test_retried_and_concurrent_requests_are_stored_once(
+    kafka: KafkaSettings, service: tuple[str, str]
+) -> None:
+    url, run = service
+    fid = f"retry-{uuid.uuid4().hex[:8]}"
+    statuses = [post_json(url, good_event(fid))[0]]
+    with ThreadPoolExecutor(8) as pool:
+        statuses += list(pool.map(lambda _: post_json(url, good_event(fid))[0], range(8)))
+    header_fid = f"hdr-{uuid.uuid4().hex[:8]}"
+    event = {k: v for k, v in good_event("x").items() if k != "feedback_id"}
+    statuses += [post_json(url, event, **{"Idempotency-Key": header_fid})[0] for _ in range(2)]
+    assert statuses[0] == 202 and set(statuses[1:9]) == {200}
+    assert statuses[9:] == [202, 200]
+    ids = stored_ids(kafka, run)
+    assert ids[fid] == 1 and ids[header_fid] == 1
+
+
+def test_unauthenticated_and_tampered_requests_get_401_and_store_nothing(
+    kafka: KafkaSettings, service: tuple[str, str]
+) -> None:
+    url, run = service
+    tag = uuid.uuid4().hex[:8]
+    body = json.dumps(good_event(f"signed-{tag}")).encode()
+    typed = {"Content-Type": "application/json"}
+    ts = str(int(time.time()))
+    signature = {
+        fm.KEY_ID_HEADER: "k1",
+        fm.TIMESTAMP_HEADER: ts,
+        fm.SIGNATURE_HEADER: fm.sign(KEY, ts, body),
+    }
+    tampered = body.replace(b'"accepted"', b'"rejected"')
+    old_ts = str(int(time.time()) - 3600)
+    replayed = {
+        **signature,
+        fm.TIMESTAMP_HEADER: old_ts,
+        fm.SIGNATURE_HEADER: fm.sign(KEY, old_ts, body),
+    }
+    refused = [
+        post(url, json.dumps(good_event(f"none-{tag}")).encode(), typed),
+        post(
+            url,
+            json.dumps(good_event(f"bad-{tag}")).encode(),
+            {**typed, "Authorization": "Bearer nope"},
+        ),
+        post(url, tampered, {**typed, **signature}),
+        post(url, body, {**typed, **signature, fm.SIGNATURE_HEADER: "sha256=" + "0" * 64}),
+        post(url, body, {**typed, **replayed}),
+    ]
+    assert [status for status, _, _ in refused] == [401] * 5
+    assert all(answer["error"] == "unauthorized" for _, _, answer in refused)
+    assert post(url, body, {**typed, **signature})[0] == 202
+    ids = stored_ids(kafka, run)
+    assert ids[f"signed-{tag}"] == 1
+    assert not [i for i in ids if i in (f"none-{tag}", f"bad-{tag}")]
+
+
+def test_health_metrics_and_size_limits(service: tuple[str, str]) -> None:
+    url, _ = service
+    with urllib.request.urlopen(f"{url}/healthz", timeout=10) as r:
+        assert json.loads(r.read())["status"] == "ok"
+    status, _, answer = post_json(url, good_event("big", completion="x" * 70_000))
+    assert status == 413 and answer["error"] == "too_large"
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    assert 'rlstream_feedback_requests_total{path="/v1/feedback",status="413"}' in text
+    assert "rlstream_feedback_request_seconds_bucket" in text
+
+
+def test_kafka_unreachable_answers_503_with_retry_after() -> None:
+    dead = KafkaSettings(bootstrap_servers="127.0.0.1:1")
+    cfg = fm.FeedbackServiceConfig(
+        run="t-dead", port=0, tokens=[TOKEN], message_timeout_ms=1000, retry_after_s=3
+    )
+    with running_service(cfg, settings=dead, environ={fm.SALT_ENV: "s"}) as running:
+        started = time.monotonic()
+        status, headers, answer = post_json(running.url, good_event("lost"))
+        assert time.monotonic() - started < 10
+        with urllib.request.urlopen(f"{running.url}/healthz", timeout=10) as r:
+            health = json.loads(r.read())
+    assert status == 503 and headers.get("Retry-After") == "3"
+    assert answer["error"] == "unavailable" and health["kafka"] == "unavailable"

@@ -1,0 +1,420 @@
+"""Feedback ingestion and feedback-rl rules without a broker: validation, authentication,
+idempotency, user hashing, the HTTP answers (with an in-memory sink), windows and baselines."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from rlstream.consumers.feedback_rules import (
+    FeedbackRLConfig,
+    Item,
+    RunningMean,
+    group_sizes,
+    online_quota,
+    untrainable,
+    update_baseline,
+    window_decisions,
+)
+from rlstream.producers import feedback_models as fm
+from rlstream.producers.feedback_http import Delivery, FeedbackService, Unavailable
+from rlstream.schemas import arrays, events
+
+
+def event(**over: Any) -> dict[str, Any]:
+    base = {
+        "feedback_id": "fb-1",
+        "request_id": "req-1",
+        "policy_version": 3,
+        "model": "policy",
+        "action": "accepted",
+        "token_ids": [5, 6, 7, 8],
+        "logprobs": [-0.5, -0.25, -1.0, -2.0],
+        "prompt_tokens": 2,
+        "task_class": "tab",
+        "user_id": "alice@example.com",
+    }
+    base.update(over)
+    return {k: v for k, v in base.items() if v is not None}
+
+
+def problems(body: Any, header: str | None = None, max_batch: int = 10) -> list[tuple[str, str]]:
+    with pytest.raises(fm.RequestError) as info:
+        fm.parse_events(body, header, max_batch, max_tokens=100)
+    assert info.value.status == 422
+    return [(d.field, d.message) for d in info.value.body.details]
+
+
+# --- validation -----------------------------------------------------------------------------
+
+
+def test_a_valid_event_becomes_a_valid_feedback_record_with_the_user_hashed() -> None:
+    [parsed] = fm.parse_events(event(), None, 10, 100)
+    record = fm.to_record(parsed, "r1", 1234, b"salt")
+    events.validate("feedback", record)
+    assert record["user_id_hash"] == fm.hash_user("alice@example.com", b"salt")
+    assert "alice" not in json.dumps({k: v for k, v in record.items() if isinstance(v, str)})
+    tokens = arrays.unpack_tokens(record)
+    assert tokens.token_ids.tolist() == [5, 6, 7, 8]
+    assert tokens.loss_mask.tolist() == [0, 0, 1, 1]  # derived from prompt_tokens
+    assert fm.hash_user("alice@example.com", b"other") != record["user_id_hash"]
+
+
+def test_errors_name_the_field_and_why() -> None:
+    assert problems(event(action="liked"))[0][0] == "action"
+    assert problems({"events": [event(), event(action="x")]})[0][0] == "events.1.action"
+    assert problems(event(surprise=1)) == [("surprise", "Extra inputs are not permitted")]
+    assert problems(event(token_ids=[1, -1, 2, 3]))[0][0] == "token_ids.1"
+    assert problems(event(token_ids=[1, 2**31, 2, 3]))[0][0] == "token_ids.1"
+    assert problems(event(token_ids=[1, True, 2, 3]))[0][0] == "token_ids.1"
+    assert problems(event(logprobs=[-1.0, -1.0]))[0] == (
+        "logprobs",
+        "Value error, has 2 entries, token_ids has 4",
+    )
+    assert problems(event(logprobs=None))[0][0] == "logprobs"
+    assert problems(event(logprobs=[0.5, 0, 0, 0]))[0][0] == "logprobs.0"
+    assert problems(event(loss_mask=[0, 1, 2, 1]))[0][0] == "loss_mask.2"
+    assert problems(event(token_ids=None, logprobs=[-1.0], prompt_tokens=None))[0][0] == "logprobs"
+    assert problems(event(prompt_tokens=9))[0][0] == "prompt_tokens"
+    assert problems(event(prompt_tokens=None))[0][0] == "prompt_tokens"  # mask unknowable
+    ragged = [[[1, 2]], [[1]], [[3, 4]], [[5, 6]]]
+    assert problems(event(routed_experts=ragged))[0][0] == "routed_experts"
+    assert problems(event(routed_experts=[[[1, 256]]] * 4))[0][0] == "routed_experts.0.0.1"
+
+
+def test_edit_is_required_exactly_when_the_action_is_edited() -> None:
+    assert problems(event(action="edited"))[0][0] == "edit"
+    assert problems(event(edit="x"))[0][0] == "edit"
+    assert fm.parse_events(event(action="edited", edit="better"), None, 10, 100)[0].edit == "better"
+
+
+def test_batches_sizes_and_idempotency_keys() -> None:
+    assert problems([event()]) == [("", "expected a JSON object")]
+    assert problems({"events": []})[0][0] == "events"
+    assert problems({"events": [event(feedback_id=f"f{i}") for i in range(11)]})[0][0] == "events"
+    assert problems({"events": [event(feedback_id=None)]})[0][0] == "events.0.feedback_id"
+    assert problems(event(feedback_id=None))[0][0] == "feedback_id"
+    assert problems(event(token_ids=list(range(101)), logprobs=[-1.0] * 101))[0][0] == "token_ids"
+    assert fm.parse_events(event(feedback_id=None), "key-9", 10, 100)[0].feedback_id == "key-9"
+    assert problems(event(), header="other")[0][0] == "feedback_id"  # disagrees with the body
+    assert problems(event(feedback_id=None), header="bad key!")[0][0] == "header Idempotency-Key"
+
+
+def test_config_tokens_come_from_config_and_environment() -> None:
+    cfg = fm.FeedbackServiceConfig(run="r1", tokens=["s3cret"])
+    assert cfg.accepted_tokens({fm.TOKENS_ENV: " b, ,c"}) == [b"s3cret", b"b", b"c"]
+    assert "s3cret" not in repr(cfg)  # secrets never print
+    with pytest.raises(ValueError):
+        fm.FeedbackServiceConfig(run="r1", surprise=1)
+    with pytest.raises(ValueError):
+        fm.FeedbackServiceConfig(run="bad.run")
+    assert cfg.salt({fm.SALT_ENV: "s"}) == (b"s", True)
+    assert cfg.salt({})[1] is False
+
+
+# --- authentication -------------------------------------------------------------------------
+
+
+def signed(body: bytes, key: bytes = b"k1-secret", ts: float | None = None) -> dict[str, str]:
+    stamp = str(int(time.time() if ts is None else ts))
+    return {
+        fm.KEY_ID_HEADER: "k1",
+        fm.TIMESTAMP_HEADER: stamp,
+        fm.SIGNATURE_HEADER: fm.sign(key, stamp, body),
+    }
+
+
+def test_hmac_signature_covers_body_and_timestamp() -> None:
+    keys, body, now = {"k1": b"k1-secret"}, b'{"a": 1}', time.time()
+    assert fm.check_signature(signed(body), body, keys, now, 300) is None
+    assert fm.check_signature(signed(body), body + b" ", keys, now, 300) == "bad signature"
+    assert fm.check_signature(signed(body, b"wrong"), body, keys, now, 300) == "bad signature"
+    old = signed(body, ts=now - 301)
+    assert fm.check_signature(old, body, keys, now, 300) == "timestamp outside the allowed skew"
+    moved = {**signed(body), fm.TIMESTAMP_HEADER: str(int(now) + 1)}  # replayed with a new time
+    assert fm.check_signature(moved, body, keys, now, 300) == "bad signature"
+    assert fm.check_signature({**signed(body), fm.KEY_ID_HEADER: "k2"}, body, keys, now, 300)
+    assert fm.check_signature({}, body, keys, now, 300) == "missing credentials"
+
+
+def test_bearer_or_signature_authenticates() -> None:
+    tokens, keys, now = [b"tok"], {"k1": b"k1-secret"}, time.time()
+    assert fm.authenticate({"Authorization": "Bearer tok"}, b"", tokens, keys, now, 300) is None
+    assert fm.authenticate({"Authorization": "bearer tok"}, b"", tokens, keys, now, 300) is None
+    assert fm.authenticate({"Authorization": "Bearer tok2"}, b"", tokens, keys, now, 300)
+    assert fm.authenticate({"Authorization": "Basic tok"}, b"", tokens, keys, now, 300)
+    assert fm.authenticate({}, b"", tokens, keys, now, 300) == "missing credentials"
+    assert fm.authenticate(signed(b"x"), b"x", tokens, keys, now, 300) is None
+    assert not fm.check_bearer("Bearer tok", [])
+
+
+# --- idempotency ----------------------------------------------------------------------------
+
+
+def test_idempotency_lru_forgets_after_the_window_and_past_its_size() -> None:
+    now = [0.0]
+    lru = fm.IdempotencyLRU(window_s=10, max_ids=3, clock=lambda: now[0])
+    lru.add("a")
+    now[0] = 5
+    lru.add("b")
+    assert "a" in lru and "b" in lru and "c" not in lru
+    now[0] = 10.5
+    assert "a" not in lru and "b" in lru  # a is older than the window
+    for name in "cde":
+        lru.add(name)
+    assert len(lru) == 3 and "b" not in lru and "e" in lru  # bounded: the oldest went
+
+
+# --- the HTTP service with an in-memory sink ------------------------------------------------
+
+
+class MemorySink:
+    """Acknowledges after a short delay, or fails every record when ``down``."""
+
+    def __init__(self) -> None:
+        self.records: list[bytes] = []
+        self.down = False
+
+    def submit(
+        self, topic: str, key: bytes, value: bytes, headers: Any
+    ) -> asyncio.Future[Delivery]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Delivery] = loop.create_future()
+        if self.down:
+            loop.call_later(0.01, future.set_result, Delivery(False, error="broker down"))
+        else:
+            self.records.append(value)
+            loop.call_later(0.01, future.set_result, Delivery(True, 0, len(self.records) - 1))
+        return future
+
+    async def ready(self) -> Delivery:
+        return Delivery(True)
+
+    def close(self) -> None:
+        pass
+
+
+def http(calls: Any, sink: MemorySink | None = None) -> tuple[list[Any], MemorySink]:
+    sink = sink or MemorySink()
+    cfg = fm.FeedbackServiceConfig(run="r1", tokens=["tok"], max_body_bytes=4096, retry_after_s=7)
+
+    async def main() -> list[Any]:
+        service = FeedbackService(cfg, sink, environ={fm.SALT_ENV: "s"})
+        async with TestClient(TestServer(service.application())) as client:
+            return await calls(client)
+
+    return asyncio.run(main()), sink
+
+
+AUTH = {"Authorization": "Bearer tok"}
+
+
+def test_http_answers_for_each_kind_of_refusal() -> None:
+    async def calls(c: TestClient) -> list[Any]:
+        out = []
+        for kwargs in (
+            {"json": event()},
+            {"json": event(feedback_id="fb-2", action="x"), "headers": AUTH},
+            {"data": b"{nope", "headers": {**AUTH, "Content-Type": "application/json"}},
+            {"data": b"{}", "headers": {**AUTH, "Content-Type": "text/plain"}},
+            {"data": b"[" * 5000, "headers": {**AUTH, "Content-Type": "application/json"}},
+            {
+                "data": b"[" * 2000 + b"]" * 2000,
+                "headers": {**AUTH, "Content-Type": "application/json"},
+            },
+        ):
+            r = await c.post("/v1/feedback", **kwargs)
+            out.append((r.status, await r.json()))
+        return out
+
+    (unauth, invalid, bad_json, media, too_big, deep), sink = http(calls)
+    assert unauth[0] == 401 and invalid[0] == 422 and bad_json[0] == 400 and media[0] == 415
+    assert too_big[0] == 413 and deep[0] == 400  # deep nesting is bad JSON, not a crash
+    assert invalid[1]["details"][0]["field"] == "action"
+    assert sink.records == []
+
+
+def test_http_stores_once_and_answers_duplicates() -> None:
+    async def calls(c: TestClient) -> list[Any]:
+        first = await c.post("/v1/feedback", json=event(), headers=AUTH)
+        concurrent = await asyncio.gather(
+            *[
+                c.post("/v1/feedback", json=event(feedback_id="fb-2"), headers=AUTH)
+                for _ in range(5)
+            ]
+        )
+        again = await c.post("/v1/feedback", json=event(), headers=AUTH)
+        batch = {"events": [event(), event(feedback_id="fb-3"), event(feedback_id="fb-3")]}
+        mixed = await c.post("/v1/feedback", json=batch, headers=AUTH)
+        metrics = await (await c.get("/metrics")).text()
+        responses = [first, *concurrent, again, mixed]
+        return [(r.status, await r.json()) for r in responses] + [metrics]
+
+    (*answers, metrics), sink = http(calls)
+    assert answers[0][0] == 202 and answers[0][1]["results"][0]["status"] == "stored"
+    assert sorted(a[0] for a in answers[1:6]) == [200, 200, 200, 200, 202]
+    assert answers[6] == (200, {**answers[6][1], "duplicate": True})
+    statuses = [r["status"] for r in answers[7][1]["results"]]
+    assert answers[7][0] == 202 and statuses == ["duplicate", "stored", "duplicate"]
+    stored = [events.decode(v).record["feedback_id"] for v in sink.records]
+    assert sorted(stored) == ["fb-1", "fb-2", "fb-3"]
+    assert 'rlstream_feedback_events_total{outcome="stored"} 3' in metrics
+    assert "rlstream_feedback_request_seconds_count 8" in metrics
+
+
+def test_http_answers_503_with_retry_after_when_kafka_fails() -> None:
+    sink = MemorySink()
+    sink.down = True
+
+    async def calls(c: TestClient) -> list[Any]:
+        r = await c.post("/v1/feedback", json=event(), headers=AUTH)
+        sink.down = False
+        again = await c.post("/v1/feedback", json=event(), headers=AUTH)
+        return [(r.status, r.headers.get("Retry-After")), again.status]
+
+    [(status, retry), again], _ = http(calls, sink)
+    assert (status, retry, again) == (503, "7", 202)  # the failed id was not remembered
+
+
+def test_http_survives_a_sink_that_refuses_at_once() -> None:
+    class Full(MemorySink):
+        def submit(self, *args: Any) -> asyncio.Future[Delivery]:
+            raise Unavailable("queue full")
+
+    async def calls(c: TestClient) -> list[Any]:
+        r = await c.post("/v1/feedback", json=event(), headers=AUTH)
+        return [r.status, (await c.get("/healthz")).status]
+
+    assert http(calls, Full())[0] == [503, 200]
+
+
+def test_openapi_document_is_generated_from_the_models() -> None:
+    doc = fm.openapi_document()
+    assert doc["openapi"].startswith("3.")
+    schemas = doc["components"]["schemas"]
+    assert schemas["FeedbackEvent"]["additionalProperties"] is False
+    assert set(schemas["FeedbackEvent"]["required"]) >= {"request_id", "action", "user_id"}
+    assert set(doc["paths"]["/v1/feedback"]["post"]["responses"]) >= {"202", "401", "422", "503"}
+
+
+def test_serve_command_reads_config_table_and_flags(tmp_path: Any) -> None:
+    from rlstream.ops import cmd_serve
+
+    path = tmp_path / "svc.toml"
+    path.write_text('[serve.feedback]\nport = 9000\ntokens = ["x"]\nmax_batch = 7\n')
+    parser = argparse.ArgumentParser()
+    cmd_serve.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(
+        ["serve", "feedback", "--run", "r9", "--config", str(path), "--port", "0"]
+    )
+    cfg = cmd_serve.feedback_service_config(args)
+    assert (cfg.run, cfg.port, cfg.max_batch) == ("r9", 0, 7)
+
+
+# --- feedback-rl rules ----------------------------------------------------------------------
+
+
+def feedback(i: int, action: str = "accepted", version: int = 5, **over: Any) -> Item:
+    fields = arrays.pack_tokens(np.arange(6) + i, np.full(6, -0.5), np.array([0, 0, 1, 1, 1, 1]))
+    rec = {
+        "feedback_id": f"f{i}",
+        "request_id": f"r{i}",
+        "model": "policy",
+        "policy_version": version,
+        "action": action,
+        "task_class": "tab",
+        "prompt_tokens": 2,
+        **fields,
+        **over,
+    }
+    return Item(rec, {"topic": "rl.r.feedback", "partition": 0, "offset": i})
+
+
+def test_baseline_is_a_running_mean_then_an_exponential_average() -> None:
+    mean = update_baseline(RunningMean(), [1.0, -1.0, 1.0, 1.0], alpha=0.1)
+    assert mean == RunningMean(0.5, 4)
+    later = update_baseline(RunningMean(0.0, 100), [1.0], alpha=0.1)
+    assert later.value == pytest.approx(0.1)
+
+
+def test_group_sizes_cover_the_samples_within_bounds() -> None:
+    assert group_sizes(1, 2, 4) == [] and group_sizes(4, 2, 4) == [4]
+    assert group_sizes(9, 2, 4) == [3, 3, 3]
+    assert group_sizes(33, 30, 32) == [32]  # the 1 left over is rejected as incomplete
+    for n in range(2, 60):
+        sizes = group_sizes(n, 2, 8)
+        assert sum(sizes) == n and all(2 <= s <= 8 for s in sizes)
+
+
+def test_window_admits_online_groups_with_baselined_rewards() -> None:
+    cfg = FeedbackRLConfig(min_group_size=2, max_group_size=8)
+    items = [feedback(0), feedback(1, "rejected"), feedback(2, "edited")]
+    baselines = {"tab": RunningMean(0.25, 10)}
+    decisions, after = window_decisions(items, "w", 5, baselines, cfg, "r", 1000)
+    [group] = decisions
+    assert (group["decision"], group["source"], group["task_class"]) == (
+        "admitted",
+        "online",
+        "tab",
+    )
+    assert [s["reward"] for s in group["samples"]] == pytest.approx([0.75, -1.25, 0.05])
+    assert [s["rewards"]["feedback"] for s in group["samples"]] == [1.0, -1.0, 0.3]
+    assert [i["offset"] for i in group["inputs"]] == [0, 1, 2]
+    events.validate("admission", group)
+    assert after["tab"].count == 13 and baselines["tab"].count == 10  # input untouched
+
+
+def test_window_rejects_stale_untrainable_and_lonely_feedback_with_reasons() -> None:
+    cfg = FeedbackRLConfig(max_staleness=2, reject_no_signal=True)
+    items = [
+        feedback(0, version=1),  # staleness 4
+        feedback(1, token_ids=None, logprobs=None, loss_mask=None),
+        feedback(2, model="other"),
+        feedback(3, task_class="chat"),
+        feedback(4, task_class="agent"),
+        feedback(5, task_class="agent"),
+    ]
+    decisions, _ = window_decisions(items, "w", 5, {}, cfg, "r", 1000)
+    by_group = {d["group_id"].split("/", 2)[2]: d for d in decisions}
+    assert by_group["tab/stale"]["reason"] == "stale"
+    assert by_group["tab/stale"]["staleness"] == 4
+    untrainable_ = by_group["tab/untrainable"]
+    assert untrainable_["reason"] == "other" and len(untrainable_["inputs"]) == 2
+    assert by_group["chat/incomplete"]["reason"] == "incomplete"
+    assert by_group["agent/0"]["reason"] == "no_signal"  # both accepted: zero advantage
+    for d in decisions:
+        events.validate("admission", d)
+    reflected = sorted(i["offset"] for d in decisions for i in d["inputs"])
+    assert reflected == [0, 1, 2, 3, 4, 5]  # every input decided exactly once
+
+
+def test_untrainable_reasons() -> None:
+    assert untrainable(feedback(0).record, "policy") is None
+    ref = {"topic": "t", "partition": 0, "offset": 1}
+    no_tokens = feedback(0, token_ids=None, trajectory_ref=ref).record
+    assert "trajectory_ref" in str(untrainable(no_tokens, "policy"))
+    broken = feedback(0, logprobs=b"\x00" * 8).record
+    assert "disagree" in str(untrainable(broken, "policy"))
+
+
+def test_online_quota_mixes_n_per_m() -> None:
+    assert online_quota(8, 1, 4) == 2 and online_quota(3, 1, 4) == 0
+    assert online_quota(100, 1, 0) is None
+
+
+def test_role_config_from_recipe_table_and_overrides(tmp_path: Any) -> None:
+    from rlstream.ops.role_feedback import feedback_config
+
+    path = tmp_path / "run.toml"
+    path.write_text('model = "m"\nmax_staleness = 3\n[feedback_rl]\nwindow_size = 5\n')
+    cfg = feedback_config(str(path), ["feedback_rl.rewards.edited=0.5"])
+    assert (cfg.model, cfg.max_staleness, cfg.window_size) == ("m", 3, 5)
+    assert cfg.rewards.edited == 0.5
+    assert feedback_config(None, ["feedback_rl.max_staleness=1"]).max_staleness == 1
