@@ -201,8 +201,8 @@ def decided_groups(settings: KafkaSettings, run: str, partitions: set[int]) -> s
             if msg is None:
                 idle += 1
                 continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
+            if (err := msg.error()) is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
                     open_parts.discard((msg.topic(), msg.partition()))
                 continue
             decided.add((msg.key() or b"").decode())

@@ -156,8 +156,9 @@ def next_offsets(records: Iterable[Record]) -> list[TopicPartition]:
     """The offset to resume from, per partition: one past the last record seen."""
     last: dict[tuple[str, int], int] = {}
     for rec in records:
-        tp = (rec.message.topic(), rec.message.partition())
-        last[tp] = max(last.get(tp, -1), rec.message.offset())
+        msg = rec.message
+        tp = (str(msg.topic()), int(msg.partition() or 0))
+        last[tp] = max(last.get(tp, -1), int(msg.offset() or 0))
     return [TopicPartition(t, p, o + 1) for (t, p), o in last.items()]
 
 
@@ -194,8 +195,8 @@ def load_schema_topic(
             msg = consumer.poll(timeout)
             if msg is None:
                 break
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
+            if (err := msg.error()) is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
                     pending.discard(msg.partition())
                 continue
             if msg.value() is not None:

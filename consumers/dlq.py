@@ -29,7 +29,7 @@ def dead_letter(msg: Message, reason: str, error: str, group: str = "") -> dict[
         "offset": msg.offset(),
         "key": msg.key(),
         "value": msg.value() or b"",
-        "headers": [{"key": k, "value": v} for k, v in (msg.headers() or [])],
+        "headers": [{"key": h[0], "value": h[1]} for h in (msg.headers() or [])],
         "timestamp_ms": None if kind == TIMESTAMP_NOT_AVAILABLE else stamp,
         "reason": reason,
         "error": error[:4000],

@@ -85,8 +85,8 @@ def _drain(
                 return
             continue
         last = time.monotonic()
-        if msg.error():
-            if msg.error().code() == KafkaError._PARTITION_EOF:
+        if (err := msg.error()) is not None:
+            if err.code() == KafkaError._PARTITION_EOF:
                 open_parts.discard(msg.partition())
             continue
         seen += 1

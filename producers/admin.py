@@ -104,7 +104,7 @@ def group_lag(admin: AdminClient, group: str, timeout: float = 10.0) -> dict[str
     committed = result[group].result().topic_partitions or []
     if not committed:
         return {}
-    from confluent_kafka import OffsetSpec
+    from confluent_kafka.admin import OffsetSpec
 
     ends = admin.list_offsets(
         {TopicPartition(tp.topic, tp.partition): OffsetSpec.latest() for tp in committed},
