@@ -31,6 +31,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
 
+import numpy as np
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -449,9 +450,9 @@ def hash_user(user_id: str, salt: bytes) -> str:
 def _token_fields(event: FeedbackEvent) -> dict[str, Any]:
     if event.token_ids is None:
         return {}
-    mask = event.loss_mask
-    if mask is None:  # the validator guarantees prompt_tokens then
-        mask = [int(i >= (event.prompt_tokens or 0)) for i in range(len(event.token_ids))]
+    mask: Any = event.loss_mask
+    if mask is None:  # the validator guarantees prompt_tokens then: completion tokens are trained
+        mask = np.arange(len(event.token_ids)) >= (event.prompt_tokens or 0)
     experts = event.routed_experts if event.routed_experts else None
     return arrays.pack_tokens(event.token_ids, event.logprobs or [], mask, experts)
 

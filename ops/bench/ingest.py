@@ -1,0 +1,250 @@
+"""``rlstream bench ingest``: feedback events through the real HTTP service and Kafka, against a
+bare aiohttp endpoint that answers 202 without Kafka, on the same machine in the same run.
+
+Both servers run as child processes (tracked by pid, stopped with SIGTERM) with the same aiohttp
+stack; one load generator (aiohttp client, 127.0.0.1 only, ``--concurrency`` requests in flight,
+bounded by ``--seconds`` and ``--max-requests``) drives each in turn, alternating repetitions so
+machine noise hits both alike. The service does everything it does in production: bearer auth,
+validation, user hashing, Avro encoding, an idempotent acks=all write, and it answers 202 only
+after the broker acknowledged. Requests/s count 202 answers; latencies are of 202 answers, under
+the sustained load (the ``light_*`` figures: one request in flight). ratio = median service
+requests/s over median bare requests/s. After the run the feedback topic must hold exactly as
+many records as 202 answers (``stored_check``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any
+
+from rlstream.ops.bench.common import bench_kafka, emit, median, percentile, progress
+
+TOKEN = "bench-token"
+
+
+def register_bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("ingest", help="feedback over HTTP into Kafka vs a bare 202 endpoint")
+    p.add_argument("--seconds", type=float, default=5.0, help="load per repetition and server")
+    p.add_argument("--concurrency", type=int, default=16, help="requests in flight")
+    p.add_argument("--max-requests", type=int, default=200_000, help="cap per repetition")
+    p.add_argument("--tokens", type=int, default=256, help="tokens per feedback event")
+    p.add_argument("--reps", type=int, default=2, help="repetitions of each server")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--bootstrap", default=None)
+    p.add_argument("--home", default=None)
+    p.set_defaults(func=_main)
+
+
+# --- servers (child processes) --------------------------------------------------------------
+
+
+def _bare_server() -> None:
+    from aiohttp import web
+
+    async def handle(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response({"accepted": 1, "duplicate": False}, status=202)
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/v1/feedback", handle)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        print(f"http://{host}:{port}", flush=True)
+        await asyncio.Event().wait()  # until SIGTERM ends the process
+
+    asyncio.run(main())
+
+
+def _feedback_server(run: str, bootstrap: str) -> None:
+    from rlstream.producers.feedback_http import serve
+    from rlstream.producers.feedback_models import FeedbackServiceConfig
+    from rlstream.producers.settings import KafkaSettings
+
+    cfg = FeedbackServiceConfig(run=run, port=0, tokens=[TOKEN], user_id_salt="bench")
+    settings = KafkaSettings(bootstrap_servers=bootstrap)
+    serve(cfg, settings, on_start=lambda url: print(url, flush=True))
+
+
+def _start(call: str) -> tuple[subprocess.Popen[str], str]:
+    """Start ``call`` (a function of this module) in a child process; returns it and its URL."""
+    code = f"from rlstream.ops.bench import ingest; ingest.{call}"
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    url = process.stdout.readline().strip()  # the child prints its URL once listening
+    if not url.startswith("http://"):
+        process.terminate()
+        process.wait(30)
+        raise RuntimeError(f"{call} did not start (exit code {process.poll()})")
+    return process, url
+
+
+# --- load -----------------------------------------------------------------------------------
+
+
+def _template(tokens: int) -> str:
+    event = {
+        "feedback_id": "__FID__",
+        "request_id": "__FID__",
+        "policy_version": 1,
+        "model": "policy",
+        "action": "accepted",
+        "token_ids": [(i * 7919) % 50_000 for i in range(tokens)],
+        "logprobs": [-0.5] * tokens,
+        "prompt_tokens": tokens // 2,
+        "task_class": "tab",
+        "user_id": "bench-user",
+    }
+    return json.dumps(event)
+
+
+async def _load(
+    url: str, template: str, concurrency: int, seconds: float, cap: int, tag: str
+) -> dict[str, Any]:
+    import aiohttp
+
+    latencies: list[float] = []
+    counts = {"sent": 0, "errors": 0}
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    deadline = time.perf_counter() + seconds
+
+    async def worker(session: aiohttp.ClientSession, w: int) -> None:
+        i = 0
+        while time.perf_counter() < deadline and counts["sent"] < cap:
+            counts["sent"] += 1
+            body = template.replace("__FID__", f"{tag}-{w}-{i}").encode()
+            i += 1
+            started = time.perf_counter()
+            async with session.post(f"{url}/v1/feedback", data=body, headers=headers) as r:
+                await r.read()
+                if r.status == 202:
+                    latencies.append(time.perf_counter() - started)
+                else:
+                    counts["errors"] += 1
+
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    began = time.perf_counter()
+    async with aiohttp.ClientSession(connector=connector, trust_env=False) as session:
+        await asyncio.gather(*(worker(session, w) for w in range(concurrency)))
+    elapsed = time.perf_counter() - began
+    return {
+        "accepted": len(latencies),
+        "errors": counts["errors"],
+        "requests_per_s": len(latencies) / elapsed,
+        "p50_ms": percentile(latencies, 50) * 1e3,
+        "p99_ms": percentile(latencies, 99) * 1e3,
+    }
+
+
+def _stored(settings: Any, topic: str) -> int:
+    """Records in ``topic``: the sum of its partitions' end offsets (no transactions there)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**settings.librdkafka(), "group.id": "rlstream.bench-ingest"})
+    try:
+        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        return sum(
+            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts
+        )
+    finally:
+        consumer.close()
+
+
+def _measure(args: argparse.Namespace, urls: dict[str, str]) -> dict[str, list[dict[str, Any]]]:
+    template = _template(args.tokens)
+    runs: dict[str, list[dict[str, Any]]] = {
+        "bare": [],
+        "service": [],
+        "light": [],
+        "light_bare": [],
+    }
+    for name, url in urls.items():  # warm-up: connections, the service's schema announcement
+        asyncio.run(_load(url, template, 2, 0.5, 50, f"warm-{name}"))
+    for rep in range(args.reps):
+        for name, url in urls.items():
+            result = asyncio.run(
+                _load(url, template, args.concurrency, args.seconds, args.max_requests, f"r{rep}")
+            )
+            runs[name].append(result)
+            progress(
+                f"rep {rep + 1}/{args.reps} {name:8s} {result['requests_per_s']:8.1f} req/s "
+                f"p50 {result['p50_ms']:6.1f} ms p99 {result['p99_ms']:6.1f} ms"
+            )
+    for name, key in (("service", "light"), ("bare", "light_bare")):
+        runs[key].append(asyncio.run(_load(urls[name], template, 1, 1.0, 10_000, f"l-{name}")))
+    return runs
+
+
+def _main(args: argparse.Namespace) -> int:
+    from rlstream.producers.admin import admin_client, ensure_run_topics
+    from rlstream.schemas import topics
+
+    with bench_kafka(args) as settings:
+        run = f"bench-ingest-{uuid.uuid4().hex[:8]}"
+        ensure_run_topics(settings, run)
+        topic = topics.topic_name(run, "feedback")
+        bare, bare_url = _start("_bare_server()")
+        service, service_url = _start(f"_feedback_server({run!r}, {settings.bootstrap_servers!r})")
+        progress(f"bare endpoint {bare_url}, feedback service {service_url} (run {run})")
+        try:
+            runs = _measure(args, {"bare": bare_url, "service": service_url})
+        finally:
+            for process in (bare, service):
+                process.terminate()  # SIGTERM to the pid we started; the service flushes
+                process.wait(30)
+        stored = _stored(settings, topic)
+        admin_client(settings).delete_topics(list(topics.run_topics(run).values()))
+    return _report(args, runs, stored)
+
+
+def _report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], stored: int) -> int:
+    def med(name: str, key: str) -> float:
+        return median([r[key] for r in runs[name]])
+
+    accepted = sum(r["accepted"] for name in ("service", "light") for r in runs[name])
+    warmup_max = 50  # at most this many warm-up requests were stored
+    errors = sum(r["errors"] for v in runs.values() for r in v)
+    result = {
+        "bench": "ingest",
+        "requests_per_s": med("service", "requests_per_s"),
+        "p50_ms": med("service", "p50_ms"),
+        "p99_ms": med("service", "p99_ms"),
+        "baseline_requests_per_s": med("bare", "requests_per_s"),
+        "baseline_p50_ms": med("bare", "p50_ms"),
+        "baseline_p99_ms": med("bare", "p99_ms"),
+        "ratio": med("service", "requests_per_s") / med("bare", "requests_per_s"),
+        "light_p50_ms": med("light", "p50_ms"),
+        "light_baseline_p50_ms": med("light_bare", "p50_ms"),
+        "errors": errors,
+        "accepted": accepted,
+        "stored": stored,
+        # 202s are all stored; warm-up requests and 503s (if any) may add a few more
+        "stored_check": accepted <= stored <= accepted + warmup_max + errors,
+        "concurrency": args.concurrency,
+        "seconds": args.seconds,
+        "tokens": args.tokens,
+        "reps": args.reps,
+    }
+    lines = [
+        f"feedback service: {result['requests_per_s']:.0f} req/s, p50 {result['p50_ms']:.1f} ms, "
+        f"p99 {result['p99_ms']:.1f} ms (concurrency {args.concurrency}, {args.tokens} tokens, "
+        f"median of {args.reps})",
+        f"bare 202 endpoint: {result['baseline_requests_per_s']:.0f} req/s, "
+        f"p50 {result['baseline_p50_ms']:.1f} ms, p99 {result['baseline_p99_ms']:.1f} ms",
+        f"ratio service/bare: {result['ratio']:.3f}",
+        f"one in flight: service p50 {result['light_p50_ms']:.1f} ms, "
+        f"bare p50 {result['light_baseline_p50_ms']:.1f} ms",
+        f"stored {stored} records for {accepted} measured 202s: "
+        f"{'ok' if result['stored_check'] else 'MISMATCH'}",
+    ]
+    emit(result, args.json, lines)
+    return 0 if result["stored_check"] else 1
