@@ -79,7 +79,12 @@ class Segment:
 
 @dataclass
 class Sample:
-    """One rollout (see the module docstring for the array rules)."""
+    """One rollout (see the module docstring for the array rules).
+
+    ``completion`` is the text the policy produced in its last segment (tool calls and
+    observations included; ``tasks.final_answer`` extracts the answer). ``timings`` has
+    ``generate_s`` (the batched first turn counts in full for every sample) and ``tool_s``.
+    """
 
     index: int
     token_ids: np.ndarray
@@ -136,6 +141,8 @@ def _observation(code: str, cfg: HarnessConfig) -> str:
     text = result.stdout + result.stderr
     if result.status != "ok":
         text += f"[{result.status}]"
+    for tag in tasks.TAGS:  # program output must not forge protocol tags
+        text = text.replace(tag, tag.replace("<", "[").replace(">", "]"))
     return text[: cfg.tool_output_chars]
 
 
@@ -200,17 +207,7 @@ class Rollout:
             if not new or new[-1] != tasks.RUN_END:
                 row.close("final" if new and new[-1] == tasks.EOS else "truncated")
                 return
-            started = time.perf_counter()
-            text = tasks.decode(row.tokens[row.seg_prompt :])
-            code = text.rsplit("<run>", 1)[-1].removesuffix("</run>")
-            if row.turns >= self.cfg.max_turns:
-                output = "no tool calls left"
-            else:
-                output = _observation(code, self.cfg)
-                row.turns += 1
-            row.outputs.append(output)
-            row.timings["tool_s"] += time.perf_counter() - started
-            obs = [tasks.OUT, *tasks.encode(output), tasks.OUT_END]
+            obs = self._tool_turn(row)
             used = len(row.tokens) - row.seg_start
             if used + len(obs) + self.cfg.max_new_tokens <= self.window:
                 cache = gen.cache.select(b, used)
@@ -229,6 +226,20 @@ class Rollout:
             row.feed(context[0].tolist(), _routes(gen, 0, fed))
             if cache is None:
                 row.seg_prompt = len(row.tokens)
+
+    def _tool_turn(self, row: _Row) -> list[int]:
+        """Run the code of the last ``<run>`` block; the observation tokens to append."""
+        started = time.perf_counter()
+        text = tasks.decode(row.tokens[row.seg_prompt :])
+        code = text.rsplit("<run>", 1)[-1].removesuffix("</run>")
+        if row.turns >= self.cfg.max_turns:
+            output = "no tool calls left"
+        else:
+            output = _observation(code, self.cfg)
+            row.turns += 1
+        row.outputs.append(output)
+        row.timings["tool_s"] += time.perf_counter() - started
+        return [tasks.OUT, *tasks.encode(output), tasks.OUT_END]
 
     def _sample(self, index: int, row: _Row) -> Sample:
         last = row.segments[-1]

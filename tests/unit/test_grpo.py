@@ -55,7 +55,7 @@ def test_loss_masks_tokens_and_normalises_by_token_count() -> None:
     adv = torch.tensor([1.0, -2.0])
     loss, stats = grpo.policy_gradient_loss(cur, beh, adv, mask, cap=2.0)
     assert stats["tokens"] == 3
-    assert float(loss) == pytest.approx(-(1 * -2 + 1 * -3 + -2 * -1) / 3)
+    assert float(loss.detach()) == pytest.approx(-(1 * -2 + 1 * -3 + -2 * -1) / 3)
     loss.backward()
     expected = -(mask * adv[:, None]) / 3  # d loss / d logp = -w * A * mask / n, with w = 1
     assert cur.grad is not None and torch.allclose(cur.grad, expected)
