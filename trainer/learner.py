@@ -52,7 +52,7 @@ class LearnerConfig(BaseModel):
         default_factory=WarmStartConfig, description="Supervised warm start before RL (version 0)."
     )
     grpo: GrpoConfig = Field(default_factory=GrpoConfig, description="GRPO rules.")
-    lr: float = Field(2e-3, gt=0, le=1, description="Adam learning rate.")
+    lr: float = Field(5e-4, gt=0, le=1, description="Adam learning rate.")
     groups_per_step: int = Field(4, ge=1, description="Admitted groups per optimizer step (B).")
     keyframe_every: int = Field(8, ge=1, description="A keyframe every K versions.")
     max_versions: int = Field(1_000_000, ge=1, description="Stop after publishing this version.")
