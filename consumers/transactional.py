@@ -25,6 +25,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
 from rlstream.consumers.consumer import Record, RoleConsumer, Stopper, make_consumer, next_offsets
 from rlstream.consumers.dlq import dead_letter, dead_letter_headers
+from rlstream.consumers.metrics import LoopMetrics
 from rlstream.producers.producer import EventProducer, make_producer
 from rlstream.producers.settings import KafkaSettings
 
@@ -108,13 +109,17 @@ class TransactionalLoop:
         self.offsets = offsets or next_offsets
         self.tick_s, self._last_tick = tick_s, time.monotonic()
         self.stats = LoopStats()
+        # Prometheus export of ``stats`` (off unless RLSTREAM_METRICS_PORT is set).
+        self.metrics = LoopMetrics.for_loop(group_id)
 
     def run(self, stopper: Stopper, idle_exit_s: float | None = None) -> LoopStats:
         """Process batches until stopped (or idle for ``idle_exit_s``), then close cleanly."""
         idle_since = time.monotonic()
         try:
             while not stopper.stopped:
-                if self.run_once():
+                consumed = self.run_once()
+                self.metrics.observe(self.stats)
+                if consumed:
                     idle_since = time.monotonic()
                 elif idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
                     break
