@@ -22,6 +22,7 @@ COMMANDS = (
     "rlstream.ops.cmd_bench",
     "rlstream.ops.cmd_demo",
     "rlstream.ops.cmd_replay",
+    "rlstream.ops.cmd_serve",
 )
 # Command modules added as the features land are appended here.
 

@@ -15,6 +15,7 @@ BENCHES = (
     "rlstream.ops.bench.sync",
     "rlstream.ops.bench.router_replay",
     "rlstream.ops.bench.asyncrl",
+    "rlstream.ops.bench.ingest",
 )
 # Benchmarks added as the features land are appended here.
 

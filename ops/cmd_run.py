@@ -20,6 +20,7 @@ ROLES = {
     "judge": "rlstream.ops.roles:judge",
     "admission": "rlstream.ops.roles:admission",
     "learner": "rlstream.ops.roles:learner",
+    "feedback-rl": "rlstream.ops.roles:feedback_rl",
 }
 
 

@@ -1,6 +1,7 @@
 """``rlstream serve SERVICE``: long-running network services of a run.
 
-``serve feedback`` runs feedback-ingest, the HTTP endpoint the editor backend posts user feedback
+``serve policy`` serves the run's current policy over an OpenAI-compatible completions API
+(see ``rlstream.rollout.serve``). ``serve feedback`` runs feedback-ingest, the HTTP endpoint the editor backend posts user feedback
 to (see ``rlstream.producers.feedback_http``). Each service registers itself with one
 ``_register_<service>`` function, so adding one is one function and one line in ``register``.
 Heavy modules (aiohttp, confluent_kafka) are imported only when a service starts.
@@ -21,6 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("serve", help="run a network service of a run (feedback, ...)")
     ssub = parser.add_subparsers(dest="service", metavar="SERVICE", required=True)
     _register_feedback(ssub)
+    _register_policy(ssub)
 
 
 # --- feedback -------------------------------------------------------------------------------
@@ -92,4 +94,45 @@ def _serve_feedback(args: argparse.Namespace) -> int:
         serve(cfg, settings, on_start=started)
     except ValueError as exc:  # e.g. no credentials configured
         raise SystemExit(f"error: {exc}") from None
+    return 0
+
+
+# --- policy ---------------------------------------------------------------------------------
+
+
+def _register_policy(ssub: argparse._SubParsersAction) -> None:
+    p = ssub.add_parser(
+        "policy",
+        help="the run's current policy behind POST /v1/completions (OpenAI-compatible)",
+        description="Weights follow the run's weight stream and are hot-swapped between "
+        "requests; every completion carries its policy_version and a request_id.",
+    )
+    p.add_argument("--run", required=True, help="run whose weights to serve")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8000, help="TCP port, 0 = any free")
+    p.add_argument("--config", default=None, help="run recipe (policy shape, model name)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    add_kafka_args(p)
+    p.set_defaults(func=_serve_policy)
+
+
+def _serve_policy(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from rlstream.ops.config import load_run_config
+    from rlstream.ops.kafka_env import settings_from_args
+    from rlstream.rollout.serve import PolicyServer, make_app
+
+    config = load_run_config(args.config, args.set)
+    server = PolicyServer(settings_from_args(args), args.run, config.model, config.policy)
+    print(
+        f"policy server for run {args.run} on http://{args.host}:{args.port}/v1/completions "
+        f"(model {config.model!r})",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        web.run_app(make_app(server), host=args.host, port=args.port, print=None)
+    finally:
+        server.close()
     return 0

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlstream.consumers.admission_rules import AdmissionConfig
+from rlstream.consumers.feedback_rules import FeedbackRLConfig
 from rlstream.envs import tasks as task_family
 from rlstream.envs.judges import JudgeConfig
 from rlstream.rollout.scheduler import SchedulerConfig
@@ -53,6 +54,9 @@ class RunConfig(BaseModel):
     )
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig, description="Admission.")
     learner: LearnerConfig = Field(default_factory=LearnerConfig, description="Learner.")
+    feedback_rl: FeedbackRLConfig = Field(
+        default_factory=FeedbackRLConfig, description="Online RL from editor feedback."
+    )
 
     def role(self, role: str, name: str | None = None) -> BaseModel:
         """The config of ``role`` (judge ``name``) with the shared values injected."""
@@ -89,6 +93,12 @@ class RunConfig(BaseModel):
                     "warm_start": warm,
                 }
             )
+        if role == "feedback-rl":
+            # Online feedback may keep its own staleness budget; by default it is the run's.
+            update: dict[str, Any] = {"model": self.model}
+            if "max_staleness" not in self.feedback_rl.model_fields_set:
+                update["max_staleness"] = self.max_staleness
+            return self.feedback_rl.model_copy(update=update)
         raise SystemExit(f"error: unknown role {role!r}")
 
 

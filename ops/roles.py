@@ -77,3 +77,12 @@ def learner(args: argparse.Namespace) -> int:
     settings, cfg, stopper = _setup(args, "learner")
     run_learner(settings, args.run, cfg, stopper)
     return 0
+
+
+def feedback_rl(args: argparse.Namespace) -> int:
+    from rlstream.consumers.feedback_rl import run_feedback_rl
+
+    settings, cfg, stopper = _setup(args, "feedback-rl")
+    counts = run_feedback_rl(settings, args.run, cfg, stopper, _member(args))
+    print(f"feedback-rl: stopped, decisions {json.dumps(counts)}", file=sys.stderr)
+    return 0

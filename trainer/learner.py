@@ -77,7 +77,13 @@ def group_sequences(
 ) -> tuple[list[rules.TrainSequence], list[float]]:
     """The training contexts of one admitted group with each one's group-normalised advantage."""
     samples = group["samples"]
-    advantages = rules.group_advantages([s["reward"] for s in samples], cfg.adv_eps)
+    rewards = [s["reward"] for s in samples]
+    if group.get("source") == "online":
+        # feedback-rl already subtracted a per-task-class baseline: normalising within the
+        # window's group would cancel it.
+        advantages = np.asarray(rewards, dtype=np.float64)
+    else:
+        advantages = rules.group_advantages(rewards, cfg.adv_eps)
     seqs: list[rules.TrainSequence] = []
     advs: list[float] = []
     for sample, adv in zip(samples, advantages, strict=True):

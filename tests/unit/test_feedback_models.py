@@ -410,7 +410,10 @@ def test_online_quota_mixes_n_per_m() -> None:
 
 
 def test_role_config_from_recipe_table_and_overrides(tmp_path: Any) -> None:
-    from rlstream.ops.role_feedback import feedback_config
+    from rlstream.ops.config import load_run_config
+
+    def feedback_config(path: str | None, overrides: list[str]) -> Any:
+        return load_run_config(path, overrides).role("feedback-rl")
 
     path = tmp_path / "run.toml"
     path.write_text('model = "m"\nmax_staleness = 3\n[feedback_rl]\nwindow_size = 5\n')
