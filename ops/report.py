@@ -85,8 +85,8 @@ def plot_events(analytics: RunAnalytics, snap: dict[str, Any]) -> Figure:
             ax.set_xlabel(f"minutes since the run's first record ({width} s bins)")
     ax.set_ylabel("records / s")
     ax.set_title("events per stream")
-    if drawn:
-        ax.legend(fontsize=7, ncol=3)
+    if drawn:  # outside the axes: a legend inside would hide the run's first minutes
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     else:
         _no_data(ax, "no timestamped records")
     return fig
@@ -300,6 +300,50 @@ _STYLE = (
 )
 
 
+def _tables(snap: dict[str, Any]) -> list[str]:
+    """The tables below the plots: weight versions, judges, regions, dead letters."""
+    weight_keys = (
+        "version",
+        "kind",
+        "raw_bytes",
+        "encoded_bytes",
+        "ratio",
+        "chunks",
+        "interval_ms",
+    )
+    judge_keys = ("count", "errors", "mean_ms", "p50_ms", "p95_ms", "max_ms")
+    region_keys = ("samples", "mean_generate_ms", "mean_weights_wait_ms", "last_version")
+    weights = [[w[k] for k in weight_keys] for w in snap["weights"][-50:]]
+    judges = [[j, *(s[k] for k in judge_keys)] for j, s in snap["judges"].items()]
+    regions = [
+        [g, *(r[k] for k in region_keys), ", ".join(r["topics"])]
+        for g, r in snap["regions"].items()
+    ]
+    return [
+        "<h2>Weight versions (newest 50)</h2>",
+        _table(
+            ["version", "kind", "raw bytes", "encoded bytes", "ratio", "chunks", "interval ms"],
+            weights,
+        ),
+        "<h2>Judges</h2>",
+        _table(["judge", "rewards", "errors", "mean ms", "p50 ms", "p95 ms", "max ms"], judges),
+        "<h2>Regions</h2>",
+        _table(
+            [
+                "region",
+                "samples",
+                "mean generate ms",
+                "mean weights wait ms",
+                "last version",
+                "topics",
+            ],
+            regions,
+        ),
+        "<h2>Dead letters</h2>",
+        _table(["reason", "records"], [[k, v] for k, v in snap["dead_letters"].items()]),
+    ]
+
+
 def write_report(
     analytics: RunAnalytics,
     manifest: dict[str, Any] | None,
@@ -321,63 +365,15 @@ def write_report(
     ]
     images = [_save(make(), out / name) for name, make in plots]
     when = dt.datetime.fromtimestamp(now_ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    warning = (
-        "" if complete else "<p><b>Reading stopped before every partition's end (idle).</b></p>"
-    )
+    run = html.escape(analytics.run)
+    stopped = "" if complete else "<p><b>Reading stopped idle before every partition's end.</b></p>"
     page = [
-        f"<!doctype html><html><head><meta charset='utf-8'><title>rlstream report {html.escape(analytics.run)}</title>",
-        f"<style>{_STYLE}</style></head><body><h1>Run {html.escape(analytics.run)}</h1>",
-        f"<p>Report written {when} from the run's streams, read to their end.</p>{warning}",
+        f"<!doctype html><html><head><meta charset='utf-8'><title>rlstream report {run}</title>",
+        f"<style>{_STYLE}</style></head><body><h1>Run {run}</h1>",
+        f"<p>Report written {when} from the run's streams, read to their end.</p>{stopped}",
         _table(["figure", "value"], _headline(snap)),
         *[f"<img src='{name}' alt='{name}'>" for name in images],
-        "<h2>Weight versions</h2>",
-        _table(
-            ["version", "kind", "raw bytes", "encoded bytes", "ratio", "chunks", "interval ms"],
-            [
-                [
-                    w["version"],
-                    w["kind"],
-                    w["raw_bytes"],
-                    w["encoded_bytes"],
-                    w["ratio"],
-                    w["chunks"],
-                    w["interval_ms"],
-                ]
-                for w in snap["weights"][-50:]
-            ],
-        ),
-        "<h2>Judges</h2>",
-        _table(
-            ["judge", "rewards", "errors", "mean ms", "p50 ms", "p95 ms", "max ms"],
-            [
-                [j, s["count"], s["errors"], s["mean_ms"], s["p50_ms"], s["p95_ms"], s["max_ms"]]
-                for j, s in snap["judges"].items()
-            ],
-        ),
-        "<h2>Regions</h2>",
-        _table(
-            [
-                "region",
-                "samples",
-                "mean generate ms",
-                "mean weights wait ms",
-                "last version",
-                "topics",
-            ],
-            [
-                [
-                    g,
-                    r["samples"],
-                    r["mean_generate_ms"],
-                    r["mean_weights_wait_ms"],
-                    r["last_version"],
-                    ", ".join(r["topics"]),
-                ]
-                for g, r in snap["regions"].items()
-            ],
-        ),
-        "<h2>Dead letters</h2>",
-        _table(["reason", "records"], [[k, v] for k, v in snap["dead_letters"].items()]),
+        *_tables(snap),
         "<h2>Run manifest</h2>",
         _manifest_html(manifest),
         "</body></html>",
