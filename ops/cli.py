@@ -23,6 +23,7 @@ COMMANDS = (
     "rlstream.ops.cmd_demo",
     "rlstream.ops.cmd_replay",
     "rlstream.ops.cmd_serve",
+    "rlstream.ops.cmd_dashboard",
 )
 # Command modules added as the features land are appended here.
 

@@ -70,7 +70,7 @@ def _demo(args: argparse.Namespace) -> int:
         for i in range(args.rollout_workers)
     ]
     roles.append(demo.start_role("scheduler", run, settings, out / "logs", extra))
-    progress, stopper = demo.Progress(), Stopper().install()
+    progress, stopper = demo.RunAnalytics(run), Stopper().install()
     follower = threading.Thread(
         target=demo.follow_streams, args=(settings, run, progress, stopper), daemon=True
     )

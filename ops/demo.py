@@ -9,69 +9,20 @@ histogram) and returns the summary.
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rlstream.consumers.consumer import Stopper
+from rlstream.ops.analytics import RunAnalytics
 from rlstream.producers.settings import KafkaSettings
 from rlstream.schemas import topics
-
-
-@dataclass
-class Progress:
-    """What the streams say about the run so far."""
-
-    success: dict[int, list[float]] = field(default_factory=lambda: collections.defaultdict(list))
-    staleness: list[int] = field(default_factory=list)
-    admitted: int = 0
-    rejected: collections.Counter = field(default_factory=collections.Counter)
-    version: int = -1
-    trajectories: int = 0
-    rewards: int = 0
-    sync_ms: list[float] = field(default_factory=list)
-
-    def take(self, topic: str, record: dict[str, Any]) -> None:
-        stream = topics.parse_topic(topic).stream
-        if stream == "rewards":
-            self.rewards += 1
-            if record["judge"] == "tests":
-                self.success[int(record["policy_version"])].append(float(record["passed"]))
-        elif stream == "trajectories":
-            self.trajectories += int(record.get("segment_index", 0)) == 0
-        elif stream in ("admitted", "rejected") and int(record.get("part_index", 0)) == 0:
-            self.staleness.append(int(record["staleness"]))
-            if stream == "admitted":
-                self.admitted += 1
-            else:
-                self.rejected[record["reason"] or "other"] += 1
-        elif stream == "weights.manifests":
-            self.version = max(self.version, int(record["version"]))
-
-    def rate(self, versions: list[int]) -> float:
-        values = [v for ver in versions for v in self.success.get(ver, [])]
-        return sum(values) / len(values) if values else float("nan")
-
-    def final_versions(self, min_samples: int = 256, skip_newest: int = 2) -> list[int]:
-        """The newest versions holding at least ``min_samples`` judged samples together.
-
-        The ``skip_newest`` newest versions are left out: when the run stops, their groups are
-        still being judged, and the ones judged first (short answers) would bias the rate.
-        """
-        chosen, count = [], 0
-        for ver in sorted(self.success, reverse=True)[skip_newest:]:
-            chosen.append(ver)
-            count += len(self.success[ver])
-            if count >= min_samples:
-                break
-        return chosen
 
 
 @dataclass
@@ -118,7 +69,9 @@ def stop_roles(roles: list[RoleProcess], timeout: float = 20.0) -> None:
             r.proc.wait()
 
 
-def follow_streams(settings: KafkaSettings, run: str, progress: Progress, stopper: Stopper) -> None:
+def follow_streams(
+    settings: KafkaSettings, run: str, progress: RunAnalytics, stopper: Stopper
+) -> None:
     """Feed ``progress`` from the run's streams until stopped (runs in a thread)."""
     from rlstream.consumers.consumer import RoleConsumer, make_consumer
 
@@ -132,12 +85,12 @@ def follow_streams(settings: KafkaSettings, run: str, progress: Progress, stoppe
         while not stopper.stopped:
             for rec in consumer.poll_batch(500, 0.5):
                 if rec.event is not None:
-                    progress.take(rec.message.topic(), rec.value)
+                    progress.take(rec.message.topic(), rec.value, rec.message.timestamp()[1])
     finally:
         consumer.close()
 
 
-def write_png(progress: Progress, path: Path) -> None:
+def write_png(progress: RunAnalytics, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -145,7 +98,7 @@ def write_png(progress: Progress, path: Path) -> None:
 
     versions = sorted(progress.success)
     rates = [progress.rate([v]) for v in versions]
-    counts = [len(progress.success[v]) for v in versions]
+    counts = [progress.success[v][1] for v in versions]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     ax1.plot(versions, rates, marker="o")
     ax1.set_xlabel("behaviour policy version")
@@ -154,8 +107,8 @@ def write_png(progress: Progress, path: Path) -> None:
     ax1.set_title("success rate by policy version")
     for v, r, c in zip(versions, rates, counts, strict=True):
         ax1.annotate(str(c), (v, r), fontsize=6, alpha=0.6)
-    bins = range(0, max(progress.staleness or [0]) + 2)
-    ax2.hist(progress.staleness, bins=bins, align="left", rwidth=0.8)
+    staleness = progress.staleness["admitted"] + progress.staleness["rejected"]
+    ax2.bar(list(staleness), list(staleness.values()), width=0.8)
     ax2.set_xlabel("staleness at admission (versions)")
     ax2.set_ylabel("groups")
     ax2.set_title("staleness histogram")
@@ -202,18 +155,18 @@ def _code_version(version: str) -> str:
     return f"{version}+{sha}" if sha else version
 
 
-def status_line(progress: Progress, started: float) -> str:
-    newest = [v for v in sorted(progress.success)[-2:]]
+def status_line(progress: RunAnalytics, started: float) -> str:
+    newest = sorted(progress.success)[-2:]
     return (
         f"[{time.monotonic() - started:5.0f}s] policy v{progress.version}  success "
         f"{progress.rate(newest):.2f} (v{newest[-1] if newest else '-'})  trajectories "
         f"{progress.trajectories}  rewards {progress.rewards}  admitted {progress.admitted}  "
         f"rejected {sum(progress.rejected.values())}  staleness "
-        f"{(sum(progress.staleness[-20:]) / max(1, len(progress.staleness[-20:]))):.1f}"
+        f"{progress.mean_recent_staleness() or 0.0:.1f}"
     )
 
 
-def summary(run: str, progress: Progress, wall: float, png: Path) -> dict[str, Any]:
+def summary(run: str, progress: RunAnalytics, wall: float, png: Path) -> dict[str, Any]:
     final = progress.final_versions()
     return {
         "run": run,

@@ -204,7 +204,6 @@ def measure_lag(admin: Any, run: str, timeout: float = 10.0) -> dict[str, dict[s
     """Lag per topic of every consumer group of ``run`` that has committed offsets."""
     from rlstream.producers.admin import group_lag
 
-    _offset_spec_compat()
     listing = admin.list_consumer_groups(request_timeout=timeout).result()
     groups = sorted(g.group_id for g in listing.valid if role_of_group(run, g.group_id))
     lags = {}
@@ -213,15 +212,3 @@ def measure_lag(admin: Any, run: str, timeout: float = 10.0) -> dict[str, dict[s
         if lag:  # a group that never committed (a tap, a monitor) has no lag to show
             lags[group] = lag
     return lags
-
-
-def _offset_spec_compat() -> None:
-    # producers.admin.group_lag imports OffsetSpec from confluent_kafka's top level, but
-    # confluent-kafka (2.16) exports it from confluent_kafka.admin only. Remove once
-    # group_lag imports it from there.
-    import confluent_kafka
-
-    if not hasattr(confluent_kafka, "OffsetSpec"):
-        from confluent_kafka.admin import OffsetSpec
-
-        confluent_kafka.OffsetSpec = OffsetSpec  # type: ignore[attr-defined]
