@@ -15,13 +15,13 @@ import collections
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from helpers import decode_all, read_all
 
+from rlstream.ops.demo import start_role
 from rlstream.producers.admin import ensure_run_topics
 from rlstream.producers.producer import EventProducer
 from rlstream.schemas import topics
@@ -49,29 +49,16 @@ SETTINGS = [
 ]
 
 
-def _start(role: str, run: str, bootstrap: str, tmp: Path, *extra: str) -> subprocess.Popen:
+def _start(role: str, run: str, kafka, tmp: Path, *extra: str) -> subprocess.Popen:
     name = "-".join([role, *[e for e in extra if not e.startswith("-")]])
-    log = open(tmp / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
-    cmd = [
-        sys.executable,
-        "-m",
-        "rlstream",
-        "run",
-        role,
-        "--run",
-        run,
-        "--bootstrap",
-        bootstrap,
+    sets = [
         *SETTINGS,
         "--set",
         f"learner.state_dir={tmp / 'learner'}",
         "--set",
         f"learner.warm_start_cache={tmp / 'warm.pt'}",
-        *extra,
     ]
-    return subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}
-    )
+    return start_role(role, run, kafka, tmp, [*sets, *extra], name).proc
 
 
 def _decided(kafka, run: str) -> dict[str, list[str]]:
@@ -97,24 +84,24 @@ def _wait(predicate, timeout: float, procs: dict) -> None:
 def test_roles_killed_and_restarted_lose_nothing_and_train_nothing_twice(
     kafka, unique_run, tmp_path
 ):
-    run, boot = unique_run, kafka.bootstrap_servers
+    run = unique_run
     ensure_run_topics(kafka, run)
     procs = {
-        "learner": _start("learner", run, boot, tmp_path),
-        "admission": _start("admission", run, boot, tmp_path),
-        "judge-tests": _start("judge", run, boot, tmp_path, "--name", "tests"),
-        "judge-format": _start("judge", run, boot, tmp_path, "--name", "format"),
-        "rollout": _start("rollout", run, boot, tmp_path, "--member", "0"),
-        "scheduler": _start("scheduler", run, boot, tmp_path),
+        "learner": _start("learner", run, kafka, tmp_path),
+        "admission": _start("admission", run, kafka, tmp_path),
+        "judge-tests": _start("judge", run, kafka, tmp_path, "--name", "tests"),
+        "judge-format": _start("judge", run, kafka, tmp_path, "--name", "format"),
+        "rollout": _start("rollout", run, kafka, tmp_path, "--member", "0"),
+        "scheduler": _start("scheduler", run, kafka, tmp_path),
     }
     try:
         _wait(lambda: len(_decided(kafka, run)) >= 4, 240, procs)
         for name in ("learner", "admission", "rollout"):
             os.kill(procs[name].pid, signal.SIGKILL)
             procs[name].wait()
-        procs["learner"] = _start("learner", run, boot, tmp_path)
-        procs["admission"] = _start("admission", run, boot, tmp_path)
-        procs["rollout"] = _start("rollout", run, boot, tmp_path, "--member", "0")
+        procs["learner"] = _start("learner", run, kafka, tmp_path)
+        procs["admission"] = _start("admission", run, kafka, tmp_path)
+        procs["rollout"] = _start("rollout", run, kafka, tmp_path, "--member", "0")
         _wait(lambda: len(_decided(kafka, run)) >= TASKS, 300, procs)
         decided = _decided(kafka, run)
         n_admitted = sum(v == ["admitted"] for v in decided.values())
