@@ -117,7 +117,14 @@ class RoleConsumer:
 
     def poll_batch(self, max_records: int = 500, timeout: float = 1.0) -> list[Record]:
         """Up to ``max_records`` records, decoded; partition EOFs and transient errors skipped."""
-        messages = self.consumer.consume(max_records, timeout)
+        # Block for the first record only, then take what is already fetched: a batch never
+        # waits for ``max_records`` to arrive (consume(n, t) would, adding up to t of latency).
+        first = self.consumer.poll(timeout)
+        if first is None:
+            return []
+        messages = (
+            [first, *self.consumer.consume(max_records - 1, 0)] if max_records > 1 else [first]
+        )
         batch = []
         for msg in messages:
             err = msg.error()

@@ -154,7 +154,8 @@ def _run_once(settings: Any, topic: str, path: _Path, n: int, rate: float | None
     latencies, got, nbytes = [], 0, 0
     deadline = time.monotonic() + 300
     while got < n and time.monotonic() < deadline:
-        for msg in consumer.consume(100, 0.5):
+        first = consumer.poll(0.5)  # block for one, then drain what is already fetched
+        for msg in [first, *consumer.consume(100, 0)] if first is not None else []:
             if msg.error():
                 continue
             path.decode(msg.value())
