@@ -1,8 +1,9 @@
 """The asynchronous GRPO pipeline on a real broker, every role its own process.
 
 One short run checks what must hold whatever the numbers:
-- killing the learner, admission and a rollout worker with SIGKILL mid-run and restarting them
-  loses no group and trains none twice (checked from the topics, by group id);
+- killing the learner, admission, a judge, a rollout worker and the scheduler with SIGKILL
+  mid-run and restarting them loses no group and trains none twice (checked from the topics,
+  by group id);
 - the learner resumes from its last version (versions are consecutive, none published twice);
 - a group whose samples are too old is rejected with the reason ``stale``;
 - replaying the recorded admitted stream reproduces every version bit-exactly, across the
@@ -96,12 +97,18 @@ def test_roles_killed_and_restarted_lose_nothing_and_train_nothing_twice(
     }
     try:
         _wait(lambda: len(_decided(kafka, run)) >= 4, 240, procs)
-        for name in ("learner", "admission", "rollout"):
+        restart = {
+            "learner": ("learner",),
+            "admission": ("admission",),
+            "rollout": ("rollout", "--member", "0"),
+            "judge-tests": ("judge", "--name", "tests"),
+            "scheduler": ("scheduler",),
+        }
+        for name in restart:  # every kind of role dies at once, mid-run
             os.kill(procs[name].pid, signal.SIGKILL)
             procs[name].wait()
-        procs["learner"] = _start("learner", run, kafka, tmp_path)
-        procs["admission"] = _start("admission", run, kafka, tmp_path)
-        procs["rollout"] = _start("rollout", run, kafka, tmp_path, "--member", "0")
+        for name, (role, *extra) in restart.items():
+            procs[name] = _start(role, run, kafka, tmp_path, *extra)
         _wait(lambda: len(_decided(kafka, run)) >= TASKS, 300, procs)
         decided = _decided(kafka, run)
         n_admitted = sum(v == ["admitted"] for v in decided.values())

@@ -1,0 +1,45 @@
+"""The main job learns: a short ``rlstream demo`` on the local cluster raises the success rate
+of the policy's own samples well above the warm-start policy's (version 0)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rlstream.producers.settings import KafkaSettings
+
+pytestmark = pytest.mark.slow
+
+
+def test_short_demo_run_learns(kafka, cluster_home, unique_run, tmp_path):
+    if KafkaSettings.from_env() is not None:
+        pytest.skip("the demo runs on the local launcher's cluster")
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlstream",
+        "demo",
+        "--json",
+        "--run",
+        unique_run,
+        "--minutes",
+        "5",
+        "--max-versions",
+        "100",
+        "--out",
+        str(tmp_path),
+        "--home",
+        str(cluster_home),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["policy_versions"] >= 40, result
+    assert result["final_success"] >= result["warm_start_success"] + 0.1, result
+    assert (
+        result["groups_admitted"] > 0
+        and (tmp_path / unique_run / "success_by_version.png").exists()
+    )
