@@ -186,29 +186,34 @@ def unzigzag(z: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Changes:
-    """Changed positions (ascending int64) of a range with the old and new bit patterns."""
+    """Changed positions (ascending; int32, int64 only for huge ranges) of a range with the
+    wrapped differences ``new - old`` of their bit patterns (never 0), all encoders need."""
 
     pos: np.ndarray
-    old: np.ndarray
-    new: np.ndarray
+    diff: np.ndarray
 
     def window(self, lo: int, hi: int) -> Changes:
         """The changes inside ``[lo, hi)``, positions made relative to ``lo``."""
         a, b = np.searchsorted(self.pos, (lo, hi))
-        return Changes(self.pos[a:b] - lo, self.old[a:b], self.new[a:b])
+        return Changes(self.pos[a:b] - lo, self.diff[a:b])
 
 
 def _true_positions(mask: np.ndarray) -> np.ndarray:
     """``flatnonzero`` of a bool mask. When few flags are set (RL steps: ~7% of 8-byte words
     change at 1.7% changed bf16), first find the groups of 8 flags with any set, then the
-    flags inside them: about 20% faster there, but slower on dense masks, hence the switch."""
-    whole = mask.size - mask.size % 8
-    if whole < mask.size or np.count_nonzero(mask) > 0.1 * mask.size:
+    flags inside them: about 20% faster there, but slower on dense masks, hence the switch
+    (taken on the share of groups with a flag, which costs no extra pass over the mask)."""
+    if mask.size % 8:
         return np.flatnonzero(mask)
     groups = mask.view(np.uint64)
     g = np.flatnonzero(groups != 0)
-    inner = np.flatnonzero(groups[g].view(np.bool_))
-    return (g[inner >> 3] << 3) | (inner & 7)
+    if g.size > 0.5 * groups.size:
+        return np.flatnonzero(mask)
+    inner = np.flatnonzero(groups.take(g).view(np.bool_))
+    out = g.take(inner >> 3)
+    out <<= 3
+    out |= inner & 7
+    return out
 
 
 def find_changes(
@@ -223,7 +228,8 @@ def find_changes(
     old_w = old[: nwords * lanes].view(np.uint64)
     new_w = new[: nwords * lanes].view(np.uint64)
     mask = np.empty(min(BLOCK_WORDS, nwords), dtype=bool)
-    parts = [(np.empty(0, dtype=np.int64), old[:0], new[:0])]
+    index = np.int32 if old.size < 2**31 else np.int64
+    pos_parts, diff_parts = [np.empty(0, dtype=index)], [new[:0]]
     for s in range(0, nwords, BLOCK_WORDS):
         a, b = old_w[s : s + BLOCK_WORDS], new_w[s : s + BLOCK_WORDS]
         words = _true_positions(np.not_equal(a, b, out=mask[: a.size]))
@@ -232,7 +238,13 @@ def find_changes(
         if new_hasher is not None:
             new_hasher.update(as_bytes(b))
         if words.size:
-            parts.append(_split_words(words + s, a[words], b[words], old.dtype))
+            # take: no negative-index handling, measurably faster than a[words] here.
+            # int32 positions (ranges are far below 2**31 elements) halve the later passes.
+            at = words.astype(index)
+            at += s
+            pos, diff = _split_words(at, a.take(words), b.take(words), old.dtype)
+            pos_parts.append(pos)
+            diff_parts.append(diff)
     tail = nwords * lanes
     if tail < old.size:
         ta, tb = old[tail:], new[tail:]
@@ -241,22 +253,26 @@ def find_changes(
         if new_hasher is not None:
             new_hasher.update(as_bytes(tb))
         idx = np.flatnonzero(ta != tb)
-        parts.append((idx + tail, ta[idx], tb[idx]))
-    return Changes(*(np.concatenate(p) for p in zip(*parts, strict=True)))
+        pos_parts.append((idx + tail).astype(index))
+        diff_parts.append(tb[idx] - ta[idx])
+    return Changes(np.concatenate(pos_parts), np.concatenate(diff_parts))
 
 
 def _split_words(
     words: np.ndarray, a: np.ndarray, b: np.ndarray, dtype: np.dtype
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Changed elements (positions, old, new) inside changed 8-byte words."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """Changed elements (positions, wrapped differences) inside changed 8-byte words: the
+    difference of the words' elements is computed once and its non-zero lanes kept."""
     lanes = 8 // dtype.itemsize
-    av, bv = a.view(dtype), b.view(dtype)
+    d = np.subtract(b.view(dtype), a.view(dtype), out=b.view(dtype))
     if lanes == 1:
-        return words, av, bv
-    j = np.flatnonzero(av != bv)
+        return words, d
+    j = np.flatnonzero(d != 0)
     shift = lanes.bit_length() - 1
-    pos = (words[j >> shift] << shift) | (j & (lanes - 1))
-    return pos, av[j], bv[j]
+    pos = words.take(j >> shift)
+    pos <<= shift
+    pos |= j & (lanes - 1)
+    return pos, d.take(j)
 
 
 # --- encoders ---------------------------------------------------------------------------
@@ -305,9 +321,13 @@ def pack_values(z: np.ndarray, cctx: zstandard.ZstdCompressor) -> tuple[int, lis
     if not bits:
         return 0, [pack_stream(p, cctx) for p in split_planes(z)]
     esc = (1 << bits) - 1
-    sym = z - 1
-    main = np.minimum(sym, esc).astype(np.uint8)
-    residual = sym[np.flatnonzero(main == esc)] - esc
+    per = 8 // bits
+    # min(z - 1, esc) == min(z, esc + 1) - 1 as z >= 1: computed straight into uint8, in a
+    # buffer already padded to whole bytes of symbols (no temporaries of the value width).
+    main = np.zeros(-(-k // per) * per, dtype=np.uint8)
+    np.minimum(z, esc + 1, out=main[:k], casting="unsafe")
+    main[:k] -= 1
+    residual = z[np.flatnonzero(main[:k] == esc)] - z.dtype.type(esc + 1)
     return bits, [pack_stream(pack_symbols(main, bits), cctx)] + [
         pack_stream(p, cctx) for p in split_planes(residual)
     ]
@@ -316,12 +336,14 @@ def pack_values(z: np.ndarray, cctx: zstandard.ZstdCompressor) -> tuple[int, lis
 def pack_symbols(sym: np.ndarray, bits: int) -> np.ndarray:
     """Pack uint8 symbols below ``2**bits`` (2 or 4), the first in the low bits of a byte.
     Four bytes read as one little-endian uint32 times 0x01041040 put symbol i at bits
-    24 + 2i with no carries (the other partial products land below bit 24 or beyond 31)."""
+    24 + 2i with no carries (the other partial products land below bit 24 or beyond 31):
+    the packed byte is the top byte of each product."""
     per = 8 // bits
     if sym.size % per:
         sym = np.concatenate([sym, np.zeros(-sym.size % per, dtype=np.uint8)])
     if bits == 2:
-        return ((sym.view("<u4") * np.uint32(0x01041040)) >> 24).astype(np.uint8)
+        prod = np.multiply(sym.view("<u4"), np.uint32(0x01041040), dtype="<u4")
+        return np.ascontiguousarray(prod.view(np.uint8)[3::4])  # top byte, little-endian
     pairs = sym.view("<u2")
     return (pairs | (pairs >> 4)).astype(np.uint8)
 
@@ -365,7 +387,7 @@ def encode_sparse(
     tensor: int, start: int, stop: int, ch: Changes, cctx: zstandard.ZstdCompressor
 ) -> Piece:
     """Sparse piece from the changes of ``[start, stop)`` (positions relative to start)."""
-    aux, values = pack_values(zigzag(ch.new - ch.old), cctx)
+    aux, values = pack_values(zigzag(ch.diff), cctx)
     streams = (pack_stream(encode_positions(ch.pos), cctx), *values)
     return Piece(tensor, start, stop, SPARSE, aux, int(ch.pos.size), streams)
 
