@@ -91,6 +91,8 @@ class RunConfig(BaseModel):
                     "seed": self.seed,
                     "groups_per_step": self.groups_per_step,
                     "warm_start": warm,
+                    "mix_online_groups": self.feedback_rl.mix_online_groups,
+                    "mix_rollout_groups": self.feedback_rl.mix_rollout_groups,
                 }
             )
         if role == "feedback-rl":

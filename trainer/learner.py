@@ -54,6 +54,10 @@ class LearnerConfig(BaseModel):
     grpo: GrpoConfig = Field(default_factory=GrpoConfig, description="GRPO rules.")
     lr: float = Field(5e-4, gt=0, le=1, description="Adam learning rate.")
     groups_per_step: int = Field(4, ge=1, description="Admitted groups per optimizer step (B).")
+    mix_online_groups: int = Field(1, ge=0, description="Online (feedback) groups allowed ...")
+    mix_rollout_groups: int = Field(
+        0, ge=0, description="... per this many rollout groups trained; 0 = no limit."
+    )
     keyframe_every: int = Field(8, ge=1, description="A keyframe every K versions.")
     max_versions: int = Field(1_000_000, ge=1, description="Stop after publishing this version.")
     publish_dtype: Literal["bfloat16", "float32"] = Field(

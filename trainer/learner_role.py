@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 from confluent_kafka import TopicPartition
 
 from rlstream.consumers.consumer import RoleConsumer, Stopper, make_consumer
+from rlstream.consumers.feedback_rules import online_quota
 from rlstream.consumers.tap import tap
 from rlstream.producers.admin import admin_client
 from rlstream.producers.producer import EventProducer, make_producer
@@ -25,18 +27,61 @@ from rlstream.trainer.learner import (
 )
 
 
-def last_manifest(settings: KafkaSettings, run: str, model: str) -> dict | None:
-    """The newest committed manifest of ``model`` in ``run`` (None if none)."""
-    newest: dict | None = None
+@dataclass
+class Ledger:
+    """What the published versions of a run already trained, read back from its manifests."""
+
+    last: dict | None = None  # the newest manifest
+    trained: set[tuple[str, int, int]] = field(default_factory=set)  # admitted record positions
+    rollout_groups: int = 0
+    online_groups: int = 0
+
+
+def read_ledger(settings: KafkaSettings, run: str, model: str) -> Ledger:
+    """Newest manifest, trained inputs and group counts of ``model`` in ``run``."""
+    ledger, seen = Ledger(), set()
     for _, decoded, _ in tap(settings, topics.topic_name(run, "weights.manifests"), idle_s=1.0):
         rec = decoded.record if decoded is not None else None
-        if (
-            rec is not None
-            and rec["model"] == model
-            and (newest is None or rec["version"] >= newest["version"])
-        ):
-            newest = rec
-    return newest
+        if rec is None or rec["model"] != model:
+            continue
+        if ledger.last is None or rec["version"] >= ledger.last["version"]:
+            ledger.last = rec
+        if rec["version"] in seen:
+            continue  # a keyframe and a delta of one version share their inputs
+        seen.add(rec["version"])
+        ledger.trained |= {(r["topic"], r["partition"], r["offset"]) for r in rec["step_inputs"]}
+        online = int(rec["stats"].get("online_groups", 0))
+        ledger.online_groups += online
+        ledger.rollout_groups += int(rec["stats"].get("groups", 0)) - online
+    return ledger
+
+
+def pick_step(
+    waiting: list[StepInput],
+    b: int,
+    quota: Callable[[int], int | None],
+    rollout_done: int,
+    online_done: int,
+) -> list[int] | None:
+    """Indices of the next step's ``b`` groups, in arrival order, or None if not enough yet.
+
+    Rule: online (feedback) groups are taken only while the online total stays within
+    ``quota(rollout total)``; a deferred online group waits for more rollout groups.
+    """
+    chosen: list[int] = []
+    rollout, online = rollout_done, online_done
+    for i, item in enumerate(waiting):
+        if item.group.get("source") == "online":
+            limit = quota(rollout)
+            if limit is not None and online + 1 > limit:
+                continue
+            online += 1
+        else:
+            rollout += 1
+        chosen.append(i)
+        if len(chosen) == b:
+            return chosen
+    return None
 
 
 def commit_offsets(used: list[StepInput], waiting: list[StepInput]) -> list[TopicPartition]:
@@ -90,7 +135,8 @@ class Learner:
         self.history: list[dict[str, float]] = []
 
     def _resume(self) -> int:
-        manifest = last_manifest(self.settings, self.run, self.cfg.model)
+        self.ledger = read_ledger(self.settings, self.run, self.cfg.model)
+        manifest = self.ledger.last
         if manifest is None:
             self._publish(0, [], {"warm_start": 1.0})
             self.log("learner: published version 0 (warm start keyframe)")
@@ -152,21 +198,39 @@ class Learner:
                 self.log(f"learner: skipping undecodable admitted record: {rec.error}")
                 continue
             value, msg = rec.value, rec.message
+            if (msg.topic(), msg.partition(), msg.offset()) in self.ledger.trained:
+                continue  # trained by a published version (re-read after a restart)
             refs = self.part_refs.setdefault(value["group_id"], [])
             refs.append((msg.topic(), msg.partition(), msg.offset()))
             joined = self.parts.add(value)
             if joined is not None:
                 self.waiting.append(StepInput(joined, self.part_refs.pop(value["group_id"])))
 
-    def step(self) -> dict[str, float]:
-        b = self.cfg.groups_per_step
-        used, self.waiting = self.waiting[:b], self.waiting[b:]
+    def ready(self) -> list[int] | None:
+        """The groups of the next step, if enough are waiting (see ``pick_step``)."""
+        cfg = self.cfg
+        return pick_step(
+            self.waiting,
+            cfg.groups_per_step,
+            lambda rollout: online_quota(rollout, cfg.mix_online_groups, cfg.mix_rollout_groups),
+            self.ledger.rollout_groups,
+            self.ledger.online_groups,
+        )
+
+    def step(self, chosen: list[int]) -> dict[str, float]:
+        used = [self.waiting[i] for i in chosen]
+        self.waiting = [w for i, w in enumerate(self.waiting) if i not in set(chosen)]
         started = time.perf_counter()
         stats = train_step(self.model, self.optimizer, used, self.cfg)
+        online = sum(item.group.get("source") == "online" for item in used)
+        stats["online_groups"] = float(online)
+        self.ledger.online_groups += online
+        self.ledger.rollout_groups += len(used) - online
         self.version += 1
         self.checkpoints.save(self.version, self.model, self.optimizer)
         stats["step_s"] = time.perf_counter() - started
         self._publish(self.version, used, stats, commit_offsets(used, self.waiting))
+        self.ledger.trained |= {ref for item in used for ref in item.refs}
         stats["publish_s"] = time.perf_counter() - started - stats["step_s"]
         if self.version % self.cfg.keyframe_every == 0:
             # A new keyframe landed: chunks no worker can still need are deleted.
@@ -177,11 +241,8 @@ class Learner:
     def run_until(self, stopper: Stopper) -> int:
         while not stopper.stopped and self.version < self.cfg.max_versions:
             self.poll()
-            while (
-                len(self.waiting) >= self.cfg.groups_per_step
-                and self.version < self.cfg.max_versions
-            ):
-                s = self.step()
+            while self.version < self.cfg.max_versions and (chosen := self.ready()) is not None:
+                s = self.step(chosen)
                 self.log(
                     f"learner: v{self.version} success {s['success_rate']:.2f} reward "
                     f"{s['reward_mean']:.2f} staleness {s['staleness_mean']:.1f} "
