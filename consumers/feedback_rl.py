@@ -28,6 +28,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -89,6 +90,7 @@ class FeedbackRL:
         self._staged: list[str] = []
         self.counts: Counter[str] = Counter()
         self.settings = settings
+        self._lookup: Consumer | None = None
         group = topics.group_id(run, "feedback-rl")
         self.loop = TransactionalLoop(
             settings,
@@ -120,7 +122,7 @@ class FeedbackRL:
         if rec.event is None or rec.event.event != "feedback":
             self.counts["not_feedback"] += 1
             return []
-        value = rec.value
+        value = self._with_tokens(rec.value)
         window = self.windows.get(tp)
         fid = value["feedback_id"]
         if fid in self.seen or fid in self._staged or (window is not None and fid in window.ids):
@@ -133,6 +135,33 @@ class FeedbackRL:
         )
         window.ids.add(fid)
         return self._close(tp) if len(window.items) >= self.cfg.window_size else []
+
+    def _with_tokens(self, value: dict[str, Any]) -> dict[str, Any]:
+        """Feedback that points at its trajectory instead of carrying tokens gets them copied in.
+
+        The sample is read at the referenced position (only its first segment: a feedback's
+        trajectory is one served completion); if it cannot be read the feedback stays as it
+        is and is rejected as untrainable with the reason.
+        """
+        ref = value.get("trajectory_ref")
+        if value.get("token_ids") is not None or ref is None:
+            return value
+        if self._lookup is None:
+            self._lookup = _reader(self.settings, "feedback-rl.trajectory-lookup")
+        traj = read_at(self._lookup, ref["topic"], ref["partition"], ref["offset"])
+        if traj is None or traj.get("group_id") is None:
+            self.counts["trajectory_ref_unreadable"] += 1
+            return value
+        fields = (
+            "token_ids",
+            "logprobs",
+            "loss_mask",
+            "routed_experts",
+            "n_layers",
+            "top_k",
+            "prompt_tokens",
+        )
+        return {**value, **{k: traj[k] for k in fields}}
 
     def _close_due(self, now: float) -> list[Output]:
         due = [tp for tp, w in self.windows.items() if now - w.opened >= self.cfg.window_seconds]
@@ -265,6 +294,8 @@ class FeedbackRL:
         finally:
             if self.watcher is not None:
                 self.watcher.close()
+            if self._lookup is not None:
+                self._lookup.close()
 
 
 def _reader(settings: KafkaSettings, name: str) -> Consumer:
@@ -277,6 +308,27 @@ def _reader(settings: KafkaSettings, name: str) -> Consumer:
             "isolation.level": "read_committed",
         }
     )
+
+
+def read_at(
+    consumer: Consumer, topic: str, partition: int, offset: int, timeout: float = 10.0
+) -> dict[str, Any] | None:
+    """The decoded record at one log position, or None if it is not there (or not decodable)."""
+    consumer.assign([TopicPartition(topic, partition, offset)])
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is None:
+            continue
+        if msg.error() is not None:
+            return None  # end of partition (or an error) before the position: not there
+        if msg.offset() != offset:
+            return None  # the position was deleted or compacted away
+        try:
+            return events.decode(msg.value()).record
+        except events.EventError:
+            return None
+    return None
 
 
 def decided_ids(settings: KafkaSettings, committed: TopicPartition, lookback: int) -> list[str]:

@@ -9,9 +9,9 @@ Rules (unit tested without a broker):
    retried feedback ids are dropped before a window is decided: see ``feedback_rl``);
 3. in a closed window, per task class (none given: ``default``), in offset order; every input
    ends up in exactly one decision:
-   - feedback that cannot be trained on (another model, no token ids: text only, or tokens only
-     by ``trajectory_ref``, which this role does not resolve) -> one rejected decision, reason
-     ``other``, listing those inputs;
+   - feedback that cannot be trained on (another model, no token ids: text only, or a
+     ``trajectory_ref`` that could not be read; a readable one has its tokens copied in first,
+     see ``feedback_rl``) -> one rejected decision, reason ``other``, listing those inputs;
    - stale feedback (learner version - served version > ``max_staleness``, the admission
      rule) -> one rejected decision, reason ``stale``;
    - the rest form groups of ``min_group_size``..``max_group_size`` samples in order; fewer than
@@ -137,7 +137,7 @@ def untrainable(record: Mapping[str, Any], model: str) -> str | None:
         return f"served by model {record['model']!r}, not {model!r}"
     if record.get("token_ids") is None:
         if record.get("trajectory_ref") is not None:
-            return "tokens only by trajectory_ref, which feedback-rl does not resolve"
+            return "its trajectory_ref could not be read (gone or not a trajectory)"
         return "no token ids"
     if record.get("logprobs") is None or record.get("loss_mask") is None:
         return "token ids without serving logprobs or loss mask"

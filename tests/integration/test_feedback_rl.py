@@ -212,3 +212,57 @@ def test_a_restarted_role_still_drops_retries_of_decided_feedback(
     decisions = decode_all(kafka, topics.topic_name(run, "admitted"))
     decisions += decode_all(kafka, topics.topic_name(run, "rejected"))
     assert sum(len(d.record["inputs"]) for d in decisions) == 12
+
+
+def test_feedback_by_trajectory_ref_is_trained_on_the_referenced_tokens(
+    kafka: KafkaSettings, unique_run: str
+) -> None:
+    """Feedback without tokens but with a trajectory_ref gets the sample's tokens copied in;
+    a reference to nothing is rejected with the reason."""
+    from test_events import examples
+
+    from rlstream.consumers.consumer import Stopper
+    from rlstream.consumers.feedback_rl import FeedbackRL, FeedbackRLConfig
+
+    run = unique_run
+    ensure_run_topics(kafka, run)
+    traj_topic = topics.topic_name(run, "trajectories")
+    with EventProducer.connect(kafka) as producer:
+        for i in range(2):
+            producer.produce(
+                traj_topic,
+                "trajectory",
+                {
+                    **examples()["trajectory"],
+                    "run": run,
+                    "group_id": "g0",
+                    "sample_index": i,
+                    "segment_index": 0,
+                    "segment_count": 1,
+                    "token_offset": 0,
+                },
+                "g0",
+            )
+    positions = [(m.partition(), m.offset()) for _, _, m in read_all(kafka, traj_topic)]
+    refs = [{"topic": traj_topic, "partition": p, "offset": o} for p, o in positions]
+    refs.append({"topic": traj_topic, "partition": 0, "offset": 999})  # nothing there
+    records = [
+        {
+            **feedback(run, i, 0, ["accepted", "rejected", "accepted"][i], "agent", tokens=False),
+            "trajectory_ref": ref,
+        }
+        for i, ref in enumerate(refs)
+    ]
+    with EventProducer.connect(kafka) as producer:
+        for rec in records:  # one key: one partition, so one window holds all three
+            producer.produce(topics.topic_name(run, "feedback"), "feedback", rec, "editor-1")
+    cfg = FeedbackRLConfig(window_size=3, window_seconds=0.5, reject_no_signal=False)
+    counts = FeedbackRL(kafka, run, cfg, version=lambda: 0).run(Stopper(), idle_exit_s=3.0)
+    assert counts["trajectory_ref_unreadable"] == 1
+    admitted = decode_all(kafka, topics.topic_name(run, "admitted"))
+    samples = [s for d in admitted for s in d.record["samples"]]
+    rejected = decode_all(kafka, topics.topic_name(run, "rejected"))
+    assert len(samples) == 2, [(d.record["reason"], d.record["detail"]) for d in rejected]
+    want = examples()["trajectory"]["token_ids"]
+    assert all(s["token_ids"] == want for s in samples)
+    assert any("trajectory_ref" in (d.record["detail"] or "") for d in rejected)
