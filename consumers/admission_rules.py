@@ -22,6 +22,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rlstream.schemas import arrays
+
 
 class AdmissionConfig(BaseModel):
     """Config of the admission role."""
@@ -126,18 +128,7 @@ def admitted_samples(group: PendingGroup, cfg: AdmissionConfig) -> list[dict[str
                 "sample_index": index,
                 "policy_version": int(traj["policy_version"]),
                 "prompt_tokens": int(traj["prompt_tokens"]),
-                **{
-                    k: traj[k]
-                    for k in (
-                        "token_ids",
-                        "logprobs",
-                        "loss_mask",
-                        "routed_experts",
-                        "n_layers",
-                        "top_k",
-                        "temperature",
-                    )
-                },
+                **{k: traj[k] for k in (*arrays.TOKEN_FIELDS, "n_layers", "top_k", "temperature")},
                 "rewards": scores,
                 "reward": total_reward(rewards, cfg.judges)
                 if set(cfg.judges) <= set(rewards)

@@ -152,15 +152,7 @@ class FeedbackRL:
         if traj is None or traj.get("group_id") is None:
             self.counts["trajectory_ref_unreadable"] += 1
             return value
-        fields = (
-            "token_ids",
-            "logprobs",
-            "loss_mask",
-            "routed_experts",
-            "n_layers",
-            "top_k",
-            "prompt_tokens",
-        )
+        fields = (*arrays.TOKEN_FIELDS, "n_layers", "top_k", "prompt_tokens")
         return {**value, **{k: traj[k] for k in fields}}
 
     def _close_due(self, now: float) -> list[Output]:
