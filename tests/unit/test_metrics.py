@@ -13,11 +13,11 @@ import re
 import threading
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
 
 import pytest
 
 from rlstream.consumers import metrics as M
+from rlstream.consumers.transactional import LoopStats
 
 # One sample line: name, optional {labels}, a value (Prometheus text format 0.0.4).
 _LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\\\|\\"|\\n)*"'
@@ -139,21 +139,10 @@ def test_exporter_port_comes_from_argument_or_environment() -> None:
     assert M.start_exporter(0) is None  # 0 = off
 
 
-@dataclass
-class Stats:
-    batches: int = 0
-    records: int = 0
-    outputs: int = 0
-    dead_letters: int = 0
-    aborts: int = 0
-    last_batch_s: float = 0.0
-    extra: dict[str, float] = field(default_factory=dict)
-
-
 def test_loop_metrics_publish_what_the_stats_gained() -> None:
     reg = M.Registry()
     lm = M.LoopMetrics("rlstream.r1.judge.tests", reg)
-    stats = Stats()
+    stats = LoopStats()
     lm.observe(stats)  # an idle poll publishes nothing
     for i in range(1, 6):
         stats.batches, stats.records, stats.outputs = i, 10 * i, 12 * i
