@@ -169,7 +169,11 @@ def start(region: Region, heap: str = "1g", timeout: float = 120.0) -> Region:
     cmd = [*_java(region, heap), MARKER, str(region.properties)]
     proc = procs.spawn(cmd, region.stdout_log, cwd=region.dir)
     region.pid = proc.pid
-    wait_ready(region, timeout, proc)
+    try:
+        wait_ready(region, timeout, proc)
+    except BaseException:
+        stop(region)  # never leave a broker that did not come up running
+        raise
     return region
 
 

@@ -138,7 +138,11 @@ def start(
     ]
     proc = procs.spawn(cmd, mirror.dir / "logs" / "stdout.log", cwd=mirror.dir)
     mirror.pid = proc.pid
-    _wait_started(mirror, proc, timeout)
+    try:
+        _wait_started(mirror, proc, timeout)
+    except BaseException:
+        stop(mirror)  # never leave a half-started MirrorMaker behind
+        raise
     return mirror
 
 
