@@ -44,7 +44,7 @@ from rlstream.consumers.versions import VersionWatcher
 from rlstream.producers.settings import KafkaSettings
 from rlstream.schemas import arrays, events, topics
 
-__all__ = ["FeedbackRL", "FeedbackRLConfig", "decided_ids", "newest_version", "run_feedback_rl"]
+__all__ = ["FeedbackRL", "FeedbackRLConfig", "decided_ids", "run_feedback_rl"]
 
 log = logging.getLogger(__name__)
 
@@ -75,12 +75,9 @@ class FeedbackRL:
         self.names = topics.run_topics(run)
         self.watcher = None
         if version is None:
-            manifests = self.names["weights.manifests"]
-            watcher = VersionWatcher(settings, manifests, cfg.model)
-            # The watcher starts at -1; never decide staleness before knowing the learner's
-            # version, or a restart would admit stale feedback.
-            floor = newest_version(settings, manifests, cfg.model)
-            self.watcher, version = watcher, lambda: max(floor, watcher.version)
+            # The watcher has caught up with the manifests when it returns (see versions.py).
+            watcher = VersionWatcher(settings, self.names["weights.manifests"], cfg.model)
+            self.watcher, version = watcher, lambda: watcher.version
         self.version = version
         self.windows: dict[tuple[str, int], _Window] = {}
         self.position: dict[tuple[str, int], int] = {}  # next offset to read, per partition
@@ -350,41 +347,6 @@ def decided_ids(settings: KafkaSettings, committed: TopicPartition, lookback: in
             with contextlib.suppress(events.EventError):
                 ids.append(decode(msg.value(), None).record["feedback_id"])
         return ids
-    finally:
-        consumer.close()
-
-
-def newest_version(settings: KafkaSettings, topic: str, model: str, timeout: float = 30.0) -> int:
-    """The newest committed manifest version of ``model`` on ``topic`` now (-1 if none).
-
-    The learner is the single writer of the single-partition manifests topic and its versions
-    grow, so the last few records hold the newest version.
-    """
-    consumer = _reader(settings, "version-floor")
-    newest, decode = -1, events.deserializer(expect="weight_manifest")
-    try:
-        try:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout)
-        except KafkaException:  # no such topic yet: no learner version yet
-            return -1
-        if high <= low:
-            return -1
-        consumer.assign([TopicPartition(topic, 0, max(low, high - 16))])
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    break
-                continue
-            with contextlib.suppress(events.EventError):
-                record = decode(msg.value(), None).record
-                if record["model"] == model:
-                    newest = max(newest, int(record["version"]))
-        return newest
     finally:
         consumer.close()
 
