@@ -40,15 +40,10 @@ def run_manifests(settings: KafkaSettings) -> dict[str, dict[str, Any]]:
 
 
 def weight_manifests(settings: KafkaSettings, run: str) -> dict[int, dict[str, Any]]:
-    """One manifest per version (the delta where a version has both; it names the inputs)."""
-    out: dict[int, dict[str, Any]] = {}
-    for _, decoded, _ in tap(settings, topics.topic_name(run, "weights.manifests"), idle_s=1.0):
-        if decoded is None:
-            continue
-        rec = decoded.record
-        if rec["version"] not in out or rec["kind"] == "delta":
-            out[int(rec["version"])] = rec
-    return out
+    """One manifest per version (see ``trainer.learner_role.manifests_by_version``)."""
+    from rlstream.trainer.learner_role import manifests_by_version
+
+    return manifests_by_version(settings, run)
 
 
 def admitted_by_ref(

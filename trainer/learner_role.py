@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from confluent_kafka import TopicPartition
@@ -37,18 +38,26 @@ class Ledger:
     online_groups: int = 0
 
 
-def read_ledger(settings: KafkaSettings, run: str, model: str) -> Ledger:
-    """Newest manifest, trained inputs and group counts of ``model`` in ``run``."""
-    ledger, seen = Ledger(), set()
+def manifests_by_version(
+    settings: KafkaSettings, run: str, model: str | None = None
+) -> dict[int, dict[str, Any]]:
+    """One committed manifest per version (the delta where a version also has a keyframe: both
+    name the same inputs, and the delta is what followers apply)."""
+    out: dict[int, dict[str, Any]] = {}
     for _, decoded, _ in tap(settings, topics.topic_name(run, "weights.manifests"), idle_s=1.0):
         rec = decoded.record if decoded is not None else None
-        if rec is None or rec["model"] != model:
+        if rec is None or (model is not None and rec["model"] != model):
             continue
-        if ledger.last is None or rec["version"] >= ledger.last["version"]:
-            ledger.last = rec
-        if rec["version"] in seen:
-            continue  # a keyframe and a delta of one version share their inputs
-        seen.add(rec["version"])
+        if rec["version"] not in out or rec["kind"] == "delta":
+            out[int(rec["version"])] = rec
+    return out
+
+
+def read_ledger(settings: KafkaSettings, run: str, model: str) -> Ledger:
+    """Newest manifest, trained inputs and group counts of ``model`` in ``run``."""
+    ledger = Ledger()
+    for _, rec in sorted(manifests_by_version(settings, run, model).items()):
+        ledger.last = rec
         ledger.trained |= {(r["topic"], r["partition"], r["offset"]) for r in rec["step_inputs"]}
         online = int(rec["stats"].get("online_groups", 0))
         ledger.online_groups += online
