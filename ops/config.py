@@ -18,10 +18,10 @@ from rlstream.consumers.admission_rules import AdmissionConfig
 from rlstream.consumers.feedback_rules import FeedbackRLConfig
 from rlstream.envs import tasks as task_family
 from rlstream.envs.judges import JudgeConfig
+from rlstream.rollout.model import PolicyConfig
 from rlstream.rollout.scheduler import SchedulerConfig
 from rlstream.rollout.worker import RolloutConfig
 from rlstream.trainer.learner import LearnerConfig
-from rlstream.trainer.model import PolicyConfig
 
 RECIPES = Path(__file__).resolve().parent / "recipes"
 

@@ -24,8 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rlstream.consumers.weights import WeightSubscriber
 from rlstream.envs import tasks as task_family
 from rlstream.producers.settings import KafkaSettings
+from rlstream.rollout.model import PolicyConfig, build_policy, generate
 from rlstream.schemas.deltacodec import to_torch
-from rlstream.trainer.model import PolicyConfig, build_policy, generate
 
 
 class CompletionRequest(BaseModel):

@@ -24,11 +24,11 @@ from rlstream.consumers.consumer import Record, Stopper
 from rlstream.consumers.transactional import Output, TransactionalLoop
 from rlstream.consumers.weights import WeightSubscriber
 from rlstream.envs import tasks as task_family
-from rlstream.envs.harness import HarnessConfig, Rollout, Sample
 from rlstream.producers.settings import KafkaSettings
+from rlstream.rollout.harness import HarnessConfig, Rollout, Sample
+from rlstream.rollout.model import PolicyConfig, build_policy
 from rlstream.schemas import arrays, topics
 from rlstream.schemas.deltacodec import to_torch
-from rlstream.trainer.model import PolicyConfig, build_policy
 
 
 class RolloutConfig(BaseModel):

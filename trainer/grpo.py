@@ -24,7 +24,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
-from rlstream.trainer.model import Policy, sequence_logprobs
+from rlstream.rollout.model import Policy, sequence_logprobs
 
 
 class GrpoConfig(BaseModel):

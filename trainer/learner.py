@@ -28,11 +28,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlstream.envs import tasks as task_family
+from rlstream.rollout.model import Policy, PolicyConfig
 from rlstream.schemas import arrays
 from rlstream.schemas.deltacodec import from_torch
 from rlstream.trainer import grpo as rules
 from rlstream.trainer.grpo import GrpoConfig
-from rlstream.trainer.model import Policy, PolicyConfig
 from rlstream.trainer.warmstart import WarmStartConfig, warm_start
 
 log = logging.getLogger(__name__)

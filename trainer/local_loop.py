@@ -30,10 +30,10 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlstream.envs import tasks
-from rlstream.envs.harness import HarnessConfig, Rollout, Sample
+from rlstream.rollout.harness import HarnessConfig, Rollout, Sample
+from rlstream.rollout.model import Policy, PolicyConfig, clone_policy
 from rlstream.trainer import grpo
 from rlstream.trainer.grpo import GrpoConfig
-from rlstream.trainer.model import Policy, PolicyConfig, clone_policy
 from rlstream.trainer.warmstart import WarmStartConfig, warm_start
 
 

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlstream.envs import tasks
-from rlstream.trainer.model import Policy, PolicyConfig, build_policy
+from rlstream.rollout.model import Policy, PolicyConfig, build_policy
 
 
 class WarmStartConfig(BaseModel):

@@ -44,8 +44,8 @@ class _Bench:
         import torch
 
         from rlstream.envs import tasks
-        from rlstream.envs.harness import HarnessConfig
-        from rlstream.trainer.model import PolicyConfig, build_policy
+        from rlstream.rollout.harness import HarnessConfig
+        from rlstream.rollout.model import PolicyConfig, build_policy
 
         torch.set_num_threads(1)
         self.args, self.tasks = args, tasks
@@ -59,7 +59,7 @@ class _Bench:
         """One real group, then each sample's long-tail env time; returns what the learner needs."""
         import torch
 
-        from rlstream.envs.harness import Rollout
+        from rlstream.rollout.harness import Rollout
 
         task = self.tasks.sample_task(index)
         with self.lock:

@@ -53,9 +53,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from rlstream.envs import tasks
-    from rlstream.envs.harness import HarnessConfig, Rollout
+    from rlstream.rollout.harness import HarnessConfig, Rollout
+    from rlstream.rollout.model import PolicyConfig
     from rlstream.trainer import grpo
-    from rlstream.trainer.model import PolicyConfig
     from rlstream.trainer.warmstart import WarmStartConfig, warm_start
 
     torch.set_num_threads(1)
@@ -105,7 +105,7 @@ def _mismatch(model: Any, batch: Any, replay: bool, flipped: Any = None) -> dict
     """
     import torch
 
-    from rlstream.trainer.model import sequence_logprobs
+    from rlstream.rollout.model import sequence_logprobs
 
     with torch.no_grad():
         forced = batch.routes if replay else None

@@ -18,9 +18,9 @@ from rlstream.envs.judges import JudgeConfig, judge_llm
 from rlstream.producers.admin import ensure_run_topics
 from rlstream.producers.producer import EventProducer, make_producer
 from rlstream.producers.weights import WeightPublisher
+from rlstream.rollout.model import PolicyConfig, build_policy
 from rlstream.rollout.serve import PolicyServer, make_app
 from rlstream.schemas.deltacodec import from_torch
-from rlstream.trainer.model import PolicyConfig, build_policy
 
 POLICY = PolicyConfig(vocab_size=128, d_model=32, n_heads=2, d_expert=32, max_seq_len=128)
 

@@ -8,8 +8,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rlstream.rollout.model import PolicyConfig, build_policy, generate
 from rlstream.trainer import grpo
-from rlstream.trainer.model import PolicyConfig, build_policy, generate
 
 CFG = PolicyConfig(vocab_size=32, max_seq_len=48, d_model=32, n_heads=4, n_layers=2, d_expert=32)
 
@@ -116,7 +116,7 @@ def test_grpo_step_moves_probability_towards_positive_advantage() -> None:
     model = build_policy(CFG)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     batch = _rollout_batch(model, seed=3)
-    from rlstream.trainer.model import sequence_logprobs
+    from rlstream.rollout.model import sequence_logprobs
 
     def seq_logp() -> torch.Tensor:
         with torch.no_grad():

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from rlstream.envs import tasks
-from rlstream.envs.harness import HarnessConfig, Rollout, Sample, rollout_group
-from rlstream.trainer.model import (
+from rlstream.rollout.harness import HarnessConfig, Rollout, Sample, rollout_group
+from rlstream.rollout.model import (
     Generation,
     KVCache,
     Policy,

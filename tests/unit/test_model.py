@@ -6,7 +6,7 @@ import pydantic
 import pytest
 import torch
 
-from rlstream.trainer.model import (
+from rlstream.rollout.model import (
     KVCache,
     PolicyConfig,
     build_policy,

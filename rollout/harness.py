@@ -35,7 +35,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlstream.envs import sandbox, tasks
-from rlstream.trainer.model import Generation, KVCache, Policy, generate, inference_copy
+from rlstream.rollout.model import Generation, KVCache, Policy, generate, inference_copy
 
 GenerateFn = Callable[..., Generation]
 
