@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from rlstream.consumers.admission_rules import (
     AdmissionConfig,
@@ -26,6 +26,7 @@ from rlstream.consumers.admission_rules import (
     decide,
 )
 from rlstream.consumers.consumer import Record
+from rlstream.consumers.read_to_end import read_to_end, reader
 from rlstream.consumers.transactional import Output, TransactionalLoop
 from rlstream.consumers.versions import VersionWatcher
 from rlstream.producers.settings import KafkaSettings
@@ -182,31 +183,10 @@ class Admission:
 def decided_groups(settings: KafkaSettings, run: str, partitions: set[int]) -> set[str]:
     """Group ids already in the admitted or rejected stream, in the given partitions."""
     names = [topics.topic_name(run, "admitted"), topics.topic_name(run, "rejected")]
-    consumer = Consumer(
-        {
-            **settings.librdkafka(),
-            "group.id": "rlstream.admission-restore",
-            "enable.auto.commit": "false",
-            "enable.partition.eof": "true",
-            "isolation.level": "read_committed",
-        }
-    )
+    consumer = reader(settings, "admission-restore")
     try:
-        assign = [TopicPartition(t, p, OFFSET_BEGINNING) for t in names for p in partitions]
-        consumer.assign(assign)
-        open_parts, decided = {(tp.topic, tp.partition) for tp in assign}, set()
-        idle = 0
-        while open_parts and idle < 20:
-            msg = consumer.poll(0.5)
-            if msg is None:
-                idle += 1
-                continue
-            if (err := msg.error()) is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    open_parts.discard((msg.topic(), msg.partition()))
-                continue
-            decided.add((msg.key() or b"").decode())
-        return decided
+        starts = [TopicPartition(t, p, OFFSET_BEGINNING) for t in names for p in partitions]
+        return {(msg.key() or b"").decode() for msg in read_to_end(consumer, starts)}
     finally:
         consumer.close()
 

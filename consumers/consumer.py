@@ -17,10 +17,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
+from rlstream.consumers.read_to_end import read_topic
 from rlstream.producers.settings import KafkaSettings
-from rlstream.schemas import events
+from rlstream.schemas import events, topics
 
 CONSUMER_DEFAULTS = {
     "enable.auto.commit": "false",
@@ -98,7 +99,7 @@ class RoleConsumer:
         on_revoke: Callable[[list[TopicPartition]], None] | None = None,
         settings: KafkaSettings | None = None,
     ) -> None:
-        self.consumer = consumer
+        self._consumer = consumer
         self.store = store or events.default_store()
         self.decode = events.deserializer(self.store)
         self._settings = settings  # to learn unknown writer schemas from rl.schemas
@@ -119,11 +120,11 @@ class RoleConsumer:
         """Up to ``max_records`` records, decoded; partition EOFs and transient errors skipped."""
         # Block for the first record only, then take what is already fetched: a batch never
         # waits for ``max_records`` to arrive (consume(n, t) would, adding up to t of latency).
-        first = self.consumer.poll(timeout)
+        first = self._consumer.poll(timeout)
         if first is None:
             return []
         messages = (
-            [first, *self.consumer.consume(max_records - 1, 0)] if max_records > 1 else [first]
+            [first, *self._consumer.consume(max_records - 1, 0)] if max_records > 1 else [first]
         )
         batch = []
         for msg in messages:
@@ -153,10 +154,31 @@ class RoleConsumer:
     def commit(self, records: list[Record]) -> None:
         """Synchronously commit the offsets after ``records`` (their effect is done)."""
         if records:
-            self.consumer.commit(offsets=next_offsets(records), asynchronous=False)
+            self._consumer.commit(offsets=next_offsets(records), asynchronous=False)
+
+    def group_metadata(self) -> object:
+        """The group's metadata, for committing offsets inside a producer's transaction."""
+        return self._consumer.consumer_group_metadata()
+
+    def committed(
+        self, partitions: list[TopicPartition], timeout: float = 30.0
+    ) -> list[TopicPartition]:
+        """The group's committed offsets of ``partitions`` (negative where none yet)."""
+        return list(self._consumer.committed(partitions, timeout=timeout))
+
+    def rewind(self) -> None:
+        """Seek every assigned partition back to its committed offset (the beginning where none
+        is committed yet): after an aborted transaction, exactly the uncommitted records are
+        read again."""
+        assigned = self._consumer.assignment()
+        if not assigned:
+            return
+        for tp in self.committed(assigned):
+            offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+            self._consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
 
     def close(self) -> None:
-        self.consumer.close()
+        self._consumer.close()
 
 
 def next_offsets(records: Iterable[Record]) -> list[TopicPartition]:
@@ -170,45 +192,15 @@ def next_offsets(records: Iterable[Record]) -> list[TopicPartition]:
 
 
 def load_schema_topic(
-    settings: KafkaSettings, store: events.SchemaStore, timeout: float = 10.0
+    settings: KafkaSettings, store: events.SchemaStore, timeout: float = 30.0
 ) -> int:
     """Read every writer schema in ``rl.schemas`` into ``store``; returns how many were read.
 
     This is how a consumer decodes records written by code it has never seen.
     """
-    from confluent_kafka import OFFSET_BEGINNING
-
-    from rlstream.schemas import topics
-
-    consumer = Consumer(
-        {
-            **settings.librdkafka(),
-            "group.id": "rlstream.schema-reader",
-            "enable.auto.commit": "false",
-            "enable.partition.eof": "true",
-        }
-    )
-    try:
-        meta = consumer.list_topics(topics.SCHEMAS_TOPIC, timeout=timeout).topics
-        parts = meta.get(topics.SCHEMAS_TOPIC)
-        if parts is None or parts.error is not None:
-            return 0
-        pending = {p for p in parts.partitions}
-        consumer.assign(
-            [TopicPartition(topics.SCHEMAS_TOPIC, p, OFFSET_BEGINNING) for p in pending]
-        )
-        count = 0
-        while pending:
-            msg = consumer.poll(timeout)
-            if msg is None:
-                break
-            if (err := msg.error()) is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    pending.discard(msg.partition())
-                continue
-            if msg.value() is not None:
-                store.add_record(msg.key() or b"", msg.value())
-                count += 1
-        return count
-    finally:
-        consumer.close()
+    count = 0
+    for msg in read_topic(settings, topics.SCHEMAS_TOPIC, name="schema-reader", timeout=timeout):
+        if msg.value() is not None:
+            store.add_record(msg.key() or b"", msg.value())
+            count += 1
+    return count

@@ -23,14 +23,13 @@ which shifts rewards by a baseline but never duplicates or loses feedback.
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from rlstream.consumers.consumer import Record, Stopper
 from rlstream.consumers.feedback_rules import (
@@ -39,15 +38,13 @@ from rlstream.consumers.feedback_rules import (
     RunningMean,
     window_decisions,
 )
+from rlstream.consumers.read_to_end import read_to_end, reader
 from rlstream.consumers.transactional import Output, TransactionalLoop
 from rlstream.consumers.versions import VersionWatcher
 from rlstream.producers.settings import KafkaSettings
 from rlstream.schemas import arrays, events, topics
 
 __all__ = ["FeedbackRL", "FeedbackRLConfig", "decided_ids", "run_feedback_rl"]
-
-log = logging.getLogger(__name__)
-
 
 # --- the role -------------------------------------------------------------------------------
 
@@ -144,7 +141,7 @@ class FeedbackRL:
         if value.get("token_ids") is not None or ref is None:
             return value
         if self._lookup is None:
-            self._lookup = _reader(self.settings, "feedback-rl.trajectory-lookup")
+            self._lookup = reader(self.settings, "feedback-rl.trajectory-lookup")
         traj = read_at(self._lookup, ref["topic"], ref["partition"], ref["offset"])
         if traj is None or traj.get("group_id") is None:
             self.counts["trajectory_ref_unreadable"] += 1
@@ -211,7 +208,7 @@ class FeedbackRL:
         """Remember the ids decided before the committed offsets of newly assigned partitions."""
         if not partitions or not self.cfg.dedup_lookback:
             return
-        committed = self.loop.consumer.consumer.committed(partitions, timeout=30)
+        committed = self.loop.consumer.committed(partitions)
         for tp in committed:
             if tp.offset > 0:
                 for fid in decided_ids(self.settings, tp, self.cfg.dedup_lookback):
@@ -234,35 +231,10 @@ class FeedbackRL:
             return 0
         self._settle()
         outputs = self._close_due(now)
-        producer = self.loop.producer
-        producer.producer.begin_transaction()
-        try:
-            for out in outputs:
-                producer.produce(out.topic, out.event or "admission", out.value, out.key)
-            producer.producer.send_offsets_to_transaction(
-                self.offsets([]), self.loop.consumer.consumer.consumer_group_metadata(), 60
-            )
-            producer.producer.commit_transaction(60)
-        except KafkaException as exc:
-            self._abort(exc)
-            return 0
+        if not self.loop.commit(lambda: self.loop.produce(outputs), records=[]):
+            return 0  # aborted: the loop rewound and reset the windows (``_reset``)
         self._settle()
         return len(outputs)
-
-    def _abort(self, exc: KafkaException) -> None:
-        if not exc.args[0].txn_requires_abort():
-            raise exc
-        log.warning("feedback-rl transaction aborted, rewinding: %s", exc.args[0].str())
-        self.loop.producer.producer.abort_transaction(60)
-        consumer = self.loop.consumer.consumer
-        assigned = consumer.assignment()
-        for tp in consumer.committed(assigned, timeout=30) if assigned else []:
-            consumer.seek(
-                TopicPartition(
-                    tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
-                )
-            )
-        self._reset()
 
     def run(self, stopper: Stopper, idle_exit_s: float | None = None) -> Counter[str]:
         """Decide feedback until stopped (or idle for ``idle_exit_s``); returns the counts."""
@@ -285,18 +257,6 @@ class FeedbackRL:
                 self.watcher.close()
             if self._lookup is not None:
                 self._lookup.close()
-
-
-def _reader(settings: KafkaSettings, name: str) -> Consumer:
-    return Consumer(
-        {
-            **settings.librdkafka(),
-            "group.id": f"rlstream.{name}",
-            "enable.auto.commit": "false",
-            "enable.partition.eof": "true",
-            "isolation.level": "read_committed",
-        }
-    )
 
 
 def read_at(
@@ -326,22 +286,12 @@ def decided_ids(settings: KafkaSettings, committed: TopicPartition, lookback: in
     Every record before the committed offset of a feedback partition is decided (windows close
     in offset order), so these ids are the ones a retry must not bring back.
     """
-    consumer = _reader(settings, "feedback-rl-restore")
     start, stop, ids = max(0, committed.offset - lookback), committed.offset, []
     decode = events.deserializer(expect="feedback")
+    consumer = reader(settings, "feedback-rl-restore")
     try:
-        consumer.assign([TopicPartition(committed.topic, committed.partition, start)])
-        idle = 0
-        while idle < 20:
-            msg = consumer.poll(0.5)
-            if msg is None:
-                idle += 1
-                continue
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    break
-                continue
+        since = [TopicPartition(committed.topic, committed.partition, start)]
+        for msg in read_to_end(consumer, since):
             if (msg.offset() or 0) >= stop:
                 break
             with contextlib.suppress(events.EventError):

@@ -8,21 +8,14 @@ schema they name; raw array fields are shown as numbers (numpy views, no Python 
 from __future__ import annotations
 
 import base64
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    OFFSET_END,
-    Consumer,
-    KafkaError,
-    Message,
-    TopicPartition,
-)
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, Message, TopicPartition
 
 from rlstream.consumers.consumer import load_schema_topic
+from rlstream.consumers.read_to_end import partitions_of, read_to_end, reader
 from rlstream.producers.settings import KafkaSettings
 from rlstream.schemas import arrays, events
 
@@ -40,7 +33,6 @@ def tap(
     follow: bool = False,
     from_end: bool = False,
     limit: int | None = None,
-    idle_s: float = 2.0,
 ) -> Iterator[tuple[Message, events.Decoded | None, str | None]]:
     """Yield (message, decoded or None, error or None) from every partition of ``topic``.
 
@@ -49,51 +41,32 @@ def tap(
     store = events.SchemaStore()
     load_schema_topic(settings, store)
     decode = events.deserializer(store)
-    consumer = Consumer(
-        {
-            **settings.librdkafka(),
-            "group.id": "rlstream.tap",
-            "enable.auto.commit": "false",
-            "enable.partition.eof": "true",
-            "isolation.level": "read_committed",
-        }
-    )
+    consumer = reader(settings, "tap")
     try:
-        meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
-        if meta is None or meta.error is not None:
+        parts = partitions_of(consumer, topic)
+        if parts is None:
             raise SystemExit(f"error: topic {topic} does not exist")
         start = OFFSET_END if from_end else OFFSET_BEGINNING
-        consumer.assign([TopicPartition(topic, p, start) for p in meta.partitions])
-        yield from _drain(consumer, decode, set(meta.partitions), follow, limit, idle_s)
+        assigned = [TopicPartition(topic, p, start) for p in parts]
+        messages = _follow(consumer, assigned) if follow else read_to_end(consumer, assigned)
+        for seen, msg in enumerate(messages):
+            if limit is not None and seen >= limit:
+                return
+            try:
+                yield msg, decode(msg.value(), None), None
+            except events.EventError as exc:
+                yield msg, None, f"{exc.reason}: {exc}"
     finally:
         consumer.close()
 
 
-def _drain(
-    consumer: Consumer,
-    decode: Any,
-    open_parts: set[int],
-    follow: bool,
-    limit: int | None,
-    idle_s: float,
-) -> Iterator[tuple[Message, Any, str | None]]:
-    seen, last = 0, time.monotonic()
-    while (follow or open_parts) and (limit is None or seen < limit):
+def _follow(consumer: Consumer, assigned: list[TopicPartition]) -> Iterator[Message]:
+    """Every record of the assigned partitions, waiting for new ones without end."""
+    consumer.assign(assigned)
+    while True:
         msg = consumer.poll(0.5)
-        if msg is None:
-            if not follow and time.monotonic() - last > idle_s:
-                return
-            continue
-        last = time.monotonic()
-        if (err := msg.error()) is not None:
-            if err.code() == KafkaError._PARTITION_EOF:
-                open_parts.discard(msg.partition())
-            continue
-        seen += 1
-        try:
-            yield msg, decode(msg.value(), None), None
-        except events.EventError as exc:
-            yield msg, None, f"{exc.reason}: {exc}"
+        if msg is not None and msg.error() is None:
+            yield msg
 
 
 def jsonable(value: Any, field: str = "", full: bool = True) -> Any:

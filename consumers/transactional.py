@@ -1,5 +1,6 @@
-"""Exactly-once consume-transform-produce: the loop the judges, admission, feedback-rl and the
-learner share.
+"""Exactly-once consume-transform-produce: the loop the judges, admission, rollout workers and
+feedback-rl share (the learner, which trains on groups collected across many polls, commits
+through the same producer transaction with the offsets of the step's inputs).
 
 Each batch is one Kafka transaction holding (a) the outputs the processor made from the batch,
 (b) dead letters for records that failed to decode or that the processor refused, and (c) the
@@ -21,12 +22,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
+from confluent_kafka import TopicPartition
 
 from rlstream.consumers.consumer import Record, RoleConsumer, Stopper, make_consumer, next_offsets
 from rlstream.consumers.dlq import dead_letter, dead_letter_headers
-from rlstream.consumers.metrics import LoopMetrics
-from rlstream.producers.producer import EventProducer, make_producer
+from rlstream.producers.metrics import LoopMetrics
+from rlstream.producers.producer import EventProducer, TransactionAborted
 from rlstream.producers.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -101,8 +102,7 @@ class TransactionalLoop:
             on_revoke=on_revoke,
             settings=settings,
         )
-        self.producer = EventProducer(make_producer(settings, transactional_id=transactional_id))
-        self.producer.producer.init_transactions(60)
+        self.producer = EventProducer.transactional(settings, transactional_id)
         # ``offsets`` lets a stateful processor commit less than it read (e.g. admission keeps
         # pending groups re-readable); ``tick_s`` calls ``process([])`` when idle that often,
         # for time-based decisions.
@@ -136,37 +136,39 @@ class TransactionalLoop:
             return 0
         self._last_tick = time.monotonic()
         started = time.monotonic()
-        producer = self.producer.producer
-        producer.begin_transaction()
-        try:
-            self._produce_batch(records)
-            producer.send_offsets_to_transaction(
-                self.offsets(records), self.consumer.consumer.consumer_group_metadata(), 60
-            )
-            producer.commit_transaction(60)
-        except KafkaException as exc:
-            self._abort(exc)
+        if not self.commit(lambda: self.produce(self._process_batch(records)), records):
             return 0
         self.stats.batches += 1
         self.stats.records += len(records)
         self.stats.last_batch_s = time.monotonic() - started
         return len(records)
 
+    def commit(self, produce: Callable[[], None], records: list[Record] | None = None) -> bool:
+        """Run ``produce`` in one transaction and commit it with the consumer offsets after
+        ``records`` (``offsets(records)``; none when ``records`` is None). On an abort, rewind to
+        the committed offsets, call ``on_abort`` and return False."""
+        try:
+            with self.producer.transaction() as txn:
+                produce()
+                if records is not None:
+                    txn.send_offsets(self.offsets(records), self.consumer.group_metadata())
+        except TransactionAborted:
+            self.stats.aborts += 1
+            self.consumer.rewind()
+            if self.on_abort:
+                self.on_abort()
+            return False
+        return True
+
     def _tick(self) -> None:
         """Run ``process([])`` in a transaction of its own (outputs only, no offsets)."""
         self._last_tick = time.monotonic()
         outputs = list(self.process([]))
-        if not outputs:
-            return
-        producer = self.producer.producer
-        producer.begin_transaction()
-        try:
-            self._produce(outputs)
-            producer.commit_transaction(60)
-        except KafkaException as exc:
-            self._abort(exc)
+        if outputs:
+            self.commit(lambda: self.produce(outputs))
 
-    def _produce(self, outputs: list[Output]) -> None:
+    def produce(self, outputs: list[Output]) -> None:
+        """Produce ``outputs`` into the open transaction (call it inside ``commit``)."""
         for out in outputs:
             if out.event is None:
                 self.producer.produce_raw(out.topic, out.value, out.key, out.headers)
@@ -174,7 +176,8 @@ class TransactionalLoop:
                 self.producer.produce(out.topic, out.event, out.value, out.key, out.headers)
         self.stats.outputs += len(outputs)
 
-    def _produce_batch(self, records: list[Record]) -> None:
+    def _process_batch(self, records: list[Record]) -> list[Output]:
+        """The batch's outputs; undecodable and refused records are dead-lettered on the way."""
         good = []
         for rec in records:
             if rec.event is None:
@@ -188,7 +191,7 @@ class TransactionalLoop:
             self._dead_letter(refused.record, "invalid_record", refused.reason)
             rest = [r for r in good if r is not refused.record]
             outputs = list(self.process(rest)) if rest else []
-        self._produce(outputs)
+        return outputs
 
     def _dead_letter(self, rec: Record, reason: str, error: str) -> None:
         letter = dead_letter(rec.message, reason, error, self.group_id)
@@ -201,29 +204,8 @@ class TransactionalLoop:
         )
         self.stats.dead_letters += 1
 
-    def _abort(self, exc: KafkaException) -> None:
-        err = exc.args[0]
-        if not err.txn_requires_abort():
-            raise exc  # fatal (e.g. fenced by a newer instance): let the role exit
-        log.warning("transaction aborted, rewinding to committed offsets: %s", err.str())
-        self.producer.producer.abort_transaction(60)
-        self.stats.aborts += 1
-        self._rewind()
-        if self.on_abort:
-            self.on_abort()
-
-    def _rewind(self) -> None:
-        consumer = self.consumer.consumer
-        assigned = consumer.assignment()
-        if not assigned:
-            return
-        for tp in consumer.committed(assigned, timeout=30):
-            # No committed offset yet: start over (auto.offset.reset is earliest).
-            offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
-            consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
-
     def close(self) -> None:
         try:
             self.consumer.close()
         finally:
-            self.producer.producer.flush(10)
+            self.producer.wait(10)

@@ -33,7 +33,7 @@ class ReplayResult:
 def run_manifests(settings: KafkaSettings) -> dict[str, dict[str, Any]]:
     """The newest manifest of every run in ``rl.runs`` (deleted runs left out)."""
     runs: dict[str, dict[str, Any] | None] = {}
-    for msg, decoded, _ in tap(settings, topics.RUNS_TOPIC, idle_s=1.0):
+    for msg, decoded, _ in tap(settings, topics.RUNS_TOPIC):
         key = (msg.key() or b"").decode()
         runs[key] = decoded.record if decoded is not None else None
     return {k: v for k, v in runs.items() if v is not None}
@@ -50,7 +50,7 @@ def admitted_by_ref(
     settings: KafkaSettings, run: str
 ) -> dict[tuple[str, int, int], dict[str, Any]]:
     records = {}
-    for msg, decoded, _ in tap(settings, topics.topic_name(run, "admitted"), idle_s=1.0):
+    for msg, decoded, _ in tap(settings, topics.topic_name(run, "admitted")):
         if decoded is not None:
             records[(msg.topic(), msg.partition(), msg.offset())] = decoded.record
     return records
@@ -144,7 +144,7 @@ def rescore(
     ensure_run_topics(settings, into)
     count = 0
     with EventProducer.connect(settings) as producer:
-        for msg, decoded, _ in tap(settings, topics.topic_name(run, "trajectories"), idle_s=1.0):
+        for msg, decoded, _ in tap(settings, topics.topic_name(run, "trajectories")):
             if decoded is None:
                 continue
             traj = {**decoded.record, "run": into}

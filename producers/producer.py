@@ -1,16 +1,32 @@
 """Producers: idempotent, acks=all, zstd; delivery failures surfaced; flushed on shutdown.
 
-``EventProducer`` wraps a confluent-kafka ``Producer`` thinly: it serializes events with the
-schema codec, makes sure each writer schema it uses is in ``rl.schemas`` before the first record
-that names it, and raises ``DeliveryError`` from ``flush`` if any record was not acknowledged.
+``EventProducer`` wraps a confluent-kafka ``Producer`` thinly and keeps it private: it serializes
+events with the schema codec, makes sure each writer schema it uses is in ``rl.schemas`` before
+the first record that names it, and raises ``DeliveryError`` from ``flush`` if any record was not
+acknowledged.
+
+It is the one owner of Kafka transactions: every transactional writer (the exactly-once loop,
+feedback-rl, the learner, the weight publisher) writes inside ``with producer.transaction()``.
+Rules of a transaction:
+
+- it begins on entry and commits on a clean exit, together with the consumer offsets handed to
+  ``Transaction.send_offsets`` (consume-transform-produce) if any;
+- when the broker says the transaction must be aborted (a retriable failure), it is aborted and
+  ``TransactionAborted`` is raised: nothing of it became visible, and the caller rewinds to its
+  committed state and tries again;
+- any other exception aborts it as well and propagates;
+- a fatal error (fenced by a newer instance of the same transactional id) propagates as the
+  ``KafkaException`` it is: the role must exit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from rlstream.producers.settings import KafkaSettings
 from rlstream.schemas import events, topics
@@ -26,10 +42,29 @@ PRODUCER_DEFAULTS = {
 }
 
 Headers = Sequence[tuple[str, bytes]]
+DeliveryCallback = Callable[[KafkaError | None, Message], None]
+
+log = logging.getLogger(__name__)
 
 
 class DeliveryError(RuntimeError):
     """One or more records were not acknowledged by the broker."""
+
+
+class TransactionAborted(RuntimeError):
+    """The broker required the transaction to abort, and it was: nothing of it is visible."""
+
+
+class Transaction:
+    """The open transaction inside ``EventProducer.transaction()``."""
+
+    def __init__(self, producer: Producer, timeout: float) -> None:
+        self._producer, self._timeout = producer, timeout
+
+    def send_offsets(self, offsets: Sequence[TopicPartition], group_metadata: object) -> None:
+        """Commit these consumer offsets (of the group ``group_metadata`` names) with it."""
+        if offsets:
+            self._producer.send_offsets_to_transaction(list(offsets), group_metadata, self._timeout)
 
 
 def make_producer(
@@ -46,7 +81,7 @@ class EventProducer:
     """Produces schema-tagged events; see the module docstring for its guarantees."""
 
     def __init__(self, producer: Producer, store: events.SchemaStore | None = None) -> None:
-        self.producer = producer
+        self._producer = producer
         self.store = store or events.default_store()
         self._serializers: dict[str, Any] = {}
         self._announced: set[bytes] = set()
@@ -55,6 +90,35 @@ class EventProducer:
     @classmethod
     def connect(cls, settings: KafkaSettings, **overrides: str) -> EventProducer:
         return cls(make_producer(settings, **overrides))
+
+    @classmethod
+    def transactional(
+        cls, settings: KafkaSettings, transactional_id: str, timeout: float = 60.0, **overrides: str
+    ) -> EventProducer:
+        """A producer with ``transactional_id``, initialised: fences any older instance of the
+        id and aborts the transaction it left open."""
+        producer = make_producer(settings, transactional_id=transactional_id, **overrides)
+        producer.init_transactions(timeout)
+        return cls(producer)
+
+    @contextlib.contextmanager
+    def transaction(self, timeout: float = 60.0) -> Iterator[Transaction]:
+        """Begin, yield, commit (see the module's rules of a transaction)."""
+        self._producer.begin_transaction()
+        try:
+            yield Transaction(self._producer, timeout)
+            self._producer.commit_transaction(timeout)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if not err.txn_requires_abort():
+                raise  # fatal, e.g. fenced by a newer instance: the role must exit
+            log.warning("transaction aborted: %s", err.str())
+            self._producer.abort_transaction(timeout)
+            raise TransactionAborted(err.str()) from exc
+        except BaseException:
+            with contextlib.suppress(KafkaException):  # the error that matters is the first
+                self._producer.abort_transaction(timeout)
+            raise
 
     def produce(
         self,
@@ -73,16 +137,24 @@ class EventProducer:
         value: bytes,
         key: str | bytes | None = None,
         headers: Headers | None = None,
+        on_delivery: DeliveryCallback | None = None,
     ) -> None:
-        """Produce already-encoded bytes, waiting for queue space when the local buffer is full."""
+        """Produce already-encoded bytes, waiting for queue space when the local buffer is full.
+
+        With ``on_delivery`` the caller handles the record's delivery report (and its failure)
+        itself; ``flush`` then does not report it."""
         while True:
             try:
-                self.producer.produce(
-                    topic, value, key, headers=list(headers or []), on_delivery=self._on_delivery
+                self._producer.produce(
+                    topic,
+                    value,
+                    key,
+                    headers=list(headers or []),
+                    on_delivery=on_delivery or self._on_delivery,
                 )
                 return
             except BufferError:
-                self.producer.poll(0.1)
+                self._producer.poll(0.1)
 
     def _serializer(self, event: str) -> Any:
         if event not in self._serializers:
@@ -104,11 +176,15 @@ class EventProducer:
             self._errors.append(f"{msg.topic()}: {err.str()}")
 
     def poll(self, timeout: float = 0.0) -> None:
-        self.producer.poll(timeout)
+        self._producer.poll(timeout)
+
+    def wait(self, timeout: float = 60.0) -> int:
+        """Wait up to ``timeout`` for every delivery report; returns how many are still queued."""
+        return int(self._producer.flush(timeout))
 
     def flush(self, timeout: float = 60.0) -> None:
         """Wait for every record; raise ``DeliveryError`` if any failed or is still queued."""
-        remaining = self.producer.flush(timeout)
+        remaining = self._producer.flush(timeout)
         errors, self._errors = self._errors, []
         if remaining:
             errors.append(f"{remaining} record(s) still queued after {timeout:.0f}s")

@@ -1,16 +1,19 @@
 """Weight publication: every policy version as chunks plus a manifest, and chunk retention.
 
-The learner hands ``WeightPublisher.publish`` the new state (``TensorBits`` by name) inside its
-own open Kafka transaction; the publisher encodes it with the delta codec and produces
+The learner calls ``WeightPublisher.publish_version`` with the new state (``TensorBits`` by
+name) and the consumer offsets of the admitted records that formed the step. In one transaction
+of the producer (``EventProducer.transaction``) the publisher encodes the state with the delta
+codec and produces
 
 1. every chunk of the version (``WeightChunk`` events on ``weights.chunks``, key
    MODEL/VERSION/INDEX), waits until the broker has acknowledged them, so that the manifest can
    name each chunk's log position (``ChunkRef.ref``), then
-2. the ``WeightManifest`` (on ``weights.manifests``, key MODEL) last.
+2. the ``WeightManifest`` (on ``weights.manifests``, key MODEL) last,
 
-The caller then adds its consumed offsets and commits: chunks, manifest and offsets become
-visible together or not at all, so a manifest never points at missing data and a crashed
-learner resumes from the last published version. ``publish_version`` wraps its own transaction.
+and commits them with the offsets: chunks, manifest and offsets become visible together or not
+at all, so a manifest never points at missing data and a crashed learner resumes from the last
+published version. (``publish`` is the same without the transaction, for a caller that holds
+one open.)
 
 Rules (pure functions below, unit-tested):
 
@@ -480,18 +483,24 @@ class WeightPublisher:
         step_inputs: Sequence[Mapping[str, Any]] = (),
         stats: Mapping[str, float] | None = None,
         force_keyframe: bool = False,
+        offsets: Sequence[TopicPartition] = (),
+        group_metadata: object | None = None,
         timeout: float = 60.0,
     ) -> dict[str, Any]:
-        """``publish`` in a transaction of its own (begin, publish, commit; abort on failure)."""
-        producer = self.producer.producer
-        producer.begin_transaction()
+        """``publish`` in a transaction of its own, committed with the consumer ``offsets`` (of
+        the group ``group_metadata`` names) that formed the version, if any. On any failure the
+        transaction is aborted, the publish rolled back, and the error raised."""
         try:
-            rec = self.publish(
-                state, version, step_inputs=step_inputs, stats=stats, force_keyframe=force_keyframe
-            )
-            producer.commit_transaction(timeout)
+            with self.producer.transaction(timeout) as txn:
+                rec = self.publish(
+                    state,
+                    version,
+                    step_inputs=step_inputs,
+                    stats=stats,
+                    force_keyframe=force_keyframe,
+                )
+                txn.send_offsets(offsets, group_metadata)
         except BaseException:
-            producer.abort_transaction(timeout)
             if self._last is not None and self._last.version == version:
                 self.rollback()
             raise
@@ -547,8 +556,9 @@ class WeightPublisher:
                 if len(value) > self._chunk_limit:
                     raise ValueError(f"chunk record of {len(value)} bytes > {self._chunk_limit}")
                 key = topics.record_key("weights.chunks", rec)
-                self._produce(value, key, _on_ref(refs[kind], index, errors))
-        remaining = self.producer.producer.flush(self.flush_timeout)
+                on_delivery = _on_ref(refs[kind], index, errors)
+                self.producer.produce_raw(self.chunk_topic, value, key, on_delivery=on_delivery)
+        remaining = self.producer.wait(self.flush_timeout)
         missing = sum(len(e.chunks) for e in encoded) - sum(len(r) for r in refs.values())
         if errors or remaining or missing:
             detail = "; ".join(errors[:3]) or f"{missing} chunk(s) unacknowledged"
@@ -559,16 +569,6 @@ class WeightPublisher:
         return (
             payload if self.fault_hook is None else self.fault_hook(version, kind, index, payload)
         )
-
-    def _produce(self, value: bytes, key: bytes, on_delivery: Callable[..., None]) -> None:
-        while True:
-            try:
-                self.producer.producer.produce(
-                    self.chunk_topic, value, key, on_delivery=on_delivery
-                )
-                return
-            except BufferError:
-                self.producer.producer.poll(0.1)
 
     def _produce_manifest(self, rec: Mapping[str, Any]) -> None:
         self.producer.announce_schema(self.producer.store.current("weight_manifest")[0])

@@ -71,7 +71,7 @@ def task_record(run: str, cfg: SchedulerConfig, index: int, version: int) -> dic
 
 def _count(settings: KafkaSettings, run: str, stream: str) -> int:
     """Distinct keys in a stream (a decision split in parts counts once)."""
-    keys = {msg.key() for msg, _, _ in tap(settings, topics.topic_name(run, stream), idle_s=1.0)}
+    keys = {msg.key() for msg, _, _ in tap(settings, topics.topic_name(run, stream))}
     return len(keys)
 
 

@@ -14,7 +14,7 @@ from rlstream.consumers.consumer import RoleConsumer, Stopper, make_consumer
 from rlstream.consumers.feedback_rules import online_quota
 from rlstream.consumers.tap import tap
 from rlstream.producers.admin import admin_client
-from rlstream.producers.producer import EventProducer, make_producer
+from rlstream.producers.producer import EventProducer
 from rlstream.producers.settings import KafkaSettings
 from rlstream.producers.weights import WeightPublisher
 from rlstream.schemas import arrays, topics
@@ -44,7 +44,7 @@ def manifests_by_version(
     """One committed manifest per version (the delta where a version also has a keyframe: both
     name the same inputs, and the delta is what followers apply)."""
     out: dict[int, dict[str, Any]] = {}
-    for _, decoded, _ in tap(settings, topics.topic_name(run, "weights.manifests"), idle_s=1.0):
+    for _, decoded, _ in tap(settings, topics.topic_name(run, "weights.manifests")):
         rec = decoded.record if decoded is not None else None
         if rec is None or (model is not None and rec["model"] != model):
             continue
@@ -120,8 +120,7 @@ class Learner:
         torch.use_deterministic_algorithms(True)
         self.settings, self.run, self.cfg, self.log = settings, run, cfg, log
         group = topics.group_id(run, "learner")
-        self.producer = EventProducer(make_producer(settings, transactional_id=f"{group}.0"))
-        self.producer.producer.init_transactions(60)
+        self.producer = EventProducer.transactional(settings, f"{group}.0")
         self.publisher = WeightPublisher(
             self.producer, run, cfg.model, keyframe_every=cfg.keyframe_every
         )
@@ -183,23 +182,19 @@ class Learner:
         stats: dict[str, float],
         offsets: list[TopicPartition] | None = None,
     ) -> None:
-        producer = self.producer.producer
-        producer.begin_transaction()
         state = published_state(self.model, self.cfg.publish_dtype)
         refs = [{"topic": t, "partition": p, "offset": o} for item in used for t, p, o in item.refs]
-        try:
-            self.publisher.publish(state, version, step_inputs=refs, stats=stats)
-            if offsets:
-                producer.send_offsets_to_transaction(
-                    offsets, self.consumer.consumer.consumer_group_metadata(), 60
-                )
-            producer.commit_transaction(120)
-        except BaseException:
-            # Nothing of this version became visible: the learner exits and, restarted,
-            # resumes from the last committed version and re-reads these inputs.
-            producer.abort_transaction(60)
-            self.publisher.rollback()
-            raise
+        # On any failure nothing of this version became visible: the learner exits and,
+        # restarted, resumes from the last committed version and re-reads these inputs.
+        self.publisher.publish_version(
+            state,
+            version,
+            step_inputs=refs,
+            stats=stats,
+            offsets=offsets or (),
+            group_metadata=self.consumer.group_metadata() if offsets else None,
+            timeout=120,
+        )
 
     def poll(self) -> None:
         for rec in self.consumer.poll_batch(100, 0.5):
@@ -261,7 +256,7 @@ class Learner:
 
     def close(self) -> None:
         self.consumer.close()
-        self.producer.producer.flush(10)
+        self.producer.wait(10)
 
 
 def run_learner(

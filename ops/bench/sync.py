@@ -336,16 +336,14 @@ class _Model:
 
 
 def _learner(cfg: dict[str, Any]) -> None:
-    from rlstream.producers.producer import EventProducer, make_producer
+    from rlstream.producers.producer import EventProducer
     from rlstream.producers.settings import KafkaSettings
     from rlstream.producers.weights import WeightPublisher
 
     model = _Model(cfg["mb"], cfg["seed"], cfg["lr"])
     settings = KafkaSettings(bootstrap_servers=cfg["bootstrap"])
-    producer = make_producer(settings, transactional_id=f"rlstream.{cfg['run']}.learner")
-    producer.init_transactions(60)
     pub = WeightPublisher(
-        EventProducer(producer),
+        EventProducer.transactional(settings, f"rlstream.{cfg['run']}.learner"),
         cfg["run"],
         MODEL,
         keyframe_every=cfg["keyframe_every"],

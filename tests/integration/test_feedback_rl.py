@@ -35,16 +35,16 @@ ROLE = textwrap.dedent(
     bootstrap, run, crash_after = sys.argv[1], sys.argv[2], int(sys.argv[3])
     cfg = FeedbackRLConfig(window_size=3, window_seconds=1.0, batch_size=4, max_staleness=1)
     role = FeedbackRL(KafkaSettings(bootstrap_servers=bootstrap), run, cfg)
-    produce, batches = role.loop._produce, []
+    produce, batches = role.loop.produce, []
 
     def crashing_produce(outputs):
         produce(outputs)
         batches.append(len(outputs))
         if crash_after and sum(1 for n in batches if n) >= crash_after:
-            role.loop.producer.producer.flush(10)  # written, not committed
+            role.loop.producer.wait(10)  # written, not committed
             os._exit(9)
 
-    role.loop._produce = crashing_produce  # fault injection point
+    role.loop.produce = crashing_produce  # fault injection point
     counts = role.run(Stopper(), idle_exit_s=4.0)
     print(json.dumps(dict(counts)))
     """

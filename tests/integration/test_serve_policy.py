@@ -16,7 +16,7 @@ from aiohttp import web
 
 from rlstream.envs.judges import JudgeConfig, judge_llm
 from rlstream.producers.admin import ensure_run_topics
-from rlstream.producers.producer import EventProducer, make_producer
+from rlstream.producers.producer import EventProducer
 from rlstream.producers.weights import WeightPublisher
 from rlstream.rollout.model import PolicyConfig, build_policy
 from rlstream.rollout.serve import PolicyServer, make_app
@@ -26,8 +26,7 @@ POLICY = PolicyConfig(vocab_size=128, d_model=32, n_heads=2, d_expert=32, max_se
 
 
 def _publisher(kafka, run: str) -> WeightPublisher:
-    producer = EventProducer(make_producer(kafka, transactional_id=f"rlstream.{run}.learner.0"))
-    producer.producer.init_transactions(30)
+    producer = EventProducer.transactional(kafka, f"rlstream.{run}.learner.0", timeout=30)
     return WeightPublisher(producer, run, "policy", keyframe_every=4)
 
 

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from rlstream.consumers.weights import Snapshot, WeightSubscriber, read_manifests
 from rlstream.producers.admin import admin_client, apply_topics, run_topic_wants
-from rlstream.producers.producer import EventProducer, make_producer
+from rlstream.producers.producer import EventProducer
 from rlstream.producers.settings import KafkaSettings
 from rlstream.producers.weights import WeightPublisher, prune
 from rlstream.schemas import deltacodec as codec
@@ -65,12 +66,13 @@ def _make_topics(kafka: KafkaSettings, run: str) -> None:
     apply_topics(admin_client(kafka), [w for w in run_topic_wants(run) if w.name in wanted])
 
 
+class _Abandoned(Exception):
+    """Raised inside a transaction to abort it."""
+
+
 def _publisher(kafka: KafkaSettings, run: str, k: int, **kw: Any) -> WeightPublisher:
-    producer = make_producer(kafka, transactional_id=f"rlstream.{run}.learner")
-    producer.init_transactions(30)
-    return WeightPublisher(
-        EventProducer(producer), run, MODEL, keyframe_every=k, max_chunk_bytes=CHUNK, **kw
-    )
+    producer = EventProducer.transactional(kafka, f"rlstream.{run}.learner", timeout=30)
+    return WeightPublisher(producer, run, MODEL, keyframe_every=k, max_chunk_bytes=CHUNK, **kw)
 
 
 def _publish(pub: WeightPublisher, learner: Learner, versions: range) -> None:
@@ -142,10 +144,9 @@ def test_an_aborted_publish_is_invisible_and_rollback_rebases_the_next_delta(kaf
     _make_topics(kafka, unique_run)
     learner, pub = Learner(seed=5), _publisher(kafka, unique_run, k=4)
     _publish(pub, learner, range(2))
-    producer = pub.producer.producer
-    producer.begin_transaction()
-    pub.publish(Learner(seed=99).states[0], 2)  # a version that never commits
-    producer.abort_transaction(30)
+    with pytest.raises(_Abandoned), pub.producer.transaction(30):
+        pub.publish(Learner(seed=99).states[0], 2)  # a version that never commits
+        raise _Abandoned  # the transaction aborts
     pub.rollback()
     _publish(pub, learner, range(2, 4))
     with _subscriber(kafka, unique_run) as sub:

@@ -1,0 +1,130 @@
+"""Read a topic (or some of its partitions) to its end as of the call: how every role catches up.
+
+Roles rebuild state from the log before they act: admission the groups already decided, the
+scheduler how many tasks it released, feedback-rl the ids it already decided, a weight follower
+the manifests published so far, a tap or a report what a run holds. They all do it here.
+
+Rules:
+
+- the end of each partition is fixed when the call starts (its high watermark then); records
+  written afterwards are not waited for, so catching up always finishes on a live topic;
+- only committed transactional data is read (``read_committed``): a partition is also done when
+  the reader reaches its end of committed data (a transaction still open never holds it up);
+- a reader assigns partitions itself: no consumer group, no commits, no rebalance of any role;
+- the call raises ``TimeoutError`` if the end is not reached within ``timeout``: a caller never
+  takes a partial read for the whole log.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    Message,
+    TopicPartition,
+)
+
+from rlstream.producers.settings import KafkaSettings
+
+_READER = {
+    "enable.auto.commit": "false",
+    "enable.partition.eof": "true",
+    "isolation.level": "read_committed",
+    "auto.offset.reset": "earliest",
+}
+#: Errors a reader skips: the end of a partition is handled, a topic may appear later.
+_SKIP = (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
+
+
+def reader(settings: KafkaSettings, name: str, **overrides: str) -> Consumer:
+    """A consumer that assigns partitions itself, never commits and reads committed data only.
+
+    ``name`` only labels it (``group.id`` is required by the client but no group is joined)."""
+    conf: dict[str, Any] = {**settings.librdkafka(), **_READER, "group.id": f"rlstream.{name}"}
+    conf.update(overrides)
+    return Consumer(conf)
+
+
+def partitions_of(consumer: Consumer, topic: str, timeout: float = 10.0) -> list[int] | None:
+    """The partition ids of ``topic`` (None when the topic does not exist)."""
+    meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+    if meta is None or meta.error is not None:
+        return None
+    return sorted(meta.partitions)
+
+
+def read_to_end(
+    consumer: Consumer, partitions: Iterable[TopicPartition], timeout: float = 60.0
+) -> Iterator[Message]:
+    """Assign ``partitions`` (each from its offset, e.g. ``OFFSET_BEGINNING``) to ``consumer``
+    and yield their records up to the end each had at the call (see the module rules).
+
+    The consumer must report partition ends (``enable.partition.eof``, as ``reader`` does)."""
+    starts = list(partitions)
+    remaining = {(tp.topic, tp.partition): end for tp, end in _ends(consumer, starts, timeout)}
+    remaining = {tp: end for tp, end in remaining.items() if end is not None}
+    if not remaining:
+        return
+    consumer.assign([tp for tp in starts if (tp.topic, tp.partition) in remaining])
+    deadline = time.monotonic() + timeout
+    while remaining:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{sorted(remaining)} not read to their end in {timeout:.0f}s")
+        msg = consumer.poll(0.2)
+        if msg is None:
+            continue
+        tp = (str(msg.topic()), int(msg.partition() or 0))
+        err = msg.error()
+        if err is not None:
+            if err.code() == KafkaError._PARTITION_EOF:
+                remaining.pop(tp, None)
+            elif err.code() not in _SKIP and not err.retriable():
+                raise RuntimeError(f"reading {tp[0]}[{tp[1]}]: {err.str()}")
+            continue
+        if tp not in remaining:
+            continue  # past its end as of the call
+        yield msg
+        if int(msg.offset() or 0) + 1 >= remaining[tp]:
+            remaining.pop(tp)
+
+
+def read_topic(
+    settings: KafkaSettings,
+    topic: str,
+    *,
+    name: str,
+    partitions: Iterable[int] | None = None,
+    timeout: float = 60.0,
+) -> Iterator[Message]:
+    """Every record of ``topic`` (or of the given partitions) from the beginning to its end as
+    of the call, with a reader of its own. A topic that does not exist yields nothing."""
+    consumer = reader(settings, name)
+    try:
+        parts = list(partitions) if partitions is not None else partitions_of(consumer, topic)
+        if parts:
+            starts = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts]
+            yield from read_to_end(consumer, starts, timeout)
+    finally:
+        consumer.close()
+
+
+def _ends(
+    consumer: Consumer, starts: list[TopicPartition], timeout: float
+) -> Iterator[tuple[TopicPartition, int | None]]:
+    """Per partition, the offset to read up to; None when there is nothing to read from the
+    start asked for (an empty partition, or a start at or past the end)."""
+    for tp in starts:
+        if tp.offset == OFFSET_END:
+            yield tp, None
+            continue
+        low, high = consumer.get_watermark_offsets(
+            TopicPartition(tp.topic, tp.partition), timeout=timeout, cached=False
+        )
+        first = low if tp.offset < 0 else max(low, tp.offset)
+        yield tp, (high if high > first else None)
