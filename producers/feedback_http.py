@@ -4,8 +4,9 @@
 
 - ``POST /v1/feedback``: one event (a JSON object) or ``{"events": [...]}``; authenticated by a
   bearer token or an HMAC signature (see ``feedback_models``);
-- ``GET /healthz``, ``GET /metrics`` (Prometheus text format), ``GET /openapi.json`` (OpenAPI 3.1
-  generated from the pydantic models, so the document and the validation cannot drift).
+- ``GET /healthz``, ``GET /metrics`` (Prometheus text format, from ``producers.metrics``),
+  ``GET /openapi.json`` (OpenAPI 3.1 generated from the pydantic models, so the document and the
+  validation cannot drift).
 
 Guarantees:
 - 202 means stored: the answer is sent only after the broker acknowledged every event of the
@@ -55,6 +56,8 @@ from rlstream.producers.feedback_models import (
     parse_events,
     to_record,
 )
+from rlstream.producers.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from rlstream.producers.metrics import Registry
 from rlstream.producers.producer import make_producer
 from rlstream.producers.settings import KafkaSettings
 from rlstream.schemas import events, topics
@@ -186,53 +189,46 @@ class KafkaSink:
 
 
 class Metrics:
-    """Counters and a latency histogram, rendered in the Prometheus text format (0.0.4)."""
+    """The service's Prometheus metrics, in its own registry with the process's own metrics."""
 
     BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
     PATHS = frozenset({FEEDBACK_PATH, "/healthz", "/metrics", "/openapi.json"})
+    OUTCOMES = ("stored", "duplicate", "failed")
 
-    def __init__(self) -> None:
-        self.requests: Counter[tuple[str, int]] = Counter()
-        self.events: Counter[str] = Counter()
-        self.bucket_counts = [0] * len(self.BUCKETS)
-        self.latency_sum, self.latency_count = 0.0, 0
+    def __init__(self, registry: Registry | None = None) -> None:
+        self.registry = registry or Registry(process=True)
+        self.requests = self.registry.counter(
+            "rlstream_feedback_requests_total",
+            "HTTP requests answered, by path and status.",
+            ("path", "status"),
+        )
+        self.events = self.registry.counter(
+            "rlstream_feedback_events_total",
+            "Feedback events by outcome (stored, duplicate, failed).",
+            ("outcome",),
+        )
+        for outcome in self.OUTCOMES:
+            self.events.labels(outcome)  # every outcome shows, at 0, before the first event
+        self.latency = self.registry.histogram(
+            "rlstream_feedback_request_seconds",
+            f"Latency of POST {FEEDBACK_PATH}, receipt to answer.",
+            buckets=self.BUCKETS,
+        )
 
     def observe(self, method: str, path: str, status: int, seconds: float) -> None:
         """Count one answered request; POST /v1/feedback latencies go to the histogram."""
         label = path if path in self.PATHS else "other"  # bounded label values
-        self.requests[(label, status)] += 1
-        if label != FEEDBACK_PATH or method != "POST":
-            return
-        self.latency_sum += seconds
-        self.latency_count += 1
-        for i, bound in enumerate(self.BUCKETS):
-            if seconds <= bound:
-                self.bucket_counts[i] += 1
+        self.requests.labels(label, str(status)).inc()
+        if label == FEEDBACK_PATH and method == "POST":
+            self.latency.observe(seconds)
+
+    def count_events(self, outcomes: Mapping[str, int]) -> None:
+        """Count the events of one request by outcome."""
+        for outcome, n in outcomes.items():
+            self.events.labels(outcome).inc(n)
 
     def render(self) -> str:
-        name = "rlstream_feedback"
-        lines = [
-            f"# HELP {name}_requests_total HTTP requests answered, by path and status.",
-            f"# TYPE {name}_requests_total counter",
-        ]
-        for (path, status), n in sorted(self.requests.items()):
-            lines.append(f'{name}_requests_total{{path="{path}",status="{status}"}} {n}')
-        lines += [
-            f"# HELP {name}_events_total Feedback events by outcome (stored, duplicate, failed).",
-            f"# TYPE {name}_events_total counter",
-        ]
-        for outcome in ("stored", "duplicate", "failed"):
-            lines.append(f'{name}_events_total{{outcome="{outcome}"}} {self.events[outcome]}')
-        hist = f"{name}_request_seconds"
-        lines += [
-            f"# HELP {hist} Latency of POST {FEEDBACK_PATH}, receipt to answer.",
-            f"# TYPE {hist} histogram",
-        ]
-        for bound, n in zip(self.BUCKETS, self.bucket_counts, strict=True):
-            lines.append(f'{hist}_bucket{{le="{bound}"}} {n}')
-        lines.append(f'{hist}_bucket{{le="+Inf"}} {self.latency_count}')
-        lines += [f"{hist}_sum {self.latency_sum:.6f}", f"{hist}_count {self.latency_count}"]
-        return "\n".join(lines) + "\n"
+        return self.registry.exposition()
 
 
 # --- the service ----------------------------------------------------------------------------
@@ -423,7 +419,7 @@ class FeedbackService:
 
     def _stored_answer(self, results: list[EventResult]) -> web.Response:
         counts = Counter(r.status for r in results)
-        self.metrics.events.update(counts)
+        self.metrics.count_events(counts)
         if counts["failed"]:
             retry = str(self.cfg.retry_after_s)
             message = f"Kafka did not acknowledge {counts['failed']} event(s); retry"
@@ -443,7 +439,8 @@ class FeedbackService:
         return web.json_response(body)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(text=self.metrics.render(), content_type="text/plain", charset="utf-8")
+        body = self.metrics.render().encode()
+        return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
     async def _openapi(self, request: web.Request) -> web.Response:
         return web.json_response(self.openapi)

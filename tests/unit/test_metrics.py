@@ -1,10 +1,11 @@
 """Prometheus metrics: the registry, the text exposition format, the exporter, the loop hook.
 
-Properties asserted: every exposition line follows the text format's grammar and label values
-are escaped; histogram buckets are cumulative and end with +Inf == _count; counters never go
-down and concurrent updates are not lost; a name registers once; the exporter serves /metrics
-over HTTP and is off unless a port is given; ``LoopMetrics`` publishes exactly what the loop's
-stats gained, and ``TransactionalLoop.run`` feeds it after every batch.
+Properties asserted (prometheus_client keeps the values and writes the format; these pin what
+our registry module makes of it): every exposition line follows the text format's grammar and
+label values are escaped; histogram buckets are cumulative and end with +Inf == _count; counters
+never go down and concurrent updates are not lost; a name registers once; the exporter serves
+/metrics over HTTP and is off unless a port is given; ``LoopMetrics`` publishes exactly what the
+loop's stats gained, and ``TransactionalLoop.run`` feeds it after every batch.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import urllib.request
 
 import pytest
 
-from rlstream.consumers import metrics as M
 from rlstream.consumers.transactional import LoopStats
+from rlstream.producers import metrics as M
 
 # One sample line: name, optional {labels}, a value (Prometheus text format 0.0.4).
 _LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\\\|\\"|\\n)*"'
@@ -43,8 +44,8 @@ def _check_grammar(text: str) -> dict[str, float]:
 def test_exposition_grammar_labels_escaped_and_types() -> None:
     reg = M.Registry()
     c = reg.counter("rlstream_test_total", 'Things\n"done".', ("group", "kind"))
-    c.inc(2, "g1", 'a"b\\c\nd')
-    c.inc(1, group="g1", kind="plain")
+    c.labels("g1", 'a"b\\c\nd').inc(2)
+    c.labels(group="g1", kind="plain").inc(1)
     g = reg.gauge("rlstream_level", "A level.")
     g.set(-3.5)
     text = reg.exposition()
@@ -60,10 +61,10 @@ def test_histogram_buckets_are_cumulative() -> None:
     reg = M.Registry()
     h = reg.histogram("rlstream_latency_seconds", "Latency.", ("group",), buckets=(0.1, 1.0, 5.0))
     for value in (0.05, 0.1, 0.5, 2.0, 7.0, 9.0):
-        h.observe(value, "g")
+        h.labels("g").observe(value)
     samples = _check_grammar(reg.exposition())
     bucket = lambda le: samples[f'rlstream_latency_seconds_bucket{{group="g",le="{le}"}}']  # noqa: E731
-    assert [bucket("0.1"), bucket("1"), bucket("5"), bucket("+Inf")] == [2, 3, 4, 6]
+    assert [bucket("0.1"), bucket("1.0"), bucket("5.0"), bucket("+Inf")] == [2, 3, 4, 6]
     assert samples['rlstream_latency_seconds_count{group="g"}'] == 6
     assert samples['rlstream_latency_seconds_sum{group="g"}'] == pytest.approx(18.65)
 
@@ -72,7 +73,7 @@ def test_counters_only_go_up_and_concurrent_increments_are_kept() -> None:
     reg = M.Registry()
     c = reg.counter("rlstream_hits_total", "Hits.")
     assert "rlstream_hits_total 0" in reg.exposition()  # shown before the first update
-    with pytest.raises(ValueError, match="only go up"):
+    with pytest.raises(ValueError, match="non-negative"):
         c.inc(-1)
 
     def work() -> None:
@@ -84,7 +85,7 @@ def test_counters_only_go_up_and_concurrent_increments_are_kept() -> None:
         t.start()
     for t in threads:
         t.join()
-    assert c.value() == 20_000
+    assert reg.collectors.get_sample_value("rlstream_hits_total") == 20_000
 
 
 def test_names_register_once_and_are_validated() -> None:
@@ -99,19 +100,25 @@ def test_names_register_once_and_are_validated() -> None:
         with pytest.raises(ValueError, match="invalid metric name"):
             reg.counter(bad, "bad")
     with pytest.raises(ValueError, match="invalid label"):
-        reg.counter("rlstream_y_total", "Y.", ("le",))
-    with pytest.raises(ValueError, match="takes labels"):
-        first.inc(1, "g", "extra")
+        reg.counter("rlstream_y_total", "Y.", ("a-b",))
+    with pytest.raises(ValueError, match="Reserved label"):
+        reg.histogram("rlstream_z_seconds", "Z.", ("le",))
+    with pytest.raises(ValueError, match="Incorrect label count"):
+        first.labels("g", "extra")
 
 
-def test_values_are_formatted_as_prometheus_writes_them() -> None:
-    assert [M.format_value(v) for v in (3.0, 0.25, float("inf"), float("-inf"))] == [
-        "3",
-        "0.25",
-        "+Inf",
-        "-Inf",
-    ]
-    assert M.format_value(float("nan")) == "NaN"
+def test_values_are_written_as_prometheus_reads_them() -> None:
+    reg = M.Registry()
+    g = reg.gauge("rlstream_value", "A value.", ("v",))
+    values = {"three": 3.0, "quarter": 0.25, "inf": float("inf"), "ninf": float("-inf")}
+    for name, value in {**values, "nan": float("nan")}.items():
+        g.labels(name).set(value)
+    text = reg.exposition()
+    samples = _check_grammar(text)
+    for name, value in values.items():
+        assert samples[f'rlstream_value{{v="{name}"}}'] == value
+    assert 'rlstream_value{v="inf"} +Inf' in text and 'rlstream_value{v="ninf"} -Inf' in text
+    assert 'rlstream_value{v="nan"} NaN' in text
 
 
 def test_exporter_serves_metrics_over_http() -> None:
@@ -186,3 +193,11 @@ def test_transactional_loop_run_feeds_its_metrics_after_every_batch() -> None:
     loop.run_once, loop.close, loop.metrics = run_once, lambda: None, Recorder()
     loop.run(stopper)
     assert seen == [3, 6, 9, 12]
+
+
+def test_a_service_registry_carries_the_process_metrics() -> None:
+    samples = _check_grammar(M.Registry(process=True).exposition())
+    assert samples["process_cpu_seconds_total"] > 0
+    assert samples["process_resident_memory_bytes"] > 0
+    assert any(s.startswith("python_info{") for s in samples)
+    assert "process_cpu_seconds_total" not in M.Registry().exposition()
