@@ -3,7 +3,7 @@
 ``rlstream serve feedback --run RUN`` runs it. Endpoints:
 
 - ``POST /v1/feedback``: one event (a JSON object) or ``{"events": [...]}``; authenticated by a
-  bearer token or an HMAC signature (see ``feedback_models``);
+  bearer token or an HMAC signature (see ``feedback_auth``), validated by ``feedback_models``;
 - ``GET /healthz``, ``GET /metrics`` (Prometheus text format, from ``producers.metrics``),
   ``GET /openapi.json`` (OpenAPI 3.1 generated from the pydantic models, so the document and the
   validation cannot drift).
@@ -41,6 +41,8 @@ from typing import Any, Protocol
 from aiohttp import web
 from confluent_kafka import KafkaError, KafkaException, Message
 
+from rlstream.producers.feedback_auth import authenticate
+from rlstream.producers.feedback_dedupe import IdempotencyLRU
 from rlstream.producers.feedback_models import (
     FEEDBACK_PATH,
     IDEMPOTENCY_HEADER,
@@ -51,11 +53,10 @@ from rlstream.producers.feedback_models import (
     FeedbackEvent,
     FeedbackServiceConfig,
     RequestError,
-    authenticate,
-    openapi_document,
     parse_events,
     to_record,
 )
+from rlstream.producers.feedback_openapi import openapi_document
 from rlstream.producers.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rlstream.producers.metrics import Registry
 from rlstream.producers.producer import make_producer
@@ -250,8 +251,6 @@ class FeedbackService:
     def __init__(
         self, cfg: FeedbackServiceConfig, sink: Sink, environ: Mapping[str, str] | None = None
     ) -> None:
-        from rlstream.producers.feedback_models import IdempotencyLRU
-
         self.cfg, self.sink = cfg, sink
         self.topic = topics.topic_name(cfg.run, "feedback")
         self.max_value_bytes = topics.STREAMS["feedback"].max_value_bytes

@@ -1,23 +1,21 @@
-"""What feedback-ingest accepts, and the pure rules it applies before anything reaches Kafka.
+"""What feedback-ingest accepts, and the pure rules it applies to a request's content.
 
 The editor backend reports what a user did with a served completion. This module holds the
-request models (pydantic, ``extra="forbid"``, strict types, bounded sizes), the service config,
-and the rules, all without I/O so they are unit tested without a broker or a socket:
+request and response models (pydantic, ``extra="forbid"``, strict types, bounded sizes), the
+service config, and the rules on them, all without I/O so they are unit tested without a broker
+or a socket:
 
 - validation: every field has a type and bounds; per-token arrays must all have T entries,
   token ids are int32 >= 0, logprobs finite and <= 0, loss mask 0/1, experts < 256 with one
   [n_layers, top_k] shape for every token; ``edit`` is required exactly when action = edited.
   A failure names the field (``events.0.action``) and why;
-- authentication: a bearer token from the configured list, OR an HMAC-SHA256 signature of
-  ``"<timestamp>." + raw body`` under a configured key id, with the timestamp within a skew
-  window so a captured request cannot be replayed later (inside the window the idempotency key
-  makes a replay a no-op). Comparisons are constant-time;
 - privacy: the user id is replaced by HMAC-SHA256(salt, user id) before the record is built; the
-  raw id is never stored or logged;
-- the OpenAPI document (``openapi_document``) is generated from these models, so it cannot
-  drift from the validation;
-- idempotency: ``IdempotencyLRU`` remembers the feedback ids the broker acknowledged within a
-  time window (bounded in entries), so a retried request is stored once.
+  raw id is never stored or logged.
+
+Around them: ``feedback_auth`` (bearer token or HMAC signature), ``feedback_dedupe`` (the
+acknowledged-id cache that makes a retry a no-op), ``feedback_openapi`` (the OpenAPI document,
+generated from these models so it cannot drift from the validation), ``feedback_http`` (the
+service).
 """
 
 from __future__ import annotations
@@ -26,9 +24,7 @@ import hashlib
 import hmac
 import os
 import secrets
-import time
-from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -41,15 +37,11 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
-from pydantic.json_schema import models_json_schema
 
 from rlstream.schemas import arrays, topics
 
 TOKENS_ENV = "RLSTREAM_FEEDBACK_TOKENS"
 SALT_ENV = "RLSTREAM_FEEDBACK_SALT"
-KEY_ID_HEADER = "X-Rlstream-Key-Id"
-SIGNATURE_HEADER = "X-Rlstream-Signature"
-TIMESTAMP_HEADER = "X-Rlstream-Timestamp"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 FEEDBACK_PATH = "/v1/feedback"
 MAX_TOKENS = 262_144
@@ -378,67 +370,6 @@ def _with_header_key(event: FeedbackEvent, key: str) -> FeedbackEvent:
     return event.model_copy(update={"feedback_id": key})
 
 
-# --- authentication -------------------------------------------------------------------------
-
-
-def sign(key: bytes, timestamp: str, body: bytes) -> str:
-    """The ``X-Rlstream-Signature`` value: ``sha256=`` + hex HMAC-SHA256(key, ts + "." + body)."""
-    digest = hmac.new(key, timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
-    return f"sha256={digest}"
-
-
-def check_bearer(authorization: str | None, tokens: list[bytes]) -> bool:
-    """True if ``Authorization: Bearer <t>`` names an accepted token (constant-time compare)."""
-    if not authorization or not tokens:
-        return False
-    scheme, _, given = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not given.strip():
-        return False
-    candidate = given.strip().encode()
-    matches = [hmac.compare_digest(candidate, token) for token in tokens]  # no early exit
-    return any(matches)
-
-
-def check_signature(
-    headers: Mapping[str, str], body: bytes, keys: Mapping[str, bytes], now_s: float, skew_s: int
-) -> str | None:
-    """None if the HMAC headers authenticate ``body``, else why not.
-
-    Rule: the key id must be configured, the timestamp an integer (unix seconds) within
-    ``skew_s`` of ``now_s``, and the signature equal to ``sign(key, timestamp, body)``.
-    """
-    key_id, ts = headers.get(KEY_ID_HEADER), headers.get(TIMESTAMP_HEADER)
-    signature = headers.get(SIGNATURE_HEADER)
-    if not key_id or not ts or not signature:
-        return "missing credentials"
-    key = keys.get(key_id)
-    if key is None:
-        return "unknown key id"
-    if not ts.isdigit() or len(ts) > 12:
-        return "bad timestamp"
-    if abs(now_s - int(ts)) > skew_s:
-        return "timestamp outside the allowed skew"
-    if not hmac.compare_digest(signature.encode(), sign(key, ts, body).encode()):
-        return "bad signature"
-    return None
-
-
-def authenticate(
-    headers: Mapping[str, str],
-    body: bytes,
-    tokens: list[bytes],
-    keys: Mapping[str, bytes],
-    now_s: float,
-    skew_s: int,
-) -> str | None:
-    """None if the request is authenticated by bearer token OR HMAC signature, else why not."""
-    if check_bearer(headers.get("Authorization"), tokens):
-        return None
-    if headers.get(SIGNATURE_HEADER) is not None:
-        return check_signature(headers, body, keys, now_s, skew_s)
-    return "bad bearer token" if headers.get("Authorization") else "missing credentials"
-
-
 # --- records --------------------------------------------------------------------------------
 
 
@@ -485,109 +416,4 @@ def to_record(event: FeedbackEvent, run: str, received_ms: int, salt: bytes) -> 
         "client_sent_ms": event.client_sent_ms,
         "received_ms": received_ms,
         "metadata": dict(event.metadata),
-    }
-
-
-# --- idempotency ----------------------------------------------------------------------------
-
-
-class IdempotencyLRU:
-    """Feedback ids acknowledged by the broker within the last ``window_s`` seconds.
-
-    Rule: an id is a duplicate while it is younger than ``window_s`` and among the newest
-    ``max_ids`` ids; older ids are forgotten (downstream, the request-id key and the feedback id
-    in each record still let consumers spot a late retry). Not thread-safe: one event loop owns it.
-    """
-
-    def __init__(
-        self, window_s: float, max_ids: int, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.window_s, self.max_ids, self._clock = window_s, max_ids, clock
-        self._ids: OrderedDict[str, float] = OrderedDict()
-
-    def _expire(self, now: float) -> None:
-        while self._ids:
-            oldest, at = next(iter(self._ids.items()))
-            if now - at < self.window_s and len(self._ids) <= self.max_ids:
-                return
-            del self._ids[oldest]
-
-    def __contains__(self, feedback_id: object) -> bool:
-        self._expire(self._clock())
-        return feedback_id in self._ids
-
-    def add(self, feedback_id: str) -> None:
-        """Remember ``feedback_id`` as acknowledged now (refreshes an id already known)."""
-        now = self._clock()
-        self._ids[feedback_id] = now
-        self._ids.move_to_end(feedback_id)
-        self._expire(now)
-
-    def __len__(self) -> int:
-        return len(self._ids)
-
-
-# --- OpenAPI --------------------------------------------------------------------------------
-
-
-def _responses(*codes: int) -> dict[str, Any]:
-    why = {
-        200: "Every event was stored before (duplicate: true).",
-        202: "Stored: the broker acknowledged every event.",
-        400: "The body is not JSON.",
-        401: "Missing or bad credentials.",
-        413: "The body (or one event's record) is too large.",
-        415: "Content-Type is not application/json.",
-        422: "Invalid: details name each field and why.",
-        503: "Kafka is unavailable; retry after Retry-After seconds.",
-    }
-    out: dict[str, Any] = {}
-    for code in codes:
-        model = "AcceptedResponse" if code in (200, 202) else "ErrorResponse"
-        schema = {"$ref": f"#/components/schemas/{model}"}
-        out[str(code)] = {
-            "description": why[code],
-            "content": {"application/json": {"schema": schema}},
-        }
-    out["503"]["headers"] = {"Retry-After": {"schema": {"type": "integer"}}}
-    return out
-
-
-def openapi_document() -> dict[str, Any]:
-    """OpenAPI 3.1 document of the service, schemas generated from the pydantic models."""
-    models: list[type[BaseModel]] = [FeedbackEvent, FeedbackBatch, AcceptedResponse, ErrorResponse]
-    _, top = models_json_schema(
-        [(m, "validation") for m in models], ref_template="#/components/schemas/{model}"
-    )
-    body = {"oneOf": [{"$ref": f"#/components/schemas/{m.__name__}"} for m in models[:2]]}
-    header = {"in": "header", "required": False, "schema": {"type": "string"}}
-    post = {
-        "summary": "Store editor feedback (one event or a batch).",
-        "security": [{"bearer": []}, {"hmac": []}],
-        "parameters": [
-            {**header, "name": IDEMPOTENCY_HEADER, "description": "feedback_id of a single event"},
-            {**header, "name": "X-Rlstream-Key-Id", "description": "HMAC key id"},
-            {**header, "name": "X-Rlstream-Timestamp", "description": "unix seconds, signed"},
-            {**header, "name": "X-Rlstream-Signature", "description": "sha256=<hex HMAC>"},
-        ],
-        "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
-        "responses": _responses(200, 202, 400, 401, 413, 415, 422, 503),
-    }
-    text = {"content": {"text/plain": {"schema": {"type": "string"}}}}
-    return {
-        "openapi": "3.1.0",
-        "info": {"title": "rlstream feedback-ingest", "version": "1"},
-        "paths": {
-            FEEDBACK_PATH: {"post": post},
-            "/healthz": {"get": {"responses": {"200": {"description": "Alive."}}}},
-            "/metrics": {"get": {"responses": {"200": {"description": "Prometheus.", **text}}}},
-            "/openapi.json": {"get": {"responses": {"200": {"description": "This document."}}}},
-        },
-        "components": {
-            "schemas": top["$defs"],
-            "securitySchemes": {
-                "bearer": {"type": "http", "scheme": "bearer"},
-                "hmac": {"type": "apiKey", "in": "header", "name": "X-Rlstream-Signature"},
-            },
-        },
     }

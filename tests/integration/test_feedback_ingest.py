@@ -23,6 +23,7 @@ from helpers import read_all
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rlstream.producers import feedback_auth as fa
 from rlstream.producers import feedback_models as fm
 from rlstream.producers.admin import ensure_run_topics
 from rlstream.producers.feedback_http import running_service
@@ -207,16 +208,16 @@ def test_unauthenticated_and_tampered_requests_get_401_and_store_nothing(
     typed = {"Content-Type": "application/json"}
     ts = str(int(time.time()))
     signature = {
-        fm.KEY_ID_HEADER: "k1",
-        fm.TIMESTAMP_HEADER: ts,
-        fm.SIGNATURE_HEADER: fm.sign(KEY, ts, body),
+        fa.KEY_ID_HEADER: "k1",
+        fa.TIMESTAMP_HEADER: ts,
+        fa.SIGNATURE_HEADER: fa.sign(KEY, ts, body),
     }
     tampered = body.replace(b'"accepted"', b'"rejected"')
     old_ts = str(int(time.time()) - 3600)
     replayed = {
         **signature,
-        fm.TIMESTAMP_HEADER: old_ts,
-        fm.SIGNATURE_HEADER: fm.sign(KEY, old_ts, body),
+        fa.TIMESTAMP_HEADER: old_ts,
+        fa.SIGNATURE_HEADER: fa.sign(KEY, old_ts, body),
     }
     refused = [
         post(url, json.dumps(good_event(f"none-{tag}")).encode(), typed),
@@ -226,7 +227,7 @@ def test_unauthenticated_and_tampered_requests_get_401_and_store_nothing(
             {**typed, "Authorization": "Bearer nope"},
         ),
         post(url, tampered, {**typed, **signature}),
-        post(url, body, {**typed, **signature, fm.SIGNATURE_HEADER: "sha256=" + "0" * 64}),
+        post(url, body, {**typed, **signature, fa.SIGNATURE_HEADER: "sha256=" + "0" * 64}),
         post(url, body, {**typed, **replayed}),
     ]
     assert [status for status, _, _ in refused] == [401] * 5

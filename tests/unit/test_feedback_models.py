@@ -23,8 +23,11 @@ from rlstream.consumers.feedback_rules import (
     update_baseline,
     window_decisions,
 )
+from rlstream.producers import feedback_auth as fa
 from rlstream.producers import feedback_models as fm
+from rlstream.producers.feedback_dedupe import IdempotencyLRU
 from rlstream.producers.feedback_http import Delivery, FeedbackService, Unavailable
+from rlstream.producers.feedback_openapi import openapi_document
 from rlstream.schemas import arrays, events
 
 
@@ -125,34 +128,34 @@ def test_config_tokens_come_from_config_and_environment() -> None:
 def signed(body: bytes, key: bytes = b"k1-secret", ts: float | None = None) -> dict[str, str]:
     stamp = str(int(time.time() if ts is None else ts))
     return {
-        fm.KEY_ID_HEADER: "k1",
-        fm.TIMESTAMP_HEADER: stamp,
-        fm.SIGNATURE_HEADER: fm.sign(key, stamp, body),
+        fa.KEY_ID_HEADER: "k1",
+        fa.TIMESTAMP_HEADER: stamp,
+        fa.SIGNATURE_HEADER: fa.sign(key, stamp, body),
     }
 
 
 def test_hmac_signature_covers_body_and_timestamp() -> None:
     keys, body, now = {"k1": b"k1-secret"}, b'{"a": 1}', time.time()
-    assert fm.check_signature(signed(body), body, keys, now, 300) is None
-    assert fm.check_signature(signed(body), body + b" ", keys, now, 300) == "bad signature"
-    assert fm.check_signature(signed(body, b"wrong"), body, keys, now, 300) == "bad signature"
+    assert fa.check_signature(signed(body), body, keys, now, 300) is None
+    assert fa.check_signature(signed(body), body + b" ", keys, now, 300) == "bad signature"
+    assert fa.check_signature(signed(body, b"wrong"), body, keys, now, 300) == "bad signature"
     old = signed(body, ts=now - 301)
-    assert fm.check_signature(old, body, keys, now, 300) == "timestamp outside the allowed skew"
-    moved = {**signed(body), fm.TIMESTAMP_HEADER: str(int(now) + 1)}  # replayed with a new time
-    assert fm.check_signature(moved, body, keys, now, 300) == "bad signature"
-    assert fm.check_signature({**signed(body), fm.KEY_ID_HEADER: "k2"}, body, keys, now, 300)
-    assert fm.check_signature({}, body, keys, now, 300) == "missing credentials"
+    assert fa.check_signature(old, body, keys, now, 300) == "timestamp outside the allowed skew"
+    moved = {**signed(body), fa.TIMESTAMP_HEADER: str(int(now) + 1)}  # replayed with a new time
+    assert fa.check_signature(moved, body, keys, now, 300) == "bad signature"
+    assert fa.check_signature({**signed(body), fa.KEY_ID_HEADER: "k2"}, body, keys, now, 300)
+    assert fa.check_signature({}, body, keys, now, 300) == "missing credentials"
 
 
 def test_bearer_or_signature_authenticates() -> None:
     tokens, keys, now = [b"tok"], {"k1": b"k1-secret"}, time.time()
-    assert fm.authenticate({"Authorization": "Bearer tok"}, b"", tokens, keys, now, 300) is None
-    assert fm.authenticate({"Authorization": "bearer tok"}, b"", tokens, keys, now, 300) is None
-    assert fm.authenticate({"Authorization": "Bearer tok2"}, b"", tokens, keys, now, 300)
-    assert fm.authenticate({"Authorization": "Basic tok"}, b"", tokens, keys, now, 300)
-    assert fm.authenticate({}, b"", tokens, keys, now, 300) == "missing credentials"
-    assert fm.authenticate(signed(b"x"), b"x", tokens, keys, now, 300) is None
-    assert not fm.check_bearer("Bearer tok", [])
+    assert fa.authenticate({"Authorization": "Bearer tok"}, b"", tokens, keys, now, 300) is None
+    assert fa.authenticate({"Authorization": "bearer tok"}, b"", tokens, keys, now, 300) is None
+    assert fa.authenticate({"Authorization": "Bearer tok2"}, b"", tokens, keys, now, 300)
+    assert fa.authenticate({"Authorization": "Basic tok"}, b"", tokens, keys, now, 300)
+    assert fa.authenticate({}, b"", tokens, keys, now, 300) == "missing credentials"
+    assert fa.authenticate(signed(b"x"), b"x", tokens, keys, now, 300) is None
+    assert not fa.check_bearer("Bearer tok", [])
 
 
 # --- idempotency ----------------------------------------------------------------------------
@@ -160,7 +163,7 @@ def test_bearer_or_signature_authenticates() -> None:
 
 def test_idempotency_lru_forgets_after_the_window_and_past_its_size() -> None:
     now = [0.0]
-    lru = fm.IdempotencyLRU(window_s=10, max_ids=3, clock=lambda: now[0])
+    lru = IdempotencyLRU(window_s=10, max_ids=3, clock=lambda: now[0])
     lru.add("a")
     now[0] = 5
     lru.add("b")
@@ -296,7 +299,7 @@ def test_http_survives_a_sink_that_refuses_at_once() -> None:
 
 
 def test_openapi_document_is_generated_from_the_models() -> None:
-    doc = fm.openapi_document()
+    doc = openapi_document()
     assert doc["openapi"].startswith("3.")
     schemas = doc["components"]["schemas"]
     assert schemas["FeedbackEvent"]["additionalProperties"] is False
