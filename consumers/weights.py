@@ -41,9 +41,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Top
 
 from rlstream.consumers.consumer import load_schema_topic
 from rlstream.producers.settings import KafkaSettings
-from rlstream.producers.weights import codec_manifest
 from rlstream.schemas import deltacodec as codec
 from rlstream.schemas import events, topics
+from rlstream.schemas.weight_format import codec_manifest
 
 log = logging.getLogger(__name__)
 

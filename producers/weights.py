@@ -1,4 +1,4 @@
-"""Weight publication: every policy version as chunks plus a manifest, and chunk retention.
+"""Weight publication: every policy version as chunks plus a manifest.
 
 The learner calls ``WeightPublisher.publish_version`` with the new state (``TensorBits`` by
 name) and the consumer offsets of the admitted records that formed the step. In one transaction
@@ -15,7 +15,7 @@ at all, so a manifest never points at missing data and a crashed learner resumes
 published version. (``publish`` is the same without the transaction, for a caller that holds
 one open.)
 
-Rules (pure functions below, unit-tested):
+Rules (pure, unit-tested):
 
 - kinds (``publish_kinds``): a version is a *keyframe* when forced, when the publisher has no
   previous state (version 0, a fresh process, a resume without state) or when
@@ -23,19 +23,11 @@ Rules (pure functions below, unit-tested):
   as a *delta* against it, so at a keyframe version both exist (delta first). Workers that
   follow live never download a keyframe; new or lost workers start from one.
 - ``keyframe_version`` of a manifest is the newest keyframe at or before its version.
-- manifest mapping (``manifest_record``): the codec manifest becomes the Avro record; the codec's
-  per-tensor piece table is not stored as such (the schema has no field for it): each tensor's
-  pieces occupy one contiguous span of the concatenated chunk payloads, recorded in
-  ``TensorEntry.offset``/``nbytes`` as the schema documents, and the chunks themselves describe
-  their pieces, so ``codec_manifest`` (the subscriber's inverse mapping) rebuilds the table
-  from the verified chunks and checks it against these spans. ``codec_version`` is the codec's
-  format number; the tensors are listed in the caller's state-dict order.
-- retention (``retention_cutoffs``/``prune``): keep every chunk of every version at or after the
-  ``keep_keyframes``-th newest keyframe (default 2: a worker catching up from the older keyframe
-  is never cut off when a new keyframe lands); per chunk partition, delete the records before
-  the first kept chunk (or, where no kept chunk lies, up to the last dropped one). Manifests are
-  never deleted: they are small and are the run's record. Chunks whose position is unknown make
-  the rule delete nothing.
+
+The records themselves (``WeightChunk``, ``WeightManifest``, and how the codec manifest maps to
+them) are the wire format, owned by ``schemas.weight_format``; which chunks may be deleted is
+the retention rule, owned by ``producers.weight_retention`` (``WeightPublisher.prune`` applies it
+to the versions this publisher wrote).
 
 numpy and Kafka only: importing this module never loads torch.
 """
@@ -43,26 +35,20 @@ numpy and Kafka only: importing this module never loads torch.
 from __future__ import annotations
 
 import functools
-import logging
-import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 from confluent_kafka import KafkaError, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from rlstream.producers import weight_retention
 from rlstream.producers.producer import DeliveryError, EventProducer
 from rlstream.schemas import deltacodec as codec
 from rlstream.schemas import events, topics
-from rlstream.schemas.deltacodec_bits import DTYPE_WIDTHS
-from rlstream.schemas.deltacodec_pieces import ENCODINGS, read_piece
+from rlstream.schemas.weight_format import Ref, chunk_record, manifest_record
 
-log = logging.getLogger(__name__)
-
-#: Weights codec format number written to ``WeightManifest.codec_version``.
-CODEC_VERSION: Final = int(codec.FORMAT.rsplit("/", 1)[1])
 #: Largest chunk payload the publisher asks the codec for (the topic catalog's limit).
 MAX_CHUNK_BYTES: Final = topics.CHUNK_PAYLOAD_BYTES
 DEFAULT_KEYFRAME_EVERY: Final = 8
@@ -70,7 +56,6 @@ DEFAULT_KEYFRAME_EVERY: Final = 8
 State = Mapping[str, codec.TensorBits]
 #: Fault injection for tests: ``(version, kind, index, payload) -> payload to send``.
 FaultHook = Callable[[int, str, int, bytes], bytes]
-Ref = tuple[str, int, int]  # topic, partition, offset
 
 
 # --- rules -----------------------------------------------------------------------------------
@@ -87,233 +72,6 @@ def publish_kinds(
         raise ValueError(f"keyframe_every must be >= 1, got {keyframe_every}")
     keyframe = force_keyframe or not has_base or version % keyframe_every == 0
     return (("delta",) if has_base else ()) + (("keyframe",) if keyframe else ())
-
-
-def tensor_spans(manifest: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
-    """``name -> (offset, nbytes)`` of each tensor's pieces in the concatenated chunk payloads.
-
-    Rule: chunks hold the codec's pieces in manifest order (tensors by name, pieces by start),
-    each chunk after its ``CHUNK_HEADER``; a tensor's span runs from its first piece's start
-    to its last piece's end (chunk headers in between included). A tensor without pieces gets
-    an empty span at the position where its pieces would have started."""
-    bases, total = [], 0
-    for c in manifest["chunks"]:
-        bases.append(total)
-        total += c["nbytes"]
-    cursor = [codec.CHUNK_HEADER.size] * len(bases)
-    spans: dict[str, tuple[int, int]] = {}
-    position = codec.CHUNK_HEADER.size if bases else 0
-    for entry in manifest["tensors"]:
-        first = end = None
-        for chunk, _start, _stop, _enc, nbytes in entry["pieces"]:
-            at = bases[chunk] + cursor[chunk]
-            first = at if first is None else first
-            cursor[chunk] += nbytes
-            end = at + nbytes
-        if first is None or end is None:
-            spans[entry["name"]] = (position, 0)
-        else:
-            spans[entry["name"]] = (first, end - first)
-            position = end
-    return spans
-
-
-def manifest_record(
-    manifest: Mapping[str, Any],
-    *,
-    run: str,
-    model: str,
-    chunk_topic: str,
-    keyframe_version: int,
-    created_ms: int,
-    order: Sequence[str] | None = None,
-    refs: Mapping[int, Ref] | None = None,
-    step_inputs: Sequence[Mapping[str, Any]] = (),
-    stats: Mapping[str, float] | None = None,
-) -> dict[str, Any]:
-    """The Avro ``WeightManifest`` of one encoded version (see the module rules).
-
-    ``order`` is the state-dict order of the tensor names (the codec's order, sorted by name, if
-    None); ``refs`` maps chunk index to where its record was written."""
-    by_name = {t["name"]: t for t in manifest["tensors"]}
-    spans = tensor_spans(manifest)
-    names = list(order) if order is not None else list(by_name)
-    if sorted(names) != sorted(by_name):
-        raise ValueError("order must name exactly the manifest's tensors")
-    refs = refs or {}
-    return {
-        "run": run,
-        "model": model,
-        "version": manifest["version"],
-        "base_version": manifest["base_version"],
-        "keyframe_version": int(keyframe_version),
-        "kind": manifest["kind"],
-        "created_ms": int(created_ms),
-        "tensors": [_tensor_entry(by_name[n], spans[n]) for n in names],
-        "chunks": [_chunk_ref(c, refs.get(c["index"])) for c in manifest["chunks"]],
-        "chunk_topic": chunk_topic,
-        "state_hash": manifest["state_hash"],
-        "base_state_hash": manifest["base_state_hash"],
-        "raw_bytes": manifest["raw_bytes"],
-        "encoded_bytes": manifest["encoded_bytes"],
-        "step_inputs": [dict(r) for r in step_inputs],
-        "stats": {k: float(v) for k, v in (stats or {}).items()},
-        "codec_version": CODEC_VERSION,
-    }
-
-
-_ENTRY_FIELDS = ("name", "dtype", "encoding", "changed", "hash", "base_hash")
-
-
-def _tensor_entry(entry: Mapping[str, Any], span: tuple[int, int]) -> dict[str, Any]:
-    same = {k: entry[k] for k in _ENTRY_FIELDS}
-    return {**same, "shape": list(entry["shape"]), "offset": span[0], "nbytes": span[1]}
-
-
-def _chunk_ref(chunk: Mapping[str, Any], ref: Ref | None) -> dict[str, Any]:
-    where = None if ref is None else {"topic": ref[0], "partition": ref[1], "offset": ref[2]}
-    return {
-        "index": chunk["index"],
-        "nbytes": chunk["nbytes"],
-        "checksum": chunk["checksum"],
-        "ref": where,
-    }
-
-
-def codec_manifest(record: Mapping[str, Any], chunks: Sequence[bytes | None]) -> dict[str, Any]:
-    """The codec manifest of an Avro ``WeightManifest``, rebuilt with its verified chunks.
-
-    Rule: every chunk is first checked against the record's size and checksum; the piece table
-    is then read from the chunks (each piece names its tensor, element range and encoding), and
-    each piece must lie inside its tensor's ``offset``/``nbytes`` span of the concatenated
-    payloads. Raises ``ManifestInvalid``, ``MissingChunk`` or ``ChunkCorrupt``."""
-    if record["codec_version"] != CODEC_VERSION:
-        raise codec.ManifestInvalid(f"unknown weights codec version {record['codec_version']}")
-    listed = [
-        {"index": c["index"], "nbytes": c["nbytes"], "checksum": c["checksum"]}
-        for c in record["chunks"]
-    ]
-    if len(chunks) != len(listed) or any(c is None for c in chunks):
-        got = sum(c is not None for c in chunks)
-        raise codec.MissingChunk(f"version {record['version']}: {got} of {len(listed)} chunks")
-    tensors = sorted(record["tensors"], key=lambda t: t["name"])
-    pieces: list[list[list[Any]]] = [[] for _ in tensors]
-    base = 0
-    for index, payload in enumerate(chunks):
-        assert payload is not None
-        codec.verify_chunk({"chunks": listed}, index, payload)
-        for t, entry, at in _chunk_pieces(index, payload, len(tensors)):
-            lo, n = tensors[t]["offset"], tensors[t]["nbytes"]
-            if n and not lo <= base + at[0] < base + at[1] <= lo + n:  # nbytes 0: span unknown
-                raise codec.ChunkCorrupt(f"chunk {index}: a piece lies outside its tensor's span")
-            pieces[t].append(entry)
-        base += len(payload)
-    return {
-        "format": codec.FORMAT,
-        "version": record["version"],
-        "base_version": record["base_version"],
-        "kind": record["kind"],
-        "tensors": [_codec_tensor(t, ps) for t, ps in zip(tensors, pieces, strict=True)],
-        "chunks": listed,
-        "state_hash": record["state_hash"],
-        "base_state_hash": record["base_state_hash"],
-        "raw_bytes": record["raw_bytes"],
-        "encoded_bytes": record["encoded_bytes"],
-        # not in the Avro record; decoding only needs a bound the chunks respect
-        "max_chunk_bytes": max((c["nbytes"] for c in listed), default=0),
-    }
-
-
-def _chunk_pieces(
-    index: int, payload: bytes, ntensors: int
-) -> Iterator[tuple[int, list[Any], tuple[int, int]]]:
-    """(tensor, piece entry, (start, end) in the payload) of every piece of one chunk."""
-    buf = memoryview(payload)
-    try:
-        if len(buf) < codec.CHUNK_HEADER.size:
-            raise ValueError("truncated chunk header")
-        magic, fmt, count = codec.CHUNK_HEADER.unpack_from(buf, 0)
-        if magic != codec.CHUNK_MAGIC or fmt != 1:
-            raise ValueError("not a weight chunk")
-        at = codec.CHUNK_HEADER.size
-        for _ in range(count):
-            piece, end = read_piece(buf, at)
-            if piece.tensor >= ntensors:
-                raise ValueError(f"piece of tensor {piece.tensor}, manifest has {ntensors}")
-            entry = [index, piece.start, piece.stop, ENCODINGS[piece.encoding], end - at]
-            yield piece.tensor, entry, (at, end)
-            at = end
-    except ValueError as exc:
-        raise codec.ChunkCorrupt(f"chunk {index}: {exc}") from exc
-
-
-def _codec_tensor(entry: Mapping[str, Any], pieces: list[list[Any]]) -> dict[str, Any]:
-    return {
-        **{k: entry[k] for k in _ENTRY_FIELDS},
-        "shape": list(entry["shape"]),
-        "raw_bytes": math.prod(entry["shape"]) * DTYPE_WIDTHS.get(entry["dtype"], 0),
-        "encoded_bytes": sum(p[4] for p in pieces),
-        "pieces": sorted(pieces, key=lambda p: p[1]),
-    }
-
-
-def retention_cutoffs(
-    manifests: Iterable[Mapping[str, Any]], keep_keyframes: int = 2
-) -> dict[tuple[str, int], int]:
-    """``(topic, partition) -> offset`` before which chunk records may be deleted.
-
-    Rule: kept = every manifest whose version is at or after the ``keep_keyframes``-th newest
-    keyframe version; per partition the cutoff is the smallest offset of a kept chunk there, or
-    one past the largest dropped chunk where no kept chunk lies. Nothing is cut when there are
-    fewer keyframes than ``keep_keyframes`` or when a kept chunk's position is unknown."""
-    if keep_keyframes < 1:
-        raise ValueError("keep_keyframes must be >= 1")
-    records = list(manifests)
-    keyframes = sorted({m["version"] for m in records if m["kind"] == "keyframe"})
-    if len(keyframes) < keep_keyframes:
-        return {}
-    oldest_kept = keyframes[-keep_keyframes]
-    kept: dict[tuple[str, int], int] = {}
-    dropped: dict[tuple[str, int], int] = {}
-    for m in records:
-        keep = m["version"] >= oldest_kept
-        for chunk in m["chunks"]:
-            ref = chunk.get("ref")
-            if ref is None:
-                if keep:
-                    return {}  # a kept chunk could be anywhere: cut nothing
-                continue
-            tp = (ref["topic"], ref["partition"])
-            if keep:
-                kept[tp] = min(kept.get(tp, ref["offset"]), ref["offset"])
-            else:
-                dropped[tp] = max(dropped.get(tp, -1), ref["offset"])
-    cut = {tp: off + 1 for tp, off in dropped.items() if tp not in kept}
-    cut.update({tp: off for tp, off in kept.items() if off > 0})
-    return cut
-
-
-def prune(
-    admin: AdminClient,
-    manifests: Iterable[Mapping[str, Any]],
-    *,
-    keep_keyframes: int = 2,
-    timeout: float = 30.0,
-) -> dict[tuple[str, int], int]:
-    """Delete the chunk records ``retention_cutoffs`` allows; returns the new low watermarks.
-
-    Manifests are never deleted. ``manifests`` is the model's manifest history (for instance
-    ``rlstream.consumers.weights.read_manifests``, or ``WeightPublisher.history``)."""
-    cuts = retention_cutoffs(manifests, keep_keyframes)
-    if not cuts:
-        return {}
-    request = [TopicPartition(t, p, off) for (t, p), off in sorted(cuts.items())]
-    futures = admin.delete_records(request, request_timeout=timeout, operation_timeout=timeout)
-    out: dict[tuple[str, int], int] = {}
-    for tp, future in futures.items():
-        out[(tp.topic, tp.partition)] = future.result().low_watermark
-    log.info("pruned weight chunks up to %s", out)
-    return out
 
 
 # --- the publisher ---------------------------------------------------------------------------
@@ -507,8 +265,9 @@ class WeightPublisher:
         return rec
 
     def prune(self, admin: AdminClient, keep_keyframes: int = 2) -> dict[tuple[str, int], int]:
-        """``prune`` over the manifests this publisher wrote; forgets the ones pruned."""
-        out = prune(admin, self.history, keep_keyframes=keep_keyframes)
+        """``weight_retention.prune`` over the manifests this publisher wrote; forgets the ones
+        pruned."""
+        out = weight_retention.prune(admin, self.history, keep_keyframes=keep_keyframes)
         keyframes = sorted({m["version"] for m in self.history if m["kind"] == "keyframe"})
         if out and len(keyframes) >= keep_keyframes:
             oldest = keyframes[-keep_keyframes]
@@ -541,17 +300,9 @@ class WeightPublisher:
         refs: dict[str, dict[int, Ref]] = {kind: {} for kind in kinds}
         errors: list[str] = []
         for kind, enc in zip(kinds, encoded, strict=True):
-            count = len(enc.chunks)
             for index, payload in enumerate(enc.chunks):
-                rec = {
-                    "run": self.run,
-                    "model": self.model,
-                    "version": version,
-                    "index": index,
-                    "count": count,
-                    "checksum": enc.manifest["chunks"][index]["checksum"],
-                    "payload": self._maybe_fault(version, kind, index, payload),
-                }
+                payload = self._maybe_fault(version, kind, index, payload)
+                rec = chunk_record(enc.manifest, index, payload, run=self.run, model=self.model)
                 value = serialize(rec, None)
                 if len(value) > self._chunk_limit:
                     raise ValueError(f"chunk record of {len(value)} bytes > {self._chunk_limit}")

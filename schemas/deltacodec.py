@@ -28,8 +28,9 @@ from the base; every element without base), ``hash``, ``base_hash`` (None withou
 ``raw_bytes``, ``encoded_bytes`` and ``pieces`` ``[[chunk, start, stop, encoding, nbytes],
 ...]``), ``chunks`` (``[{index, nbytes, checksum}]``, checksum = xxh3_128 hex of the
 payload), ``state_hash``, ``base_state_hash``, ``raw_bytes``, ``encoded_bytes`` (sum of chunk
-sizes), ``max_chunk_bytes``. Chunk layout: ``<4sBxxxI`` (magic ``RLDK``, format 1, piece
-count) followed by the pieces (``deltacodec_pieces``).
+sizes), ``max_chunk_bytes``. The chunk layout, the manifest's tables and their mapping to the
+Avro records are the wire format, owned by ``weight_format``: this module encodes and decodes
+through it.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -78,9 +78,9 @@ from .deltacodec_pieces import (
     decode_piece,
     encode_best,
     find_changes,
-    read_piece,
     zigzag,
 )
+from .weight_format import CHUNK_HEADER, pack_chunk, parse_chunk, piece_entry, tensor_entry
 
 __all__ = [
     "BITS_ONLY_DTYPES",
@@ -112,8 +112,6 @@ __all__ = [
 DEFAULT_MAX_CHUNK_BYTES: Final = 900_000
 #: Smallest chunk limit accepted: one element stored raw must always fit in a chunk.
 MIN_CHUNK_BYTES: Final = 256
-CHUNK_HEADER: Final = struct.Struct("<4sBxxxI")
-CHUNK_MAGIC: Final = b"RLDK"
 # Elements are encoded in ranges of at most this many raw bytes before any splitting, which
 # bounds the encoder's temporary memory (changed positions are int64) per range.
 MAX_RANGE_BYTES: Final = 8 << 20
@@ -181,10 +179,10 @@ def _encode(
         pieces, changed = _encode_tensor(i, base, new[name], budget, cctx)
         per_tensor.append((pieces, changed, base))
     groups = _group_into_chunks([p for pieces, _, _ in per_tensor for p in pieces], limit)
-    chunks = [_chunk_bytes(g) for g in groups]
+    chunks = [pack_chunk(g) for g in groups]
     where = {(p.tensor, p.start): c for c, g in enumerate(groups) for p in g}
     entries = [
-        _tensor_entry(name, new[name], base, pieces, changed, where)
+        _entry_of(name, new[name], base, pieces, changed, where)
         for name, (pieces, changed, base) in zip(names, per_tensor, strict=True)
     ]
     head = {"version": int(version), "base_version": base_version, "max_chunk_bytes": limit}
@@ -305,12 +303,7 @@ def _group_into_chunks(pieces: list[Piece], limit: int) -> list[list[Piece]]:
     return groups
 
 
-def _chunk_bytes(pieces: list[Piece]) -> bytes:
-    head = CHUNK_HEADER.pack(CHUNK_MAGIC, 1, len(pieces))
-    return b"".join([head] + [p.to_bytes() for p in pieces])
-
-
-def _tensor_entry(
+def _entry_of(
     name: str,
     tensor: TensorBits,
     base: TensorBits | None,
@@ -318,22 +311,15 @@ def _tensor_entry(
     changed: int,
     where: dict[tuple[int, int], int],
 ) -> dict[str, Any]:
-    names = list(dict.fromkeys(ENCODINGS[p.encoding] for p in pieces))
-    return {
-        "name": name,
-        "dtype": tensor.dtype,
-        "shape": list(tensor.shape),
-        "encoding": "+".join(names) if names else "empty",
-        "changed": changed,
-        "hash": tensor.hash,
-        "base_hash": None if base is None else base.hash,
-        "raw_bytes": tensor.nbytes,
-        "encoded_bytes": sum(p.nbytes for p in pieces),
-        "pieces": [
-            [where[(p.tensor, p.start)], p.start, p.stop, ENCODINGS[p.encoding], p.nbytes]
-            for p in pieces
-        ],
-    }
+    return tensor_entry(
+        name,
+        tensor.dtype,
+        tensor.shape,
+        changed=changed,
+        hash=tensor.hash,
+        base_hash=None if base is None else base.hash,
+        pieces=[piece_entry(where[(p.tensor, p.start)], p) for p in pieces],
+    )
 
 
 # --- decoding ---------------------------------------------------------------------------
@@ -401,7 +387,7 @@ def _read_pieces(manifest: Mapping[str, Any], chunks: Sequence[bytes]) -> list[l
     for index, payload in enumerate(chunks):
         verify_chunk(manifest, index, payload)
         try:
-            for p in _parse_chunk(payload):
+            for p in parse_chunk(payload):
                 want = listed.pop((p.tensor, p.start), None)
                 if want != (index, p.stop, ENCODINGS[p.encoding]):
                     raise ValueError(f"piece {p.tensor}:{p.start} is not in the manifest")
@@ -412,22 +398,6 @@ def _read_pieces(manifest: Mapping[str, Any], chunks: Sequence[bytes]) -> list[l
         (t, start), (c, _, _) = next(iter(listed.items()))
         raise ChunkCorrupt(f"chunk {c} lacks piece {start} of {tensors[t]['name']!r}")
     return [sorted(ps, key=lambda p: p.start) for ps in found]
-
-
-def _parse_chunk(payload: bytes) -> list[Piece]:
-    buf = memoryview(payload)
-    if len(buf) < CHUNK_HEADER.size:
-        raise ValueError("truncated chunk header")
-    magic, fmt, count = CHUNK_HEADER.unpack_from(buf, 0)
-    if magic != CHUNK_MAGIC or fmt != 1:
-        raise ValueError("not a weight chunk (bad magic or format)")
-    offset, pieces = CHUNK_HEADER.size, []
-    for _ in range(count):
-        piece, offset = read_piece(buf, offset)
-        pieces.append(piece)
-    if offset != len(buf):
-        raise ValueError("trailing bytes after the last piece")
-    return pieces
 
 
 def _match_base(

@@ -25,7 +25,8 @@ from rlstream.consumers.weights import Snapshot, WeightSubscriber, read_manifest
 from rlstream.producers.admin import admin_client, apply_topics, run_topic_wants
 from rlstream.producers.producer import EventProducer
 from rlstream.producers.settings import KafkaSettings
-from rlstream.producers.weights import WeightPublisher, prune
+from rlstream.producers.weight_retention import prune
+from rlstream.producers.weights import WeightPublisher
 from rlstream.schemas import deltacodec as codec
 from rlstream.schemas import topics
 

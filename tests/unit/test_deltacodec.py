@@ -29,6 +29,7 @@ from rlstream.schemas.deltacodec_pieces import (
     decode_positions,
     encode_positions,
 )
+from rlstream.schemas.weight_format import parse_chunk
 
 DTYPES = sorted(dc.DTYPE_WIDTHS)
 #: Bit patterns that float code tends to mangle: NaN payloads (quiet, signalling, negative),
@@ -140,7 +141,7 @@ def test_every_chunk_decodes_on_its_own(
     import zstandard
 
     for payload in enc.chunks:
-        for piece in dc._parse_chunk(payload):  # nothing from any other chunk is needed
+        for piece in parse_chunk(payload):  # nothing from any other chunk is needed
             name = names[piece.tensor]
             target = np.empty(piece.stop - piece.start, dtype=new[name].bits.dtype)
             base = old[name].bits[piece.start : piece.stop]
@@ -370,7 +371,7 @@ def test_value_packings_round_trip(steps: list[int], packing: int, dtype: str) -
     b = np.where(rng.random(a.size) < 0.05, a + d, a)
     old, new = {"x": TensorBits(dtype, (a.size,), a)}, {"x": TensorBits(dtype, (a.size,), b)}
     enc = dc.encode_delta(old, new, version=1, base_version=0)
-    pieces = [p for c in enc.chunks for p in dc._parse_chunk(c)]
+    pieces = [p for c in enc.chunks for p in parse_chunk(c)]
     assert {p.aux for p in pieces} == {packing}, width
     assert dc.same_state(dc.decode(enc.manifest, enc.chunks, old), new)
 

@@ -11,15 +11,11 @@ import numpy as np
 import pytest
 
 from rlstream.consumers.weights import Link, Route, fetch_windows, plan_route
-from rlstream.producers.weights import (
-    codec_manifest,
-    manifest_record,
-    publish_kinds,
-    retention_cutoffs,
-    tensor_spans,
-)
+from rlstream.producers.weight_retention import retention_cutoffs
+from rlstream.producers.weights import publish_kinds
 from rlstream.schemas import deltacodec as codec
 from rlstream.schemas import events
+from rlstream.schemas.weight_format import codec_manifest, manifest_record, tensor_spans
 
 # --- kinds -----------------------------------------------------------------------------------
 

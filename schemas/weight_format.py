@@ -1,0 +1,311 @@
+"""The weight wire format: chunk bytes, the codec manifest's tables, and the Avro records.
+
+One module owns how a policy version looks on the wire; the codec (``deltacodec``), the
+publisher (``producers.weights``) and the subscriber (``consumers.weights``) only call it.
+
+- Chunk layout: ``CHUNK_HEADER`` ``<4sBxxxI`` (magic ``RLDK``, format 1, piece count), then
+  whole pieces, each laid out as ``deltacodec_pieces`` documents. ``pack_chunk`` writes a chunk
+  and ``parse_chunk`` is its one parser: the codec's decoder and the manifest mapping both read
+  chunks through it.
+- Codec manifest tables: ``piece_entry`` is a row of a tensor's piece table ``[chunk, start,
+  stop, encoding, nbytes]`` and ``tensor_entry`` a tensor's entry (its ``encoding`` is its
+  pieces' encodings joined by "+", "empty" without pieces; ``raw_bytes`` elements times dtype
+  width; ``encoded_bytes`` the sum of its pieces). The encoder builds entries with them and
+  ``codec_manifest`` rebuilds them from the chunks with the same functions, so both sides agree
+  by construction.
+- Avro mapping (``manifest_record``): the codec manifest becomes the ``WeightManifest``
+  record. The piece table is not stored as such (the schema has no field for it): each
+  tensor's pieces occupy one contiguous span of the concatenated chunk payloads
+  (``tensor_spans``), recorded in ``TensorEntry.offset``/``nbytes`` as the schema documents,
+  and the chunks themselves describe their pieces, so ``codec_manifest`` (the inverse mapping)
+  rebuilds the table from the verified chunks and checks it against these spans.
+  ``codec_version`` is the codec's format number; the tensors are listed in the caller's
+  state-dict order. ``chunk_record`` is the ``WeightChunk`` record of one chunk and
+  ``chunk_keys`` the record keys (and checksums) a manifest's chunks are found by.
+
+numpy only: importing this module never loads torch or Kafka.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from . import topics
+from .deltacodec_bits import DTYPE_WIDTHS
+from .deltacodec_manifest import FORMAT, ChunkCorrupt, ManifestInvalid, MissingChunk, verify_chunk
+from .deltacodec_pieces import ENCODINGS, Piece, read_piece
+
+CHUNK_HEADER: Final = struct.Struct("<4sBxxxI")
+CHUNK_MAGIC: Final = b"RLDK"
+CHUNK_FORMAT: Final = 1
+#: Weights codec format number written to ``WeightManifest.codec_version``.
+CODEC_VERSION: Final = int(FORMAT.rsplit("/", 1)[1])
+
+Ref = tuple[str, int, int]  # topic, partition, offset
+
+# --- chunks ----------------------------------------------------------------------------------
+
+
+def pack_chunk(pieces: Sequence[Piece]) -> bytes:
+    """The bytes of one chunk holding ``pieces`` in order."""
+    head = CHUNK_HEADER.pack(CHUNK_MAGIC, CHUNK_FORMAT, len(pieces))
+    return b"".join([head] + [p.to_bytes() for p in pieces])
+
+
+def parse_chunk(payload: bytes | memoryview) -> list[Piece]:
+    """The pieces of one chunk, in order (streams are zero-copy views of ``payload``).
+
+    Piece ``i`` occupies ``nbytes`` bytes of the payload right after piece ``i - 1`` (the first
+    one right after ``CHUNK_HEADER``). Raises ``ValueError`` on any inconsistency; callers turn
+    it into the codec's ``ChunkCorrupt``."""
+    buf = memoryview(payload)
+    if len(buf) < CHUNK_HEADER.size:
+        raise ValueError("truncated chunk header")
+    magic, fmt, count = CHUNK_HEADER.unpack_from(buf, 0)
+    if magic != CHUNK_MAGIC or fmt != CHUNK_FORMAT:
+        raise ValueError("not a weight chunk (bad magic or format)")
+    offset, pieces = CHUNK_HEADER.size, []
+    for _ in range(count):
+        piece, offset = read_piece(buf, offset)
+        pieces.append(piece)
+    if offset != len(buf):
+        raise ValueError("trailing bytes after the last piece")
+    return pieces
+
+
+# --- codec manifest tables -------------------------------------------------------------------
+
+
+def piece_entry(chunk: int, piece: Piece) -> list[Any]:
+    """The piece table row of ``piece`` stored in chunk ``chunk``."""
+    return [chunk, piece.start, piece.stop, ENCODINGS[piece.encoding], piece.nbytes]
+
+
+def tensor_entry(
+    name: str,
+    dtype: str,
+    shape: Sequence[int],
+    *,
+    changed: int,
+    hash: str,
+    base_hash: str | None,
+    pieces: Sequence[list[Any]],
+) -> dict[str, Any]:
+    """A tensor's entry in the codec manifest (see the module docstring); ``pieces`` are its
+    piece table rows, in any order (they are listed by start)."""
+    rows = sorted(pieces, key=lambda p: p[1])
+    names = list(dict.fromkeys(p[3] for p in rows))
+    return {
+        "name": name,
+        "dtype": dtype,
+        "shape": list(shape),
+        "encoding": "+".join(names) if names else "empty",
+        "changed": changed,
+        "hash": hash,
+        "base_hash": base_hash,
+        "raw_bytes": math.prod(shape) * DTYPE_WIDTHS.get(dtype, 0),
+        "encoded_bytes": sum(p[4] for p in rows),
+        "pieces": rows,
+    }
+
+
+# --- the Avro records ------------------------------------------------------------------------
+
+
+def tensor_spans(manifest: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+    """``name -> (offset, nbytes)`` of each tensor's pieces in the concatenated chunk payloads.
+
+    Rule: chunks hold the codec's pieces in manifest order (tensors by name, pieces by start),
+    each chunk after its ``CHUNK_HEADER``; a tensor's span runs from its first piece's start
+    to its last piece's end (chunk headers in between included). A tensor without pieces gets
+    an empty span at the position where its pieces would have started."""
+    bases, total = [], 0
+    for c in manifest["chunks"]:
+        bases.append(total)
+        total += c["nbytes"]
+    cursor = [CHUNK_HEADER.size] * len(bases)
+    spans: dict[str, tuple[int, int]] = {}
+    position = CHUNK_HEADER.size if bases else 0
+    for entry in manifest["tensors"]:
+        first = end = None
+        for chunk, _start, _stop, _enc, nbytes in entry["pieces"]:
+            at = bases[chunk] + cursor[chunk]
+            first = at if first is None else first
+            cursor[chunk] += nbytes
+            end = at + nbytes
+        if first is None or end is None:
+            spans[entry["name"]] = (position, 0)
+        else:
+            spans[entry["name"]] = (first, end - first)
+            position = end
+    return spans
+
+
+def manifest_record(
+    manifest: Mapping[str, Any],
+    *,
+    run: str,
+    model: str,
+    chunk_topic: str,
+    keyframe_version: int,
+    created_ms: int,
+    order: Sequence[str] | None = None,
+    refs: Mapping[int, Ref] | None = None,
+    step_inputs: Sequence[Mapping[str, Any]] = (),
+    stats: Mapping[str, float] | None = None,
+) -> dict[str, Any]:
+    """The Avro ``WeightManifest`` of one encoded version (see the module docstring).
+
+    ``order`` is the state-dict order of the tensor names (the codec's order, sorted by name, if
+    None); ``refs`` maps chunk index to where its record was written."""
+    by_name = {t["name"]: t for t in manifest["tensors"]}
+    spans = tensor_spans(manifest)
+    names = list(order) if order is not None else list(by_name)
+    if sorted(names) != sorted(by_name):
+        raise ValueError("order must name exactly the manifest's tensors")
+    refs = refs or {}
+    return {
+        "run": run,
+        "model": model,
+        "version": manifest["version"],
+        "base_version": manifest["base_version"],
+        "keyframe_version": int(keyframe_version),
+        "kind": manifest["kind"],
+        "created_ms": int(created_ms),
+        "tensors": [_avro_tensor(by_name[n], spans[n]) for n in names],
+        "chunks": [_chunk_ref(c, refs.get(c["index"])) for c in manifest["chunks"]],
+        "chunk_topic": chunk_topic,
+        "state_hash": manifest["state_hash"],
+        "base_state_hash": manifest["base_state_hash"],
+        "raw_bytes": manifest["raw_bytes"],
+        "encoded_bytes": manifest["encoded_bytes"],
+        "step_inputs": [dict(r) for r in step_inputs],
+        "stats": {k: float(v) for k, v in (stats or {}).items()},
+        "codec_version": CODEC_VERSION,
+    }
+
+
+_ENTRY_FIELDS = ("name", "dtype", "encoding", "changed", "hash", "base_hash")
+
+
+def _avro_tensor(entry: Mapping[str, Any], span: tuple[int, int]) -> dict[str, Any]:
+    same = {k: entry[k] for k in _ENTRY_FIELDS}
+    return {**same, "shape": list(entry["shape"]), "offset": span[0], "nbytes": span[1]}
+
+
+def _chunk_ref(chunk: Mapping[str, Any], ref: Ref | None) -> dict[str, Any]:
+    where = None if ref is None else {"topic": ref[0], "partition": ref[1], "offset": ref[2]}
+    return {
+        "index": chunk["index"],
+        "nbytes": chunk["nbytes"],
+        "checksum": chunk["checksum"],
+        "ref": where,
+    }
+
+
+def codec_manifest(record: Mapping[str, Any], chunks: Sequence[bytes | None]) -> dict[str, Any]:
+    """The codec manifest of an Avro ``WeightManifest``, rebuilt with its verified chunks.
+
+    Rule: every chunk is first checked against the record's size and checksum; the piece table
+    is then read from the chunks (each piece names its tensor, element range and encoding), and
+    each piece must lie inside its tensor's ``offset``/``nbytes`` span of the concatenated
+    payloads. Raises ``ManifestInvalid``, ``MissingChunk`` or ``ChunkCorrupt``."""
+    if record["codec_version"] != CODEC_VERSION:
+        raise ManifestInvalid(f"unknown weights codec version {record['codec_version']}")
+    listed = [
+        {"index": c["index"], "nbytes": c["nbytes"], "checksum": c["checksum"]}
+        for c in record["chunks"]
+    ]
+    if len(chunks) != len(listed) or any(c is None for c in chunks):
+        got = sum(c is not None for c in chunks)
+        raise MissingChunk(f"version {record['version']}: {got} of {len(listed)} chunks")
+    tensors = sorted(record["tensors"], key=lambda t: t["name"])
+    pieces: list[list[list[Any]]] = [[] for _ in tensors]
+    base = 0
+    for index, payload in enumerate(chunks):
+        assert payload is not None
+        verify_chunk({"chunks": listed}, index, payload)
+        _table_rows(index, payload, base, tensors, pieces)
+        base += len(payload)
+    return {
+        "format": FORMAT,
+        "version": record["version"],
+        "base_version": record["base_version"],
+        "kind": record["kind"],
+        "tensors": [
+            tensor_entry(
+                t["name"],
+                t["dtype"],
+                t["shape"],
+                changed=t["changed"],
+                hash=t["hash"],
+                base_hash=t["base_hash"],
+                pieces=rows,
+            )
+            for t, rows in zip(tensors, pieces, strict=True)
+        ],
+        "chunks": listed,
+        "state_hash": record["state_hash"],
+        "base_state_hash": record["base_state_hash"],
+        "raw_bytes": record["raw_bytes"],
+        "encoded_bytes": record["encoded_bytes"],
+        # not in the Avro record; decoding only needs a bound the chunks respect
+        "max_chunk_bytes": max((c["nbytes"] for c in listed), default=0),
+    }
+
+
+def _table_rows(
+    index: int,
+    payload: bytes,
+    base: int,
+    tensors: Sequence[Mapping[str, Any]],
+    into: list[list[list[Any]]],
+) -> None:
+    """Add the piece table rows of chunk ``index`` (at ``base`` in the concatenated payloads)
+    to their tensors, checking each piece against its tensor's span."""
+    try:
+        at = base + CHUNK_HEADER.size
+        for piece in parse_chunk(payload):
+            if piece.tensor >= len(tensors):
+                raise ValueError(f"piece of tensor {piece.tensor}, manifest has {len(tensors)}")
+            lo, n = tensors[piece.tensor]["offset"], tensors[piece.tensor]["nbytes"]
+            end = at + piece.nbytes
+            if n and not lo <= at < end <= lo + n:  # nbytes 0: span unknown
+                raise ValueError("a piece lies outside its tensor's span")
+            into[piece.tensor].append(piece_entry(index, piece))
+            at = end
+    except ValueError as exc:
+        raise ChunkCorrupt(f"chunk {index}: {exc}") from exc
+
+
+def chunk_record(
+    manifest: Mapping[str, Any], index: int, payload: bytes, *, run: str, model: str
+) -> dict[str, Any]:
+    """The ``WeightChunk`` record of chunk ``index`` of the codec ``manifest``."""
+    return {
+        "run": run,
+        "model": model,
+        "version": manifest["version"],
+        "index": index,
+        "count": len(manifest["chunks"]),
+        "checksum": manifest["chunks"][index]["checksum"],
+        "payload": payload,
+    }
+
+
+def chunk_keys(record: Mapping[str, Any]) -> dict[bytes, tuple[int, str]]:
+    """``record key -> (index, checksum)`` of every chunk a ``WeightManifest`` names.
+
+    The keyframe and the delta of one version share chunk keys: a chunk record is one of this
+    manifest's only if its checksum (and version) match as well."""
+    model, version = record["model"], record["version"]
+    return {
+        topics.record_key("weights.chunks", {"model": model, "version": version, "index": i}): (
+            i,
+            checksum,
+        )
+        for i, checksum in ((c["index"], c["checksum"]) for c in record["chunks"])
+    }
