@@ -117,10 +117,9 @@ def _register_policy(ssub: argparse._SubParsersAction) -> None:
 
 
 def _serve_policy(args: argparse.Namespace) -> int:
-    from aiohttp import web
-
     from rlstream.ops.config import load_run_config
     from rlstream.ops.kafka_env import settings_from_args
+    from rlstream.producers import aio
     from rlstream.rollout.serve import PolicyServer, make_app
 
     config = load_run_config(args.config, args.set)
@@ -132,7 +131,7 @@ def _serve_policy(args: argparse.Namespace) -> int:
         flush=True,
     )
     try:
-        web.run_app(make_app(server), host=args.host, port=args.port, print=None)
+        aio.run_app(make_app(server), args.host, args.port)
     finally:
         server.close()
     return 0

@@ -33,6 +33,7 @@ from aiohttp import web
 
 from rlstream.consumers.consumer import Stopper
 from rlstream.ops.analytics import RunAnalytics
+from rlstream.producers import aio
 from rlstream.producers.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -167,11 +168,11 @@ def _dumps(value: Any) -> str:
 
 
 class Server:
-    """An aiohttp server for ``app`` on its own event loop thread; ``url`` once started."""
+    """An aiohttp server for ``app`` on its own uvloop thread; ``url`` once started."""
 
     def __init__(self, app: web.Application, host: str = "127.0.0.1", port: int = 0) -> None:
         self.app, self.host, self.port = app, host, port
-        self.loop = asyncio.new_event_loop()
+        self.loop = aio.new_event_loop()
         self.url = ""
         self._runner: web.AppRunner | None = None
         self._thread = threading.Thread(

@@ -41,6 +41,7 @@ from typing import Any, Protocol
 from aiohttp import web
 from confluent_kafka import KafkaError, KafkaException, Message
 
+from rlstream.producers import aio
 from rlstream.producers.feedback_auth import authenticate
 from rlstream.producers.feedback_dedupe import IdempotencyLRU
 from rlstream.producers.feedback_models import (
@@ -485,7 +486,7 @@ def serve(
         service = FeedbackService(cfg, KafkaSink(settings, cfg.message_timeout_ms))
         await _serve_until_stopped(service, on_start)
 
-    asyncio.run(main())
+    aio.run(main())
 
 
 @dataclass
@@ -509,7 +510,7 @@ def running_service(
     started = threading.Event()
     box: list[RunningService] = []
     failure: list[BaseException] = []
-    loop = asyncio.new_event_loop()
+    loop = aio.new_event_loop()
 
     def main() -> None:
         asyncio.set_event_loop(loop)

@@ -15,6 +15,7 @@ import torch
 from aiohttp import web
 
 from rlstream.envs.judges import JudgeConfig, judge_llm
+from rlstream.producers import aio
 from rlstream.producers.admin import ensure_run_topics
 from rlstream.producers.producer import EventProducer
 from rlstream.producers.weights import WeightPublisher
@@ -38,7 +39,7 @@ def _state(seed: int):
 
 class _Serving:
     def __init__(self, app: web.Application) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = aio.new_event_loop()  # as `rlstream serve policy` runs it
         self.runner = web.AppRunner(app)
         self.loop.run_until_complete(self.runner.setup())
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
