@@ -1,10 +1,14 @@
 """``rlstream serve SERVICE``: long-running network services of a run.
 
 ``serve policy`` serves the run's current policy over an OpenAI-compatible completions API
-(see ``rlstream.rollout.serve``). ``serve feedback`` runs feedback-ingest, the HTTP endpoint the editor backend posts user feedback
-to (see ``rlstream.producers.feedback_http``). Each service registers itself with one
-``_register_<service>`` function, so adding one is one function and one line in ``register``.
-Heavy modules (aiohttp, confluent_kafka) are imported only when a service starts.
+(see ``rlstream.rollout.serve``). ``serve feedback`` runs feedback-ingest, the HTTP endpoint the
+editor backend posts user feedback to (see ``rlstream.producers.feedback_http``). Each service
+registers itself with one ``_register_<service>`` function, so adding one is one function and
+one line in ``register``. Heavy modules (aiohttp, confluent_kafka) are imported only when a
+service starts.
+
+``--config`` means what it means for ``rlstream run ROLE``: the run recipe. feedback-ingest does
+not need the recipe; its own settings (credentials, limits) come from ``--service-config``.
 """
 
 from __future__ import annotations
@@ -33,28 +37,30 @@ def _register_feedback(ssub: argparse._SubParsersAction) -> None:
         "feedback",
         help="HTTP feedback ingestion: POST /v1/feedback -> rl.RUN.feedback",
         description="Editor feedback over HTTP into the run's feedback stream. Bearer tokens "
-        "come from the config's `tokens` or $RLSTREAM_FEEDBACK_TOKENS (comma-separated), never "
-        "from the command line; HMAC keys from the config's `hmac_keys`.",
+        "come from the service config's `tokens` or $RLSTREAM_FEEDBACK_TOKENS (comma-separated), "
+        "never from the command line; HMAC keys from the service config's `hmac_keys`.",
     )
     p.add_argument("--run", required=True, help="run name (topic rl.RUN.feedback)")
     p.add_argument("--host", default=None, help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="TCP port, 0 = any free (default 8088)")
     p.add_argument(
-        "--config",
+        "--service-config",
         default=None,
-        help="TOML with the service config: its [serve.feedback] table, else the whole file",
+        metavar="FILE",
+        help="TOML with the feedback service's settings (tokens, HMAC keys, limits): its "
+        "[serve.feedback] table, else the whole file",
     )
     add_kafka_args(p)
     p.set_defaults(func=_serve_feedback)
 
 
 def feedback_service_config(args: argparse.Namespace) -> Any:
-    """The service config: the TOML file (if any) with --run/--host/--port on top."""
+    """The service config: the --service-config file (if any) with --run/--host/--port on top."""
     from rlstream.producers.feedback_models import FeedbackServiceConfig
 
     data: dict[str, Any] = {}
-    if args.config:
-        data = tomllib.loads(Path(args.config).read_text())
+    if args.service_config:
+        data = tomllib.loads(Path(args.service_config).read_text())
         data = dict(data.get("serve", {}).get("feedback", data))
     data["run"] = args.run
     for key in ("host", "port"):
@@ -110,7 +116,11 @@ def _register_policy(ssub: argparse._SubParsersAction) -> None:
     p.add_argument("--run", required=True, help="run whose weights to serve")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=8000, help="TCP port, 0 = any free")
-    p.add_argument("--config", default=None, help="run recipe (policy shape, model name)")
+    p.add_argument(
+        "--config",
+        default=None,
+        help="TOML run recipe, as for `rlstream run` (model name, policy shape)",
+    )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     add_kafka_args(p)
     p.set_defaults(func=_serve_policy)

@@ -315,10 +315,15 @@ def test_serve_command_reads_config_table_and_flags(tmp_path: Any) -> None:
     parser = argparse.ArgumentParser()
     cmd_serve.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(
-        ["serve", "feedback", "--run", "r9", "--config", str(path), "--port", "0"]
+        ["serve", "feedback", "--run", "r9", "--service-config", str(path), "--port", "0"]
     )
     cfg = cmd_serve.feedback_service_config(args)
     assert (cfg.run, cfg.port, cfg.max_batch) == ("r9", 0, 7)
+    # --config is the run recipe everywhere; feedback-ingest takes none, so it is refused
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "feedback", "--run", "r9", "--config", str(path)])
+    recipe = parser.parse_args(["serve", "policy", "--run", "r9", "--config", "run.toml"])
+    assert recipe.config == "run.toml"
 
 
 # --- feedback-rl rules ----------------------------------------------------------------------
