@@ -8,23 +8,20 @@ picked up; a role group's committed offsets show up as lag; ``rlstream report`` 
 to its end and reports the same figures. A screenshot of the live page is kept in
 ``artifacts/dashboard.png`` for people to look at.
 
-Chromium is the Debian package ``chromium``; without ``/usr/bin/chromium`` the browser test
-is skipped (the report test still runs).
+The browser is driven with Playwright's Python API; the browser itself is the Debian package
+``chromium`` (``ops/sysdeps.sh`` installs it; Playwright's own browser download is not used).
+Without ``/usr/bin/chromium`` the browser test is skipped (the report test still runs).
 """
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import copy
 import json
-import shutil
-import subprocess
-import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
@@ -36,20 +33,11 @@ from rlstream.producers.producer import EventProducer
 from rlstream.producers.settings import KafkaSettings
 from rlstream.schemas import topics
 
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
+
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--hide-scrollbars",
-    "--window-size=1400,2000",
-]
 
 
 def produce_batch(producer: EventProducer, run: str, batch: int, n: int, region_topic: str) -> None:
@@ -95,36 +83,7 @@ def commit_learner_offsets(settings: KafkaSettings, run: str) -> None:
         consumer.close()
 
 
-class DevTools:
-    """Just enough of the Chrome DevTools protocol: evaluate JavaScript, take a screenshot."""
-
-    def __init__(self, ws: Any) -> None:
-        self.ws, self.next_id = ws, 0
-
-    async def call(self, method: str, **params: Any) -> dict[str, Any]:
-        self.next_id += 1
-        await self.ws.send_json({"id": self.next_id, "method": method, "params": params})
-        while True:
-            reply = await self.ws.receive_json(timeout=30)
-            if reply.get("id") == self.next_id:
-                assert "error" not in reply, reply
-                return reply["result"]
-
-    async def evaluate(self, expression: str) -> Any:
-        result = await self.call("Runtime.evaluate", expression=expression, returnByValue=True)
-        return result["result"].get("value")
-
-    async def wait_for(self, expression: str, timeout: float = 45.0) -> Any:
-        deadline, value = time.monotonic() + timeout, None
-        while time.monotonic() < deadline:
-            value = await self.evaluate(expression)
-            if value:
-                return value
-            await asyncio.sleep(0.25)
-        raise AssertionError(f"timed out waiting for {expression}: last {value!r}")
-
-
-PAGE_STATE = """JSON.stringify({
+PAGE_STATE = """() => ({
   snapshots: +document.body.dataset.snapshots,
   samples: +document.body.dataset.samples,
   version: +document.body.dataset.policyVersion,
@@ -133,70 +92,37 @@ PAGE_STATE = """JSON.stringify({
 })"""
 
 
-def start_chromium(url: str, profile: Path) -> tuple[subprocess.Popen, int]:
-    """Headless Chromium on ``url`` with DevTools on a free port; returns (process, port)."""
-    proc = subprocess.Popen(
-        [
-            str(CHROMIUM),
-            *CHROMIUM_FLAGS,
-            f"--user-data-dir={profile}",
-            "--remote-debugging-port=0",
-            url,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    active = profile / "DevToolsActivePort"  # Chromium writes the port it bound here
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if active.exists() and active.read_text().strip():
-            return proc, int(active.read_text().split()[0])
-        if proc.poll() is not None:
-            raise AssertionError(f"chromium exited with {proc.returncode}")
-        time.sleep(0.2)
-    proc.kill()
-    raise AssertionError("chromium did not open its DevTools port")
+def page_state_once(page: Page, samples: int) -> dict[str, Any]:
+    """The page's state, once its counters show at least ``samples`` samples."""
+    check = f"() => {{ const s = ({PAGE_STATE})(); return s.samples >= {samples} ? s : null }}"
+    return page.wait_for_function(check, polling=250, timeout=45_000).json_value()
 
 
-def stop_process(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-async def drive_page(
-    devtools_port: int, url: str, produce_next: Any, first: int, second: int
+def drive_page(
+    url: str, produce_next: Callable[[], None], first: int, second: int
 ) -> dict[str, Any]:
-    import aiohttp
+    """Open the dashboard in the system Chromium, produce the second batch, watch it arrive."""
+    from playwright.sync_api import sync_playwright
 
-    async with aiohttp.ClientSession() as http:
-        targets = await (await http.get(f"http://127.0.0.1:{devtools_port}/json/list")).json()
-        page = next(t for t in targets if t.get("type") == "page" and t["url"].startswith(url))
-        async with http.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0) as ws:
-            cdp = DevTools(ws)
-            state = json.loads(
-                await cdp.wait_for(
-                    f"(() => {{ const s = {PAGE_STATE}; return JSON.parse(s).samples >= {first} ? s : null }})()"
-                )
-            )
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 2000})
+            page.goto(url)
+            state = page_state_once(page, first)
             assert state["samples"] == first and state["conn"] == "live"
-            await asyncio.get_running_loop().run_in_executor(None, produce_next)
-            later = json.loads(
-                await cdp.wait_for(
-                    f"(() => {{ const s = {PAGE_STATE}; return JSON.parse(s).samples >= {first + second} ? s : null }})()"
-                )
-            )
+            produce_next()
+            later = page_state_once(page, first + second)
             # let the mirrored topic and the lag poller show up before the screenshot
-            await cdp.wait_for("+document.getElementById('chart-lag').dataset.points > 0")
-            await asyncio.sleep(1.5)
-            final = json.loads(await cdp.evaluate(PAGE_STATE))
-            shot = await cdp.call(
-                "Page.captureScreenshot", format="png", captureBeyondViewport=True
+            page.wait_for_function(
+                "+document.getElementById('chart-lag').dataset.points > 0", timeout=45_000
             )
-    return {"first": state, "later": later, "final": final, "png": base64.b64decode(shot["data"])}
+            page.wait_for_timeout(1500)
+            final = page.evaluate(PAGE_STATE)
+            png = page.screenshot(full_page=True)
+        finally:
+            browser.close()
+    return {"first": state, "later": later, "final": final, "png": png}
 
 
 @pytest.mark.slow
@@ -213,8 +139,6 @@ def test_dashboard_page_follows_the_run_in_chromium(kafka: KafkaSettings, unique
     with EventProducer.connect(kafka) as producer:
         produce_batch(producer, run, 1, first, "")
     dashboard, server = serve_dashboard(kafka, run, port=0, interval_s=0.5)
-    profile = Path(tempfile.mkdtemp(prefix="rlstream-chromium-"))
-    browser, devtools_port = start_chromium(server.url, profile)
     try:
 
         def produce_next() -> None:
@@ -224,14 +148,12 @@ def test_dashboard_page_follows_the_run_in_chromium(kafka: KafkaSettings, unique
             with EventProducer.connect(kafka) as producer:
                 produce_batch(producer, run, 2, second, mirrored)
 
-        seen = asyncio.run(drive_page(devtools_port, server.url, produce_next, first, second))
+        seen = drive_page(server.url, produce_next, first, second)
         with urllib.request.urlopen(server.url + "api/snapshot", timeout=10) as resp:
             snap = json.load(resp)
     finally:
-        stop_process(browser)
         server.stop()
         dashboard.stop()
-        shutil.rmtree(profile, ignore_errors=True)
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / "dashboard.png").write_bytes(seen["png"])
     assert seen["png"][:8] == b"\x89PNG\r\n\x1a\n"
