@@ -14,7 +14,6 @@ The rules themselves are in ``admission_rules``.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
@@ -25,7 +24,7 @@ from rlstream.consumers.admission_rules import (
     admitted_samples,
     decide,
 )
-from rlstream.consumers.consumer import Record
+from rlstream.consumers.consumer import Record, RoleContext
 from rlstream.consumers.read_to_end import read_to_end, reader
 from rlstream.consumers.transactional import Output, TransactionalLoop
 from rlstream.consumers.versions import VersionWatcher
@@ -191,12 +190,11 @@ def decided_groups(settings: KafkaSettings, run: str, partitions: set[int]) -> s
         consumer.close()
 
 
-def run_admission(
-    settings: KafkaSettings, run: str, cfg: AdmissionConfig, stopper: Any, member: str = "0"
-) -> dict[str, int]:
-    admission = Admission(settings, run, cfg, member)
+def run_role(ctx: RoleContext) -> dict[str, int]:
+    """The admission role until stopped; returns its decision counts."""
+    admission = Admission(ctx.settings, ctx.run, ctx.cfg, ctx.member)
     try:
-        admission.loop.run(stopper)
+        admission.loop.run(ctx.stopper)
     finally:
         admission.close()
-    return admission.counts
+    return dict(admission.counts)

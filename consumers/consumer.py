@@ -62,6 +62,22 @@ class Stopper:
         return self._event.wait(seconds)
 
 
+@dataclass(frozen=True)
+class RoleContext:
+    """What ``rlstream run ROLE`` hands a role's entry point.
+
+    Every role module exposes ``run_role(ctx: RoleContext)``, which runs the role until
+    ``ctx.stopper`` is stopped (or its work is done) and returns what it did, for the log."""
+
+    settings: KafkaSettings
+    run: str
+    cfg: Any  # the role's typed config (``ops.config``)
+    stopper: Stopper
+    member: str = "0"  # stable member name: static membership and transactional id
+    name: str | None = None  # the judge's rubric name (judge role only)
+    log: Callable[[str], None] = print
+
+
 @dataclass
 class Record:
     """A consumed record with its decoded event (None when it failed to decode)."""

@@ -31,7 +31,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from rlstream.consumers.consumer import Record, Stopper
+from rlstream.consumers.consumer import Record, RoleContext, Stopper
 from rlstream.consumers.feedback_rules import (
     FeedbackRLConfig,
     Item,
@@ -44,7 +44,7 @@ from rlstream.consumers.versions import VersionWatcher
 from rlstream.producers.settings import KafkaSettings
 from rlstream.schemas import arrays, events, topics
 
-__all__ = ["FeedbackRL", "FeedbackRLConfig", "decided_ids", "run_feedback_rl"]
+__all__ = ["FeedbackRL", "FeedbackRLConfig", "decided_ids", "run_role"]
 
 # --- the role -------------------------------------------------------------------------------
 
@@ -301,9 +301,7 @@ def decided_ids(settings: KafkaSettings, committed: TopicPartition, lookback: in
         consumer.close()
 
 
-def run_feedback_rl(
-    settings: KafkaSettings, run: str, cfg: FeedbackRLConfig, stopper: Stopper, member: str = "0"
-) -> dict[str, int]:
+def run_role(ctx: RoleContext) -> dict[str, int]:
     """The feedback-rl role until stopped; returns its decision counts."""
-    role = FeedbackRL(settings, run, cfg, member)
-    return dict(role.run(stopper))
+    role = FeedbackRL(ctx.settings, ctx.run, ctx.cfg, ctx.member)
+    return dict(role.run(ctx.stopper))

@@ -23,10 +23,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rlstream.consumers.consumer import Record, Stopper
+from rlstream.consumers.consumer import Record, RoleContext
 from rlstream.consumers.transactional import Output, TransactionalLoop
 from rlstream.envs import tasks as task_family
-from rlstream.producers.settings import KafkaSettings
 from rlstream.schemas import arrays, topics
 
 JUDGE_VERSION = "1"
@@ -173,25 +172,19 @@ class Judge:
         return outputs
 
 
-def run_judge(
-    settings: KafkaSettings,
-    run: str,
-    name: str,
-    cfg: JudgeConfig,
-    stopper: Stopper,
-    member: str = "0",
-) -> int:
-    judge = Judge(run, name, cfg)
+def run_role(ctx: RoleContext) -> int:
+    """One judge (``ctx.name``, a rubric) until stopped; returns how many records it judged."""
+    run, name, member = ctx.run, str(ctx.name), ctx.member
+    judge = Judge(run, name, ctx.cfg)
     group = topics.group_id(run, "judge", name)
     loop = TransactionalLoop(
-        settings,
+        ctx.settings,
         group_id=group,
         topics=[topics.topic_pattern(run, "trajectories")],
         transactional_id=f"{group}.{member}",
         instance_id=f"judge-{name}-{member}",
         dlq_topic=topics.topic_name(run, "dlq"),
         process=judge.process,
-        batch_size=cfg.batch_size,
+        batch_size=ctx.cfg.batch_size,
     )
-    stats = loop.run(stopper)
-    return stats.records
+    return loop.run(ctx.stopper).records

@@ -32,25 +32,16 @@ from __future__ import annotations
 import bisect
 import collections
 import math
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-PREFIX = "rl"
-GROUP_PREFIX = "rlstream"
-#: Streams the analytics read (weights.chunks is derived from manifests, schemas/runs apart).
-STREAMS = (
-    "tasks",
-    "trajectories",
-    "rewards",
-    "admitted",
-    "rejected",
-    "weights.manifests",
-    "feedback",
-    "dlq",
-)
-CHART_STREAMS = (*STREAMS[:6], "weights.chunks", *STREAMS[6:])
+from rlstream.schemas import topics
+
+#: Streams the charts show: every stream of a run (catalog order).
+CHART_STREAMS = topics.RUN_STREAMS
+#: Streams the analytics read: weights.chunks is derived from the manifests (payloads are large).
+STREAMS = tuple(s for s in CHART_STREAMS if s != "weights.chunks")
 SUCCESS_JUDGE = "tests"
 LIVE_WINDOW_S = 300
 RATE_WINDOW_S = 10
@@ -58,32 +49,23 @@ RUN_BUCKET_S = 10
 MAX_LIST = 500
 LATENCY_BOUNDS_MS = (10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000, 60_000, 300_000)
 RECENT_STALENESS = 50
-_TOPIC = re.compile(
-    r"^(?:(?P<region>[A-Za-z0-9_-]+)\.)?rl\.(?P<run>[A-Za-z0-9_-]+)\.(?P<stream>.+)$"
-)
 
 
 def run_topic_regex(run: str, streams: Iterable[str] = STREAMS) -> str:
-    """Regex matching ``rl.RUN.STREAM`` and its mirrored copies ``REGION.rl.RUN.STREAM``.
-
-    The leading ``^`` is what librdkafka needs to treat a subscription as a pattern.
-    """
-    alternatives = "|".join(re.escape(s) for s in streams)
-    return rf"^([A-Za-z0-9_-]+\.)?{PREFIX}\.{re.escape(run)}\.({alternatives})$"
+    """The subscription for the streams the analytics read, local and mirrored copies."""
+    return topics.streams_pattern(run, streams)
 
 
 def split_topic(topic: str) -> tuple[str | None, str | None, str]:
     """(source region or None, run, stream) of a run topic; (None, None, topic) otherwise."""
-    m = _TOPIC.match(topic)
-    if m is None:
+    try:
+        name = topics.parse_topic(topic)
+    except ValueError:
         return None, None, topic
-    return m["region"], m["run"], m["stream"]
+    return name.region, name.run, name.stream
 
 
-def role_of_group(run: str, group: str) -> str | None:
-    """``ROLE[.NAME]`` of a group id ``rlstream.RUN.ROLE[.NAME]``; None for other groups."""
-    head = f"{GROUP_PREFIX}.{run}."
-    return group[len(head) :] if group.startswith(head) and len(group) > len(head) else None
+role_of_group = topics.role_of_group
 
 
 def quantile(
@@ -396,9 +378,9 @@ class RunAnalytics:
 
     def _lag_figures(self) -> dict[str, dict[str, Any]]:
         out = {}
-        for group, topics in sorted(self.lag.items()):
+        for group, lags in sorted(self.lag.items()):
             by_stream = {}
-            for topic, lag in sorted(topics.items()):
+            for topic, lag in sorted(lags.items()):
                 region, _, stream = split_topic(topic)
                 by_stream[f"{region}.{stream}" if region else stream] = lag
             role = role_of_group(self.run, group) or group

@@ -8,26 +8,18 @@ Every role is one process; every consuming role is one consumer group whose id i
 from __future__ import annotations
 
 import argparse
-import importlib
 
 from rlstream.ops.kafka_env import add_kafka_args
 
-#: role -> "module:function"; the function takes (args, settings) and returns an exit code.
-ROLES = {
-    "tap": "rlstream.ops.cmd_events:tap_role",
-    "scheduler": "rlstream.ops.roles:scheduler",
-    "rollout": "rlstream.ops.roles:rollout",
-    "judge": "rlstream.ops.roles:judge",
-    "admission": "rlstream.ops.roles:admission",
-    "learner": "rlstream.ops.roles:learner",
-    "feedback-rl": "rlstream.ops.roles:feedback_rl",
-}
+#: What ``rlstream run`` starts: the roles of ``ops.roles.ROLES`` (one module each, entry point
+#: ``run_role(ctx)``), plus ``tap``, which reads a stream and belongs to no role's group.
+ROLE_NAMES = ("tap", "scheduler", "rollout", "judge", "admission", "learner", "feedback-rl")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("run", help="start one role of a run (tap, scheduler, rollout, ...)")
     rsub = parser.add_subparsers(dest="role", metavar="ROLE", required=True)
-    for role in ROLES:
+    for role in ROLE_NAMES:
         rp = rsub.add_parser(role, help=f"run the {role} role")
         rp.add_argument("--run", required=True, help="run name (topics rl.RUN.*)")
         if role == "tap":
@@ -54,5 +46,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_role(args: argparse.Namespace) -> int:
-    module, func = ROLES[args.role].split(":")
-    return int(getattr(importlib.import_module(module), func)(args) or 0)
+    if args.role == "tap":
+        from rlstream.ops.cmd_events import tap_role
+
+        return tap_role(args)
+    from rlstream.ops.roles import start
+
+    return start(args)

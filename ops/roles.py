@@ -1,28 +1,44 @@
 """Entry points of ``rlstream run ROLE``: parse the config first, then import the role.
 
-Each entry point resolves the run config (recipe + ``--set``), prints it, makes sure the run's
-topics exist (idempotent), installs SIGTERM/SIGINT handling and runs the role until stopped.
+Every role lives in one module that exposes ``run_role(ctx: RoleContext)``; ``ROLES`` names
+that module. Starting a role resolves the run config (recipe + ``--set``), prints the role's
+part, makes sure the run's topics exist (idempotent), installs SIGTERM/SIGINT handling, and
+hands the role a ``RoleContext`` to run until stopped.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
-from typing import Any
 
 from rlstream.ops.kafka_env import settings_from_args
 
+#: role -> the module whose ``run_role(ctx)`` runs it.
+ROLES = {
+    "scheduler": "rlstream.rollout.scheduler",
+    "rollout": "rlstream.rollout.worker",
+    "judge": "rlstream.envs.judges",
+    "admission": "rlstream.consumers.admission",
+    "learner": "rlstream.trainer.learner_role",
+    "feedback-rl": "rlstream.consumers.feedback_rl",
+}
 
-def _setup(args: argparse.Namespace, role: str) -> tuple[Any, Any, Any]:
-    from rlstream.consumers.consumer import Stopper
+
+def start(args: argparse.Namespace) -> int:
+    """Run the role ``args.role`` of run ``args.run`` until it stops; returns the exit code."""
+    from rlstream.consumers.consumer import RoleContext, Stopper
     from rlstream.ops.config import load_run_config
     from rlstream.producers.admin import ensure_run_topics
 
+    role = args.role
+    if role == "judge" and not args.name:
+        raise SystemExit("error: the judge role needs --name (e.g. --name tests)")
     config = load_run_config(args.config, args.set)
-    role_cfg = config.role(role, getattr(args, "name", None))
+    cfg = config.role(role, args.name)
     print(
-        f"{role}: run {args.run}, config {json.dumps(role_cfg.model_dump(mode='json'))}",
+        f"{role}: run {args.run}, config {json.dumps(cfg.model_dump(mode='json'))}",
         file=sys.stderr,
         flush=True,
     )
@@ -30,59 +46,9 @@ def _setup(args: argparse.Namespace, role: str) -> tuple[Any, Any, Any]:
     report = ensure_run_topics(settings, args.run)
     if report.drift:
         print(f"warning: topic drift {report.drift}", file=sys.stderr)
-    return settings, role_cfg, Stopper().install()
-
-
-def _member(args: argparse.Namespace) -> str:
-    return args.member or "0"
-
-
-def scheduler(args: argparse.Namespace) -> int:
-    from rlstream.rollout.scheduler import run_scheduler
-
-    settings, cfg, stopper = _setup(args, "scheduler")
-    run_scheduler(settings, args.run, cfg, stopper)
-    return 0
-
-
-def rollout(args: argparse.Namespace) -> int:
-    from rlstream.rollout.worker import run_rollout
-
-    settings, cfg, stopper = _setup(args, "rollout")
-    run_rollout(settings, args.run, cfg, stopper, _member(args))
-    return 0
-
-
-def judge(args: argparse.Namespace) -> int:
-    from rlstream.envs.judges import run_judge
-
-    if not args.name:
-        raise SystemExit("error: the judge role needs --name (e.g. --name tests)")
-    settings, cfg, stopper = _setup(args, "judge")
-    run_judge(settings, args.run, args.name, cfg, stopper, _member(args))
-    return 0
-
-
-def admission(args: argparse.Namespace) -> int:
-    from rlstream.consumers.admission import run_admission
-
-    settings, cfg, stopper = _setup(args, "admission")
-    run_admission(settings, args.run, cfg, stopper, _member(args))
-    return 0
-
-
-def learner(args: argparse.Namespace) -> int:
-    from rlstream.trainer.learner_role import run_learner
-
-    settings, cfg, stopper = _setup(args, "learner")
-    run_learner(settings, args.run, cfg, stopper)
-    return 0
-
-
-def feedback_rl(args: argparse.Namespace) -> int:
-    from rlstream.consumers.feedback_rl import run_feedback_rl
-
-    settings, cfg, stopper = _setup(args, "feedback-rl")
-    counts = run_feedback_rl(settings, args.run, cfg, stopper, _member(args))
-    print(f"feedback-rl: stopped, decisions {json.dumps(counts)}", file=sys.stderr)
+    ctx = RoleContext(
+        settings, args.run, cfg, Stopper().install(), member=args.member or "0", name=args.name
+    )
+    result = importlib.import_module(ROLES[role]).run_role(ctx)
+    print(f"{role}: stopped, {json.dumps(result)}", file=sys.stderr)
     return 0

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rlstream.consumers.consumer import Stopper
+from rlstream.consumers.consumer import RoleContext
 from rlstream.consumers.tap import tap
 from rlstream.envs import tasks as task_family
 from rlstream.producers.producer import EventProducer
@@ -75,12 +75,11 @@ def _count(settings: KafkaSettings, run: str, stream: str) -> int:
     return len(keys)
 
 
-def run_scheduler(
-    settings: KafkaSettings, run: str, cfg: SchedulerConfig, stopper: Stopper, log: Any = print
-) -> int:
+def run_role(ctx: RoleContext) -> int:
     """Release tasks until ``max_tasks`` or stopped; returns how many were released in total."""
     from rlstream.consumers.versions import VersionWatcher
 
+    settings, run, cfg, stopper, log = ctx.settings, ctx.run, ctx.cfg, ctx.stopper, ctx.log
     released = _count(settings, run, "tasks")
     watcher = VersionWatcher(settings, topics.topic_name(run, "weights.manifests"))
     decisions = DecisionCounter(settings, run)

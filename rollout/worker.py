@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from rlstream.consumers.consumer import Record, Stopper
+from rlstream.consumers.consumer import Record, RoleContext, Stopper
 from rlstream.consumers.transactional import Output, TransactionalLoop
 from rlstream.consumers.weights import WeightSubscriber
 from rlstream.envs import tasks as task_family
@@ -155,15 +155,15 @@ class RolloutWorker:
         }
 
 
-def run_rollout(
-    settings: KafkaSettings, run: str, cfg: RolloutConfig, stopper: Stopper, member: str = "0"
-) -> int:
+def run_role(ctx: RoleContext) -> int:
+    """One rollout worker until stopped; returns how many tasks it rolled out."""
+    run, cfg, member = ctx.run, ctx.cfg, ctx.member
     torch.set_num_threads(cfg.torch_threads)
-    worker = RolloutWorker(settings, run, cfg, member)
-    worker.wait_for_weights(stopper)
+    worker = RolloutWorker(ctx.settings, run, cfg, member)
+    worker.wait_for_weights(ctx.stopper)
     group = topics.group_id(run, "rollout")
     loop = TransactionalLoop(
-        settings,
+        ctx.settings,
         group_id=group,
         topics=[topics.topic_pattern(run, "tasks")],
         transactional_id=f"{group}.{cfg.region}.{member}",
@@ -173,6 +173,6 @@ def run_rollout(
         batch_size=1,
         consumer_conf={"max.poll.interval.ms": "600000"},
     )
-    stats = loop.run(stopper)
+    stats = loop.run(ctx.stopper)
     worker.subscriber.close()
     return stats.records

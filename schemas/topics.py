@@ -21,7 +21,7 @@ default is 1 MB), and consumers ``fetch.max.bytes`` likewise.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Literal
@@ -196,6 +196,19 @@ def topic_pattern(run: str, stream: str, remote: bool = True) -> str:
     """
     local = re.escape(topic_name(run, stream))
     return f"^([A-Za-z0-9_-]+\\.)?{local}$" if remote else f"^{local}$"
+
+
+def streams_pattern(run: str, streams: Iterable[str] = RUN_STREAMS) -> str:
+    """One regex subscription for several streams of a run and their remote copies."""
+    alternatives = "|".join(re.escape(topic_name(run, s)) for s in streams)
+    return f"^([A-Za-z0-9_-]+\\.)?({alternatives})$"
+
+
+def role_of_group(run: str, group: str) -> str | None:
+    """``ROLE[.NAME]`` of a group id ``rlstream.RUN.ROLE[.NAME]`` (see ``group_id``); None for
+    any other group."""
+    head = f"{GROUP_PREFIX}.{run}."
+    return group[len(head) :] if group.startswith(head) and len(group) > len(head) else None
 
 
 def group_id(run: str, role: str, name: str | None = None) -> str:
