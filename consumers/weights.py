@@ -1,11 +1,12 @@
 """Weight subscription: follow a model's manifests, fetch, verify, stage, then swap.
 
-A ``WeightSubscriber`` reads the model's manifest history from the start of
-``weights.manifests`` (no consumer group: it assigns the partition), then follows it. Whenever a
-newer version is known it plans a route (``plan_route``), fetches the chunks each manifest of
-the route names, verifies them and decodes into a *staging* state (the codec never writes into
-its base), and only then hands the complete, verified state over: ``current()`` / ``latest()``
-and the ``on_swap`` callback. Guarantees:
+A ``WeightSubscriber`` follows the model's manifests through a ``ManifestLog`` (the one reader of
+``weights.manifests``: from the beginning, no consumer group). Whenever a newer version is known
+it plans a route (``plan_route``), fetches the chunks each manifest of the route names, verifies
+them and decodes into a *staging* state (the codec never writes into its base), and only then
+hands the complete, verified state over: ``current()`` / ``latest()`` and the ``on_swap``
+callback. The records and how they map to the codec are the wire format
+(``schemas.weight_format``). Guarantees:
 
 - never partial: the exposed state is always one complete version whose every chunk checksum,
   tensor hash and state hash matched its manifest;
@@ -14,6 +15,8 @@ and the ``on_swap`` callback. Guarantees:
   manifest from later routes, so the worker catches up from a keyframe instead;
 - cheapest route (``plan_route``): the newest reachable version, through the fewest chunk bytes
   among "deltas from the current version" and "a keyframe plus the deltas after it";
+- bounded memory: manifests older than both the current version and the second-newest keyframe
+  are forgotten (no route starts there any more);
 - chunk fetches go straight to the positions the manifest names (``ChunkRef.ref``); when those
   are absent or belong to another cluster (a MirrorMaker copy keeps the topic's data but not
   its offsets), the partitions are scanned from the previous manifest's time instead. Chunks are
@@ -37,13 +40,13 @@ from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Se
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from rlstream.consumers.consumer import load_schema_topic
+from rlstream.consumers.manifest_log import Key, ManifestLog
 from rlstream.producers.settings import KafkaSettings
 from rlstream.schemas import deltacodec as codec
-from rlstream.schemas import events, topics
-from rlstream.schemas.weight_format import codec_manifest
+from rlstream.schemas import events
+from rlstream.schemas.weight_format import chunk_keys, codec_manifest
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +64,6 @@ _READER = {
 }
 _CLOSED = {KafkaError._PARTITION_EOF, KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE}
 
-Key = tuple[int, str]  # (version, kind) names one manifest
 State = dict[str, codec.TensorBits]
 
 
@@ -245,23 +247,22 @@ class WeightSubscriber:
         recycle: bool = False,
     ) -> None:
         self.settings, self.run, self.model = settings, run, model
-        self.manifest_topic = manifest_topic or topics.topic_name(run, "weights.manifests")
+        self._manifests = ManifestLog.of_run(settings, run, model, manifest_topic)
+        self.manifest_topic = self._manifests.topic
+        if not self._manifests.exists():
+            self._manifests.close()
+            raise ValueError(f"no topic {self.manifest_topic}: create the run's topics first")
         self.chunk_topic = chunk_topic  # None: the topic each manifest names
         self.on_swap, self.fetch_timeout = on_swap, fetch_timeout
         self.failures: list[Failure] = []
         self.reports: deque[Applied] = deque(maxlen=1000)
-        self._manifests: dict[Key, dict[str, Any]] = {}
         self._bad: set[Key] = set()
         self._snapshot: Snapshot | None = initial
         self._initial = initial  # the caller's arrays: never recycled
         self.recycle = recycle
         self._spare: State | None = None
-        self._store = events.default_store()
-        self._decode = events.deserializer(self._store)
         group = f"rlstream.{run}.weights-reader.{uuid.uuid4().hex[:8]}"  # never joined
-        self._manifest_reader = Consumer({**settings.librdkafka(), **_READER, "group.id": group})
         self._chunk_reader = Consumer({**settings.librdkafka(), **_READER, "group.id": group})
-        self._assign_manifests()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -279,14 +280,15 @@ class WeightSubscriber:
 
     def newest_known(self) -> int | None:
         """The newest version any manifest read so far names."""
-        return max((v for v, _ in self._manifests), default=None)
+        return self._manifests.newest
 
     # -- driving it -----------------------------------------------------------------------
 
     def poll(self, timeout: float = 1.0) -> list[Applied]:
         """Read new manifests (waiting up to ``timeout`` for some), then catch up; returns the
         versions handed over (usually one: intermediate versions of a route are not)."""
-        self._read_manifests(timeout)
+        for key in self._manifests.wait(timeout):
+            self._bad.discard(key)  # a republished manifest gets another chance
         return self._catch_up()
 
     def wait_for(self, version: int, timeout: float = 30.0) -> Snapshot | None:
@@ -314,7 +316,7 @@ class WeightSubscriber:
 
     def close(self) -> None:
         self.stop()
-        self._manifest_reader.close()
+        self._manifests.close()
         self._chunk_reader.close()
 
     def __enter__(self) -> WeightSubscriber:
@@ -330,68 +332,6 @@ class WeightSubscriber:
             except Exception:  # keep serving the old version; the next round retries
                 log.exception("weights: follow round failed")
                 self._stop.wait(interval)
-
-    # -- manifests ------------------------------------------------------------------------
-
-    def _assign_manifests(self) -> None:
-        meta = self._manifest_reader.list_topics(self.manifest_topic, timeout=10)
-        topic = meta.topics.get(self.manifest_topic)
-        if topic is None or topic.error is not None:
-            raise ValueError(f"no topic {self.manifest_topic}: create the run's topics first")
-        parts = topic.partitions
-        self._manifest_reader.assign(
-            [TopicPartition(self.manifest_topic, p, OFFSET_BEGINNING) for p in parts]
-        )
-
-    def _read_manifests(self, timeout: float, wait: bool = True) -> None:
-        """Read what is new; return at the end of the log once there is something to do (or at
-        once without ``wait``), else wait up to ``timeout`` for more."""
-        deadline = time.monotonic() + timeout
-        new = False
-        while True:
-            remaining = deadline - time.monotonic()
-            batch = _next_batch(self._manifest_reader, max(0.0, min(remaining, 0.2)))
-            at_end = False
-            for msg in batch:
-                err = msg.error()
-                if err is None:
-                    new |= self._add_manifest(msg)
-                    at_end = False
-                elif err.code() == KafkaError._PARTITION_EOF:
-                    at_end = True
-                elif not err.retriable():
-                    raise RuntimeError(f"manifest reader: {err.str()}")
-            if (at_end and (new or not wait or self._behind())) or remaining <= 0:
-                return
-
-    def _behind(self) -> bool:
-        newest = self.newest_known()
-        return newest is not None and (self.version is None or newest > self.version)
-
-    def _add_manifest(self, msg: Message) -> bool:
-        try:
-            rec = self._decode_value(msg.value(), "weight_manifest")
-        except events.EventError as exc:
-            log.warning("weights: skipping undecodable manifest at %s: %s", msg.offset(), exc)
-            return False
-        if rec["model"] != self.model:
-            return False
-        key = (rec["version"], rec["kind"])
-        self._manifests[key] = rec  # a republished version replaces the older record
-        self._bad.discard(key)
-        return True
-
-    def _decode_value(self, value: bytes | None, event: str) -> dict[str, Any]:
-        try:
-            decoded = self._decode(value, None)
-        except events.DecodeError as exc:
-            if exc.reason != "unknown_schema":
-                raise
-            load_schema_topic(self.settings, self._store)  # written by newer code: learn it
-            decoded = self._decode(value, None)
-        if decoded.event != event:
-            raise events.DecodeError(f"expected {event}, got {decoded.event}", "unexpected_event")
-        return decoded.record
 
     # -- catching up ----------------------------------------------------------------------
 
@@ -416,9 +356,7 @@ class WeightSubscriber:
         history does not grow without bound in memory."""
         keyframes = sorted(v for v, kind in self._manifests if kind == "keyframe")
         if self.version is not None and len(keyframes) >= 2:
-            floor = min(self.version, keyframes[-2])
-            for key in [k for k in self._manifests if k[0] < floor]:
-                del self._manifests[key]
+            self._manifests.forget_before(min(self.version, keyframes[-2]))
 
     def _apply(self, route: Route) -> Applied | None:
         """Apply a route into staging; hand it over only when every step verified."""
@@ -494,15 +432,7 @@ class WeightSubscriber:
     def _fetch(self, rec: Mapping[str, Any]) -> tuple[list[bytes | None], int]:
         """Chunk payloads of one manifest (None where missing) and their total size."""
         topic = self.chunk_topic or rec["chunk_topic"]
-        want = _Fetch(
-            {
-                f"{rec['model']}/{rec['version']}/{c['index']}".encode(): (
-                    c["index"],
-                    c["checksum"],
-                )
-                for c in rec["chunks"]
-            }
-        )
+        want = _Fetch(chunk_keys(rec))
         deadline = time.monotonic() + self.fetch_timeout
         windows = fetch_windows(rec["chunks"], topic)
         if windows:
@@ -563,7 +493,7 @@ class WeightSubscriber:
         if hit is None or hit[0] in want.got:
             return
         try:
-            chunk = self._decode_value(msg.value(), "weight_chunk")
+            chunk = self._manifests.decode(msg.value(), "weight_chunk")
         except events.EventError as exc:
             log.warning("weights: undecodable chunk record at %s: %s", msg.offset(), exc)
             return
@@ -578,22 +508,3 @@ def _next_batch(consumer: Consumer, timeout: float, limit: int = 256) -> list[Me
     (``consume(n, timeout)`` would wait for ``n`` messages: a delay on every small fetch.)"""
     first = consumer.poll(timeout)
     return [] if first is None else [first, *consumer.consume(limit - 1, 0)]
-
-
-def read_manifests(
-    settings: KafkaSettings,
-    run: str,
-    model: str,
-    *,
-    topic: str | None = None,
-    timeout: float = 15.0,
-) -> list[dict[str, Any]]:
-    """Every manifest record of ``model`` by version, delta before keyframe (for ``prune``)."""
-    sub = WeightSubscriber(settings, run, model, manifest_topic=topic)
-    try:
-        sub._read_manifests(timeout, wait=False)
-        return sorted(
-            sub._manifests.values(), key=lambda m: (m["version"], m["kind"] == "keyframe")
-        )
-    finally:
-        sub.close()

@@ -45,7 +45,8 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _runs(args: argparse.Namespace) -> int:
-    from rlstream.ops.replay import run_manifests, weight_manifests
+    from rlstream.consumers.manifest_log import manifests_by_version as weight_manifests
+    from rlstream.ops.replay import run_manifests
 
     settings = settings_from_args(args)
     if args.action == "delete":

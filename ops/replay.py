@@ -1,8 +1,9 @@
 """Reproduce a run from its record, and manage runs.
 
 ``replay`` rebuilds the run's learner from the run manifest (resolved config, seeds) and feeds
-it the admitted records each weight manifest names, in the recorded order, checking every new
-version's state hash against the recorded one. On CPU the reproduction is bit-exact; the first
+it the admitted records each weight manifest names (one manifest per version, from the run's
+manifest log), in the recorded order, checking every new version's state hash against the
+recorded one. On CPU the reproduction is bit-exact; the first
 divergence is reported with the version and the first tensor whose hash differs.
 
 ``rescore`` re-judges a run's recorded trajectories with another judge into a second run's
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rlstream.consumers.manifest_log import manifests_by_version
 from rlstream.consumers.tap import tap
 from rlstream.producers.settings import KafkaSettings
 from rlstream.schemas import arrays, topics
@@ -37,13 +39,6 @@ def run_manifests(settings: KafkaSettings) -> dict[str, dict[str, Any]]:
         key = (msg.key() or b"").decode()
         runs[key] = decoded.record if decoded is not None else None
     return {k: v for k, v in runs.items() if v is not None}
-
-
-def weight_manifests(settings: KafkaSettings, run: str) -> dict[int, dict[str, Any]]:
-    """One manifest per version (see ``trainer.learner_role.manifests_by_version``)."""
-    from rlstream.trainer.learner_role import manifests_by_version
-
-    return manifests_by_version(settings, run)
 
 
 def admitted_by_ref(
@@ -95,7 +90,7 @@ def replay(
     cfg = config.role("learner")
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
-    manifests = weight_manifests(settings, run)
+    manifests = manifests_by_version(settings, run)
     admitted = admitted_by_ref(settings, run)
     model, optimizer = init_model(cfg, lambda line: None)
     last = max(manifests) if to_version is None else min(to_version, max(manifests))

@@ -5,14 +5,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from confluent_kafka import TopicPartition
 
 from rlstream.consumers.consumer import RoleConsumer, Stopper, make_consumer
 from rlstream.consumers.feedback_rules import online_quota
-from rlstream.consumers.tap import tap
+from rlstream.consumers.manifest_log import manifests_by_version
 from rlstream.producers.admin import admin_client
 from rlstream.producers.producer import EventProducer
 from rlstream.producers.settings import KafkaSettings
@@ -38,23 +37,9 @@ class Ledger:
     online_groups: int = 0
 
 
-def manifests_by_version(
-    settings: KafkaSettings, run: str, model: str | None = None
-) -> dict[int, dict[str, Any]]:
-    """One committed manifest per version (the delta where a version also has a keyframe: both
-    name the same inputs, and the delta is what followers apply)."""
-    out: dict[int, dict[str, Any]] = {}
-    for _, decoded, _ in tap(settings, topics.topic_name(run, "weights.manifests")):
-        rec = decoded.record if decoded is not None else None
-        if rec is None or (model is not None and rec["model"] != model):
-            continue
-        if rec["version"] not in out or rec["kind"] == "delta":
-            out[int(rec["version"])] = rec
-    return out
-
-
 def read_ledger(settings: KafkaSettings, run: str, model: str) -> Ledger:
-    """Newest manifest, trained inputs and group counts of ``model`` in ``run``."""
+    """Newest manifest, trained inputs and group counts of ``model`` in ``run`` (its manifest log
+    read to the end, one manifest per version)."""
     ledger = Ledger()
     for _, rec in sorted(manifests_by_version(settings, run, model).items()):
         ledger.last = rec

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rlstream.consumers.weights import Snapshot, WeightSubscriber, read_manifests
+from rlstream.consumers.manifest_log import read_manifests
+from rlstream.consumers.weights import Snapshot, WeightSubscriber
 from rlstream.producers.admin import admin_client, apply_topics, run_topic_wants
 from rlstream.producers.producer import EventProducer
 from rlstream.producers.settings import KafkaSettings

@@ -1,0 +1,227 @@
+"""The weight manifest log: a run's ``WeightManifest`` records of one model, as read so far.
+
+Every reader of weight manifests reads them here: the weight subscriber (which versions exist
+and how to reach them), the version watcher (the newest version), the learner's ledger (what
+the published versions trained), retention (``read_manifests``) and replay (what each version
+trained on, and its state hash).
+
+Rules:
+
+- a log reads ``weights.manifests`` (the run's, or the topic given, such as a region's mirrored
+  copy) from the beginning with a reader of its own: no consumer group, no commits, committed
+  records only;
+- records are decoded with the writer schema they name; a schema this code has never seen is
+  learned from ``rl.schemas`` first (``decode``, which the subscriber also uses for chunks); an
+  undecodable record is logged and skipped, another model's record skipped;
+- records are kept by (version, kind), and a republished version replaces the older record;
+  ``forget_before`` drops old versions (the subscriber's memory bound);
+- ``catch_up`` reads to the end as of the call (``read_to_end``: it raises ``TimeoutError``
+  rather than stop short); ``wait`` waits for a record after those read, then catches up;
+- ``by_version`` is one manifest per version, the delta where a version also has a keyframe
+  (both name the same inputs and the same state, and the delta is what followers apply).
+
+One thread drives a log; ``newest`` (the newest version read) may be read from any thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartition
+
+from rlstream.consumers.consumer import load_schema_topic
+from rlstream.consumers.read_to_end import partitions_of, read_to_end, reader
+from rlstream.producers.settings import KafkaSettings
+from rlstream.schemas import events, topics
+
+log = logging.getLogger(__name__)
+
+Key = tuple[int, str]  # (version, kind) names one manifest
+_SKIP = (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
+
+
+class ManifestLog(Mapping[Key, dict[str, Any]]):
+    """The manifests of ``model`` (every model's when None) on ``topic``, by (version, kind)."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        topic: str,
+        model: str | None = None,
+        *,
+        name: str = "manifest-log",
+    ) -> None:
+        self.settings, self.topic, self.model = settings, topic, model
+        self.newest: int | None = None
+        self._records: dict[Key, dict[str, Any]] = {}
+        self._next: dict[int, int] = {}  # partition -> offset after the last record read
+        self._parts: list[int] | None = None
+        self._store = events.default_store()
+        self._decode = events.deserializer(self._store)
+        self._reader = reader(settings, name, **{"fetch.wait.max.ms": "50"})
+
+    @classmethod
+    def of_run(
+        cls, settings: KafkaSettings, run: str, model: str | None = None, topic: str | None = None
+    ) -> ManifestLog:
+        """The log of ``run``'s manifests topic (or of ``topic``)."""
+        name = f"{run}.manifest-log"
+        return cls(settings, topic or topics.topic_name(run, "weights.manifests"), model, name=name)
+
+    # -- the records ----------------------------------------------------------------------
+
+    def __getitem__(self, key: Key) -> dict[str, Any]:
+        return self._records[key]
+
+    def __iter__(self) -> Iterator[Key]:
+        return iter(self._records)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every record kept, by version, a delta before the keyframe of its version."""
+        return [self._records[k] for k in sorted(self._records, key=_order)]
+
+    def by_version(self) -> dict[int, dict[str, Any]]:
+        """One manifest per version, the delta where a version also has a keyframe."""
+        out: dict[int, dict[str, Any]] = {}
+        for version, kind in sorted(self._records, key=_order):
+            if version not in out or kind == "delta":
+                out[version] = self._records[(version, kind)]
+        return out
+
+    def forget_before(self, version: int) -> None:
+        """Drop the records of every version older than ``version``."""
+        for key in [k for k in self._records if k[0] < version]:
+            del self._records[key]
+
+    # -- reading --------------------------------------------------------------------------
+
+    def exists(self) -> bool:
+        """Whether the topic exists (it is looked for again until it does)."""
+        return bool(self._partitions())
+
+    def catch_up(self, timeout: float = 60.0) -> list[Key]:
+        """Read the records after those read so far, up to the end as of the call; returns the
+        keys read (a republished version's too). Raises ``TimeoutError`` (keeping what was
+        read) if the end is not reached within ``timeout``."""
+        starts = [
+            TopicPartition(self.topic, p, self._next.get(p, OFFSET_BEGINNING))
+            for p in self._partitions()
+        ]
+        new = []
+        for msg in read_to_end(self._reader, starts, timeout):
+            key = self._take(msg)
+            if key is not None:
+                new.append(key)
+        return new
+
+    def wait(self, timeout: float) -> list[Key]:
+        """Wait up to ``timeout`` for a record of the model after those read so far, then catch
+        up; returns the keys read (empty if none came)."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            parts = self._partitions()
+            if not parts:
+                time.sleep(min(left, 1.0))  # no topic yet (a mirror may create it later)
+                continue
+            self._reader.assign(
+                [TopicPartition(self.topic, p, self._next.get(p, OFFSET_BEGINNING)) for p in parts]
+            )
+            msg = self._first(deadline)
+            if msg is None:
+                return []
+            first = self._take(msg)
+            new = ([first] if first is not None else []) + self.catch_up()
+            if new:
+                return new
+        return []
+
+    def decode(self, value: bytes | None, event: str) -> dict[str, Any]:
+        """The record of ``event`` in ``value``; a writer schema never seen is learned from
+        ``rl.schemas`` first. Raises ``events.EventError`` for anything else."""
+        try:
+            decoded = self._decode(value, None)
+        except events.DecodeError as exc:
+            if exc.reason != "unknown_schema":
+                raise
+            load_schema_topic(self.settings, self._store)  # written by newer code: learn it
+            decoded = self._decode(value, None)
+        if decoded.event != event:
+            raise events.DecodeError(f"expected {event}, got {decoded.event}", "unexpected_event")
+        return decoded.record
+
+    def close(self) -> None:
+        self._reader.close()
+
+    def __enter__(self) -> ManifestLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _partitions(self) -> list[int]:
+        if self._parts is None:
+            self._parts = partitions_of(self._reader, self.topic)
+        return self._parts or []
+
+    def _first(self, deadline: float) -> Message | None:
+        """The next record of the assigned partitions, or None at ``deadline``."""
+        while (left := deadline - time.monotonic()) > 0:
+            msg = self._reader.poll(min(left, 0.5))
+            if msg is None:
+                continue
+            err = msg.error()
+            if err is None:
+                return msg
+            if err.code() not in _SKIP and not err.retriable():
+                raise RuntimeError(f"reading {self.topic}: {err.str()}")
+        return None
+
+    def _take(self, msg: Message) -> Key | None:
+        self._next[int(msg.partition() or 0)] = int(msg.offset() or 0) + 1
+        try:
+            rec = self.decode(msg.value(), "weight_manifest")
+        except events.EventError as exc:
+            log.warning("manifests: skipping undecodable record at %s: %s", msg.offset(), exc)
+            return None
+        if self.model is not None and rec["model"] != self.model:
+            return None
+        key = (int(rec["version"]), str(rec["kind"]))
+        self._records[key] = rec  # a republished version replaces the older record
+        self.newest = key[0] if self.newest is None else max(self.newest, key[0])
+        return key
+
+
+def _order(key: Key) -> tuple[int, bool]:
+    return key[0], key[1] == "keyframe"
+
+
+def read_manifests(
+    settings: KafkaSettings,
+    run: str,
+    model: str,
+    *,
+    topic: str | None = None,
+    timeout: float = 15.0,
+) -> list[dict[str, Any]]:
+    """Every manifest record of ``model`` by version, delta before keyframe (for ``prune``)."""
+    with ManifestLog.of_run(settings, run, model, topic) as manifests:
+        manifests.catch_up(timeout)
+        return manifests.records()
+
+
+def manifests_by_version(
+    settings: KafkaSettings, run: str, model: str | None = None, timeout: float = 60.0
+) -> dict[int, dict[str, Any]]:
+    """One committed manifest per version of ``run`` (``ManifestLog.by_version``), read to the
+    end as of the call."""
+    with ManifestLog.of_run(settings, run, model) as manifests:
+        manifests.catch_up(timeout)
+        return manifests.by_version()
