@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 from confluent_kafka import TopicPartition
 
-from rlstream.consumers.consumer import RoleConsumer, Stopper, make_consumer
+from rlstream.consumers.consumer import RoleConsumer, RoleContext, Stopper, make_consumer
 from rlstream.consumers.feedback_rules import online_quota
 from rlstream.consumers.manifest_log import manifests_by_version
 from rlstream.producers.admin import admin_client
@@ -244,15 +244,10 @@ class Learner:
         self.producer.wait(10)
 
 
-def run_learner(
-    settings: KafkaSettings,
-    run: str,
-    cfg: LearnerConfig,
-    stopper: Stopper,
-    log: Callable[[str], None] = print,
-) -> int:
-    learner = Learner(settings, run, cfg, log)
+def run_role(ctx: RoleContext) -> int:
+    """The learner until stopped or ``max_versions``; returns the last published version."""
+    learner = Learner(ctx.settings, ctx.run, ctx.cfg, ctx.log)
     try:
-        return learner.run_until(stopper)
+        return learner.run_until(ctx.stopper)
     finally:
         learner.close()
