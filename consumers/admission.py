@@ -14,6 +14,7 @@ The rules themselves are in ``admission_rules``.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
@@ -83,12 +84,13 @@ class Admission:
         for group_id in sorted(candidates):
             group = self.pending.get(group_id)
             verdict = decide(group, now_ms, version, self.cfg) if group else None
-            if verdict is not None:
+            if group is not None and verdict is not None:
                 outputs += self._decision(group, verdict, version, now_ms)
         return outputs
 
     def _add(self, rec: Record) -> str | None:
-        value, msg = rec.value, rec.message
+        value: dict[str, Any] | None = rec.value
+        assert value is not None
         group_id = value["group_id"]
         if group_id in self.decided:
             return None
@@ -104,10 +106,10 @@ class Admission:
                 int(value.get("group_size") or 0),
                 int(time.time() * 1000),
             )
-        tp = (msg.topic(), msg.partition())
+        tp, offset = rec.topic_partition, rec.offset
         firsts = self.first_offset.setdefault(group_id, {})
-        firsts[tp] = min(firsts.get(tp, msg.offset()), msg.offset())
-        ref = {"topic": msg.topic(), "partition": msg.partition(), "offset": msg.offset()}
+        firsts[tp] = min(firsts.get(tp, offset), offset)
+        ref = {"topic": tp[0], "partition": tp[1], "offset": offset}
         if rec.event and rec.event.event == "trajectory":
             group.group_size = int(value["group_size"])
             group.add_sample({**value, "_ref": ref})
@@ -150,8 +152,8 @@ class Admission:
         """Per input partition: one past the batch, but never past a pending group's first record."""
         nxt: dict[tuple[str, int], int] = {}
         for rec in records:
-            tp = (rec.message.topic(), rec.message.partition())
-            nxt[tp] = max(nxt.get(tp, 0), rec.message.offset() + 1)
+            tp = rec.topic_partition
+            nxt[tp] = max(nxt.get(tp, 0), rec.offset + 1)
         for firsts in self.first_offset.values():
             for tp, offset in firsts.items():
                 if tp in nxt:

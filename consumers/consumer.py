@@ -92,6 +92,14 @@ class Record:
         return self.message.key()
 
     @property
+    def topic_partition(self) -> tuple[str, int]:
+        return str(self.message.topic()), int(self.message.partition() or 0)
+
+    @property
+    def offset(self) -> int:
+        return int(self.message.offset() or 0)
+
+    @property
     def value(self) -> dict[str, Any]:
         assert self.event is not None, self.error
         return self.event.record
@@ -216,7 +224,8 @@ def load_schema_topic(
     """
     count = 0
     for msg in read_topic(settings, topics.SCHEMAS_TOPIC, name="schema-reader", timeout=timeout):
-        if msg.value() is not None:
-            store.add_record(msg.key() or b"", msg.value())
+        value = msg.value()
+        if value is not None:
+            store.add_record(msg.key() or b"", value)
             count += 1
     return count

@@ -110,9 +110,8 @@ class FeedbackRL:
         return outputs + self._close_due(time.monotonic())
 
     def _add(self, rec: Record) -> list[Output]:
-        msg = rec.message
-        tp = (msg.topic(), msg.partition())
-        self.position[tp] = max(self.position.get(tp, 0), msg.offset() + 1)
+        tp, offset = rec.topic_partition, rec.offset
+        self.position[tp] = max(self.position.get(tp, 0), offset + 1)
         if rec.event is None or rec.event.event != "feedback":
             self.counts["not_feedback"] += 1
             return []
@@ -123,10 +122,8 @@ class FeedbackRL:
             self.counts["duplicate"] += 1
             return []
         if window is None:
-            window = self.windows[tp] = _Window(msg.offset(), time.monotonic())
-        window.items.append(
-            Item(value, {"topic": tp[0], "partition": tp[1], "offset": msg.offset()})
-        )
+            window = self.windows[tp] = _Window(offset, time.monotonic())
+        window.items.append(Item(value, {"topic": tp[0], "partition": tp[1], "offset": offset}))
         window.ids.add(fid)
         return self._close(tp) if len(window.items) >= self.cfg.window_size else []
 
@@ -178,8 +175,8 @@ class FeedbackRL:
     def offsets(self, records: list[Record]) -> list[TopicPartition]:
         """Per partition: the first record of its open window, else one past the last read."""
         for rec in records:  # undecodable records count as read: they were dead-lettered
-            tp = (rec.message.topic(), rec.message.partition())
-            self.position[tp] = max(self.position.get(tp, 0), rec.message.offset() + 1)
+            tp = rec.topic_partition
+            self.position[tp] = max(self.position.get(tp, 0), rec.offset + 1)
         out = []
         for tp, nxt in sorted(self.position.items()):
             window = self.windows.get(tp)
@@ -274,7 +271,7 @@ def read_at(
         if msg.offset() != offset:
             return None  # the position was deleted or compacted away
         try:
-            return events.decode(msg.value()).record
+            return events.decode(msg.value() or b"").record
         except events.EventError:
             return None
     return None

@@ -87,10 +87,11 @@ def read_to_end(
             elif err.code() not in _SKIP and not err.retriable():
                 raise RuntimeError(f"reading {tp[0]}[{tp[1]}]: {err.str()}")
             continue
-        if tp not in remaining:
+        end = remaining.get(tp)
+        if end is None:
             continue  # past its end as of the call
         yield msg
-        if int(msg.offset() or 0) + 1 >= remaining[tp]:
+        if int(msg.offset() or 0) + 1 >= end:
             remaining.pop(tp)
 
 

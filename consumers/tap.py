@@ -19,7 +19,7 @@ from rlstream.consumers.read_to_end import partitions_of, read_to_end, reader
 from rlstream.producers.settings import KafkaSettings
 from rlstream.schemas import arrays, events
 
-_ARRAY_DTYPES = {
+_ARRAY_DTYPES: dict[str, np.dtype[Any]] = {
     "token_ids": arrays.TOKEN_DTYPE,
     "logprobs": arrays.LOGPROB_DTYPE,
     "loss_mask": arrays.MASK_DTYPE,

@@ -29,7 +29,7 @@ def _demo(args: argparse.Namespace) -> int:
     from rlstream.ops.config import load_run_config
     from rlstream.producers.admin import ensure_run_topics
     from rlstream.producers.settings import KafkaSettings
-    from rlstream.trainer.learner import init_model
+    from rlstream.trainer.learner import LearnerConfig, init_model
 
     run = args.run or time.strftime("demo-%Y%m%d-%H%M%S")
     out = Path(args.out) / run
@@ -52,7 +52,9 @@ def _demo(args: argparse.Namespace) -> int:
     demo.record_run_manifest(settings, run, config, "running", int(time.time() * 1000), ["trainer"])
     print(f"run {run}: logs in {out / 'logs'}, Kafka at {settings.bootstrap_servers}", flush=True)
     print("warm start (supervised, cached) ...", flush=True)
-    init_model(config.role("learner"), lambda line: print(f"  {line}", flush=True))
+    learner_cfg = config.role("learner")
+    assert isinstance(learner_cfg, LearnerConfig)
+    init_model(learner_cfg, lambda line: print(f"  {line}", flush=True))
     roles = [
         demo.start_role("learner", run, settings, out / "logs", extra),
         demo.start_role("admission", run, settings, out / "logs", extra),

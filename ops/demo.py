@@ -85,7 +85,7 @@ def follow_streams(
         while not stopper.stopped:
             for rec in consumer.poll_batch(500, 0.5):
                 if rec.event is not None:
-                    progress.take(rec.message.topic(), rec.value, rec.message.timestamp()[1])
+                    progress.take(rec.topic_partition[0], rec.value, rec.message.timestamp()[1])
     finally:
         consumer.close()
 

@@ -34,7 +34,8 @@ class ApplyReport:
 
 
 def admin_client(settings: KafkaSettings) -> AdminClient:
-    return AdminClient(settings.librdkafka())
+    conf: dict[str, str | int | float | bool] = {**settings.librdkafka()}
+    return AdminClient(conf)
 
 
 def apply_topics(admin: AdminClient, wants: list[TopicWant], timeout: float = 30.0) -> ApplyReport:

@@ -133,8 +133,8 @@ class DecisionCounter:
             msg = self._consumer.poll(0.5)
             if msg is None or msg.error():
                 continue
-            fp = events.fingerprint_of(msg.value())
-            if fp is not None and _first_part(msg.value()):
+            value = msg.value() or b""
+            if events.fingerprint_of(value) is not None and _first_part(value):
                 self.count += 1
 
     def close(self) -> None:

@@ -239,7 +239,7 @@ def find_changes(
         if pos.size:
             # take: no negative-index handling, measurably faster than b[pos] here.
             diff = b.take(pos)
-            diff -= a.take(pos)
+            np.subtract(diff, a.take(pos), out=diff)
             at = pos.astype(index)
             at += s
             pos_parts.append(at)

@@ -158,9 +158,10 @@ def _run_once(settings: Any, topic: str, path: _Path, n: int, rate: float | None
         for msg in [first, *consumer.consume(100, 0)] if first is not None else []:
             if msg.error():
                 continue
-            path.decode(msg.value())
-            latencies.append((time.perf_counter() - sent[int(msg.key())]) * 1000)
-            got, nbytes = got + 1, nbytes + len(msg.value())
+            value = msg.value() or b""
+            path.decode(value)
+            latencies.append((time.perf_counter() - sent[int(msg.key() or b"-1")]) * 1000)
+            got, nbytes = got + 1, nbytes + len(value)
     elapsed = time.perf_counter() - t0
     thread.join()
     consumer.close()
