@@ -45,8 +45,9 @@ fmt: setup  ## ruff format and autofix
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-typecheck: setup  ## mypy
-	$(BIN)/mypy .
+typecheck: setup  ## mypy over the package as rlstream.* (strict where data crosses processes)
+	@mkdir -p build/typecheck && ln -sfn "$(CURDIR)" build/typecheck/rlstream
+	MYPYPATH=build/typecheck $(BIN)/mypy -p rlstream
 
 cluster-down:  ## stop the local cluster started by demo
 	$(BIN)/rlstream cluster down
