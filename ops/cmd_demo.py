@@ -29,7 +29,7 @@ def _demo(args: argparse.Namespace) -> int:
     from rlstream.ops.config import load_run_config
     from rlstream.producers.admin import ensure_run_topics
     from rlstream.producers.settings import KafkaSettings
-    from rlstream.trainer.learner import LearnerConfig, init_model
+    from rlstream.trainer.learner_step import LearnerConfig, init_model
 
     run = args.run or time.strftime("demo-%Y%m%d-%H%M%S")
     out = Path(args.out) / run

@@ -21,7 +21,7 @@ from rlstream.envs.judges import JudgeConfig
 from rlstream.rollout.model import PolicyConfig
 from rlstream.rollout.scheduler import SchedulerConfig
 from rlstream.rollout.worker import RolloutConfig
-from rlstream.trainer.learner import LearnerConfig
+from rlstream.trainer.learner_step import LearnerConfig
 
 RECIPES = Path(__file__).resolve().parent / "recipes"
 

@@ -1,10 +1,10 @@
 """Reproduce a run from its record, and manage runs.
 
-``replay`` rebuilds the run's learner from the run manifest (resolved config, seeds) and feeds
-it the admitted records each weight manifest names (one manifest per version, from the run's
-manifest log), in the recorded order, checking every new version's state hash against the
-recorded one. On CPU the reproduction is bit-exact; the first
-divergence is reported with the version and the first tensor whose hash differs.
+``replay`` rebuilds the run's learner from the run manifest (resolved config, seeds; from the
+run log) and feeds it the admitted records each weight manifest names (one manifest per version,
+from the run's manifest log), in the recorded order, checking every new version's state hash
+against the recorded one. On CPU the reproduction is bit-exact; the first divergence is reported
+with the version and the first tensor whose hash differs.
 
 ``rescore`` re-judges a run's recorded trajectories with another judge into a second run's
 topics (trajectories copied, rewards new), so two judges can be compared on the same data.
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlstream.consumers.manifest_log import manifests_by_version
+from rlstream.consumers.run_log import run_manifests
 from rlstream.consumers.tap import tap
 from rlstream.producers.settings import KafkaSettings
 from rlstream.schemas import arrays, topics
@@ -30,15 +31,6 @@ class ReplayResult:
     diverged_at: int | None = None
     tensor: str | None = None
     detail: str = ""
-
-
-def run_manifests(settings: KafkaSettings) -> dict[str, dict[str, Any]]:
-    """The newest manifest of every run in ``rl.runs`` (deleted runs left out)."""
-    runs: dict[str, dict[str, Any] | None] = {}
-    for msg, decoded, _ in tap(settings, topics.RUNS_TOPIC):
-        key = (msg.key() or b"").decode()
-        runs[key] = decoded.record if decoded is not None else None
-    return {k: v for k, v in runs.items() if v is not None}
 
 
 def admitted_by_ref(
@@ -55,7 +47,7 @@ def step_inputs(
     manifest: dict[str, Any], admitted: dict[tuple[str, int, int], dict[str, Any]]
 ) -> list[Any]:
     """The step's groups, in training order, joined from their parts."""
-    from rlstream.trainer.learner import StepInput
+    from rlstream.trainer.learner_step import StepInput
 
     parts = arrays.group_reassembler()
     inputs = []
@@ -81,7 +73,7 @@ def replay(
     import torch
 
     from rlstream.ops.config import RunConfig
-    from rlstream.trainer.learner import init_model, published_state, train_step
+    from rlstream.trainer.learner_step import init_model, published_state, train_step
 
     runs = run_manifests(settings)
     if run not in runs:

@@ -21,7 +21,7 @@ ROLES = {
     "rollout": "rlstream.rollout.worker",
     "judge": "rlstream.envs.judges",
     "admission": "rlstream.consumers.admission",
-    "learner": "rlstream.trainer.learner_role",
+    "learner": "rlstream.trainer.learner",
     "feedback-rl": "rlstream.consumers.feedback_rl",
 }
 

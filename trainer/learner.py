@@ -11,164 +11,257 @@ Guarantees:
   under ``state_dir`` by version; a restarted learner loads the checkpoint of the last
   published version (or, lacking it, rebuilds the weights from the weight stream).
 
-The published weights are the ``publish_dtype`` (bf16 by default) cast of the fp32 master:
-rollout inference runs on them while the learner trains in fp32, as at scale.
+The step itself (config, GRPO with router replay, checkpoints) is ``trainer.learner_step``;
+this module is the Kafka loop around it and the pure rules of which groups form a step.
 """
 
 from __future__ import annotations
 
-import logging
-import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
 
-import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from confluent_kafka import TopicPartition
 
-from rlstream.envs import tasks as task_family
-from rlstream.rollout.model import Policy, PolicyConfig
-from rlstream.schemas import arrays
-from rlstream.schemas.deltacodec import from_torch
-from rlstream.trainer import grpo as rules
-from rlstream.trainer.grpo import GrpoConfig
-from rlstream.trainer.warmstart import WarmStartConfig, warm_start
-
-log = logging.getLogger(__name__)
-
-
-class LearnerConfig(BaseModel):
-    """Config of the learner role."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    model: str = Field("policy", description="Model name (weights.manifests key).")
-    policy: PolicyConfig = Field(
-        default_factory=lambda: PolicyConfig(vocab_size=task_family.VOCAB_SIZE),
-        description="Policy shape.",
-    )
-    warm_start: WarmStartConfig = Field(
-        default_factory=WarmStartConfig, description="Supervised warm start before RL (version 0)."
-    )
-    grpo: GrpoConfig = Field(default_factory=GrpoConfig, description="GRPO rules.")
-    lr: float = Field(5e-4, gt=0, le=1, description="Adam learning rate.")
-    groups_per_step: int = Field(4, ge=1, description="Admitted groups per optimizer step (B).")
-    mix_online_groups: int = Field(1, ge=0, description="Online (feedback) groups allowed ...")
-    mix_rollout_groups: int = Field(
-        0, ge=0, description="... per this many rollout groups trained; 0 = no limit."
-    )
-    keyframe_every: int = Field(8, ge=1, description="A keyframe every K versions.")
-    max_versions: int = Field(1_000_000, ge=1, description="Stop after publishing this version.")
-    publish_dtype: Literal["bfloat16", "float32"] = Field(
-        "bfloat16", description="Dtype of published weights."
-    )
-    state_dir: str = Field(".rlstream/learner", description="Checkpoints of master weights.")
-    warm_start_cache: str | None = Field(None, description="Cache file of the warm-start weights.")
-    seed: int = Field(0, ge=0, description="torch seed of the learner.")
+from rlstream.consumers.consumer import RoleConsumer, RoleContext, Stopper, make_consumer
+from rlstream.consumers.feedback_rules import online_quota
+from rlstream.consumers.manifest_log import manifests_by_version
+from rlstream.producers.admin import admin_client
+from rlstream.producers.producer import EventProducer
+from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.weights import WeightPublisher
+from rlstream.schemas import arrays, topics
+from rlstream.trainer.learner_step import (
+    Checkpoints,
+    LearnerConfig,
+    StepInput,
+    init_model,
+    published_state,
+    train_step,
+)
 
 
 @dataclass
-class StepInput:
-    """One admitted group and where it came from."""
+class Ledger:
+    """What the published versions of a run already trained, read back from its manifests."""
 
-    group: dict[str, Any]
-    refs: list[tuple[str, int, int]] = field(default_factory=list)
+    last: dict | None = None  # the newest manifest
+    trained: set[tuple[str, int, int]] = field(default_factory=set)  # admitted record positions
+    rollout_groups: int = 0
+    online_groups: int = 0
 
 
-def group_sequences(
-    group: dict[str, Any], cfg: GrpoConfig
-) -> tuple[list[rules.TrainSequence], list[float]]:
-    """The training contexts of one admitted group with each one's group-normalised advantage."""
-    samples = group["samples"]
-    rewards = [s["reward"] for s in samples]
-    if group.get("source") == "online":
-        # feedback-rl already subtracted a per-task-class baseline: normalising within the
-        # window's group would cancel it.
-        advantages = np.asarray(rewards, dtype=np.float64)
-    else:
-        advantages = rules.group_advantages(rewards, cfg.adv_eps)
-    seqs: list[rules.TrainSequence] = []
-    advs: list[float] = []
-    for sample, adv in zip(samples, advantages, strict=True):
-        t = arrays.unpack_tokens(sample)
-        flat = sample.get("segment_bounds") or []
-        bounds = list(zip(flat[::2], flat[1::2], strict=True)) or None
-        parts = rules.split_segments(
-            np.array(t.token_ids),
-            np.array(t.logprobs),
-            np.array(t.loss_mask),
-            np.array(t.routed_experts),
-            bounds,
+def read_ledger(settings: KafkaSettings, run: str, model: str) -> Ledger:
+    """Newest manifest, trained inputs and group counts of ``model`` in ``run`` (its manifest log
+    read to the end, one manifest per version)."""
+    ledger = Ledger()
+    for _, rec in sorted(manifests_by_version(settings, run, model).items()):
+        ledger.last = rec
+        ledger.trained |= {(r["topic"], r["partition"], r["offset"]) for r in rec["step_inputs"]}
+        online = int(rec["stats"].get("online_groups", 0))
+        ledger.online_groups += online
+        ledger.rollout_groups += int(rec["stats"].get("groups", 0)) - online
+    return ledger
+
+
+def pick_step(
+    waiting: list[StepInput],
+    b: int,
+    quota: Callable[[int], int | None],
+    rollout_done: int,
+    online_done: int,
+) -> list[int] | None:
+    """Indices of the next step's ``b`` groups, in arrival order, or None if not enough yet.
+
+    Rule: online (feedback) groups are taken only while the online total stays within
+    ``quota(rollout total)``; a deferred online group waits for more rollout groups.
+    """
+    chosen: list[int] = []
+    rollout, online = rollout_done, online_done
+    for i, item in enumerate(waiting):
+        if item.group.get("source") == "online":
+            limit = quota(rollout)
+            if limit is not None and online + 1 > limit:
+                continue
+            online += 1
+        else:
+            rollout += 1
+        chosen.append(i)
+        if len(chosen) == b:
+            return chosen
+    return None
+
+
+def commit_offsets(used: list[StepInput], waiting: list[StepInput]) -> list[TopicPartition]:
+    """Per partition: one past the last record trained, never past a record still waiting."""
+    nxt: dict[tuple[str, int], int] = {}
+    for item in used:
+        for topic, part, offset in item.refs:
+            nxt[(topic, part)] = max(nxt.get((topic, part), 0), offset + 1)
+    for item in waiting:
+        for topic, part, offset in item.refs:
+            if (topic, part) in nxt:
+                nxt[(topic, part)] = min(nxt[(topic, part)], offset)
+    return [TopicPartition(t, p, o) for (t, p), o in sorted(nxt.items())]
+
+
+class Learner:
+    """One run's learner: model, optimizer, publisher and the admitted-stream consumer."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        run: str,
+        cfg: LearnerConfig,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        torch.set_num_threads(1)
+        torch.use_deterministic_algorithms(True)
+        self.settings, self.run, self.cfg, self.log = settings, run, cfg, log
+        group = topics.group_id(run, "learner")
+        self.producer = EventProducer.transactional(settings, f"{group}.0")
+        self.publisher = WeightPublisher(
+            self.producer, run, cfg.model, keyframe_every=cfg.keyframe_every
         )
-        seqs += parts
-        advs += [float(adv)] * len(parts)
-    return seqs, advs
-
-
-def train_step(
-    model: Policy, optimizer: torch.optim.Optimizer, inputs: list[StepInput], cfg: LearnerConfig
-) -> dict[str, float]:
-    """One GRPO step on the groups of ``inputs`` (in order); returns its statistics."""
-    seqs: list[rules.TrainSequence] = []
-    advs: list[float] = []
-    for item in inputs:
-        s, a = group_sequences(item.group, cfg.grpo)
-        seqs += s
-        advs += a
-    stats = rules.grpo_step(model, optimizer, rules.make_batch(seqs, advs), cfg.grpo)
-    samples = [s for item in inputs for s in item.group["samples"]]
-    stats.update(
-        groups=float(len(inputs)),
-        samples=float(len(samples)),
-        reward_mean=float(np.mean([s["reward"] for s in samples])),
-        success_rate=float(np.mean([s["passed"] for s in samples])),
-        staleness_mean=float(np.mean([item.group["staleness"] for item in inputs])),
-        behaviour_version_min=float(min(s["policy_version"] for s in samples)),
-    )
-    return stats
-
-
-def published_state(model: Policy, dtype: str) -> dict[str, Any]:
-    """The codec's view of the weights to publish (``dtype`` cast of the fp32 master)."""
-    torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-    # clone(): from_torch is zero-copy, and the published state must not move with training.
-    return from_torch(
-        {k: v.detach().to(torch_dtype).clone() for k, v in model.state_dict().items()}
-    )
-
-
-def init_model(cfg: LearnerConfig, log_fn: Any = print) -> tuple[Policy, torch.optim.Optimizer]:
-    """The version-0 policy (warm start, deterministic given the configs) and its optimizer."""
-    torch.manual_seed(cfg.seed)
-    model = warm_start(cfg.policy, cfg.warm_start, cfg.warm_start_cache, log_fn)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98))
-    return model, optimizer
-
-
-class Checkpoints:
-    """fp32 master weights + optimizer state by version, written atomically; the last 3 kept."""
-
-    def __init__(self, directory: str, run: str) -> None:
-        self.dir = Path(directory) / run
-        self.dir.mkdir(parents=True, exist_ok=True)
-
-    def save(self, version: int, model: Policy, optimizer: torch.optim.Optimizer) -> None:
-        path = self.dir / f"v{version:08d}.pt"
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        torch.save(
-            {"version": version, "model": model.state_dict(), "optimizer": optimizer.state_dict()},
-            tmp,
+        self.model, self.optimizer = init_model(cfg, log)
+        self.checkpoints = Checkpoints(cfg.state_dir, run)
+        self.admin = admin_client(settings)
+        self.version = self._resume()
+        self.consumer = RoleConsumer(
+            make_consumer(
+                settings,
+                group,
+                **{"group.instance.id": "learner-0", "max.poll.interval.ms": "600000"},
+            ),
+            [topics.topic_pattern(run, "admitted")],
+            settings=settings,
         )
-        os.replace(tmp, path)
-        for old in sorted(self.dir.glob("v*.pt"))[:-3]:
-            old.unlink(missing_ok=True)
+        self.parts = arrays.group_reassembler()
+        self.part_refs: dict[str, list[tuple[str, int, int]]] = {}
+        self.waiting: list[StepInput] = []
+        self.history: list[dict[str, float]] = []
 
-    def load(self, version: int, model: Policy, optimizer: torch.optim.Optimizer) -> bool:
-        path = self.dir / f"v{version:08d}.pt"
-        if not path.exists():
-            return False
-        stored = torch.load(path, map_location="cpu", weights_only=True)
-        model.load_state_dict(stored["model"])
-        optimizer.load_state_dict(stored["optimizer"])
-        return True
+    def _resume(self) -> int:
+        self.ledger = read_ledger(self.settings, self.run, self.cfg.model)
+        manifest = self.ledger.last
+        if manifest is None:
+            self._publish(0, [], {"warm_start": 1.0})
+            self.log("learner: published version 0 (warm start keyframe)")
+            return 0
+        last = int(manifest["version"])
+        if not self.checkpoints.load(last, self.model, self.optimizer):
+            self._restore_from_stream(last)
+        self.publisher.resume(
+            published_state(self.model, self.cfg.publish_dtype),
+            last,
+            keyframe_version=int(manifest["keyframe_version"]),
+            state_hash=manifest["state_hash"],
+        )
+        self.log(f"learner: resumed at version {last}")
+        return last
+
+    def _restore_from_stream(self, version: int) -> None:
+        """No local checkpoint: take the published weights of ``version`` (optimizer restarts)."""
+        from rlstream.consumers.weights import WeightSubscriber
+        from rlstream.schemas.deltacodec import to_torch
+
+        sub = WeightSubscriber(self.settings, self.run, self.cfg.model)
+        while (snapshot := sub.current()) is None or snapshot.version < version:
+            sub.poll(1.0)
+        state = snapshot.state
+        sub.close()
+        with torch.no_grad():
+            self.model.load_state_dict({k: v.float() for k, v in to_torch(state).items()})
+        self.log(f"learner: no checkpoint of version {version}; weights rebuilt from the stream")
+
+    def _publish(
+        self,
+        version: int,
+        used: list[StepInput],
+        stats: dict[str, float],
+        offsets: list[TopicPartition] | None = None,
+    ) -> None:
+        state = published_state(self.model, self.cfg.publish_dtype)
+        refs = [{"topic": t, "partition": p, "offset": o} for item in used for t, p, o in item.refs]
+        # On any failure nothing of this version became visible: the learner exits and,
+        # restarted, resumes from the last committed version and re-reads these inputs.
+        self.publisher.publish_version(
+            state,
+            version,
+            step_inputs=refs,
+            stats=stats,
+            offsets=offsets or (),
+            group_metadata=self.consumer.group_metadata() if offsets else None,
+            timeout=120,
+        )
+
+    def poll(self) -> None:
+        for rec in self.consumer.poll_batch(100, 0.5):
+            if rec.event is None:
+                self.log(f"learner: skipping undecodable admitted record: {rec.error}")
+                continue
+            value, position = rec.value, (*rec.topic_partition, rec.offset)
+            if position in self.ledger.trained:
+                continue  # trained by a published version (re-read after a restart)
+            self.part_refs.setdefault(value["group_id"], []).append(position)
+            joined = self.parts.add(value)
+            if joined is not None:
+                self.waiting.append(StepInput(joined, self.part_refs.pop(value["group_id"])))
+
+    def ready(self) -> list[int] | None:
+        """The groups of the next step, if enough are waiting (see ``pick_step``)."""
+        cfg = self.cfg
+        return pick_step(
+            self.waiting,
+            cfg.groups_per_step,
+            lambda rollout: online_quota(rollout, cfg.mix_online_groups, cfg.mix_rollout_groups),
+            self.ledger.rollout_groups,
+            self.ledger.online_groups,
+        )
+
+    def step(self, chosen: list[int]) -> dict[str, float]:
+        used = [self.waiting[i] for i in chosen]
+        self.waiting = [w for i, w in enumerate(self.waiting) if i not in set(chosen)]
+        started = time.perf_counter()
+        stats = train_step(self.model, self.optimizer, used, self.cfg)
+        online = sum(item.group.get("source") == "online" for item in used)
+        stats["online_groups"] = float(online)
+        self.ledger.online_groups += online
+        self.ledger.rollout_groups += len(used) - online
+        self.version += 1
+        self.checkpoints.save(self.version, self.model, self.optimizer)
+        stats["step_s"] = time.perf_counter() - started
+        self._publish(self.version, used, stats, commit_offsets(used, self.waiting))
+        self.ledger.trained |= {ref for item in used for ref in item.refs}
+        stats["publish_s"] = time.perf_counter() - started - stats["step_s"]
+        if self.version % self.cfg.keyframe_every == 0:
+            # A new keyframe landed: chunks no worker can still need are deleted.
+            self.publisher.prune(self.admin)
+        self.history.append({"version": float(self.version), **stats})
+        return stats
+
+    def run_until(self, stopper: Stopper) -> int:
+        while not stopper.stopped and self.version < self.cfg.max_versions:
+            self.poll()
+            while self.version < self.cfg.max_versions and (chosen := self.ready()) is not None:
+                s = self.step(chosen)
+                self.log(
+                    f"learner: v{self.version} success {s['success_rate']:.2f} reward "
+                    f"{s['reward_mean']:.2f} staleness {s['staleness_mean']:.1f} "
+                    f"step {s['step_s']:.2f}s publish {s['publish_s']:.2f}s"
+                )
+        return self.version
+
+    def close(self) -> None:
+        self.consumer.close()
+        self.producer.wait(10)
+
+
+def run_role(ctx: RoleContext) -> int:
+    """The learner until stopped or ``max_versions``; returns the last published version."""
+    learner = Learner(ctx.settings, ctx.run, ctx.cfg, ctx.log)
+    try:
+        return learner.run_until(ctx.stopper)
+    finally:
+        learner.close()

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from rlstream.consumers.feedback_rules import online_quota
-from rlstream.trainer.learner import StepInput
-from rlstream.trainer.learner_role import commit_offsets, pick_step
+from rlstream.trainer.learner import commit_offsets, pick_step
+from rlstream.trainer.learner_step import StepInput
 
 
 def _g(source: str, ref: tuple[str, int, int]) -> StepInput:

@@ -1,0 +1,165 @@
+"""The learner's training step: its config, the model it starts from, one GRPO step over the
+admitted groups with router replay, the weights it publishes, and checkpoints by version.
+
+The role around it (Kafka in, weights out, exactly once) is ``trainer.learner``. The published
+weights are the ``publish_dtype`` (bf16 by default) cast of the fp32 master: rollout inference
+runs on them while the learner trains in fp32, as at scale.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from rlstream.envs import tasks as task_family
+from rlstream.rollout.model import Policy, PolicyConfig
+from rlstream.schemas import arrays
+from rlstream.schemas.deltacodec import from_torch
+from rlstream.trainer import grpo as rules
+from rlstream.trainer.grpo import GrpoConfig
+from rlstream.trainer.warmstart import WarmStartConfig, warm_start
+
+log = logging.getLogger(__name__)
+
+
+class LearnerConfig(BaseModel):
+    """Config of the learner role."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field("policy", description="Model name (weights.manifests key).")
+    policy: PolicyConfig = Field(
+        default_factory=lambda: PolicyConfig(vocab_size=task_family.VOCAB_SIZE),
+        description="Policy shape.",
+    )
+    warm_start: WarmStartConfig = Field(
+        default_factory=WarmStartConfig, description="Supervised warm start before RL (version 0)."
+    )
+    grpo: GrpoConfig = Field(default_factory=GrpoConfig, description="GRPO rules.")
+    lr: float = Field(5e-4, gt=0, le=1, description="Adam learning rate.")
+    groups_per_step: int = Field(4, ge=1, description="Admitted groups per optimizer step (B).")
+    mix_online_groups: int = Field(1, ge=0, description="Online (feedback) groups allowed ...")
+    mix_rollout_groups: int = Field(
+        0, ge=0, description="... per this many rollout groups trained; 0 = no limit."
+    )
+    keyframe_every: int = Field(8, ge=1, description="A keyframe every K versions.")
+    max_versions: int = Field(1_000_000, ge=1, description="Stop after publishing this version.")
+    publish_dtype: Literal["bfloat16", "float32"] = Field(
+        "bfloat16", description="Dtype of published weights."
+    )
+    state_dir: str = Field(".rlstream/learner", description="Checkpoints of master weights.")
+    warm_start_cache: str | None = Field(None, description="Cache file of the warm-start weights.")
+    seed: int = Field(0, ge=0, description="torch seed of the learner.")
+
+
+@dataclass
+class StepInput:
+    """One admitted group and where it came from."""
+
+    group: dict[str, Any]
+    refs: list[tuple[str, int, int]] = field(default_factory=list)
+
+
+def group_sequences(
+    group: dict[str, Any], cfg: GrpoConfig
+) -> tuple[list[rules.TrainSequence], list[float]]:
+    """The training contexts of one admitted group with each one's group-normalised advantage."""
+    samples = group["samples"]
+    rewards = [s["reward"] for s in samples]
+    if group.get("source") == "online":
+        # feedback-rl already subtracted a per-task-class baseline: normalising within the
+        # window's group would cancel it.
+        advantages = np.asarray(rewards, dtype=np.float64)
+    else:
+        advantages = rules.group_advantages(rewards, cfg.adv_eps)
+    seqs: list[rules.TrainSequence] = []
+    advs: list[float] = []
+    for sample, adv in zip(samples, advantages, strict=True):
+        t = arrays.unpack_tokens(sample)
+        flat = sample.get("segment_bounds") or []
+        bounds = list(zip(flat[::2], flat[1::2], strict=True)) or None
+        parts = rules.split_segments(
+            np.array(t.token_ids),
+            np.array(t.logprobs),
+            np.array(t.loss_mask),
+            np.array(t.routed_experts),
+            bounds,
+        )
+        seqs += parts
+        advs += [float(adv)] * len(parts)
+    return seqs, advs
+
+
+def train_step(
+    model: Policy, optimizer: torch.optim.Optimizer, inputs: list[StepInput], cfg: LearnerConfig
+) -> dict[str, float]:
+    """One GRPO step on the groups of ``inputs`` (in order); returns its statistics."""
+    seqs: list[rules.TrainSequence] = []
+    advs: list[float] = []
+    for item in inputs:
+        s, a = group_sequences(item.group, cfg.grpo)
+        seqs += s
+        advs += a
+    stats = rules.grpo_step(model, optimizer, rules.make_batch(seqs, advs), cfg.grpo)
+    samples = [s for item in inputs for s in item.group["samples"]]
+    stats.update(
+        groups=float(len(inputs)),
+        samples=float(len(samples)),
+        reward_mean=float(np.mean([s["reward"] for s in samples])),
+        success_rate=float(np.mean([s["passed"] for s in samples])),
+        staleness_mean=float(np.mean([item.group["staleness"] for item in inputs])),
+        behaviour_version_min=float(min(s["policy_version"] for s in samples)),
+    )
+    return stats
+
+
+def published_state(model: Policy, dtype: str) -> dict[str, Any]:
+    """The codec's view of the weights to publish (``dtype`` cast of the fp32 master)."""
+    torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+    # clone(): from_torch is zero-copy, and the published state must not move with training.
+    return from_torch(
+        {k: v.detach().to(torch_dtype).clone() for k, v in model.state_dict().items()}
+    )
+
+
+def init_model(cfg: LearnerConfig, log_fn: Any = print) -> tuple[Policy, torch.optim.Optimizer]:
+    """The version-0 policy (warm start, deterministic given the configs) and its optimizer."""
+    torch.manual_seed(cfg.seed)
+    model = warm_start(cfg.policy, cfg.warm_start, cfg.warm_start_cache, log_fn)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98))
+    return model, optimizer
+
+
+class Checkpoints:
+    """fp32 master weights + optimizer state by version, written atomically; the last 3 kept."""
+
+    def __init__(self, directory: str, run: str) -> None:
+        self.dir = Path(directory) / run
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def save(self, version: int, model: Policy, optimizer: torch.optim.Optimizer) -> None:
+        path = self.dir / f"v{version:08d}.pt"
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        torch.save(
+            {"version": version, "model": model.state_dict(), "optimizer": optimizer.state_dict()},
+            tmp,
+        )
+        os.replace(tmp, path)
+        for old in sorted(self.dir.glob("v*.pt"))[:-3]:
+            old.unlink(missing_ok=True)
+
+    def load(self, version: int, model: Policy, optimizer: torch.optim.Optimizer) -> bool:
+        path = self.dir / f"v{version:08d}.pt"
+        if not path.exists():
+            return False
+        stored = torch.load(path, map_location="cpu", weights_only=True)
+        model.load_state_dict(stored["model"])
+        optimizer.load_state_dict(stored["optimizer"])
+        return True
