@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _pick_run(args: argparse.Namespace, settings: KafkaSettings) -> str:
-    from rlstream.ops.run_reader import latest_run, run_manifests
+    from rlstream.consumers.run_log import latest_run, run_manifests
     from rlstream.schemas.topics import validate_name
 
     if args.run:

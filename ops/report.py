@@ -389,7 +389,8 @@ def build_report(
     """Read ``run``'s streams to their current end and write the report into ``out``."""
     import time
 
-    from rlstream.ops.run_reader import RunReader, measure_lag, run_manifests
+    from rlstream.consumers.run_log import run_manifests
+    from rlstream.ops.run_reader import RunReader, measure_lag
     from rlstream.producers.admin import admin_client
 
     analytics = RunAnalytics(run=run)

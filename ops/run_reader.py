@@ -3,9 +3,12 @@
 Like ``rlstream run tap``, the reader assigns partitions itself and never commits, so watching
 a run never moves a role's offsets, never shows up as a consumer group and never triggers a
 rebalance. Topics are found by pattern (``ops.analytics.run_topic_regex``): the run's local
-streams and their MirrorMaker 2 copies ``REGION.rl.RUN.STREAM``. A following reader looks for new
-topics and partitions every ``refresh_s`` (a region's mirror may appear mid-run); a reader
-that does not follow stops once every partition reached the end it had when it was first seen.
+streams and their MirrorMaker 2 copies ``REGION.rl.RUN.STREAM``. A reader either follows
+(``pump``: it looks for new topics and partitions every ``refresh_s``, as a region's mirror may
+appear mid-run) or reads to the end once (``read_to_end``, through the one read-to-end helper:
+every partition up to the end it had when the pass started).
+
+Run manifests (``rl.runs``) are not read here: the run log (``consumers.run_log``) reads them.
 
 Records are decoded with the writer schema they name; a schema this code has never seen is
 learned from ``rl.schemas`` (once per unknown fingerprint). Undecodable records are reported,
@@ -19,9 +22,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartition
 
 from rlstream.consumers.consumer import load_schema_topic
+from rlstream.consumers.read_to_end import read_to_end, reader
 from rlstream.ops.analytics import role_of_group, run_topic_regex
 from rlstream.producers.settings import KafkaSettings
 from rlstream.schemas import events
@@ -31,15 +35,13 @@ Sink = Callable[[str, dict[str, Any], int | None], None]
 ErrorSink = Callable[[str, str], None]
 """Called with (topic, reason) for each record that could not be decoded."""
 
-READER_CONF = {
-    "group.id": "rlstream.analytics",  # required by librdkafka; never joined, never committed
-    "enable.auto.commit": "false",
-    "enable.partition.eof": "true",
-    "isolation.level": "read_committed",
+_FETCH = {
     "max.partition.fetch.bytes": str(16 * 1024 * 1024),
     "fetch.max.bytes": str(64 * 1024 * 1024),
     "queued.max.messages.kbytes": str(64 * 1024),
 }
+#: ``read_to_end`` reports progress every this many records.
+PROGRESS_EVERY = 500
 
 
 class RunReader:
@@ -54,34 +56,33 @@ class RunReader:
         load_schema_topic(settings, self.store, timeout)
         self.decode = events.deserializer(self.store)
         self._unknown: set[bytes] = set()
-        self.consumer = Consumer({**settings.librdkafka(), **READER_CONF})
+        self.consumer = reader(settings, "analytics", **_FETCH)
         self.assigned: set[tuple[str, int]] = set()
-        self.open: set[tuple[str, int]] = set()
-        """Partitions not yet read to the end they had when assigned."""
         self._refreshed = 0.0
         self.records = 0
 
     def refresh(self) -> list[str]:
         """Assign new partitions of matching topics, from the beginning; returns new topics."""
         self._refreshed = time.monotonic()
-        meta = self.consumer.list_topics(timeout=self.timeout).topics
-        new_parts, new_topics = [], []
-        for topic, tmeta in sorted(meta.items()):
-            if tmeta.error is not None or not self.pattern.match(topic):
-                continue
-            fresh = [
-                (topic, p) for p in sorted(tmeta.partitions) if (topic, p) not in self.assigned
-            ]
-            if fresh and not any(t == topic for t, _ in self.assigned):
-                new_topics.append(topic)
-            new_parts += fresh
+        new_parts = [tp for tp in self._matching() if tp not in self.assigned]
+        seen = {t for t, _ in self.assigned}
+        new_topics = sorted({t for t, _ in new_parts} - seen)
         if new_parts:
             self.consumer.incremental_assign(
                 [TopicPartition(t, p, OFFSET_BEGINNING) for t, p in new_parts]
             )
             self.assigned.update(new_parts)
-            self.open.update(new_parts)
         return new_topics
+
+    def _matching(self) -> list[tuple[str, int]]:
+        """Every partition of the topics that match the run's pattern."""
+        meta = self.consumer.list_topics(timeout=self.timeout).topics
+        return [
+            (topic, p)
+            for topic, tmeta in sorted(meta.items())
+            if tmeta.error is None and self.pattern.match(topic)
+            for p in sorted(tmeta.partitions)
+        ]
 
     def pump(
         self, sink: Sink, on_error: ErrorSink, max_records: int = 500, timeout: float = 0.5
@@ -93,9 +94,7 @@ class RunReader:
         for msg in self.consumer.consume(max_records, timeout):
             err = msg.error()
             if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    self.open.discard((msg.topic(), msg.partition()))
-                elif not (err.retriable() or err.code() in _BENIGN):
+                if not (err.retriable() or err.code() in _BENIGN):
                     raise RuntimeError(f"analytics reader: {err.str()}")
                 continue
             count += 1
@@ -135,69 +134,35 @@ class RunReader:
         idle_s: float = 10.0,
         progress: Callable[[int], None] | None = None,
     ) -> bool:
-        """Read every matching partition to its end; False if it stopped after ``idle_s`` idle."""
-        self.refresh()
-        idle_since = time.monotonic()
-        while self.open:
-            if self.pump(sink, on_error, timeout=0.5):
-                idle_since = time.monotonic()
-                if progress:
-                    progress(self.records)
-            elif time.monotonic() - idle_since > idle_s:
-                return False
-        return True
+        """Read every matching partition from the beginning to its end; False if a pass read
+        nothing for ``idle_s``.
+
+        Each pass reads to the end as of its start (``read_to_end``); a pass that runs out of
+        time having read something is followed by another from where it stopped."""
+        positions = {tp: OFFSET_BEGINNING for tp in self._matching()}
+        self.assigned.update(positions)
+        while True:
+            starts = [TopicPartition(t, p, off) for (t, p), off in positions.items()]
+            before = self.records
+            try:
+                for msg in read_to_end(self.consumer, starts, idle_s):
+                    positions[(str(msg.topic()), int(msg.partition() or 0))] = (
+                        int(msg.offset() or 0) + 1
+                    )
+                    self.records += 1
+                    self._deliver(msg, sink, on_error)
+                    if progress and self.records % PROGRESS_EVERY == 0:
+                        progress(self.records)
+                return True
+            except TimeoutError:
+                if self.records == before:
+                    return False
 
     def close(self) -> None:
         self.consumer.close()
 
 
-_BENIGN = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
-
-
-def run_manifests(settings: KafkaSettings, timeout: float = 10.0) -> dict[str, dict[str, Any]]:
-    """The latest manifest of every run in ``rl.runs`` (compacted: the last record per key wins)."""
-    from rlstream.schemas import topics
-
-    consumer = Consumer({**settings.librdkafka(), **READER_CONF})
-    store = events.SchemaStore()
-    load_schema_topic(settings, store, timeout)
-    decode = events.deserializer(store, expect="run_manifest")
-    try:
-        meta = consumer.list_topics(topics.RUNS_TOPIC, timeout=timeout).topics.get(
-            topics.RUNS_TOPIC
-        )
-        if meta is None or meta.error is not None:
-            return {}
-        pending = set(meta.partitions)
-        consumer.assign([TopicPartition(topics.RUNS_TOPIC, p, OFFSET_BEGINNING) for p in pending])
-        latest: dict[str, dict[str, Any]] = {}
-        while pending:
-            msg = consumer.poll(timeout)
-            if msg is None:
-                break
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    pending.discard(msg.partition())
-                continue
-            key = (msg.key() or b"").decode(errors="replace")
-            if msg.value() is None:
-                latest.pop(key, None)  # a tombstone deletes the run's manifest
-                continue
-            try:
-                latest[key] = decode(msg.value(), None).record
-            except events.EventError:
-                continue  # not ours to judge here; `rlstream dlq` is where bad records show
-        return latest
-    finally:
-        consumer.close()
-
-
-def latest_run(manifests: dict[str, dict[str, Any]]) -> str | None:
-    """The run whose manifest was updated last; None when there is none."""
-    if not manifests:
-        return None
-    return max(manifests.values(), key=lambda m: (int(m.get("updated_ms", 0)), m["run"]))["run"]
+_BENIGN = (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
 
 
 def measure_lag(admin: Any, run: str, timeout: float = 10.0) -> dict[str, dict[str, int]]:

@@ -8,9 +8,10 @@ import time
 from helpers import decode_all
 from test_events import examples
 
+from rlstream.consumers.run_log import run_manifests
 from rlstream.ops.config import RunConfig
 from rlstream.ops.demo import record_run_manifest
-from rlstream.ops.replay import rescore, run_manifests
+from rlstream.ops.replay import rescore
 from rlstream.producers.admin import admin_client, ensure_run_topics
 from rlstream.producers.producer import EventProducer
 from rlstream.schemas import topics

@@ -1,0 +1,52 @@
+"""The run log: every run's manifest, from the compacted ``rl.runs`` topic.
+
+Every reader of run records reads them here: replay (a run's resolved config and seeds),
+``rlstream runs``, the report and the dashboard (which run, in what state).
+
+Rules:
+
+- ``rl.runs`` is read from the beginning to its end as of the call (``read_topic``, which raises
+  ``TimeoutError`` rather than stop short), by a reader of its own: no consumer group, no
+  commits, committed records only;
+- the last record of a run's key wins, as compaction keeps it; a tombstone deletes the run;
+- records are decoded with the writer schemas in ``rl.schemas`` (read first, so a manifest
+  written by newer code decodes too); an undecodable record is logged and skipped: the run keeps
+  the manifest before it (`rlstream dlq` is where bad records show).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from rlstream.consumers.consumer import load_schema_topic
+from rlstream.consumers.read_to_end import read_topic
+from rlstream.producers.settings import KafkaSettings
+from rlstream.schemas import events, topics
+
+log = logging.getLogger(__name__)
+
+
+def run_manifests(settings: KafkaSettings, timeout: float = 60.0) -> dict[str, dict[str, Any]]:
+    """The newest manifest of every run in ``rl.runs``, by run name (deleted runs left out)."""
+    store = events.SchemaStore()
+    load_schema_topic(settings, store, timeout)
+    decode = events.deserializer(store, expect="run_manifest")
+    latest: dict[str, dict[str, Any]] = {}
+    for msg in read_topic(settings, topics.RUNS_TOPIC, name="run-log", timeout=timeout):
+        key = (msg.key() or b"").decode(errors="replace")
+        if msg.value() is None:
+            latest.pop(key, None)  # a tombstone deletes the run's manifest
+            continue
+        try:
+            latest[key] = decode(msg.value(), None).record
+        except events.EventError as exc:
+            log.warning("runs: skipping undecodable record of %r: %s", key, exc)
+    return latest
+
+
+def latest_run(manifests: dict[str, dict[str, Any]]) -> str | None:
+    """The run whose manifest was updated last; None when there is none."""
+    if not manifests:
+        return None
+    return max(manifests.values(), key=lambda m: (int(m.get("updated_ms", 0)), m["run"]))["run"]
