@@ -146,8 +146,11 @@ class KafkaSink:
 
         if self._fatal:
             self._replace_producer()
+        record_headers: list[tuple[str, str | bytes | None]] = list(headers)
         try:
-            self._producer.produce(topic, value, key, headers=headers, on_delivery=on_delivery)
+            self._producer.produce(
+                topic, value, key, headers=record_headers, on_delivery=on_delivery
+            )
         except BufferError as exc:
             raise Unavailable("the local produce queue is full") from exc
         except KafkaException as exc:
@@ -224,7 +227,7 @@ class Metrics:
         if label == FEEDBACK_PATH and method == "POST":
             self.latency.observe(seconds)
 
-    def count_events(self, outcomes: Mapping[str, int]) -> None:
+    def count_events(self, outcomes: Mapping[Any, int]) -> None:
         """Count the events of one request by outcome."""
         for outcome, n in outcomes.items():
             self.events.labels(outcome).inc(n)
@@ -515,7 +518,12 @@ def running_service(
     def main() -> None:
         asyncio.set_event_loop(loop)
         try:
-            use = sink or KafkaSink(settings, cfg.message_timeout_ms)
+            if sink is not None:
+                use = sink
+            elif settings is not None:
+                use = KafkaSink(settings, cfg.message_timeout_ms)
+            else:
+                raise ValueError("the feedback service needs Kafka settings or a sink")
             service = FeedbackService(cfg, use, environ)
             box.append(RunningService(loop.run_until_complete(service.start()), service))
         except BaseException as exc:

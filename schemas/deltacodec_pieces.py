@@ -241,7 +241,7 @@ def find_changes(
             diff = b.take(pos)
             np.subtract(diff, a.take(pos), out=diff)
             at = pos.astype(index)
-            at += s
+            np.add(at, s, out=at)
             pos_parts.append(at)
             diff_parts.append(diff)
     return Changes(np.concatenate(pos_parts), np.concatenate(diff_parts))

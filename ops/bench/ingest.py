@@ -45,7 +45,10 @@ def register_bench(sub: argparse._SubParsersAction) -> None:
 
 
 def _bare_server() -> None:
+    """The baseline: a bare aiohttp 202 endpoint on the same event loop (uvloop) as the service."""
     from aiohttp import web
+
+    from rlstream.producers import aio
 
     async def handle(request: web.Request) -> web.Response:
         await request.read()
@@ -62,7 +65,7 @@ def _bare_server() -> None:
         print(f"http://{host}:{port}", flush=True)
         await asyncio.Event().wait()  # until SIGTERM ends the process
 
-    asyncio.run(main())
+    aio.run(main())
 
 
 def _feedback_server(run: str, bootstrap: str) -> None:
