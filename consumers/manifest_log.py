@@ -59,6 +59,7 @@ class ManifestLog(Mapping[Key, dict[str, Any]]):
         self._records: dict[Key, dict[str, Any]] = {}
         self._next: dict[int, int] = {}  # partition -> offset after the last record read
         self._parts: list[int] | None = None
+        self._following = False  # assigned from ``_next`` on, fetching in the background
         self._store = events.default_store()
         self._decode = events.deserializer(self._store)
         self._reader = reader(settings, name, **{"fetch.wait.max.ms": "50"})
@@ -109,29 +110,30 @@ class ManifestLog(Mapping[Key, dict[str, Any]]):
         """Read the records after those read so far, up to the end as of the call; returns the
         keys read (a republished version's too). Raises ``TimeoutError`` (keeping what was
         read) if the end is not reached within ``timeout``."""
-        starts = [
-            TopicPartition(self.topic, p, self._next.get(p, OFFSET_BEGINNING))
-            for p in self._partitions()
-        ]
+        starts = self._positions()
         new = []
-        for msg in read_to_end(self._reader, starts, timeout):
-            key = self._take(msg)
-            if key is not None:
-                new.append(key)
+        try:
+            for msg in read_to_end(self._reader, starts, timeout):
+                key = self._take(msg)
+                if key is not None:
+                    new.append(key)
+        finally:
+            self._following = False  # read_to_end assigned only what it read
+            self._follow()  # follow on from here at once: the reader fetches ahead
         return new
 
     def wait(self, timeout: float) -> list[Key]:
         """Wait up to ``timeout`` for a record of the model after those read so far, then catch
-        up; returns the keys read (empty if none came)."""
+        up; returns the keys read (empty if none came). With ``timeout`` 0 it takes what the
+        reader has already fetched: between calls it stays assigned and fetches ahead."""
         deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            parts = self._partitions()
-            if not parts:
+        while True:
+            if not self._follow():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return []
                 time.sleep(min(left, 1.0))  # no topic yet (a mirror may create it later)
                 continue
-            self._reader.assign(
-                [TopicPartition(self.topic, p, self._next.get(p, OFFSET_BEGINNING)) for p in parts]
-            )
             msg = self._first(deadline)
             if msg is None:
                 return []
@@ -139,7 +141,6 @@ class ManifestLog(Mapping[Key, dict[str, Any]]):
             new = ([first] if first is not None else []) + self.catch_up()
             if new:
                 return new
-        return []
 
     def decode(self, value: bytes | None, event: str) -> dict[str, Any]:
         """The record of ``event`` in ``value``; a writer schema never seen is learned from
@@ -171,18 +172,39 @@ class ManifestLog(Mapping[Key, dict[str, Any]]):
             self._parts = partitions_of(self._reader, self.topic)
         return self._parts or []
 
+    def _positions(self) -> list[TopicPartition]:
+        """Every partition, from the offset after the last record read (the beginning if none)."""
+        return [
+            TopicPartition(self.topic, p, self._next.get(p, OFFSET_BEGINNING))
+            for p in self._partitions()
+        ]
+
+    def _follow(self) -> bool:
+        """Assign the partitions from where reading stopped, unless they are; False when the
+        topic does not exist (yet)."""
+        if not self._following:
+            starts = self._positions()
+            if not starts:
+                return False
+            self._reader.assign(starts)
+            self._following = True
+        return True
+
     def _first(self, deadline: float) -> Message | None:
-        """The next record of the assigned partitions, or None at ``deadline``."""
-        while (left := deadline - time.monotonic()) > 0:
-            msg = self._reader.poll(min(left, 0.5))
+        """The next record of the assigned partitions, or None at ``deadline`` (at once, if
+        nothing was fetched, when the deadline has passed)."""
+        while True:
+            left = deadline - time.monotonic()
+            msg = self._reader.poll(max(0.0, min(left, 0.5)))
             if msg is None:
+                if left <= 0:
+                    return None
                 continue
             err = msg.error()
             if err is None:
                 return msg
             if err.code() not in _SKIP and not err.retriable():
                 raise RuntimeError(f"reading {self.topic}: {err.str()}")
-        return None
 
     def _take(self, msg: Message) -> Key | None:
         self._next[int(msg.partition() or 0)] = int(msg.offset() or 0) + 1
