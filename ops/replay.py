@@ -39,7 +39,8 @@ def admitted_by_ref(
     records = {}
     for msg, decoded, _ in tap(settings, topics.topic_name(run, "admitted")):
         if decoded is not None:
-            records[(msg.topic(), msg.partition(), msg.offset())] = decoded.record
+            position = (str(msg.topic()), int(msg.partition() or 0), int(msg.offset() or 0))
+            records[position] = decoded.record
     return records
 
 
@@ -73,13 +74,19 @@ def replay(
     import torch
 
     from rlstream.ops.config import RunConfig
-    from rlstream.trainer.learner_step import init_model, published_state, train_step
+    from rlstream.trainer.learner_step import (
+        LearnerConfig,
+        init_model,
+        published_state,
+        train_step,
+    )
 
     runs = run_manifests(settings)
     if run not in runs:
         raise LookupError(f"no run manifest for {run!r} in {topics.RUNS_TOPIC}")
     config = RunConfig.model_validate(json.loads(runs[run]["config_json"]))
     cfg = config.role("learner")
+    assert isinstance(cfg, LearnerConfig)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     manifests = manifests_by_version(settings, run)
@@ -126,7 +133,7 @@ def rescore(
         if run in runs
         else RunConfig()
     )
-    judge_cfg = config.judges.get(judge) or JudgeConfig(kind=judge)  # type: ignore[arg-type]
+    judge_cfg = config.judges.get(judge) or JudgeConfig(kind=judge)
     scorer = Judge(into, judge, judge_cfg.model_copy(update={"tasks": config.tasks}))
     ensure_run_topics(settings, into)
     count = 0

@@ -134,12 +134,13 @@ class EventProducer:
     def produce_raw(
         self,
         topic: str,
-        value: bytes,
+        value: bytes | None,
         key: str | bytes | None = None,
         headers: Headers | None = None,
         on_delivery: DeliveryCallback | None = None,
     ) -> None:
-        """Produce already-encoded bytes, waiting for queue space when the local buffer is full.
+        """Produce already-encoded bytes (None: a tombstone), waiting for queue space when the
+        local buffer is full.
 
         With ``on_delivery`` the caller handles the record's delivery report (and its failure)
         itself; ``flush`` then does not report it."""
