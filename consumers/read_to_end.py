@@ -18,14 +18,15 @@ Rules:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
     OFFSET_END,
     Consumer,
     KafkaError,
+    KafkaException,
     Message,
     TopicPartition,
 )
@@ -39,6 +40,15 @@ _READER = {
     "auto.offset.reset": "earliest",
 }
 #: Errors a reader skips: the end of a partition is handled, a topic may appear later.
+T = TypeVar("T")
+#: Errors of a metadata or offset request that pass by themselves (leaders being elected).
+_TRANSIENT = (
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._TIMED_OUT,
+    KafkaError._TRANSPORT,
+)
 _SKIP = (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
 
 
@@ -115,6 +125,22 @@ def read_topic(
         consumer.close()
 
 
+def retrying(call: Callable[[], T], timeout: float = 15.0) -> T:
+    """``call()``, retried with a short backoff while it fails with a retriable Kafka error
+    (a partition without a leader yet, just after its topic was created) for up to ``timeout``."""
+    deadline, pause = time.monotonic() + timeout, 0.05
+    while True:
+        try:
+            return call()
+        except KafkaException as exc:
+            err = exc.args[0]
+            transient = err.retriable() or err.code() in _TRANSIENT
+            if not transient or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 1.0)
+
+
 def _ends(
     consumer: Consumer, starts: list[TopicPartition], timeout: float
 ) -> Iterator[tuple[TopicPartition, int | None]]:
@@ -124,8 +150,9 @@ def _ends(
         if tp.offset == OFFSET_END:
             yield tp, None
             continue
-        low, high = consumer.get_watermark_offsets(
-            TopicPartition(tp.topic, tp.partition), timeout=timeout, cached=False
+        where = TopicPartition(tp.topic, tp.partition)
+        low, high = retrying(
+            lambda: consumer.get_watermark_offsets(where, timeout=timeout, cached=False)  # noqa: B023 (called at once)
         )
         first = low if tp.offset < 0 else max(low, tp.offset)
         yield tp, (high if high > first else None)

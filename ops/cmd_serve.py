@@ -96,10 +96,14 @@ def _serve_feedback(args: argparse.Namespace) -> int:
             flush=True,
         )
 
+    dedupe = durable_dedupe(cfg, settings)
     try:
-        serve(cfg, settings, on_start=started)
+        serve(cfg, settings, on_start=started, dedupe=dedupe)
     except ValueError as exc:  # e.g. no credentials configured
         raise SystemExit(f"error: {exc}") from None
+    finally:
+        if dedupe is not None:
+            dedupe.close()
     return 0
 
 
@@ -145,3 +149,14 @@ def _serve_policy(args: argparse.Namespace) -> int:
     finally:
         server.close()
     return 0
+
+
+def durable_dedupe(cfg: Any, settings: Any) -> Any:
+    """The stream-backed dedupe of a feedback service (None when the config turns it off)."""
+    if not cfg.durable_dedupe:
+        return None
+    from rlstream.consumers.feedback_seen import FeedbackIdLog
+
+    dedupe = FeedbackIdLog(settings, cfg.run, cfg.idempotency_window_s, cfg.idempotency_max_ids)
+    print(f"feedback-ingest: {dedupe.loaded} stored ids read back", file=sys.stderr)
+    return dedupe

@@ -1,7 +1,9 @@
 """feedback-ingest deduplication: the feedback ids the broker acknowledged recently.
 
-A retried request is stored once: the service answers ``duplicate`` for an id in
-``IdempotencyLRU`` without writing again (see ``feedback_http`` for the in-flight half).
+A retried request is stored once: the service answers ``duplicate`` for an id its ``Dedupe``
+contains, without writing again (see ``feedback_http`` for the in-flight half).
+``IdempotencyLRU`` is the memory of one process; ``consumers.feedback_seen.FeedbackIdLog``
+fills one from the feedback stream itself, so it survives restarts and is shared by replicas.
 """
 
 from __future__ import annotations
@@ -9,6 +11,15 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Protocol
+
+
+class Dedupe(Protocol):
+    """The ids a feedback service answers as duplicates."""
+
+    def __contains__(self, feedback_id: object) -> bool: ...
+
+    def add(self, feedback_id: str, age_s: float = 0.0) -> None: ...
 
 
 class IdempotencyLRU:
@@ -36,10 +47,11 @@ class IdempotencyLRU:
         self._expire(self._clock())
         return feedback_id in self._ids
 
-    def add(self, feedback_id: str) -> None:
-        """Remember ``feedback_id`` as acknowledged now (refreshes an id already known)."""
+    def add(self, feedback_id: str, age_s: float = 0.0) -> None:
+        """Remember ``feedback_id`` as acknowledged ``age_s`` seconds ago (refreshes an id
+        already known). Ids are expected in about the order they were acknowledged."""
         now = self._clock()
-        self._ids[feedback_id] = now
+        self._ids[feedback_id] = now - max(0.0, age_s)
         self._ids.move_to_end(feedback_id)
         self._expire(now)
 

@@ -14,13 +14,22 @@ Guarantees:
   The producer is idempotent with acks=all, so broker-side retries never duplicate a record;
 - a retried request is stored once: feedback ids acknowledged within the idempotency window are
   answered ``duplicate`` without writing, and a retry racing the original waits for the
-  original's delivery instead of writing again. Records are keyed by request id and carry the
-  feedback id (value and ``feedback_id`` header) so late duplicates are detectable downstream;
+  original's delivery instead of writing again. The ids come from a ``Dedupe``: by default
+  (``rlstream serve feedback``) one read back from the feedback stream itself, so a restart or
+  another replica knows them too (``consumers.feedback_seen``). Records are keyed by request id
+  and carry the feedback id (value and ``feedback_id`` header) so late duplicates are
+  detectable downstream;
 - when Kafka cannot take the write (broker down, delivery timeout ``message_timeout_ms``, local
   queue full) the answer is 503 with ``Retry-After``, naming the events that were stored anyway
   (a retry then reports them as duplicates);
-- refusals happen before Kafka and say why: 413 body too large, 401 bad or missing credentials,
-  415 not ``application/json``, 400 not JSON, 422 invalid with each field named;
+- refusals happen before Kafka, in this order, and say why: 401 (credentials checked from the
+  headers before the body is read; the HMAC signature after), 415 not ``application/json``,
+  413 a declared length over ``max_body_bytes`` (refused before reading) or a longer body
+  (reading stops at the limit), 400 not JSON, 422 invalid with each field named (a batch over
+  ``max_batch`` before any event is validated). Every 401 carries the same message, whatever
+  failed; the reason goes to the log and ``rlstream_feedback_auth_refused_total``;
+- JSON parsing, validation and encoding run in a worker thread, not on the event loop;
+- with ``tls_cert_file``/``tls_key_file`` the service speaks HTTPS only;
 - no request can crash the service: anything unexpected is logged and answered 500.
 """
 
@@ -31,10 +40,12 @@ import contextlib
 import json
 import logging
 import signal
+import ssl
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -42,8 +53,8 @@ from aiohttp import web
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from rlstream.producers import aio
-from rlstream.producers.feedback_auth import authenticate
-from rlstream.producers.feedback_dedupe import IdempotencyLRU
+from rlstream.producers.feedback_auth import UNAUTHORIZED, Target, authenticate, check_headers
+from rlstream.producers.feedback_dedupe import Dedupe, IdempotencyLRU
 from rlstream.producers.feedback_models import (
     FEEDBACK_PATH,
     IDEMPOTENCY_HEADER,
@@ -214,6 +225,11 @@ class Metrics:
         )
         for outcome in self.OUTCOMES:
             self.events.labels(outcome)  # every outcome shows, at 0, before the first event
+        self.refusals = self.registry.counter(
+            "rlstream_feedback_auth_refused_total",
+            "Requests refused with 401, by the reason only the service sees.",
+            ("reason",),
+        )
         self.latency = self.registry.histogram(
             "rlstream_feedback_request_seconds",
             f"Latency of POST {FEEDBACK_PATH}, receipt to answer.",
@@ -226,6 +242,10 @@ class Metrics:
         self.requests.labels(label, str(status)).inc()
         if label == FEEDBACK_PATH and method == "POST":
             self.latency.observe(seconds)
+
+    def count_refusal(self, reason: str) -> None:
+        """Count one refused authentication by its reason (a small fixed set of strings)."""
+        self.refusals.labels(reason).inc()
 
     def count_events(self, outcomes: Mapping[Any, int]) -> None:
         """Count the events of one request by outcome."""
@@ -253,7 +273,11 @@ class FeedbackService:
     """The feedback-ingest HTTP application (see the module docstring for its guarantees)."""
 
     def __init__(
-        self, cfg: FeedbackServiceConfig, sink: Sink, environ: Mapping[str, str] | None = None
+        self,
+        cfg: FeedbackServiceConfig,
+        sink: Sink,
+        environ: Mapping[str, str] | None = None,
+        dedupe: Dedupe | None = None,
     ) -> None:
         self.cfg, self.sink = cfg, sink
         self.topic = topics.topic_name(cfg.run, "feedback")
@@ -267,7 +291,12 @@ class FeedbackService:
         self.salt, stable = cfg.salt(environ)
         if not stable:
             log.warning("no user id salt configured: user hashes will differ across restarts")
-        self.acked = IdempotencyLRU(cfg.idempotency_window_s, cfg.idempotency_max_ids)
+        self.acked: Dedupe = (
+            dedupe
+            if dedupe is not None  # (an empty one is falsy: it has a length)
+            else IdempotencyLRU(cfg.idempotency_window_s, cfg.idempotency_max_ids)
+        )
+        self._parsing = ThreadPoolExecutor(max_workers=2, thread_name_prefix="feedback-parse")
         self.inflight: dict[str, asyncio.Future[Delivery]] = {}
         self.serialize = events.serializer("feedback")
         self.metrics = Metrics()
@@ -327,25 +356,38 @@ class FeedbackService:
         return self._stored_answer(results)
 
     async def _accept(self, request: web.Request) -> list[tuple[str, bytes, bytes]]:
-        """Read, authenticate, parse, validate and encode: (feedback id, key, value) per event."""
-        body = await self._read_body(request)
-        why = authenticate(
-            request.headers, body, self.tokens, self.keys, time.time(), self.cfg.hmac_skew_s
-        )
-        if why is not None:
-            raise RequestError(401, ErrorResponse(error="unauthorized", message=why))
+        """Check headers, read, authenticate, then parse, validate and encode off the event loop:
+        (feedback id, key, value) per event."""
+        self._authorize(check_headers(request.headers, self.tokens, self.keys))
         if request.content_type != "application/json":
             why = f"Content-Type must be application/json, got {request.content_type!r}"
             raise RequestError(415, ErrorResponse(error="unsupported_media_type", message=why))
+        body = await self._read_body(request)
+        target = Target(request.method, request.path, self.cfg.run)
+        now, skew = time.time(), self.cfg.hmac_skew_s
+        self._authorize(
+            authenticate(request.headers, target, body, self.tokens, self.keys, now, skew)
+        )
+        key = request.headers.get(IDEMPOTENCY_HEADER)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._parsing, self._decode, body, key)
+
+    def _authorize(self, why: str | None) -> None:
+        """Refuse with the one 401 answer; the reason only goes to the log and the metrics."""
+        if why is not None:
+            log.info("feedback request refused: %s", why)
+            self.metrics.count_refusal(why)
+            raise RequestError(401, ErrorResponse(error="unauthorized", message=UNAUTHORIZED))
+
+    def _decode(self, body: bytes, idempotency_key: str | None) -> list[tuple[str, bytes, bytes]]:
+        """JSON, validation and Avro encoding of an authenticated body (runs in a worker thread)."""
         try:
             data = json.loads(body)
         except (ValueError, RecursionError) as exc:
             raise RequestError(
                 400, ErrorResponse(error="bad_json", message=str(exc)[:200])
             ) from None
-        parsed = parse_events(
-            data, request.headers.get(IDEMPOTENCY_HEADER), self.cfg.max_batch, self.cfg.max_tokens
-        )
+        parsed = parse_events(data, idempotency_key, self.cfg.max_batch, self.cfg.max_tokens)
         received_ms = int(time.time() * 1000)
         prefix = "events." if "events" in data else ""
         return [
@@ -449,19 +491,32 @@ class FeedbackService:
         return web.json_response(self.openapi)
 
     async def start(self) -> str:
-        """Listen on the configured host and port; returns the base URL (real port if 0)."""
+        """Listen on the configured host and port (HTTPS when a certificate is configured);
+        returns the base URL (with the real port if the configured one is 0)."""
+        tls = _tls_context(self.cfg)
         self._runner = web.AppRunner(self.application(), access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port)
+        site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port, ssl_context=tls)
         await site.start()
         host, port = self._runner.addresses[0][:2]
-        return f"http://{host}:{port}"
+        return f"{'https' if tls else 'http'}://{host}:{port}"
 
     async def stop(self) -> None:
         """Stop listening, then flush what Kafka still holds."""
         if self._runner is not None:
             await self._runner.cleanup()
+        self._parsing.shutdown(wait=False)
         await asyncio.get_running_loop().run_in_executor(None, self.sink.close)
+
+
+def _tls_context(cfg: FeedbackServiceConfig) -> ssl.SSLContext | None:
+    if cfg.tls_cert_file is None and cfg.tls_key_file is None:
+        return None
+    if cfg.tls_cert_file is None or cfg.tls_key_file is None:
+        raise ValueError("TLS needs both tls_cert_file and tls_key_file")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file)
+    return context
 
 
 # --- running it -----------------------------------------------------------------------------
@@ -481,12 +536,16 @@ async def _serve_until_stopped(service: FeedbackService, on_start: Callable[[str
 
 
 def serve(
-    cfg: FeedbackServiceConfig, settings: KafkaSettings, on_start: Callable[[str], None] = print
+    cfg: FeedbackServiceConfig,
+    settings: KafkaSettings,
+    on_start: Callable[[str], None] = print,
+    dedupe: Dedupe | None = None,
 ) -> None:
     """Run the service until SIGTERM/SIGINT; ``on_start`` gets the base URL once listening."""
 
     async def main() -> None:
-        service = FeedbackService(cfg, KafkaSink(settings, cfg.message_timeout_ms))
+        sink = KafkaSink(settings, cfg.message_timeout_ms)
+        service = FeedbackService(cfg, sink, dedupe=dedupe)
         await _serve_until_stopped(service, on_start)
 
     aio.run(main())
@@ -506,6 +565,7 @@ def running_service(
     settings: KafkaSettings | None = None,
     sink: Sink | None = None,
     environ: Mapping[str, str] | None = None,
+    dedupe: Dedupe | None = None,
 ) -> Iterator[RunningService]:
     """Run the service on its own event loop thread; stopped (and flushed) on exit."""
     if sink is None and settings is None:
@@ -524,7 +584,7 @@ def running_service(
                 use = KafkaSink(settings, cfg.message_timeout_ms)
             else:
                 raise ValueError("the feedback service needs Kafka settings or a sink")
-            service = FeedbackService(cfg, use, environ)
+            service = FeedbackService(cfg, use, environ, dedupe)
             box.append(RunningService(loop.run_until_complete(service.start()), service))
         except BaseException as exc:
             failure.append(exc)

@@ -79,6 +79,15 @@ class FeedbackServiceConfig(BaseModel):
     hmac_skew_s: int = Field(
         300, ge=1, le=3600, description="Largest |server time - X-Rlstream-Timestamp| accepted."
     )
+    tls_cert_file: str | None = Field(
+        None, description="PEM certificate chain: serve HTTPS (with tls_key_file); None: HTTP."
+    )
+    tls_key_file: str | None = Field(None, description="PEM private key of tls_cert_file.")
+    durable_dedupe: bool = Field(
+        True,
+        description="Learn stored feedback ids from the feedback stream (restarts and replicas "
+        "share them); False: this process's memory only.",
+    )
     user_id_salt: SecretStr | None = Field(
         None,
         description=f"Salt of the user id hash; None: ${SALT_ENV}, else a random salt per "
@@ -326,6 +335,9 @@ def parse_events(
     if not isinstance(body, dict):
         raise _invalid([ErrorDetail(field="", message="expected a JSON object")])
     batch = "events" in body
+    if batch and isinstance(body["events"], list) and len(body["events"]) > max_batch:
+        # refused before any event is validated
+        raise _invalid([ErrorDetail(field="events", message=f"more than {max_batch} events")])
     try:
         if batch:
             parsed = FeedbackBatch.model_validate(body).events
@@ -333,8 +345,6 @@ def parse_events(
             parsed = [FeedbackEvent.model_validate(body)]
     except ValidationError as exc:
         raise _invalid(validation_details(exc)) from None
-    if batch and len(parsed) > max_batch:
-        raise _invalid([ErrorDetail(field="events", message=f"more than {max_batch} events")])
     if not batch and idempotency_key is not None:
         parsed = [_with_header_key(parsed[0], idempotency_key)]
     problems = []

@@ -59,7 +59,12 @@ def openapi_document() -> dict[str, Any]:
             {**header, "name": IDEMPOTENCY_HEADER, "description": "feedback_id of a single event"},
             {**header, "name": KEY_ID_HEADER, "description": "HMAC key id"},
             {**header, "name": TIMESTAMP_HEADER, "description": "unix seconds, signed"},
-            {**header, "name": SIGNATURE_HEADER, "description": "sha256=<hex HMAC>"},
+            {
+                **header,
+                "name": SIGNATURE_HEADER,
+                "description": "sha256=<hex HMAC-SHA256> of TIMESTAMP\\nMETHOD\\nPATH\\nRUN\\n"
+                "IDEMPOTENCY-KEY\\n followed by the body",
+            },
         ],
         "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
         "responses": _responses(200, 202, 400, 401, 413, 415, 422, 503),

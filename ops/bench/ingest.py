@@ -69,13 +69,14 @@ def _bare_server() -> None:
 
 
 def _feedback_server(run: str, bootstrap: str) -> None:
+    from rlstream.ops.cmd_serve import durable_dedupe
     from rlstream.producers.feedback_http import serve
     from rlstream.producers.feedback_models import FeedbackServiceConfig
     from rlstream.producers.settings import KafkaSettings
 
     cfg = FeedbackServiceConfig(run=run, port=0, tokens=[TOKEN], user_id_salt="bench")
     settings = KafkaSettings(bootstrap_servers=bootstrap)
-    serve(cfg, settings, on_start=lambda url: print(url, flush=True))
+    serve(cfg, settings, lambda url: print(url, flush=True), durable_dedupe(cfg, settings))
 
 
 def _start(call: str) -> tuple[subprocess.Popen[str], str]:

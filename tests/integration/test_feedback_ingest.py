@@ -9,13 +9,20 @@ unreachable the answer is 503 with Retry-After.
 from __future__ import annotations
 
 import collections
+import contextlib
+import http.client
 import json
+import shutil
+import socket
+import ssl
+import subprocess
 import time
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +30,7 @@ from helpers import read_all
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rlstream.consumers.feedback_seen import FeedbackIdLog
 from rlstream.producers import feedback_auth as fa
 from rlstream.producers import feedback_models as fm
 from rlstream.producers.admin import ensure_run_topics
@@ -207,18 +215,20 @@ def test_unauthenticated_and_tampered_requests_get_401_and_store_nothing(
     body = json.dumps(good_event(f"signed-{tag}")).encode()
     typed = {"Content-Type": "application/json"}
     ts = str(int(time.time()))
+    target = fa.Target("POST", fm.FEEDBACK_PATH, run)
     signature = {
         fa.KEY_ID_HEADER: "k1",
         fa.TIMESTAMP_HEADER: ts,
-        fa.SIGNATURE_HEADER: fa.sign(KEY, ts, body),
+        fa.SIGNATURE_HEADER: fa.sign(KEY, ts, target, "", body),
     }
     tampered = body.replace(b'"accepted"', b'"rejected"')
     old_ts = str(int(time.time()) - 3600)
     replayed = {
         **signature,
         fa.TIMESTAMP_HEADER: old_ts,
-        fa.SIGNATURE_HEADER: fa.sign(KEY, old_ts, body),
+        fa.SIGNATURE_HEADER: fa.sign(KEY, old_ts, target, "", body),
     }
+    other_run = fa.sign(KEY, ts, fa.Target("POST", fm.FEEDBACK_PATH, "another-run"), "", body)
     refused = [
         post(url, json.dumps(good_event(f"none-{tag}")).encode(), typed),
         post(
@@ -229,9 +239,15 @@ def test_unauthenticated_and_tampered_requests_get_401_and_store_nothing(
         post(url, tampered, {**typed, **signature}),
         post(url, body, {**typed, **signature, fa.SIGNATURE_HEADER: "sha256=" + "0" * 64}),
         post(url, body, {**typed, **replayed}),
+        post(url, body, {**typed, **signature, fa.SIGNATURE_HEADER: other_run}),
+        post(url, body, {**typed, **signature, fa.KEY_ID_HEADER: "k9"}),  # unknown key id
+        post(url, body, {**typed, **signature, fa.TIMESTAMP_HEADER: "\u00b2"}),  # not a 500
+        post(url, body, {**typed, **signature, fm.IDEMPOTENCY_HEADER: f"new-{tag}"}),
     ]
-    assert [status for status, _, _ in refused] == [401] * 5
+    assert [status for status, _, _ in refused] == [401] * 9
     assert all(answer["error"] == "unauthorized" for _, _, answer in refused)
+    # one answer for every failure: a client learns nothing about which check refused it
+    assert {answer["message"] for _, _, answer in refused} == {fa.UNAUTHORIZED}
     assert post(url, body, {**typed, **signature})[0] == 202
     ids = stored_ids(kafka, run)
     assert ids[f"signed-{tag}"] == 1
@@ -263,3 +279,88 @@ def test_kafka_unreachable_answers_503_with_retry_after() -> None:
             health = json.loads(r.read())
     assert status == 503 and headers.get("Retry-After") == "3"
     assert answer["error"] == "unavailable" and health["kafka"] == "unavailable"
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_read(service: tuple[str, str]) -> None:
+    """Content-Length over the limit: 413 at once, though the body never arrives."""
+    url, _ = service
+    host, port = url.removeprefix("http://").split(":")
+    head = (
+        f"POST {fm.FEEDBACK_PATH} HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {1 << 30}\r\n\r\n"
+    )
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head.encode())
+        answer = sock.recv(4096).decode(errors="replace")
+    assert answer.startswith("HTTP/1.1 413"), answer[:80]
+
+
+def test_an_unauthenticated_body_is_never_read(service: tuple[str, str]) -> None:
+    """Without credentials the answer is 401 before the (promised, never sent) body."""
+    url, _ = service
+    host, port = url.removeprefix("http://").split(":")
+    head = (
+        f"POST {fm.FEEDBACK_PATH} HTTP/1.1\r\nHost: {host}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: 60000\r\n\r\n"
+    )
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head.encode())
+        answer = sock.recv(4096).decode(errors="replace")
+    assert answer.startswith("HTTP/1.1 401"), answer[:80]
+
+
+def test_stored_ids_survive_a_restart_and_are_shared_by_replicas(kafka: KafkaSettings) -> None:
+    run = f"t-dedupe-{uuid.uuid4().hex[:8]}"
+    ensure_run_topics(kafka, run)
+    cfg = fm.FeedbackServiceConfig(run=run, port=0, tokens=[TOKEN])
+    environ = {fm.SALT_ENV: "salt"}
+
+    def replica() -> FeedbackIdLog:
+        return FeedbackIdLog(kafka, run, cfg.idempotency_window_s, cfg.idempotency_max_ids)
+
+    with contextlib.ExitStack() as stack:
+        seen_a, seen_b = stack.enter_context(replica()), stack.enter_context(replica())
+        a = stack.enter_context(running_service(cfg, kafka, environ=environ, dedupe=seen_a))
+        b = stack.enter_context(running_service(cfg, kafka, environ=environ, dedupe=seen_b))
+        assert post_json(a.url, good_event("fb-1"))[0] == 202
+        deadline = time.monotonic() + 15
+        while "fb-1" not in seen_b and time.monotonic() < deadline:
+            time.sleep(0.05)  # replica b learns the id from the stream
+        status, _, answer = post_json(b.url, good_event("fb-1"))
+        assert status == 200 and answer["duplicate"] is True
+    with (
+        replica() as restarted,
+        running_service(cfg, kafka, environ=environ, dedupe=restarted) as again,
+    ):
+        assert restarted.loaded >= 1
+        status, _, answer = post_json(again.url, good_event("fb-1"))
+        assert status == 200 and answer["duplicate"] is True
+    assert stored_ids(kafka, run)["fb-1"] == 1
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl makes the test certificate")
+def test_tls_serves_https_only(kafka: KafkaSettings, tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+         "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    run = f"t-tls-{uuid.uuid4().hex[:8]}"
+    ensure_run_topics(kafka, run)
+    cfg = fm.FeedbackServiceConfig(
+        run=run, port=0, tokens=[TOKEN], tls_cert_file=str(cert), tls_key_file=str(key)
+    )
+    with running_service(cfg, kafka, environ={fm.SALT_ENV: "s"}) as running:
+        assert running.url.startswith("https://")
+        trusted = ssl.create_default_context(cafile=str(cert))
+        body = json.dumps(good_event("tls-1")).encode()
+        headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+        request = urllib.request.Request(f"{running.url}{fm.FEEDBACK_PATH}", body, headers)
+        with urllib.request.urlopen(request, timeout=30, context=trusted) as r:
+            assert r.status == 202
+        plain = running.url.replace("https://", "http://")
+        with pytest.raises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):
+            urllib.request.urlopen(f"{plain}/healthz", timeout=10)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import time
 from typing import Any
@@ -125,37 +126,86 @@ def test_config_tokens_come_from_config_and_environment() -> None:
 # --- authentication -------------------------------------------------------------------------
 
 
-def signed(body: bytes, key: bytes = b"k1-secret", ts: float | None = None) -> dict[str, str]:
+TARGET = fa.Target("POST", "/v1/feedback", "r1")
+
+
+def signed(
+    body: bytes,
+    key: bytes = b"k1-secret",
+    ts: float | None = None,
+    target: fa.Target = TARGET,
+    idempotency_key: str = "",
+) -> dict[str, str]:
     stamp = str(int(time.time() if ts is None else ts))
-    return {
+    headers = {
         fa.KEY_ID_HEADER: "k1",
         fa.TIMESTAMP_HEADER: stamp,
-        fa.SIGNATURE_HEADER: fa.sign(key, stamp, body),
+        fa.SIGNATURE_HEADER: fa.sign(key, stamp, target, idempotency_key, body),
     }
+    return {**headers, fm.IDEMPOTENCY_HEADER: idempotency_key} if idempotency_key else headers
 
 
 def test_hmac_signature_covers_body_and_timestamp() -> None:
     keys, body, now = {"k1": b"k1-secret"}, b'{"a": 1}', time.time()
-    assert fa.check_signature(signed(body), body, keys, now, 300) is None
-    assert fa.check_signature(signed(body), body + b" ", keys, now, 300) == "bad signature"
-    assert fa.check_signature(signed(body, b"wrong"), body, keys, now, 300) == "bad signature"
+    check = functools.partial(fa.check_signature, target=TARGET, keys=keys, now_s=now, skew_s=300)
+    assert check(signed(body), body=body) is None
+    assert check(signed(body), body=body + b" ") == "bad signature"
+    assert check(signed(body, b"wrong"), body=body) == "bad signature"
     old = signed(body, ts=now - 301)
-    assert fa.check_signature(old, body, keys, now, 300) == "timestamp outside the allowed skew"
+    assert check(old, body=body) == "timestamp outside the allowed skew"
     moved = {**signed(body), fa.TIMESTAMP_HEADER: str(int(now) + 1)}  # replayed with a new time
-    assert fa.check_signature(moved, body, keys, now, 300) == "bad signature"
-    assert fa.check_signature({**signed(body), fa.KEY_ID_HEADER: "k2"}, body, keys, now, 300)
-    assert fa.check_signature({}, body, keys, now, 300) == "missing credentials"
+    assert check(moved, body=body) == "bad signature"
+    assert check({**signed(body), fa.KEY_ID_HEADER: "k2"}, body=body)
+    assert check({}, body=body) == "missing credentials"
+
+
+def test_hmac_signature_covers_method_path_run_and_idempotency_key() -> None:
+    keys, body, now = {"k1": b"k1-secret"}, b'{"a": 1}', time.time()
+    headers = signed(body, idempotency_key="fb-1")
+    ok = fa.check_signature(headers, TARGET, body, keys, now, 300)
+    assert ok is None
+    elsewhere = [
+        fa.Target("PUT", "/v1/feedback", "r1"),
+        fa.Target("POST", "/v1/other", "r1"),
+        fa.Target("POST", "/v1/feedback", "r2"),  # the same request replayed into another run
+    ]
+    for target in elsewhere:
+        assert fa.check_signature(headers, target, body, keys, now, 300) == "bad signature"
+    new_key = {**headers, fm.IDEMPOTENCY_HEADER: "fb-2"}  # replayed as a new event
+    assert fa.check_signature(new_key, TARGET, body, keys, now, 300) == "bad signature"
+    dropped = {k: v for k, v in headers.items() if k != fm.IDEMPOTENCY_HEADER}
+    assert fa.check_signature(dropped, TARGET, body, keys, now, 300) == "bad signature"
+
+
+@pytest.mark.parametrize("stamp", ["\u00b2", "1e9", " 17", "-1", "1" * 13, "\u0661\u0662"])
+def test_a_timestamp_that_is_not_ascii_digits_is_refused_not_parsed(stamp: str) -> None:
+    headers = {**signed(b"x"), fa.TIMESTAMP_HEADER: stamp}
+    why = fa.check_signature(headers, TARGET, b"x", {"k1": b"k1-secret"}, time.time(), 300)
+    assert why == "bad timestamp"
 
 
 def test_bearer_or_signature_authenticates() -> None:
     tokens, keys, now = [b"tok"], {"k1": b"k1-secret"}, time.time()
-    assert fa.authenticate({"Authorization": "Bearer tok"}, b"", tokens, keys, now, 300) is None
-    assert fa.authenticate({"Authorization": "bearer tok"}, b"", tokens, keys, now, 300) is None
-    assert fa.authenticate({"Authorization": "Bearer tok2"}, b"", tokens, keys, now, 300)
-    assert fa.authenticate({"Authorization": "Basic tok"}, b"", tokens, keys, now, 300)
-    assert fa.authenticate({}, b"", tokens, keys, now, 300) == "missing credentials"
-    assert fa.authenticate(signed(b"x"), b"x", tokens, keys, now, 300) is None
+    auth = functools.partial(
+        fa.authenticate, target=TARGET, tokens=tokens, keys=keys, now_s=now, skew_s=300
+    )
+    assert auth({"Authorization": "Bearer tok"}, body=b"") is None
+    assert auth({"Authorization": "bearer tok"}, body=b"") is None
+    assert auth({"Authorization": "Bearer tok2"}, body=b"")
+    assert auth({"Authorization": "Basic tok"}, body=b"")
+    assert auth({}, body=b"") == "missing credentials"
+    assert auth(signed(b"x"), body=b"x") is None
     assert not fa.check_bearer("Bearer tok", [])
+
+
+def test_headers_alone_refuse_what_needs_no_body() -> None:
+    tokens, keys = [b"tok"], {"k1": b"k1-secret"}
+    assert fa.check_headers({"Authorization": "Bearer tok"}, tokens, keys) is None
+    assert fa.check_headers(signed(b"x"), tokens, keys) is None  # the body decides later
+    assert fa.check_headers({}, tokens, keys) == "missing credentials"
+    assert fa.check_headers({"Authorization": "Bearer no"}, tokens, keys) == "bad bearer token"
+    unknown = {**signed(b"x"), fa.KEY_ID_HEADER: "k9"}
+    assert fa.check_headers(unknown, tokens, keys) == "unknown key id"
 
 
 # --- idempotency ----------------------------------------------------------------------------

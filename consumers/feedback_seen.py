@@ -1,0 +1,110 @@
+"""The feedback ids a run's feedback stream already holds: deduplication that survives restarts
+and is shared by every replica of feedback-ingest.
+
+Rules:
+- on start, the stream (``rl.RUN.feedback``, every partition) is read from the first record
+  younger than the idempotency window to its end (``read_to_end``); each record's feedback id
+  (its ``feedback_id`` header, so nothing is decoded) is remembered with its age;
+- a background thread then follows the stream, so ids stored by other replicas become
+  duplicates here too, within the follower's lag (well under a second on a live cluster);
+- what is remembered is bounded exactly as in ``IdempotencyLRU`` (window and count).
+
+A retry that reaches another replica inside that lag can still be stored twice; the record
+carries the same feedback id, and feedback-rl decides each feedback id once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from confluent_kafka import Message, TopicPartition
+
+from rlstream.consumers.read_to_end import partitions_of, read_to_end, reader, retrying
+from rlstream.producers.feedback_dedupe import IdempotencyLRU
+from rlstream.producers.settings import KafkaSettings
+from rlstream.schemas import topics
+
+
+class FeedbackIdLog:
+    """``Dedupe`` backed by the feedback stream (see the module rules). Thread-safe."""
+
+    def __init__(
+        self, settings: KafkaSettings, run: str, window_s: float, max_ids: int, member: str = "0"
+    ) -> None:
+        self.topic = topics.topic_name(run, "feedback")
+        self._ids = IdempotencyLRU(window_s, max_ids)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._reader = reader(settings, f"{run}.feedback-ingest.{member}.dedupe")
+        self.loaded = self._catch_up(window_s)
+        self._thread = threading.Thread(target=self._follow, name="feedback-dedupe", daemon=True)
+        self._thread.start()
+
+    def __contains__(self, feedback_id: object) -> bool:
+        with self._lock:
+            return feedback_id in self._ids
+
+    def add(self, feedback_id: str, age_s: float = 0.0) -> None:
+        with self._lock:
+            self._ids.add(feedback_id, age_s)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._ids)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._reader.close()
+
+    def __enter__(self) -> FeedbackIdLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _catch_up(self, window_s: float) -> int:
+        """Remember the ids of the window, then stay assigned to every partition right after
+        what was read (no record written meanwhile is skipped); returns the records read."""
+        starts = self._window_starts(window_s)
+        count = 0
+        for msg in read_to_end(self._reader, starts):
+            self._take(msg)
+            count += 1
+        read = {tp.partition: tp for tp in self._reader.position(self._reader.assignment())}
+        self._reader.assign([read.get(tp.partition, tp) for tp in starts])
+        return count
+
+    def _window_starts(self, window_s: float) -> list[TopicPartition]:
+        """Per partition, the first offset younger than the window (its end if none is)."""
+        parts = partitions_of(self._reader, self.topic) or []
+        since_ms = int((time.time() - window_s) * 1000)
+        query = [TopicPartition(self.topic, p, since_ms) for p in parts]
+        reader = self._reader
+        found = retrying(lambda: reader.offsets_for_times(query, timeout=10)) if query else []
+        starts = []
+        for tp in found:
+            if tp.offset < 0:  # nothing that young: start at the end as of now
+                tp = TopicPartition(self.topic, tp.partition, self._end(tp))
+            starts.append(tp)
+        return starts
+
+    def _end(self, tp: TopicPartition) -> int:
+        reader = self._reader
+        _, high = retrying(lambda: reader.get_watermark_offsets(tp, 10, cached=False))
+        return int(high)
+
+    def _follow(self) -> None:
+        while not self._stop.is_set():
+            msg = self._reader.poll(0.2)
+            if msg is not None and msg.error() is None:
+                self._take(msg)
+
+    def _take(self, msg: Message) -> None:
+        fid = dict(msg.headers() or []).get("feedback_id")
+        if fid is None:
+            return
+        _, ts_ms = msg.timestamp()
+        age_s = max(0.0, time.time() - ts_ms / 1000) if ts_ms > 0 else 0.0
+        self.add(fid.decode() if isinstance(fid, bytes) else str(fid), age_s)
