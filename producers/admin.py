@@ -3,18 +3,27 @@
 ``apply_topics`` creates missing topics with the catalog's partitions and configs, and compares
 existing ones: a partition count or config that differs is *drift*, reported, never silently
 changed (repartitioning a keyed stream would break per-group ordering and co-partitioning).
+
+In a multi-region run each region's cluster gets the run's topics plus the MirrorMaker 2 copies
+it receives (``topics.Regions.copies``: ``trainer.rl.RUN.tasks`` in a rollout region,
+``eu.rl.RUN.trajectories`` at home), created with the catalog's partitions and configs before
+MirrorMaker's topic refresh would create them: a role subscribes to a copy from its first poll,
+and a copy keeps its source's partitioning (MirrorMaker keeps each record's partition).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from rlstream.producers.settings import KafkaSettings
+
+if TYPE_CHECKING:
+    from rlstream.schemas.topics import Regions
 
 
 @dataclass(frozen=True)
@@ -118,25 +127,43 @@ def group_lag(admin: AdminClient, group: str, timeout: float = 10.0) -> dict[str
     return lag
 
 
-def run_topic_wants(run: str, specs: Mapping[str, Any] | None = None) -> list[TopicWant]:
-    """The catalog's topics for ``run`` plus the cluster-wide ``rl.schemas`` and ``rl.runs``."""
+def run_topic_wants(
+    run: str,
+    specs: Mapping[str, Any] | None = None,
+    copies: Iterable[tuple[str | None, str]] = (),
+) -> list[TopicWant]:
+    """The catalog's topics for ``run`` plus the cluster-wide ``rl.schemas`` and ``rl.runs``,
+    and the mirrored copies named by ``copies`` (source region, stream)."""
     from rlstream.schemas import topics
 
     specs = specs or topics.STREAMS
-    return [
+    wants = [
         TopicWant(topics.topic_name(run, name), spec.partitions, topics.topic_configs(spec))
         for name, spec in specs.items()
     ]
+    for source, stream in copies:
+        spec = specs[stream]
+        name = topics.remote_topic(source, topics.topic_name(run, stream))
+        wants.append(TopicWant(name, spec.partitions, topics.topic_configs(spec)))
+    return wants
 
 
 def ensure_run_topics(
-    settings: KafkaSettings, run: str, partitions: int | None = None
+    settings: KafkaSettings,
+    run: str,
+    partitions: int | None = None,
+    *,
+    regions: Regions | None = None,
+    here: str | None = None,
 ) -> ApplyReport:
-    """Create or check every topic of ``run`` (``partitions`` for the group-keyed streams)."""
+    """Create or check every topic of ``run`` (``partitions`` for the group-keyed streams) in
+    one cluster; with ``regions`` (a ``topics.Regions``) and ``here``, also the copies that
+    region ``here`` receives."""
     from rlstream.schemas import topics
 
     specs = topics.catalog(group_partitions=partitions) if partitions else topics.STREAMS
-    return apply_topics(admin_client(settings), run_topic_wants(run, specs))
+    copies = regions.copies(here) if regions is not None and here is not None else []
+    return apply_topics(admin_client(settings), run_topic_wants(run, specs, copies))
 
 
 def ensure_cluster_topics(settings: KafkaSettings) -> ApplyReport:

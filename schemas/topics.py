@@ -3,7 +3,17 @@
 Names: per-run streams are ``rl.RUN.STREAM`` (a run is copied, replayed or deleted as a unit);
 the cluster-wide streams are ``rl.schemas`` and ``rl.runs``. MirrorMaker 2's default replication
 policy prefixes remote copies with the source region (``eu.rl.RUN.trajectories``), which
-``parse_topic`` and ``topic_pattern`` understand. Consumer groups are ``rlstream.RUN.ROLE[.NAME]``.
+``parse_topic`` understands. Consumer groups are ``rlstream.RUN.ROLE[.NAME]``.
+
+Regions (``Regions``): one trainer region and rollout regions, each its own Kafka. A stream's
+``mirror`` direction decides where it flows: ``outward`` streams (tasks, weights, runs, schemas)
+from the trainer region to every rollout region, ``inward`` streams (trajectories, rewards judged
+remotely) from every rollout region home; ``mirror_regex`` turns a direction into MirrorMaker's
+topic filter, so flows are derived from this catalog, never typed by hand. Accept lists
+(``Regions.sources``): a role reads a stream from exactly the regions that may write it: in a
+rollout region an outward stream only as the trainer region's copy; in the trainer region an
+inward stream locally and from the rollout regions; every other stream (admitted, rejected, the
+learner's inputs) locally only, so no mirrored copy can ever feed the learner.
 
 Guarantees:
 - run, role, name and region names are validated (``[A-Za-z0-9_-]``, no dots), so every derived
@@ -85,7 +95,7 @@ def catalog(
     specs = [
         spec("tasks", "task id", task_partitions, 7 * DAY_MS, "delete", 4 * MIB, "task", ("task_id",), mirror="outward"),
         spec("trajectories", "group id", g, 7 * DAY_MS, "delete", 8 * MIB, "trajectory", ("group_id",), mirror="inward"),
-        spec("rewards", "group id", g, 7 * DAY_MS, "delete", 1 * MIB, "reward", ("group_id",)),
+        spec("rewards", "group id", g, 7 * DAY_MS, "delete", 1 * MIB, "reward", ("group_id",), mirror="inward"),
         spec("admitted", "group id", g, FOREVER, "delete", 8 * MIB, "admission", ("group_id",)),
         spec("rejected", "group id", g, 30 * DAY_MS, "delete", 8 * MIB, "admission", ("group_id",)),
         spec("weights.manifests", "model name", 1, FOREVER, "delete", 4 * MIB, "weight_manifest", ("model",), mirror="outward"),
@@ -188,20 +198,115 @@ def parse_topic(topic: str) -> TopicName:
     raise ValueError(f"{topic!r} is not an rlstream topic (rl.RUN.STREAM or REGION.rl.RUN.STREAM)")
 
 
-def topic_pattern(run: str, stream: str, remote: bool = True) -> str:
+def remote_topic(source: str | None, topic: str) -> str:
+    """``topic`` as seen where MirrorMaker 2 copies it from region ``source`` (the default
+    replication policy's ``SOURCE.TOPIC``); ``topic`` itself for a local one (``source`` None)."""
+    return topic if source is None else f"{validate_name(source, 'region')}.{topic}"
+
+
+def topic_pattern(run: str, stream: str, sources: Iterable[str | None] = (None,)) -> str:
     """Regex subscription (leading ``^``, as librdkafka requires) for a stream of a run.
 
-    With ``remote`` it also matches MirrorMaker 2 copies from any region, so the trainer consumes
-    local and mirrored trajectories with one subscription.
+    It matches the copies of the stream written in ``sources``: None is the local topic, a
+    region name its MirrorMaker 2 copy (``Regions.sources`` says which a role accepts). The
+    default is the local topic only.
     """
     local = re.escape(topic_name(run, stream))
-    return f"^([A-Za-z0-9_-]+\\.)?{local}$" if remote else f"^{local}$"
+    wanted = list(dict.fromkeys(sources))
+    if not wanted:
+        raise ValueError(f"no source region for {stream!r}")
+    prefixes = [re.escape(validate_name(s, "region")) + r"\." for s in wanted if s is not None]
+    if not prefixes:
+        return f"^{local}$"
+    optional = "?" if None in wanted else ""
+    # librdkafka's regex engine has plain groups only (no ``(?:``)
+    return f"^({'|'.join(prefixes)}){optional}{local}$"
 
 
 def streams_pattern(run: str, streams: Iterable[str] = RUN_STREAMS) -> str:
-    """One regex subscription for several streams of a run and their remote copies."""
+    """One regex subscription for several streams of a run and their remote copies from any
+    region: for taps and dashboards, which read everything and write nothing."""
     alternatives = "|".join(re.escape(topic_name(run, s)) for s in streams)
     return f"^([A-Za-z0-9_-]+\\.)?({alternatives})$"
+
+
+def mirror_regex(direction: Mirror, specs: Mapping[str, StreamSpec] | None = None) -> str:
+    """MirrorMaker 2's topic filter for the streams of ``direction``, for every run: local names
+    only (``rl.RUN.STREAM``, ``rl.schemas``), never a copy that came from elsewhere."""
+    specs = STREAMS if specs is None else specs
+    run_streams = [
+        re.escape(s.stream) for s in specs.values() if s.mirror == direction and not s.cluster_wide
+    ]
+    wide = [
+        re.escape(cluster_topic(s.stream))
+        for s in specs.values()
+        if s.mirror == direction and s.cluster_wide
+    ]
+    parts = [f"rl\\.{_NAME.pattern}\\.(?:{'|'.join(run_streams)})"] if run_streams else []
+    if not parts and not wide:
+        raise ValueError(f"no stream flows {direction}")
+    return "|".join(parts + wide)
+
+
+@dataclass(frozen=True, slots=True)
+class Regions:
+    """Where a run's roles run: the trainer region and the rollout regions (see the module rules).
+
+    The trainer region hosts scheduler, admission, judges and learner (and may host rollout
+    workers too); rollout regions host rollout workers. A run with no rollout region is the
+    single-region case: every stream is local.
+    """
+
+    trainer: str = "trainer"
+    rollout: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        validate_name(self.trainer, "region")
+        for name in self.rollout:
+            validate_name(name, "region")
+        if self.trainer in self.rollout or len(set(self.rollout)) != len(self.rollout):
+            raise ValueError(
+                f"regions must be distinct: trainer {self.trainer!r}, rollout {self.rollout}"
+            )
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every region, the trainer region first."""
+        return (self.trainer, *self.rollout)
+
+    def check(self, region: str) -> str:
+        if region not in self.names:
+            raise ValueError(f"region {region!r} is not one of the run's regions {self.names}")
+        return region
+
+    def sources(self, stream: str, here: str) -> tuple[str | None, ...]:
+        """Which copies of ``stream`` a role in region ``here`` reads: None for the local topic,
+        a region name for its mirrored copy (only regions that may write the stream)."""
+        direction = _spec(stream).mirror
+        if self.check(here) != self.trainer and direction == "outward":
+            return (self.trainer,)
+        if here == self.trainer and direction == "inward":
+            return (None, *self.rollout)
+        return (None,)
+
+    def pattern(self, run: str, stream: str, here: str) -> str:
+        """The subscription of a role in ``here`` to ``stream`` (``topic_pattern`` of ``sources``)."""
+        return topic_pattern(run, stream, self.sources(stream, here))
+
+    def topic(self, run: str, stream: str, here: str) -> str:
+        """The one topic of ``stream`` a role in ``here`` reads when it reads a single copy (the
+        weight manifests and chunks in a rollout region: the trainer region's copy)."""
+        first = self.sources(stream, here)[0]
+        return remote_topic(first, topic_name(run, stream))
+
+    def copies(self, here: str) -> list[tuple[str | None, str]]:
+        """(source, stream) of every mirrored copy region ``here`` receives."""
+        return [(s, stream) for stream in STREAMS for s in self.sources(stream, here) if s]
+
+    def origin(self, topic: str, here: str) -> str:
+        """The region whose roles wrote a record of ``topic`` read in ``here``."""
+        prefix = parse_topic(topic).region
+        return self.check(here) if prefix is None else self.check(prefix)
 
 
 def role_of_group(run: str, group: str) -> str | None:

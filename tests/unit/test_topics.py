@@ -77,22 +77,73 @@ def test_parse_topic_refuses_foreign_topics(bad: str) -> None:
         T.parse_topic(bad)
 
 
-def test_topic_pattern_matches_local_and_remote_copies_only() -> None:
-    pattern = T.topic_pattern("r1", "trajectories")
+def test_topic_pattern_matches_the_named_copies_only() -> None:
+    local = re.compile(T.topic_pattern("r1", "trajectories")).fullmatch
+    assert local("rl.r1.trajectories") and not local("eu.rl.r1.trajectories")
+    pattern = T.topic_pattern("r1", "trajectories", (None, "eu"))
     assert pattern.startswith("^")
     match = re.compile(pattern).fullmatch
     assert match("rl.r1.trajectories") and match("eu.rl.r1.trajectories")
     for other in (
+        "us.rl.r1.trajectories",
         "rl.r10.trajectories",
         "rl.r1.trajectoriesX",
         "rl.r1.rewards",
         "rlxr1.trajectories",
         "a.b.rl.r1.trajectories",
+        "eu.eu.rl.r1.trajectories",
     ):
         assert not match(other), other
-    assert not re.compile(T.topic_pattern("r1", "trajectories", remote=False)).fullmatch(
-        "eu.rl.r1.trajectories"
-    )
+    remote_only = re.compile(T.topic_pattern("r1", "tasks", ["trainer"])).fullmatch
+    assert remote_only("trainer.rl.r1.tasks") and not remote_only("rl.r1.tasks")
+    with pytest.raises(ValueError):
+        T.topic_pattern("r1", "tasks", [])
+    with pytest.raises(ValueError, match="invalid region name"):
+        T.topic_pattern("r1", "tasks", ["e.u"])
+
+
+REGIONS = T.Regions("trainer", ("eu", "us"))
+
+
+def test_each_stream_accepts_only_the_regions_that_write_it() -> None:
+    """Outward streams reach a rollout region only as the trainer region's copy; inward streams
+    come home from the rollout regions; nothing else (admitted above all) is ever remote."""
+    for stream, spec in T.STREAMS.items():
+        home, eu = REGIONS.sources(stream, "trainer"), REGIONS.sources(stream, "eu")
+        if spec.mirror == "outward":
+            assert home == (None,) and eu == ("trainer",), stream
+        elif spec.mirror == "inward":
+            assert home == (None, "eu", "us") and eu == (None,), stream
+        else:
+            assert home == eu == (None,), stream
+    admitted = re.compile(REGIONS.pattern("r1", "admitted", "trainer")).fullmatch
+    assert admitted("rl.r1.admitted")
+    assert not any(admitted(f"{r}.rl.r1.admitted") for r in ("eu", "us", "trainer"))
+    assert REGIONS.topic("r1", "weights.chunks", "eu") == "trainer.rl.r1.weights.chunks"
+    assert REGIONS.topic("r1", "weights.chunks", "trainer") == "rl.r1.weights.chunks"
+    assert ("trainer", "tasks") in REGIONS.copies("eu")
+    assert set(REGIONS.copies("trainer")) == {
+        (r, s) for r in ("eu", "us") for s in ("trajectories", "rewards")
+    }
+    assert REGIONS.origin("eu.rl.r1.trajectories", "trainer") == "eu"
+    assert REGIONS.origin("rl.r1.rewards", "trainer") == "trainer"
+    with pytest.raises(ValueError, match="not one of the run's regions"):
+        REGIONS.sources("tasks", "asia")
+    with pytest.raises(ValueError, match="distinct"):
+        T.Regions("eu", ("eu",))
+    single = T.Regions()
+    assert all(single.sources(s, "trainer") == (None,) for s in T.STREAMS)
+
+
+def test_mirror_regexes_select_local_topics_of_their_direction() -> None:
+    out = re.compile(T.mirror_regex("outward")).fullmatch
+    home = re.compile(T.mirror_regex("inward")).fullmatch
+    for stream, spec in T.STREAMS.items():
+        name = T.topic_name("run-1", stream)
+        assert bool(out(name)) == (spec.mirror == "outward"), stream
+        assert bool(home(name)) == (spec.mirror == "inward"), stream
+        assert not out(f"trainer.{name}") and not home(f"eu.{name}")  # never a copy again
+    assert not out("rl.r.tasksX") and not home("rl.a.b.trajectories")
 
 
 def test_group_ids() -> None:
@@ -179,7 +230,7 @@ def test_mirror_directions_follow_the_design() -> None:
     outward = {s for s, spec in T.STREAMS.items() if spec.mirror == "outward"}
     inward = {s for s, spec in T.STREAMS.items() if spec.mirror == "inward"}
     assert outward == {"tasks", "weights.manifests", "weights.chunks", "schemas", "runs"}
-    assert inward == {"trajectories"}
+    assert inward == {"trajectories", "rewards"}
 
 
 def test_record_keys() -> None:
@@ -191,3 +242,17 @@ def test_record_keys() -> None:
         T.record_key("tasks", {"run": "r"})
     with pytest.raises(ValueError, match="not a record field"):
         T.record_key("schemas", {})
+
+
+def test_librdkafka_accepts_every_subscription_pattern() -> None:
+    """librdkafka has its own regex engine (no ``(?:``); subscribing checks a pattern locally."""
+    from confluent_kafka import Consumer
+
+    consumer = Consumer({"bootstrap.servers": "127.0.0.1:9", "group.id": "pattern-check"})
+    try:
+        for stream in T.STREAMS:
+            for here in REGIONS.names:
+                consumer.subscribe([REGIONS.pattern("r1", stream, here)])
+        consumer.subscribe([T.streams_pattern("r1")])
+    finally:
+        consumer.close()
