@@ -14,7 +14,7 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
@@ -76,6 +76,13 @@ class RoleContext:
     member: str = "0"  # stable member name: static membership and transactional id
     name: str | None = None  # the judge's rubric name (judge role only)
     log: Callable[[str], None] = print
+    region: str = "trainer"  # the region this role runs in; ``settings`` reach its cluster
+    regions: topics.Regions = field(default_factory=topics.Regions)  # the run's regions
+
+    def pattern(self, stream: str) -> str:
+        """This role's subscription to ``stream``: the copies its region may read
+        (``topics.Regions.sources``), never another region's cluster."""
+        return self.regions.pattern(self.run, stream, self.region)
 
 
 @dataclass

@@ -22,14 +22,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument(
         "--regions",
         default="trainer",
-        help="comma-separated region names, one cluster each (default: trainer)",
+        help="comma-separated region names, one cluster each (default: trainer); with several, "
+        "each rollout region gets a MirrorMaker 2 link to the trainer region whose flows the "
+        "stream catalog derives (tasks, weights, runs, schemas out; trajectories, rewards home)",
     )
     up.add_argument(
-        "--mirror",
-        action="append",
-        default=[],
-        metavar="SRC->DST:REGEX",
-        help="MirrorMaker 2 flow, repeatable, e.g. 'trainer->eu:rl\\..*\\.tasks'",
+        "--trainer",
+        default=None,
+        help="the trainer region (default: 'trainer' if listed, else the first region)",
+    )
+    up.add_argument(
+        "--no-mirror", action="store_true", help="start the brokers only, no MirrorMaker 2"
     )
     up.add_argument("--heap", default="1g", help="broker JVM heap (default 1g)")
     up.set_defaults(func=_up)
@@ -50,15 +53,21 @@ def _up(args: argparse.Namespace) -> int:
     from rlstream.ops import cluster
 
     try:
-        flows = [cluster.parse_flow(f) for f in args.mirror]
         regions = [r.strip() for r in args.regions.split(",") if r.strip()]
-        state = cluster.up(regions, flows, home=args.home, heap=args.heap)
+        state = cluster.up(
+            regions,
+            not args.no_mirror,
+            home=args.home,
+            heap=args.heap,
+            trainer=args.trainer,
+        )
     except (cluster.SetupError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     for name, region in state.regions.items():
         if name in regions:
-            print(f"{name}\t{region.bootstrap}")
+            role = "trainer" if name == state.trainer else "rollout"
+            print(f"{name}\t{region.bootstrap}\t{role}")
     print(f"state and logs: {state.home}")
     return 0
 
@@ -94,14 +103,16 @@ def _status(args: argparse.Namespace) -> int:
         print(json.dumps(report))
         return 0
     for name, region in report["regions"].items():
-        print(f"region {name}: {region['bootstrap']}  {region['health']}  pid {region['pid']}")
+        role = "trainer" if name == report["trainer"] else "rollout"
+        print(
+            f"region {name} ({role}): {region['bootstrap']}  {region['health']}  "
+            f"pid {region['pid']}"
+        )
         for topic, parts in sorted(region.get("topics", {}).items()):
             print(f"  topic {topic}  partitions={parts}")
         for group, lag in sorted(region.get("groups", {}).items()):
             print(f"  group {group}  lag={lag}")
-    if report.get("mirror"):
-        m = report["mirror"]
-        print(
-            f"mirror: {'running' if m['running'] else 'stopped'} pid {m['pid']} flows {m['flows']}"
-        )
+    for name, m in report["mirrors"].items():
+        state_word = "running" if m["running"] else "stopped"
+        print(f"mirror {name}: {state_word} pid {m['pid']} flows {m['flows']}")
     return 0 if all(r["health"] == "ok" for r in report["regions"].values()) else 1

@@ -12,12 +12,17 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rlstream.consumers.admission_rules import AdmissionConfig
 from rlstream.consumers.feedback_rules import FeedbackRLConfig
+from rlstream.envs import family as task_families
+from rlstream.envs import sandbox
 from rlstream.envs import tasks as task_family
+from rlstream.envs.family import FamilySpec
+from rlstream.envs.fx import with_fx_options
 from rlstream.envs.judges import JudgeConfig
+from rlstream.ops.regions import RegionsConfig
 from rlstream.rollout.model import PolicyConfig
 from rlstream.rollout.scheduler import SchedulerConfig
 from rlstream.rollout.worker import RolloutConfig
@@ -47,6 +52,16 @@ class RunConfig(BaseModel):
     tasks: task_family.TaskConfig = Field(
         default_factory=task_family.TaskConfig, description="Task family difficulty, shared."
     )
+    families: dict[str, FamilySpec] = Field(
+        default_factory=lambda: {"fx": FamilySpec()},
+        description="Task families by name (task ids start with NAME-), with their weights; "
+        "fx families without options take `tasks`.",
+    )
+    isolation: sandbox.Mode = Field(
+        "full",
+        description="Weakest sandbox isolation the run accepts (judges and tools): 'full', or "
+        "explicitly a weaker 'userns' or 'rlimits'.",
+    )
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig, description="Scheduler.")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Rollout workers.")
     judges: dict[str, JudgeConfig] = Field(
@@ -57,6 +72,33 @@ class RunConfig(BaseModel):
     feedback_rl: FeedbackRLConfig = Field(
         default_factory=FeedbackRLConfig, description="Online RL from editor feedback."
     )
+    regions: RegionsConfig = Field(
+        default_factory=RegionsConfig,
+        description="Trainer and rollout regions, and how each region's Kafka is reached.",
+    )
+
+    @model_validator(mode="after")
+    def _families_load(self) -> RunConfig:
+        """Every family's plugin is installed and its options are valid, or the recipe fails."""
+        try:
+            task_families.families(self.run_families())
+        except ValueError as exc:
+            raise ValueError(f"families: {exc}") from exc
+        return self
+
+    def run_families(self) -> dict[str, FamilySpec]:
+        """The families with the shared fx difficulty filled in."""
+        return with_fx_options(self.families, self.tasks)
+
+    def _judge(self, name: str | None) -> BaseModel:
+        if name not in self.judges:
+            raise SystemExit(f"error: no judge {name!r} in the config (have {sorted(self.judges)})")
+        shared = {
+            "families": self.families,
+            "isolation": self.isolation,
+            "policy_model": self.model,
+        }
+        return self.judges[name].model_copy(update={"tasks": self.tasks, **shared})
 
     def role(self, role: str, name: str | None = None) -> BaseModel:
         """The config of ``role`` (judge ``name``) with the shared values injected."""
@@ -68,18 +110,22 @@ class RunConfig(BaseModel):
                     "max_staleness": self.max_staleness,
                     "seed": self.seed,
                     "tasks": self.tasks,
+                    "families": self.families,
                 }
             )
         if role == "rollout":
+            box = self.rollout.harness.tool_sandbox.model_copy(update={"isolation": self.isolation})
+            harness = self.rollout.harness.model_copy(update={"tool_sandbox": box})
             return self.rollout.model_copy(
-                update={"model": self.model, "policy": self.policy, "seed": self.seed}
+                update={
+                    "model": self.model,
+                    "policy": self.policy,
+                    "seed": self.seed,
+                    "harness": harness,
+                }
             )
         if role == "judge":
-            if name not in self.judges:
-                raise SystemExit(
-                    f"error: no judge {name!r} in the config (have {sorted(self.judges)})"
-                )
-            return self.judges[name].model_copy(update={"tasks": self.tasks})
+            return self._judge(name)
         if role == "admission":
             return self.admission.model_copy(update={"max_staleness": self.max_staleness})
         if role == "learner":

@@ -17,7 +17,10 @@ def add_kafka_args(parser: argparse.ArgumentParser) -> None:
         "else the local cluster)",
     )
     group.add_argument(
-        "--region", default="trainer", help="local cluster region to use when no bootstrap is given"
+        "--region",
+        default=None,
+        help="the region to talk to (a role: the region it runs in); its cluster is the local "
+        "cluster's region unless a bootstrap is given (default: the trainer region)",
     )
     group.add_argument("--home", default=None, help="local cluster state directory")
 
@@ -27,13 +30,7 @@ def settings_from_args(args: argparse.Namespace) -> KafkaSettings:
     if settings is not None:
         return settings
     from rlstream.ops import cluster
+    from rlstream.ops.regions import local_settings
 
-    state = cluster.load(getattr(args, "home", None))
     region = getattr(args, "region", None) or cluster.DEFAULT_REGION
-    if region not in state.running_regions():
-        raise SystemExit(
-            f"error: no Kafka to talk to: region {region!r} of the local cluster at {state.home} "
-            f"is not running. Start it with `rlstream cluster up --regions {region}`, or give "
-            f"--bootstrap / RLSTREAM_BOOTSTRAP for an existing cluster."
-        )
-    return KafkaSettings(bootstrap_servers=state.bootstrap(region))
+    return local_settings(region, getattr(args, "home", None))

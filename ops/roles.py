@@ -3,7 +3,9 @@
 Every role lives in one module that exposes ``run_role(ctx: RoleContext)``; ``ROLES`` names
 that module. Starting a role resolves the run config (recipe + ``--set``), prints the role's
 part, makes sure the run's topics exist (idempotent), installs SIGTERM/SIGINT handling, and
-hands the role a ``RoleContext`` to run until stopped.
+hands the role a ``RoleContext`` to run until stopped. A role runs in one region (``--region``,
+default the recipe's trainer region) and reaches that region's cluster only (``ops.regions``);
+its topics there include the mirrored copies the region receives.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import importlib
 import json
 import sys
 
-from rlstream.ops.kafka_env import settings_from_args
+from rlstream.producers.settings import KafkaSettings
 
 #: role -> the module whose ``run_role(ctx)`` runs it.
 ROLES = {
@@ -42,12 +44,25 @@ def start(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    settings = settings_from_args(args)
-    report = ensure_run_topics(settings, args.run)
+    region = args.region or config.regions.trainer
+    regions = config.regions.topology()
+    try:
+        regions.check(region)
+    except ValueError as exc:
+        raise SystemExit(f"error: --region: {exc}") from None
+    settings = KafkaSettings.from_env(args.bootstrap) or config.regions.settings(region, args.home)
+    report = ensure_run_topics(settings, args.run, regions=regions, here=region)
     if report.drift:
         print(f"warning: topic drift {report.drift}", file=sys.stderr)
     ctx = RoleContext(
-        settings, args.run, cfg, Stopper().install(), member=args.member or "0", name=args.name
+        settings,
+        args.run,
+        cfg,
+        Stopper().install(),
+        member=args.member or "0",
+        name=args.name,
+        region=region,
+        regions=regions,
     )
     result = importlib.import_module(ROLES[role]).run_role(ctx)
     print(f"{role}: stopped, {json.dumps(result)}", file=sys.stderr)

@@ -1,9 +1,12 @@
 """The embedded default: real Apache Kafka on loopback, one KRaft node per region, MirrorMaker 2.
 
 ``up`` is idempotent: a region whose broker still runs is reused, a stopped one is restarted on
-its data. ``down`` stops exactly the processes ``up`` recorded, by pid. All state lives in one
-directory (``--home``, ``$RLSTREAM_HOME``, default ``~/.local/state/rlstream/cluster``) holding
-``cluster.json``, each region's config, data and logs, and MirrorMaker's.
+its data. With more than one region, the first named (or ``trainer``) is the trainer region and
+every other is a rollout region linked to it by its own MirrorMaker 2 process, whose flows are
+derived from the stream catalog (``mirror.link_flows``); a link whose process died is restarted
+by the next ``up``. ``down`` stops exactly the processes ``up`` recorded, by pid. All state lives
+in one directory (``--home``, ``$RLSTREAM_HOME``, default ``~/.local/state/rlstream/cluster``)
+holding ``cluster.json``, each region's config, data and logs, and each link's MirrorMaker's.
 """
 
 from __future__ import annotations
@@ -20,9 +23,21 @@ from pathlib import Path
 from rlstream.ops.cluster import broker, mirror
 from rlstream.ops.cluster.artifacts import SetupError
 from rlstream.ops.cluster.broker import Region
-from rlstream.ops.cluster.mirror import Flow, Mirror, parse_flow
+from rlstream.ops.cluster.mirror import Flow, Mirror, link_flows, parse_flow
 
-__all__ = ["Cluster", "Flow", "SetupError", "default_home", "down", "load", "parse_flow", "up"]
+__all__ = [
+    "Cluster",
+    "Flow",
+    "SetupError",
+    "default_home",
+    "down",
+    "link_flows",
+    "load",
+    "parse_flow",
+    "stop_mirror",
+    "trainer_of",
+    "up",
+]
 
 DEFAULT_REGION = "trainer"
 
@@ -36,7 +51,8 @@ def default_home() -> Path:
 class Cluster:
     home: Path
     regions: dict[str, Region] = field(default_factory=dict)
-    mirror: Mirror | None = None
+    mirrors: dict[str, Mirror] = field(default_factory=dict)  # by rollout region (link)
+    trainer: str = DEFAULT_REGION
 
     @property
     def state_file(self) -> Path:
@@ -45,8 +61,9 @@ class Cluster:
     def save(self) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
         doc = {
+            "trainer": self.trainer,
             "regions": {n: r.to_dict() for n, r in self.regions.items()},
-            "mirror": self.mirror.to_dict() if self.mirror else None,
+            "mirrors": {n: m.to_dict() for n, m in self.mirrors.items()},
         }
         tmp = self.state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc, indent=2))
@@ -64,6 +81,9 @@ class Cluster:
     def running_regions(self) -> list[str]:
         return [n for n, r in self.regions.items() if r.running()]
 
+    def rollout_regions(self) -> list[str]:
+        return [n for n in self.regions if n != self.trainer]
+
 
 def load(home: Path | None = None) -> Cluster:
     home = Path(home or default_home())
@@ -71,9 +91,14 @@ def load(home: Path | None = None) -> Cluster:
     if cluster.state_file.exists():
         doc = json.loads(cluster.state_file.read_text())
         cluster.regions = {n: Region(**r) for n, r in doc.get("regions", {}).items()}
-        if doc.get("mirror"):
-            cluster.mirror = Mirror(**doc["mirror"])
+        cluster.mirrors = {n: Mirror(**m) for n, m in (doc.get("mirrors") or {}).items()}
+        cluster.trainer = doc.get("trainer", DEFAULT_REGION)
     return cluster
+
+
+def trainer_of(regions: list[str]) -> str:
+    """The trainer region of a region list: ``trainer`` if named, else the first."""
+    return DEFAULT_REGION if DEFAULT_REGION in regions or not regions else regions[0]
 
 
 @contextlib.contextmanager
@@ -86,16 +111,22 @@ def _locked(home: Path) -> Iterator[None]:
 
 def up(
     regions: list[str] | None = None,
-    flows: list[Flow] | None = None,
+    mirror_links: bool = True,
     home: Path | None = None,
     heap: str = "1g",
     log=print,
+    trainer: str | None = None,
 ) -> Cluster:
-    """Start (or reuse) a broker per region, then MirrorMaker 2 for ``flows`` if any."""
+    """Start (or reuse) a broker per region, then one MirrorMaker 2 per rollout region's link
+    (unless ``mirror_links`` is False)."""
     home = Path(home or default_home())
+    names = regions or [DEFAULT_REGION]
     with _locked(home):
         cluster = load(home)
-        for name in regions or [DEFAULT_REGION]:
+        if cluster.regions and trainer is None:
+            trainer = cluster.trainer  # a cluster keeps its trainer region
+        cluster.trainer = trainer or trainer_of(names)
+        for name in names:
             region = cluster.regions.get(name) or broker.new_region(name, home)
             cluster.regions[name] = region
             if region.running():
@@ -105,8 +136,11 @@ def up(
             broker.start(region, heap=heap)
             cluster.save()
             log(f"region {name}: ready at {region.bootstrap} (pid {region.pid}, log {region.log})")
-        _create_cluster_topics(cluster, regions or [DEFAULT_REGION])
-        _ensure_mirror(cluster, flows or [], log)
+        _create_cluster_topics(cluster, names)
+        if mirror_links:
+            for name in cluster.rollout_regions():
+                if cluster.regions[name].running() and cluster.regions[cluster.trainer].running():
+                    _ensure_link(cluster, name, log)
         cluster.save()
         return cluster
 
@@ -120,23 +154,30 @@ def _create_cluster_topics(cluster: Cluster, regions: list[str]) -> None:
         ensure_cluster_topics(KafkaSettings(bootstrap_servers=cluster.bootstrap(name)))
 
 
-def _ensure_mirror(cluster: Cluster, flows: list[Flow], log) -> None:
-    wanted = sorted(str(f) for f in flows)
-    current = cluster.mirror
-    if current and current.running() and (not wanted or sorted(current.flows) == wanted):
-        log(f"mirror: running (pid {current.pid}) for {', '.join(current.flows)}")
+def _ensure_link(cluster: Cluster, region: str, log) -> None:
+    """The MirrorMaker 2 of ``region``'s link, started unless it runs with the same flows."""
+    flows = link_flows(cluster.trainer, region)
+    wanted = [str(f) for f in flows]
+    current = cluster.mirrors.get(region)
+    if current and current.running() and current.flows == wanted:
+        log(f"mirror {region}: running (pid {current.pid})")
         return
-    if not wanted and current:
-        wanted = sorted(current.flows)  # restart the flows recorded before
-        flows = [parse_flow(f) for f in wanted]
     if current:
         mirror.stop(current)
-    if not wanted:
-        cluster.mirror = None
-        return
-    log(f"mirror: starting MirrorMaker 2 for {', '.join(wanted)} ...")
-    cluster.mirror = mirror.start(cluster.home, flows, cluster.regions)
-    log(f"mirror: running (pid {cluster.mirror.pid}, log {cluster.mirror.log})")
+    log(f"mirror {region}: starting MirrorMaker 2 ({cluster.trainer} <-> {region}) ...")
+    started = mirror.start(cluster.home, flows, cluster.regions, name=region)
+    cluster.mirrors[region] = started
+    log(f"mirror {region}: running (pid {started.pid}, log {started.log})")
+
+
+def stop_mirror(region: str, home: Path | None = None) -> None:
+    """Stop the MirrorMaker of ``region``'s link (the next ``up`` starts it again)."""
+    home = Path(home or default_home())
+    with _locked(home):
+        cluster = load(home)
+        if region in cluster.mirrors:
+            mirror.stop(cluster.mirrors[region])
+            cluster.save()
 
 
 def down(home: Path | None = None, purge: bool = False, log=print) -> None:
@@ -144,9 +185,9 @@ def down(home: Path | None = None, purge: bool = False, log=print) -> None:
     home = Path(home or default_home())
     with _locked(home):
         cluster = load(home)
-        if cluster.mirror:
-            mirror.stop(cluster.mirror)
-            log("mirror: stopped")
+        for name, link in cluster.mirrors.items():
+            mirror.stop(link)
+            log(f"mirror {name}: stopped")
         for name, region in cluster.regions.items():
             was = region.pid
             broker.stop(region)

@@ -1,9 +1,22 @@
-"""MirrorMaker 2 in dedicated mode between the local regions.
+"""MirrorMaker 2 in dedicated mode: one process per link between the trainer region and a
+rollout region, its flows derived from the stream catalog.
 
 A flow ``SRC->DST:REGEX`` copies topics of region SRC whose names match REGEX to region DST.
-The default replication policy names the copy ``SRC.TOPIC`` on DST, so consumers in DST
-subscribe by pattern (``^(SRC\\.)?rl\\.RUN\\.tasks$``). Topic lists are refreshed every few
-seconds (the MirrorMaker default is ten minutes) so topics a run creates are mirrored promptly.
+``link_flows`` derives a link's two flows from ``schemas.topics``: the outward streams (tasks,
+weights, runs, schemas) from the trainer region to the rollout region, the inward streams
+(trajectories, rewards) home. The default replication policy names the copy ``SRC.TOPIC`` on DST,
+and ``topics.Regions`` says which copies each role reads.
+
+Guarantees:
+- only committed data crosses: MirrorMaker's consumers read ``read_committed`` on every cluster,
+  so records of an aborted transaction (a rolled-back weight publish, an aborted rollout) are
+  never copied; and it writes with Kafka's exactly-once support for source connectors
+  (``exactly.once.source.support``, Kafka 3.5+ in dedicated mode), so a MirrorMaker that dies
+  mid-copy neither loses nor duplicates what it copied when it restarts;
+- one process per link: a rollout region going dark (its broker and its MirrorMaker) leaves the
+  other links running;
+- topic lists are refreshed every two seconds (the MirrorMaker default is ten minutes) so the
+  topics a run creates are mirrored promptly.
 """
 
 from __future__ import annotations
@@ -45,15 +58,28 @@ def parse_flow(text: str) -> Flow:
     return Flow(match["src"], match["dst"], match["regex"])
 
 
+def link_flows(trainer: str, region: str) -> list[Flow]:
+    """The two flows of the link between the trainer region and rollout region ``region``."""
+    from rlstream.schemas import topics
+
+    return [
+        Flow(trainer, region, topics.mirror_regex("outward")),
+        Flow(region, trainer, topics.mirror_regex("inward")),
+    ]
+
+
 @dataclass
 class Mirror:
+    """One MirrorMaker 2 process (a link); persisted in the cluster state file."""
+
     home: str
+    name: str = "mirror"
     flows: list[str] = field(default_factory=list)
     pid: int | None = None
 
     @property
     def dir(self) -> Path:
-        return Path(self.home) / "mirror"
+        return Path(self.home) / "mirror" / self.name
 
     @property
     def properties(self) -> Path:
@@ -88,6 +114,12 @@ def mm2_properties(flows: list[Flow], regions: dict[str, Region]) -> str:
             f"{src}->{dst}.enabled = true",
             f"{src}->{dst}.topics = {'|'.join(f'(?:{r})' for r in regexes)}",
         ]
+    for name in names:
+        # Only committed records cross; written with exactly-once support on every target.
+        lines += [
+            f"{name}.consumer.isolation.level = read_committed",
+            f"{name}.exactly.once.source.support = enabled",
+        ]
     lines += [
         "replication.factor = 1",
         "checkpoints.topic.replication.factor = 1",
@@ -99,7 +131,8 @@ def mm2_properties(flows: list[Flow], regions: dict[str, Region]) -> str:
         "sync.topic.acls.enabled = false",
         "refresh.topics.interval.seconds = 2",
         "refresh.groups.interval.seconds = 5",
-        "emit.checkpoints.interval.seconds = 5",
+        # No consumer group is translated across regions (every role reads its own region).
+        "emit.checkpoints.enabled = false",
         "sync.group.offsets.enabled = false",
         "tasks.max = 2",
         # Weight chunks and long trajectories exceed the 1 MB client defaults.
@@ -114,10 +147,11 @@ def start(
     home: Path,
     flows: list[Flow],
     regions: dict[str, Region],
-    heap: str = "512m",
+    heap: str = "384m",
     timeout: float = 120.0,
+    name: str = "mirror",
 ) -> Mirror:
-    mirror = Mirror(home=str(home), flows=[str(f) for f in flows])
+    mirror = Mirror(home=str(home), name=name, flows=[str(f) for f in flows])
     mirror.dir.mkdir(parents=True, exist_ok=True)
     mirror.log.parent.mkdir(parents=True, exist_ok=True)
     mirror.properties.write_text(mm2_properties(flows, regions))

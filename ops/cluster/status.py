@@ -11,7 +11,7 @@ def describe(cluster: Cluster, timeout: float = 5.0) -> dict[str, Any]:
     from rlstream.producers.admin import admin_client, group_lag
     from rlstream.producers.settings import KafkaSettings
 
-    report: dict[str, Any] = {"home": str(cluster.home), "regions": {}}
+    report: dict[str, Any] = {"home": str(cluster.home), "trainer": cluster.trainer, "regions": {}}
     for name, region in cluster.regions.items():
         entry: dict[str, Any] = {
             "bootstrap": region.bootstrap,
@@ -34,11 +34,8 @@ def describe(cluster: Cluster, timeout: float = 5.0) -> dict[str, Any]:
         }
         groups = admin.list_consumer_groups(request_timeout=timeout).result().valid
         entry["groups"] = {g.group_id: group_lag(admin, g.group_id, timeout) for g in groups}
-    if cluster.mirror:
-        report["mirror"] = {
-            "pid": cluster.mirror.pid,
-            "flows": cluster.mirror.flows,
-            "running": cluster.mirror.running(),
-            "log": str(cluster.mirror.log),
-        }
+    report["mirrors"] = {
+        name: {"pid": m.pid, "flows": m.flows, "running": m.running(), "log": str(m.log)}
+        for name, m in cluster.mirrors.items()
+    }
     return report

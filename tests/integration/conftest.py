@@ -12,6 +12,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,6 +49,24 @@ def kafka(cluster_home: Path) -> Iterator[KafkaSettings]:
         yield settings
     finally:
         cluster.down(home=cluster_home, purge=True, log=lambda *_: None)
+
+
+@pytest.fixture(scope="session")
+def geo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A local multi-region cluster for the session: ``trainer``, ``eu`` and ``us``, one KRaft
+    node each, and one MirrorMaker 2 per rollout region's link. Tests that kill a broker or a
+    MirrorMaker bring it back with ``cluster.up`` before they end; everything is stopped by pid
+    when the session ends."""
+    if KafkaSettings.from_env() is not None:
+        pytest.skip("needs the local launcher to start several regions")
+    from rlstream.ops import cluster
+
+    home = tmp_path_factory.mktemp("geo") / "cluster"
+    state = cluster.up(["trainer", "eu", "us"], home=home, heap="384m", log=lambda *_: None)
+    try:
+        yield state
+    finally:
+        cluster.down(home=home, purge=True, log=lambda *_: None)
 
 
 def _testcontainers_kafka(ensure_cluster_topics) -> Iterator[KafkaSettings]:

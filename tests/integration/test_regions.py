@@ -1,58 +1,117 @@
-"""Geo-replication: MirrorMaker 2 copies a run's tasks from the trainer region to a rollout
-region; a consumer in the rollout region subscribes by pattern and reads the copy."""
+"""Geo-replication on real brokers and MirrorMaker 2: only committed data crosses regions.
+
+In the trainer region a weight publish is aborted between two committed ones; in a rollout
+region a rollout transaction is aborted between two committed ones. MirrorMaker 2 (flows derived
+from the catalog, reading ``read_committed``, writing with exactly-once support) carries the
+rest: the rollout region's weight subscriber, reading the mirrored names, applies exactly the
+committed versions bit-exactly, and neither aborted record exists in the other region's copy,
+even read ``read_uncommitted``.
+"""
 
 from __future__ import annotations
 
 import time
-import uuid
 
-from helpers import task
+import pytest
+from helpers import read_all
+from test_events import examples
+from test_weights_sync import CHUNK, MODEL, Learner
 
-from rlstream.consumers.consumer import RoleConsumer, make_consumer
-from rlstream.ops import cluster
+from rlstream.consumers.weights import WeightSubscriber
 from rlstream.producers.admin import ensure_run_topics
 from rlstream.producers.producer import EventProducer
 from rlstream.producers.settings import KafkaSettings
-from rlstream.schemas import topics
+from rlstream.producers.weights import WeightPublisher
+from rlstream.schemas import deltacodec as codec
+from rlstream.schemas import events, topics
+
+pytestmark = pytest.mark.slow
+REGIONS = topics.Regions("trainer", ("eu", "us"))
 
 
-def test_mirrormaker_copies_tasks_to_rollout_region(tmp_path, unique_run):
-    if KafkaSettings.from_env() is not None:
-        import pytest
+class _Abandoned(Exception):
+    """Raised inside a transaction to abort it."""
 
-        pytest.skip("needs the local launcher to start two regions")
-    home = tmp_path / "regions"
-    flow = cluster.parse_flow(r"trainer->eu:rl\..*\.tasks")
-    state = cluster.up(["trainer", "eu"], [flow], home=home, heap="512m", log=lambda *_: None)
-    try:
-        trainer = KafkaSettings(bootstrap_servers=state.bootstrap("trainer"))
-        eu = KafkaSettings(bootstrap_servers=state.bootstrap("eu"))
-        ensure_run_topics(trainer, unique_run)
-        with EventProducer.connect(trainer) as producer:
-            for i in range(5):
-                producer.produce(
-                    topics.topic_name(unique_run, "tasks"),
-                    "task",
-                    task(unique_run, f"t{i}"),
-                    f"t{i}",
-                )
-        pattern = topics.topic_pattern(unique_run, "tasks")
-        consumer = RoleConsumer(
-            make_consumer(
-                eu,
-                f"rlstream.{unique_run}.rollout.{uuid.uuid4().hex[:6]}",
-                **{"topic.metadata.refresh.interval.ms": "1000"},
-            ),
-            [pattern],
-            settings=eu,
-        )
-        got: dict[str, str] = {}
-        deadline = time.monotonic() + 90
-        while len(got) < 5 and time.monotonic() < deadline:
-            for rec in consumer.poll_batch(50, 1.0):
-                got[rec.value["task_id"]] = rec.message.topic()
-        consumer.close()
-        assert set(got) == {f"t{i}" for i in range(5)}
-        assert set(got.values()) == {f"trainer.{topics.topic_name(unique_run, 'tasks')}"}
-    finally:
-        cluster.down(home=home, purge=True, log=lambda *_: None)
+
+def _settings(geo, region: str) -> KafkaSettings:
+    return KafkaSettings(bootstrap_servers=geo.bootstrap(region))
+
+
+def _records(settings: KafkaSettings, topic: str, committed_only: bool) -> list[dict]:
+    return [events.decode(v).record for _, v, _ in read_all(settings, topic, committed_only, 10)]
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_only_committed_weights_and_trajectories_cross_regions(geo, unique_run):
+    run = unique_run
+    home, eu = _settings(geo, "trainer"), _settings(geo, "eu")
+    for name in REGIONS.names:
+        ensure_run_topics(_settings(geo, name), run, regions=REGIONS, here=name)
+
+    # trainer region: v0 committed, v1 aborted after its chunks and manifest were written, v1
+    # committed again from another state
+    learner = Learner(seed=3)
+    producer = EventProducer.transactional(home, f"rlstream.{run}.learner", timeout=30)
+    pub = WeightPublisher(producer, run, MODEL, keyframe_every=4, max_chunk_bytes=CHUNK)
+    pub.publish_version(learner.states[0], 0)
+    doomed = learner.step()
+    with pytest.raises(_Abandoned), producer.transaction():
+        pub.publish(doomed, 1)
+        producer.flush()
+        raise _Abandoned
+    pub.rollback()
+    kept = learner.step()
+    pub.publish_version(kept, 1)
+
+    # rollout region: a rollout transaction aborted between two committed ones
+    traj = {**examples()["trajectory"], "run": run, "region": "eu"}
+    rollout = EventProducer.transactional(eu, f"rlstream.{run}.rollout.eu.0", timeout=30)
+    out = topics.topic_name(run, "trajectories")
+    for group, commit in (("g-kept-1", True), ("g-aborted", False), ("g-kept-2", True)):
+        try:
+            with rollout.transaction():
+                rollout.produce(out, "trajectory", {**traj, "group_id": group}, group)
+                rollout.flush()
+                if not commit:
+                    raise _Abandoned
+        except _Abandoned:
+            pass
+
+    source = REGIONS.sources("weights.manifests", "eu")[0]
+    with WeightSubscriber(eu, run, MODEL, source=source, fetch_timeout=30) as sub:
+        assert sub.manifest_topic == f"trainer.{topics.topic_name(run, 'weights.manifests')}"
+        got = sub.wait_for(1, timeout=120)
+        assert got is not None and got.version == 1, "eu never got version 1 through MirrorMaker"
+        assert codec.state_hash(got.state) == codec.state_hash(kept), "eu applied another state"
+        assert not sub.failures, sub.failures
+
+    mirrored = REGIONS.topic(run, "weights.manifests", "eu")
+    every = _records(eu, mirrored, committed_only=False)
+    assert sorted((m["version"], m["kind"]) for m in every) == [
+        (0, "keyframe"),
+        (1, "delta"),
+    ], "an aborted manifest crossed"
+    aborted_hash = codec.state_hash(doomed)
+    assert aborted_hash not in {m["state_hash"] for m in every}
+    chunks = _records(eu, REGIONS.topic(run, "weights.chunks", "eu"), committed_only=False)
+    committed = _records(home, topics.topic_name(run, "weights.chunks"), committed_only=True)
+    assert sorted((c["version"], c["index"], c["checksum"]) for c in chunks) == sorted(
+        (c["version"], c["index"], c["checksum"]) for c in committed
+    ), "the mirrored chunks are not exactly the committed ones"
+
+    home_copy = topics.remote_topic("eu", out)
+
+    def arrived() -> bool:
+        return len(_records(home, home_copy, committed_only=True)) >= 2
+
+    _wait_for(arrived, 90, "the committed trajectories to reach the trainer region")
+    groups = [t["group_id"] for t in _records(home, home_copy, committed_only=False)]
+    assert sorted(groups) == ["g-kept-1", "g-kept-2"], f"copied: {groups}"
