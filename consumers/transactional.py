@@ -12,6 +12,13 @@ id, which fences its dead predecessor and aborts the predecessor's open transact
 The processor is a plain function ``records -> outputs``. It may keep state across batches; if
 a transaction aborts, the loop rewinds the consumer to the committed offsets and calls
 ``on_abort`` so the processor can drop state built from the aborted batch.
+
+Poison records never stop the role. A processor refuses one record it cannot accept by raising
+``Refused`` (dead-lettered as ``invalid_record``). Any other exception from the processor aborts
+the batch (state is reset through ``on_abort``) and the loop re-reads the batch one record per
+transaction; the record whose processing raises is then dead-lettered as ``processing_error``,
+with the exception, and skipped whenever it is read again by this process. Fatal Kafka errors
+(fenced) still end the role.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from rlstream.consumers.consumer import Record, RoleConsumer, Stopper, make_consumer, next_offsets
 from rlstream.consumers.dlq import dead_letter, dead_letter_headers
@@ -31,6 +38,9 @@ from rlstream.producers.producer import EventProducer, TransactionAborted
 from rlstream.producers.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
+
+#: Most poison positions remembered per member (each is skipped when read again).
+MAX_POISON = 10_000
 
 
 @dataclass
@@ -99,7 +109,7 @@ class TransactionalLoop:
             make_consumer(settings, group_id, **static),
             topics,
             on_assign=on_assign,
-            on_revoke=on_revoke,
+            on_revoke=lambda parts: self._revoked(parts, on_revoke),
             settings=settings,
         )
         self.producer = EventProducer.transactional(settings, transactional_id)
@@ -109,6 +119,10 @@ class TransactionalLoop:
         self.offsets = offsets or next_offsets
         self.tick_s, self._last_tick = tick_s, time.monotonic()
         self.stats = LoopStats()
+        # Positions up to which records are processed one per transaction (after a failure),
+        # and the records known to fail: both only grow while a poison record is near.
+        self._isolate: dict[tuple[str, int], int] = {}
+        self._poison: dict[tuple[str, int, int], str] = {}
         # Prometheus export of ``stats`` (off unless RLSTREAM_METRICS_PORT is set).
         self.metrics = LoopMetrics.for_loop(group_id)
 
@@ -129,14 +143,23 @@ class TransactionalLoop:
 
     def run_once(self) -> int:
         """One batch: poll, transform, produce and commit atomically. Returns records consumed."""
-        records = self.consumer.poll_batch(self.batch_size, self.poll_timeout)
+        size = 1 if self._isolate else self.batch_size
+        records = self.consumer.poll_batch(size, self.poll_timeout)
         if not records:
             if self.tick_s is not None and time.monotonic() - self._last_tick >= self.tick_s:
                 self._tick()
             return 0
         self._last_tick = time.monotonic()
         started = time.monotonic()
-        if not self.commit(lambda: self.produce(self._process_batch(records)), records):
+        self._passed(records)
+        try:
+            done = self.commit(lambda: self.produce(self._process_batch(records)), records)
+        except KafkaException:
+            raise  # fatal (fenced): the role must exit
+        except Exception as exc:
+            self._failed(records, exc)
+            return 0
+        if not done:
             return 0
         self.stats.batches += 1
         self.stats.records += len(records)
@@ -176,12 +199,54 @@ class TransactionalLoop:
                 self.producer.produce(out.topic, out.event, out.value, out.key, out.headers)
         self.stats.outputs += len(outputs)
 
+    def _failed(self, records: list[Record], exc: Exception) -> None:
+        """The processor raised (the transaction was aborted): reset, and find the poison."""
+        self.stats.aborts += 1
+        self.consumer.rewind()
+        if self.on_abort:
+            self.on_abort()
+        if len(records) == 1:
+            rec = records[0]
+            position = (*rec.topic_partition, rec.offset)
+            self._poison[position] = f"{type(exc).__name__}: {exc}"
+            while len(self._poison) > MAX_POISON:  # bounded: forget the oldest
+                del self._poison[next(iter(self._poison))]
+            log.warning("record %s/%s/%s fails processing, dead-lettered: %r", *position, exc)
+            return
+        log.warning(
+            "a batch of %d failed (%r): re-reading it one record at a time", len(records), exc
+        )
+        for rec in records:
+            tp = rec.topic_partition
+            self._isolate[tp] = max(self._isolate.get(tp, -1), rec.offset)
+
+    def _revoked(
+        self,
+        partitions: list[TopicPartition],
+        then: Callable[[list[TopicPartition]], None] | None,
+    ) -> None:
+        for tp in partitions:
+            self._isolate.pop((tp.topic, tp.partition), None)
+        if then is not None:
+            then(partitions)
+
+    def _passed(self, records: list[Record]) -> None:
+        """Leave one-record mode for partitions read past the failed batch."""
+        for rec in records:
+            tp = rec.topic_partition
+            if tp in self._isolate and rec.offset > self._isolate[tp]:
+                del self._isolate[tp]
+
     def _process_batch(self, records: list[Record]) -> list[Output]:
-        """The batch's outputs; undecodable and refused records are dead-lettered on the way."""
+        """The batch's outputs; undecodable, refused and poison records are dead-lettered on the
+        way."""
         good = []
         for rec in records:
+            poison = self._poison.get((*rec.topic_partition, rec.offset))
             if rec.event is None:
                 self._dead_letter(rec, rec.reason or "other", rec.error or "")
+            elif poison is not None:
+                self._dead_letter(rec, "processing_error", poison)
             else:
                 good.append(rec)
         try:

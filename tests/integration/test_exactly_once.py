@@ -13,6 +13,8 @@ from pathlib import Path
 
 from helpers import decode_all, make_topics, read_all, task
 
+from rlstream.consumers.consumer import Record, Stopper
+from rlstream.consumers.transactional import Output, TransactionalLoop
 from rlstream.producers.producer import EventProducer
 from rlstream.producers.settings import KafkaSettings
 from rlstream.schemas import events
@@ -75,3 +77,46 @@ def test_sigkill_mid_batch_then_restart_outputs_each_input_once(kafka, unique_ru
     # uncommitted (aborted) outputs of the killed run exist only outside read_committed
     assert len(read_all(kafka, names["output"], committed_only=False)) >= n
     assert events.decode(read_all(kafka, names["output"])[0][1]).event == "reward"
+
+
+def test_a_record_the_processor_fails_on_is_dead_lettered_and_the_loop_goes_on(kafka, unique_run):
+    """A poison record (the processor raises on it, not ``Refused``) costs one dead letter:
+    every other input is output once, in order of its partition, and the loop never stops."""
+    names = {s: f"{unique_run}.{s}" for s in ("in", "out", "dlq")}
+    make_topics(kafka, *names.values(), partitions=1)
+    with EventProducer.connect(kafka) as producer:
+        for i in range(40):
+            producer.produce(names["in"], "task", task(unique_run, f"t{i}"), f"t{i}")
+    seen: list[str] = []
+    aborts: list[int] = []
+
+    def process(records: list[Record]) -> list[Output]:
+        outputs = []
+        for rec in records:
+            task_id = rec.value["task_id"]
+            if task_id in ("t7", "t31"):
+                raise KeyError(f"no rule for {task_id}")  # a bug meeting a record
+            seen.append(task_id)
+            outputs.append(Output(names["out"], "task", rec.value, task_id))
+        return outputs
+
+    loop = TransactionalLoop(
+        kafka,
+        group_id=f"rlstream.{unique_run}.poison",
+        topics=[names["in"]],
+        transactional_id=f"rlstream.{unique_run}.poison.0",
+        dlq_topic=names["dlq"],
+        process=process,
+        on_abort=lambda: aborts.append(len(seen)),
+        batch_size=16,
+    )
+    stats = loop.run(Stopper(), idle_exit_s=4.0)
+
+    outputs = [d.record["task_id"] for d in decode_all(kafka, names["out"])]
+    assert outputs == [f"t{i}" for i in range(40) if i not in (7, 31)]
+    letters = [d.record for d in decode_all(kafka, names["dlq"])]
+    assert [(r["reason"], r["offset"]) for r in letters] == [
+        ("processing_error", 7),
+        ("processing_error", 31),
+    ]
+    assert "KeyError" in letters[0]["error"] and stats.dead_letters == 2 and aborts
