@@ -8,6 +8,15 @@ Exactly once and restart-safe without a state store of its own:
 - groups already decided are recognised on re-read from the admitted and rejected streams,
   which are co-partitioned with the inputs: on assignment of partition p, admission reads
   partition p of both and skips those group ids.
+
+Regions: admission reads the trajectories and rewards of its own region and the copies
+MirrorMaker 2 brings home from the rollout regions (``topics.Regions.sources``). A group may
+arrive in more than one *copy* when the scheduler re-issued it after its region went dark: a
+copy is the region that rolled it out (the trajectory's topic prefix; for a reward, its topic's
+prefix, else its trajectory reference's). Copies are never mixed: each is pending on its own, and
+a group is decided once, by the first copy admitted, or by the rejection of its last pending
+copy (a copy that would be rejected while another copy is pending is dropped instead). Whatever
+arrives of a decided group later is ignored, so a region that returns late adds nothing.
 The rules themselves are in ``admission_rules``.
 """
 
@@ -31,29 +40,40 @@ from rlstream.consumers.transactional import Output, TransactionalLoop
 from rlstream.consumers.versions import VersionWatcher
 from rlstream.producers.settings import KafkaSettings
 from rlstream.schemas import arrays, topics
+from rlstream.schemas.arrays import Reassembler
+
+Copy = tuple[str, str]  # (group id, the region that rolled this copy out)
 
 
 class Admission:
     """State and processing of one admission member (see the module docstring)."""
 
     def __init__(
-        self, settings: KafkaSettings, run: str, cfg: AdmissionConfig, member: str = "0"
+        self,
+        settings: KafkaSettings,
+        run: str,
+        cfg: AdmissionConfig,
+        member: str = "0",
+        *,
+        region: str = "trainer",
+        regions: topics.Regions | None = None,
     ) -> None:
         self.settings, self.run, self.cfg = settings, run, cfg
+        self.region, self.regions = region, regions or topics.Regions(region)
         self.names = topics.run_topics(run)
-        self.pending: dict[str, PendingGroup] = {}
-        self.first_offset: dict[str, dict[tuple[str, int], int]] = {}  # group -> tp -> offset
+        self.pending: dict[Copy, PendingGroup] = {}
+        self.first_offset: dict[Copy, dict[tuple[str, int], int]] = {}  # copy -> tp -> offset
         self.decided: set[str] = set()
         self.loaded: set[int] = set()
-        self.segments = arrays.trajectory_reassembler()
-        self.counts = {"admitted": 0, "rejected": 0}
+        self.segments: dict[str, Reassembler] = {}  # per copy: segments are never mixed
+        self.counts = {"admitted": 0, "rejected": 0, "dropped_copies": 0}
         self.watcher = VersionWatcher(settings, self.names["weights.manifests"])
         self.loop = TransactionalLoop(
             settings,
             group_id=topics.group_id(run, "admission"),
             topics=[
-                topics.topic_pattern(run, "trajectories"),
-                topics.topic_pattern(run, "rewards"),
+                self.regions.pattern(run, "trajectories", region),
+                self.regions.pattern(run, "rewards", region),
             ],
             transactional_id=f"{topics.group_id(run, 'admission')}.{member}",
             instance_id=f"admission-{member}",
@@ -74,40 +94,62 @@ class Admission:
     def process(self, records: list[Record]) -> list[Output]:
         touched = set()
         for rec in records:
-            group_id = self._add(rec)
-            if group_id:
-                touched.add(group_id)
-        # On an idle tick every pending group is re-checked (deadlines, staleness).
+            key = self._add(rec)
+            if key:
+                touched.add(key)
+        # On an idle tick every pending copy is re-checked (deadlines, staleness).
         candidates = touched if records else set(self.pending)
         outputs = []
         now_ms, version = int(time.time() * 1000), self.watcher.version
-        for group_id in sorted(candidates):
-            group = self.pending.get(group_id)
+        for key in sorted(candidates):
+            group = self.pending.get(key)
             verdict = decide(group, now_ms, version, self.cfg) if group else None
-            if group is not None and verdict is not None:
-                outputs += self._decision(group, verdict, version, now_ms)
+            if group is None or verdict is None:
+                continue
+            if not verdict.admitted and self._others_pending(key):
+                self._forget(key)  # another copy of the group may still be admitted
+                self.counts["dropped_copies"] += 1
+                continue
+            outputs += self._decision(group, verdict, version, now_ms)
         return outputs
 
-    def _add(self, rec: Record) -> str | None:
+    def copy_of(self, rec: Record) -> str:
+        """The region that rolled out the group copy ``rec`` belongs to (module docstring)."""
+        topic = rec.topic_partition[0]
+        value = rec.value or {}
+        try:
+            if (
+                rec.event
+                and rec.event.event == "reward"
+                and topics.parse_topic(topic).region is None
+            ):
+                topic = value["trajectory"]["topic"]  # judged here: the copy it scored
+            return self.regions.origin(topic, self.region)
+        except (ValueError, KeyError, TypeError):
+            return topic  # not a topic of the run's regions: a copy of its own
+
+    def _add(self, rec: Record) -> Copy | None:
         value: dict[str, Any] | None = rec.value
         assert value is not None
         group_id = value["group_id"]
         if group_id in self.decided:
             return None
+        copy = self.copy_of(rec)
         if rec.event and rec.event.event == "trajectory":
-            value = self.segments.add(value)
+            value = self.segments.setdefault(copy, arrays.trajectory_reassembler()).add(value)
             if value is None:
                 return None  # more segments to come
-        group = self.pending.get(group_id)
+        key = (group_id, copy)
+        group = self.pending.get(key)
         if group is None:
-            group = self.pending[group_id] = PendingGroup(
+            group = self.pending[key] = PendingGroup(
                 group_id,
                 value["task_id"],
                 int(value.get("group_size") or 0),
                 int(time.time() * 1000),
             )
         tp, offset = rec.topic_partition, rec.offset
-        firsts = self.first_offset.setdefault(group_id, {})
+        firsts = self.first_offset.setdefault(key, {})
         firsts[tp] = min(firsts.get(tp, offset), offset)
         ref = {"topic": tp[0], "partition": tp[1], "offset": offset}
         if rec.event and rec.event.event == "trajectory":
@@ -116,7 +158,14 @@ class Admission:
         else:
             group.add_reward(value)
         group.refs.append(ref)
-        return group_id
+        return key
+
+    def _others_pending(self, key: Copy) -> bool:
+        return any(k[0] == key[0] and k != key for k in self.pending)
+
+    def _forget(self, key: Copy) -> None:
+        self.pending.pop(key, None)
+        self.first_offset.pop(key, None)
 
     def _decision(
         self, group: PendingGroup, verdict: Verdict, version: int, now_ms: int
@@ -143,8 +192,8 @@ class Admission:
         stream = "admitted" if verdict.admitted else "rejected"
         self.counts[stream] += 1
         self.decided.add(group.group_id)
-        self.pending.pop(group.group_id, None)
-        self.first_offset.pop(group.group_id, None)
+        for key in [k for k in self.pending if k[0] == group.group_id]:
+            self._forget(key)  # every copy: the group is decided once
         parts = arrays.split_group(record, topics.STREAMS[stream].max_value_bytes)
         return [Output(self.names[stream], "admission", p, group.group_id) for p in parts]
 
@@ -175,7 +224,7 @@ class Admission:
         """Forget pending state: it is rebuilt by re-reading from the committed offsets."""
         self.pending.clear()
         self.first_offset.clear()
-        self.segments = arrays.trajectory_reassembler()
+        self.segments.clear()
 
     def close(self) -> None:
         self.watcher.close()
@@ -194,7 +243,9 @@ def decided_groups(settings: KafkaSettings, run: str, partitions: set[int]) -> s
 
 def run_role(ctx: RoleContext) -> dict[str, int]:
     """The admission role until stopped; returns its decision counts."""
-    admission = Admission(ctx.settings, ctx.run, ctx.cfg, ctx.member)
+    admission = Admission(
+        ctx.settings, ctx.run, ctx.cfg, ctx.member, region=ctx.region, regions=ctx.regions
+    )
     try:
         admission.loop.run(ctx.stopper)
     finally:

@@ -7,8 +7,8 @@ trained on, and its state hash).
 
 Rules:
 
-- a log reads ``weights.manifests`` (the run's, or the topic given, such as a region's mirrored
-  copy) from the beginning with a reader of its own: no consumer group, no commits, committed
+- a log reads ``weights.manifests`` (the run's, or its MirrorMaker copy in a rollout region,
+  ``of_run(..., source=REGION)``, or the topic given) from the beginning with a reader of its own: no consumer group, no commits, committed
   records only;
 - records are decoded with the writer schema they name; a schema this code has never seen is
   learned from ``rl.schemas`` first (``decode``, which the subscriber also uses for chunks); an
@@ -66,11 +66,19 @@ class ManifestLog(Mapping[Key, dict[str, Any]]):
 
     @classmethod
     def of_run(
-        cls, settings: KafkaSettings, run: str, model: str | None = None, topic: str | None = None
+        cls,
+        settings: KafkaSettings,
+        run: str,
+        model: str | None = None,
+        topic: str | None = None,
+        *,
+        source: str | None = None,
     ) -> ManifestLog:
-        """The log of ``run``'s manifests topic (or of ``topic``)."""
+        """The log of ``run``'s manifests topic (or of ``topic``); with ``source`` (a region
+        name), of MirrorMaker's copy from that region, ``SOURCE.rl.RUN.weights.manifests``."""
         name = f"{run}.manifest-log"
-        return cls(settings, topic or topics.topic_name(run, "weights.manifests"), model, name=name)
+        own = topics.remote_topic(source, topics.topic_name(run, "weights.manifests"))
+        return cls(settings, topic or own, model, name=name)
 
     # -- the records ----------------------------------------------------------------------
 

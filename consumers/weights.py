@@ -17,10 +17,14 @@ callback. The records and how they map to the codec are the wire format
   among "deltas from the current version" and "a keyframe plus the deltas after it";
 - bounded memory: manifests older than both the current version and the second-newest keyframe
   are forgotten (no route starts there any more);
+- in a rollout region (``source``, the trainer region) it reads MirrorMaker's copies: the
+  manifests from ``SOURCE.rl.RUN.weights.manifests`` and each manifest's chunks from
+  ``SOURCE.`` + the chunk topic the manifest names; it never reaches another region's cluster;
 - chunk fetches go straight to the positions the manifest names (``ChunkRef.ref``); when those
   are absent or belong to another cluster (a MirrorMaker copy keeps the topic's data but not
-  its offsets), the partitions are scanned from the previous manifest's time instead. Chunks are
-  matched by key and checksum, so a wrong position can only cost time, never correctness.
+  its offsets), the partitions are scanned from the previous manifest's time instead (a copy
+  keeps its records' timestamps). Chunks are matched by key and checksum, so a wrong position
+  can only cost time, never correctness.
 
 Per applied version an ``Applied`` report gives fetch, decode and total apply time and chunk
 bytes fetched; the swap pause is the time ``on_swap`` (or a ``swap_timer`` block) takes.
@@ -45,7 +49,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from rlstream.consumers.manifest_log import Key, ManifestLog
 from rlstream.producers.settings import KafkaSettings
 from rlstream.schemas import deltacodec as codec
-from rlstream.schemas import events
+from rlstream.schemas import events, topics
 from rlstream.schemas.weight_format import chunk_keys, codec_manifest
 
 log = logging.getLogger(__name__)
@@ -241,18 +245,20 @@ class WeightSubscriber:
         *,
         manifest_topic: str | None = None,
         chunk_topic: str | None = None,
+        source: str | None = None,
         on_swap: Callable[[Snapshot], None] | None = None,
         fetch_timeout: float = 30.0,
         initial: Snapshot | None = None,
         recycle: bool = False,
     ) -> None:
         self.settings, self.run, self.model = settings, run, model
-        self._manifests = ManifestLog.of_run(settings, run, model, manifest_topic)
+        self.source = source  # None: this cluster's own topics; else the region copied from
+        self._manifests = ManifestLog.of_run(settings, run, model, manifest_topic, source=source)
         self.manifest_topic = self._manifests.topic
         if not self._manifests.exists():
             self._manifests.close()
             raise ValueError(f"no topic {self.manifest_topic}: create the run's topics first")
-        self.chunk_topic = chunk_topic  # None: the topic each manifest names
+        self.chunk_topic = chunk_topic  # None: the topic each manifest names (its copy here)
         self.on_swap, self.fetch_timeout = on_swap, fetch_timeout
         self.failures: list[Failure] = []
         self.reports: deque[Applied] = deque(maxlen=1000)
@@ -431,7 +437,7 @@ class WeightSubscriber:
 
     def _fetch(self, rec: Mapping[str, Any]) -> tuple[list[bytes | None], int]:
         """Chunk payloads of one manifest (None where missing) and their total size."""
-        topic = self.chunk_topic or rec["chunk_topic"]
+        topic = self.chunk_topic or topics.remote_topic(self.source, rec["chunk_topic"])
         want = _Fetch(chunk_keys(rec))
         deadline = time.monotonic() + self.fetch_timeout
         windows = fetch_windows(rec["chunks"], topic)

@@ -180,7 +180,7 @@ def run_role(ctx: RoleContext) -> int:
     loop = TransactionalLoop(
         ctx.settings,
         group_id=group,
-        topics=[topics.topic_pattern(run, "trajectories")],
+        topics=[ctx.pattern("trajectories")],
         transactional_id=f"{group}.{member}",
         instance_id=f"judge-{name}-{member}",
         dlq_topic=topics.topic_name(run, "dlq"),

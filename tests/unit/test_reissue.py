@@ -1,0 +1,95 @@
+"""Placement and re-issue of tasks across regions (``rollout.reissue``), without a broker.
+
+Properties asserted: tasks spread round-robin over live target regions; an undecided group is
+re-issued once overdue, with the same group id, a higher attempt and another region, and its
+region gets no new task while dark; decided groups are never re-issued; with no live region left
+a group waits; the ledger rebuilt from the tasks stream equals the one that wrote it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from rlstream.rollout.reissue import REGION_TAG, Ledger, for_region, target_of
+
+SECOND = 1000
+
+
+def _task(task_id: str, region: str, attempt: int = 0, created_ms: int = 0) -> dict:
+    return {"task_id": task_id, "attempt": attempt, "created_ms": created_ms,
+            "tags": {REGION_TAG: region, "split": "train"}}  # fmt: skip
+
+
+def _release(ledger: Ledger, task_id: str, now_ms: int) -> str:
+    region = ledger.place(now_ms)
+    assert region is not None
+    ledger.release(_task(task_id, region, created_ms=now_ms), now_ms)
+    return region
+
+
+def test_placement_is_round_robin_over_targets() -> None:
+    ledger = Ledger(("eu", "us"), 30 * SECOND)
+    assert [_release(ledger, f"t{i}", 0) for i in range(4)] == ["eu", "us", "eu", "us"]
+    assert ledger.released == 4 and ledger.in_flight() == 4 and ledger.in_flight("eu") == 2
+
+
+def test_an_overdue_group_goes_to_another_region_with_the_same_group_id() -> None:
+    ledger = Ledger(("eu", "us"), 30 * SECOND)
+    for i in range(4):
+        _release(ledger, f"t{i}", 0)
+    ledger.decide("t1")  # us decided its first group
+    assert ledger.overdue(30 * SECOND) == []  # not yet past the limit
+    overdue = ledger.overdue(31 * SECOND)
+    assert sorted(r.task_id for r in overdue) == ["t0", "t2", "t3"]
+    eu_late = next(r for r in overdue if r.region == "eu")
+    again = ledger.reissue(eu_late, 31 * SECOND)
+    assert again is not None
+    assert again["task_id"] == eu_late.task_id and again["attempt"] == 1
+    assert target_of(again) == "us" and again["tags"]["split"] == "train"
+    ledger.release(again, 31 * SECOND)
+    assert ledger.live(31 * SECOND) == ["us"]  # eu is dark: no new task goes there
+    assert ledger.place(32 * SECOND) == "us"
+    assert ledger.live(62 * SECOND) == ["eu", "us"]  # probed again after a while
+    assert ledger.released == 4, "a re-issue is not a new release (pacing counts groups)"
+
+
+def test_decided_groups_are_never_reissued_and_a_lone_dark_region_waits() -> None:
+    ledger = Ledger(("eu",), 10 * SECOND)
+    _release(ledger, "a", 0)
+    _release(ledger, "b", 0)
+    ledger.decide("a")
+    overdue = ledger.overdue(11 * SECOND)
+    assert [r.task_id for r in overdue] == ["b"]
+    assert ledger.reissue(overdue[0], 11 * SECOND) is None  # nowhere else to go
+    assert ledger.place(12 * SECOND) is None
+    assert [r.task_id for r in ledger.overdue(12 * SECOND)] == ["b"]  # still overdue: retried
+
+
+def test_replay_rebuilds_the_ledger_from_the_tasks_stream() -> None:
+    ledger = Ledger(("eu", "us"), 10 * SECOND)
+    written = []
+    for i in range(3):
+        region = ledger.place(0)
+        assert region is not None
+        written.append(_task(f"t{i}", region))
+        ledger.release(written[-1], 0)
+    again = ledger.reissue(ledger.releases["t0"], 11 * SECOND)
+    assert again is not None
+    ledger.release(again, 11 * SECOND)
+    written.append(again)
+    rebuilt = Ledger(("eu", "us"), 10 * SECOND)
+    rebuilt.replay(written, {"t1"})
+    assert {k: (r.region, r.attempt) for k, r in rebuilt.releases.items()} == {
+        k: (r.region, r.attempt) for k, r in ledger.releases.items()
+    }
+    assert rebuilt.in_flight() == 2 and rebuilt.released == 3
+    legacy = Ledger(("eu",), SECOND)
+    legacy.replay([{"task_id": "old", "created_ms": 0, "attempt": 0}], ())
+    assert legacy.releases["old"].region == "eu"
+
+
+def test_workers_take_only_their_regions_tasks() -> None:
+    assert for_region(_task("t", "eu"), "eu") and not for_region(_task("t", "eu"), "us")
+    assert for_region({"task_id": "t", "tags": {}}, "us")  # untargeted: any region
+    with pytest.raises(ValueError):
+        Ledger((), SECOND)
