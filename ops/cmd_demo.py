@@ -1,8 +1,13 @@
-"""``rlstream demo``: the main job on the embedded default (see ``ops.demo``)."""
+"""``rlstream demo``: the main job on the embedded default (see ``ops.demo``).
+
+Multi-region by default (``--regions trainer,eu``): the first region (or ``trainer``) trains, the
+others roll out; the rollout workers run outside the trainer region, spread over the rollout
+regions, and every role agrees on the regions through the run config (``regions.*``)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import threading
 import time
@@ -14,7 +19,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run", default=None, help="run name (default demo-<time>)")
     p.add_argument("--minutes", type=float, default=9.0, help="wall-clock budget of the RL phase")
     p.add_argument("--max-versions", type=int, default=200, help="stop after this policy version")
-    p.add_argument("--rollout-workers", type=int, default=2, help="rollout processes")
+    p.add_argument(
+        "--rollout-workers",
+        type=int,
+        default=2,
+        help="rollout processes, spread over the rollout regions",
+    )
+    p.add_argument(
+        "--regions",
+        default="trainer,eu",
+        help="comma-separated regions, the trainer region first (default: trainer,eu); "
+        "one region runs everything there",
+    )
     p.add_argument("--config", default=None, help="TOML recipe (default ops/recipes/demo.toml)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", default=".rlstream/runs", help="where logs and the PNG go")
@@ -25,15 +41,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _demo(args: argparse.Namespace) -> int:
     from rlstream.consumers.consumer import Stopper
-    from rlstream.ops import cluster, demo
+    from rlstream.ops import demo
     from rlstream.ops.config import load_run_config
-    from rlstream.producers.admin import ensure_run_topics
-    from rlstream.producers.settings import KafkaSettings
     from rlstream.trainer.learner_step import LearnerConfig, init_model
 
     run = args.run or time.strftime("demo-%Y%m%d-%H%M%S")
     out = Path(args.out) / run
     (out / "logs").mkdir(parents=True, exist_ok=True)
+    names = [r.strip() for r in args.regions.split(",") if r.strip()] or ["trainer"]
     cache = str(Path(args.out) / "warm-start.pt")
     # Every role gets the same overrides; the run manifest records the config they resolve to.
     sets = [
@@ -41,45 +56,39 @@ def _demo(args: argparse.Namespace) -> int:
         f"learner.warm_start_cache={cache}",
         f"learner.state_dir={out / 'learner'}",
         f"learner.max_versions={args.max_versions}",
+        f"regions.trainer={names[0]}",
+        f"regions.rollout={json.dumps(names[1:])}",
     ]
     config = load_run_config(args.config, sets)
+    regions = config.regions.topology()
     extra = ["--config", args.config] if args.config else []
     for item in sets:
         extra += ["--set", item]
-    state = cluster.up(["trainer"], home=args.home)
-    settings = KafkaSettings(bootstrap_servers=state.bootstrap("trainer"))
-    ensure_run_topics(settings, run)
-    demo.record_run_manifest(settings, run, config, "running", int(time.time() * 1000), ["trainer"])
-    print(f"run {run}: logs in {out / 'logs'}, Kafka at {settings.bootstrap_servers}", flush=True)
+    settings = _start_regions(args, run, config, regions)
+    home = settings[regions.trainer]
+    print(f"run {run}: logs in {out / 'logs'}, regions {_where(settings, regions)}", flush=True)
     print("warm start (supervised, cached) ...", flush=True)
     learner_cfg = config.role("learner")
     assert isinstance(learner_cfg, LearnerConfig)
     init_model(learner_cfg, lambda line: print(f"  {line}", flush=True))
-    roles = [
-        demo.start_role("learner", run, settings, out / "logs", extra),
-        demo.start_role("admission", run, settings, out / "logs", extra),
-    ]
-    roles += [
-        demo.start_role(
-            "judge", run, settings, out / "logs", ["--name", name, *extra], f"judge-{name}"
-        )
-        for name in config.judges
-    ]
-    roles += [
-        demo.start_role(
-            "rollout", run, settings, out / "logs", ["--member", str(i), *extra], f"rollout-{i}"
-        )
-        for i in range(args.rollout_workers)
-    ]
-    roles.append(demo.start_role("scheduler", run, settings, out / "logs", extra))
-    progress, stopper = demo.RunAnalytics(run), Stopper().install()
+    roles = _start_roles(args, run, config, regions, settings, out / "logs", extra)
+    progress, tally, stopper = demo.RunAnalytics(run), demo.RegionTally(), Stopper().install()
     follower = threading.Thread(
-        target=demo.follow_streams, args=(settings, run, progress, stopper), daemon=True
+        target=demo.follow_streams,
+        args=(home, run, progress, stopper, regions, tally),
+        daemon=True,
     )
     follower.start()
     started = time.monotonic()
     try:
-        _watch(args, roles, progress, stopper, started)
+        _watch(
+            args,
+            roles,
+            progress,
+            stopper,
+            started,
+            lambda: tally.figures(regions, progress.version),
+        )
     finally:
         stopper.stop()
         demo.stop_roles(roles)
@@ -87,10 +96,64 @@ def _demo(args: argparse.Namespace) -> int:
     wall = time.monotonic() - started
     png = out / "success_by_version.png"
     demo.write_png(progress, png)
-    demo.record_run_manifest(
-        settings, run, config, "finished", int(time.time() * 1000), ["trainer"]
+    now = int(time.time() * 1000)
+    demo.record_run_manifest(home, run, config, "finished", now, list(regions.names))
+    result = demo.summary(run, progress, wall, png, regions, tally)
+    _print_summary(run, result, wall, png, out)
+    if args.json:
+        print(demo.dumps(result))
+    return 0
+
+
+def _start_regions(args, run, config, regions) -> dict:
+    """Start the local regions and their MirrorMaker 2 links; create each region's topics."""
+    from rlstream.ops import cluster, demo
+    from rlstream.producers.admin import ensure_run_topics
+
+    local = [r for r in regions.names if r not in config.regions.clusters]
+    cluster.up(local, home=args.home, trainer=regions.trainer)
+    settings = {r: config.regions.settings(r, args.home) for r in regions.names}
+    for name, region_settings in settings.items():
+        ensure_run_topics(region_settings, run, regions=regions, here=name)
+    now = int(time.time() * 1000)
+    home = settings[regions.trainer]
+    demo.record_run_manifest(home, run, config, "running", now, list(regions.names))
+    return settings
+
+
+def _start_roles(args, run, config, regions, settings, logs: Path, extra: list[str]) -> list:
+    """Trainer-region roles in the trainer region; rollout workers in the rollout regions."""
+    from rlstream.ops import demo
+
+    home, here = settings[regions.trainer], regions.trainer
+    roles = [
+        demo.start_role("learner", run, home, logs, extra, region=here),
+        demo.start_role("admission", run, home, logs, extra, region=here),
+    ]
+    roles += [
+        demo.start_role(
+            "judge", run, home, logs, ["--name", name, *extra], f"judge-{name}", region=here
+        )
+        for name in config.judges
+    ]
+    places = regions.rollout or (regions.trainer,)
+    for i in range(args.rollout_workers):
+        where = places[i % len(places)]
+        member = ["--member", str(i), *extra]
+        name = f"rollout-{where}-{i}"
+        roles.append(demo.start_role("rollout", run, settings[where], logs, member, name, where))
+    roles.append(demo.start_role("scheduler", run, home, logs, extra, region=here))
+    return roles
+
+
+def _where(settings, regions) -> str:
+    return ", ".join(
+        f"{n} ({'trainer' if n == regions.trainer else 'rollout'}) at {s.bootstrap_servers}"
+        for n, s in settings.items()
     )
-    result = demo.summary(run, progress, wall, png)
+
+
+def _print_summary(run: str, result: dict, wall: float, png: Path, out: Path) -> None:
     print(
         f"\nrun {run} finished in {wall:.0f}s: policy v{result['policy_versions']}, success "
         f"{result['warm_start_success']:.2f} (warm start, v0) -> {result['final_success']:.2f} "
@@ -98,13 +161,16 @@ def _demo(args: argparse.Namespace) -> int:
         f"{result['groups_admitted']} groups admitted, {result['groups_rejected']} rejected "
         f"{result['rejected_by_reason']}"
     )
+    for name, r in result["regions"].items():
+        role = "trainer" if name == result["trainer_region"] else "rollout"
+        print(
+            f"  region {name} ({role}): {r['trajectories_admitted']} trajectories admitted, "
+            f"weights v{r['weights_version']}"
+        )
     print(f"plot: {png}\nlogs: {out / 'logs'}\nstop the cluster with `rlstream cluster down`")
-    if args.json:
-        print(demo.dumps(result))
-    return 0
 
 
-def _watch(args, roles, progress, stopper, started) -> None:
+def _watch(args, roles, progress, stopper, started, regions) -> None:
     from rlstream.ops import demo
 
     last = 0.0
@@ -112,7 +178,7 @@ def _watch(args, roles, progress, stopper, started) -> None:
         time.sleep(1.0)
         elapsed = time.monotonic() - started
         if time.monotonic() - last >= 5:
-            print(demo.status_line(progress, started), flush=True)
+            print(demo.status_line(progress, started, regions()), flush=True)
             last = time.monotonic()
         dead = [r for r in roles if r.proc.poll() is not None and r.name != "scheduler"]
         if dead:

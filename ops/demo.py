@@ -1,10 +1,16 @@
 """The main job: a whole asynchronous GRPO run on the local cluster, every role its own process.
 
-``run_demo`` starts the local Kafka, creates the run's topics, records the run manifest, starts
-learner, admission, judges, rollout workers and the scheduler as separate ``rlstream run ...``
-processes, shows live progress read from the streams themselves, and at the end stops exactly
-the processes it started (by pid), writes a PNG (success rate by policy version, staleness
-histogram) and returns the summary.
+``rlstream demo`` starts the local Kafka (one cluster per region, MirrorMaker 2 between them),
+creates each region's topics, records the run manifest, starts learner, admission, judges and the
+scheduler in the trainer region and the rollout workers in the rollout regions, each a separate
+``rlstream run ... --region R`` process, shows live progress read from the trainer region's
+streams (local and mirrored), and at the end stops exactly the processes it started (by pid),
+writes a PNG (success rate by policy version, staleness histogram) and returns the summary.
+
+Per region the progress shows the trajectories admitted (samples of admitted groups, by the
+region that generated them) and the weight version the region has applied: for a rollout region
+the newest behaviour version among its trajectories (a worker generates a task with the version
+it swapped in last), for the trainer region the learner's newest version.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +39,15 @@ class RoleProcess:
 
 
 def start_role(
-    role: str, run: str, settings: KafkaSettings, logs: Path, extra: list[str], name: str = ""
+    role: str,
+    run: str,
+    settings: KafkaSettings,
+    logs: Path,
+    extra: list[str],
+    name: str = "",
+    region: str | None = None,
 ) -> RoleProcess:
+    """``rlstream run ROLE`` as a process of its own, in ``region`` (reached at ``settings``)."""
     name = name or role
     log = logs / f"{name}.log"
     cmd = [
@@ -47,6 +60,7 @@ def start_role(
         run,
         "--bootstrap",
         settings.bootstrap_servers,
+        *(["--region", region] if region else []),
         *extra,
     ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
@@ -69,23 +83,66 @@ def stop_roles(roles: list[RoleProcess], timeout: float = 20.0) -> None:
             r.proc.wait()
 
 
+@dataclass
+class RegionTally:
+    """Per region: samples of admitted groups it generated, newest behaviour version seen."""
+
+    admitted: dict[str, int] = field(default_factory=dict)
+    versions: dict[str, int] = field(default_factory=dict)
+
+    def take(self, topic: str, record: dict[str, Any]) -> None:
+        stream = topics.parse_topic(topic).stream
+        if stream == "trajectories":
+            region = str(record.get("region") or "")
+            version = int(record["policy_version"])
+            self.versions[region] = max(self.versions.get(region, -1), version)
+        elif stream == "admitted" and int(record.get("part_index", 0)) == 0:
+            for sample in record.get("samples") or []:
+                region = str(sample.get("region") or "")
+                self.admitted[region] = self.admitted.get(region, 0) + 1
+
+    def figures(self, regions: topics.Regions, learner_version: int) -> dict[str, Any]:
+        out = {}
+        for name in regions.names:
+            own = learner_version if name == regions.trainer else self.versions.get(name, -1)
+            out[name] = {
+                "trajectories_admitted": self.admitted.get(name, 0),
+                "weights_version": own,
+            }
+        return out
+
+
 def follow_streams(
-    settings: KafkaSettings, run: str, progress: RunAnalytics, stopper: Stopper
+    settings: KafkaSettings,
+    run: str,
+    progress: RunAnalytics,
+    stopper: Stopper,
+    regions: topics.Regions | None = None,
+    tally: RegionTally | None = None,
 ) -> None:
-    """Feed ``progress`` from the run's streams until stopped (runs in a thread)."""
+    """Feed ``progress`` (and ``tally``) from the run's streams in the trainer region, local and
+    mirrored home, until stopped (runs in a thread)."""
     from rlstream.consumers.consumer import RoleConsumer, make_consumer
 
+    regions = regions or topics.Regions()
     streams = ["rewards", "trajectories", "admitted", "rejected", "weights.manifests"]
     consumer = RoleConsumer(
-        make_consumer(settings, f"rlstream.{run}.demo-monitor"),
-        [topics.topic_name(run, s) for s in streams],
+        make_consumer(
+            settings,
+            f"rlstream.{run}.demo-monitor",
+            **{"topic.metadata.refresh.interval.ms": "2000"},
+        ),
+        [regions.pattern(run, s, regions.trainer) for s in streams],
         settings=settings,
     )
     try:
         while not stopper.stopped:
             for rec in consumer.poll_batch(500, 0.5):
                 if rec.event is not None:
-                    progress.take(rec.topic_partition[0], rec.value, rec.message.timestamp()[1])
+                    topic = rec.topic_partition[0]
+                    progress.take(topic, rec.value, rec.message.timestamp()[1])
+                    if tally is not None:
+                        tally.take(topic, rec.value)
     finally:
         consumer.close()
 
@@ -155,19 +212,35 @@ def _code_version(version: str) -> str:
     return f"{version}+{sha}" if sha else version
 
 
-def status_line(progress: RunAnalytics, started: float) -> str:
+def status_line(
+    progress: RunAnalytics, started: float, regions: dict[str, Any] | None = None
+) -> str:
     newest = sorted(progress.success)[-2:]
+    per_region = "".join(
+        f"\n    region {name}: {r['trajectories_admitted']} trajectories admitted, "
+        f"weights v{r['weights_version']}"
+        for name, r in (regions or {}).items()
+    )
     return (
         f"[{time.monotonic() - started:5.0f}s] policy v{progress.version}  success "
         f"{progress.rate(newest):.2f} (v{newest[-1] if newest else '-'})  trajectories "
         f"{progress.trajectories}  rewards {progress.rewards}  admitted {progress.admitted}  "
         f"rejected {sum(progress.rejected.values())}  staleness "
-        f"{progress.mean_recent_staleness() or 0.0:.1f}"
+        f"{progress.mean_recent_staleness() or 0.0:.1f}{per_region}"
     )
 
 
-def summary(run: str, progress: RunAnalytics, wall: float, png: Path) -> dict[str, Any]:
+def summary(
+    run: str,
+    progress: RunAnalytics,
+    wall: float,
+    png: Path,
+    regions: topics.Regions | None = None,
+    tally: RegionTally | None = None,
+) -> dict[str, Any]:
     final = progress.final_versions()
+    regions = regions or topics.Regions()
+    tally = tally or RegionTally()
     return {
         "run": run,
         "warm_start_success": progress.rate([0]),
@@ -179,6 +252,8 @@ def summary(run: str, progress: RunAnalytics, wall: float, png: Path) -> dict[st
         "groups_rejected": sum(progress.rejected.values()),
         "rejected_by_reason": dict(progress.rejected),
         "trajectories": progress.trajectories,
+        "trainer_region": regions.trainer,
+        "regions": tally.figures(regions, progress.version),
         "png": str(png),
     }
 
