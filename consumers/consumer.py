@@ -107,6 +107,11 @@ class Record:
         return int(self.message.offset() or 0)
 
     @property
+    def position(self) -> tuple[str, int, int]:
+        """(topic, partition, offset): where the record is in the log."""
+        return (*self.topic_partition, self.offset)
+
+    @property
     def value(self) -> dict[str, Any]:
         assert self.event is not None, self.error
         return self.event.record

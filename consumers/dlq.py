@@ -40,6 +40,28 @@ def dead_letter(msg: Message, reason: str, error: str, group: str = "") -> dict[
     }
 
 
+def dead_letter_at(
+    topic: str, partition: int, offset: int, reason: str, error: str, group: str = ""
+) -> dict[str, Any]:
+    """A dead letter naming a record by its position only (its bytes stay in the source topic,
+    e.g. the admitted stream, which is kept forever): for a role that no longer holds them."""
+    return {
+        "source_topic": topic,
+        "partition": partition,
+        "offset": offset,
+        "key": None,
+        "value": b"",
+        "headers": [],
+        "timestamp_ms": None,
+        "reason": reason,
+        "error": error[:4000],
+        "failed_ms": int(time.time() * 1000),
+        "consumer_group": group,
+        "fingerprint": None,
+        "attempts": 1,
+    }
+
+
 def dead_letter_headers(msg: Message, reason: str, error: str) -> list[tuple[str, bytes]]:
     source = f"{msg.topic()}/{msg.partition()}/{msg.offset()}"
     return [

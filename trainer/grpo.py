@@ -170,6 +170,10 @@ def make_batch(
     )
 
 
+class NonFiniteStep(ArithmeticError):
+    """A step's loss or gradient is not finite; no update was made."""
+
+
 def grpo_step(
     model: Policy, optimizer: torch.optim.Optimizer, batch: GrpoBatch, cfg: GrpoConfig
 ) -> dict[str, float]:
@@ -177,7 +181,9 @@ def grpo_step(
 
     Rule: recompute ``logp_cur`` in the model's (training) precision, replaying the batch's
     recorded experts when ``cfg.router_replay``; take the token-level truncated-IS loss, clip the
-    gradient norm to ``cfg.max_grad_norm`` and step the optimizer once. Samples whose advantage
+    gradient norm to ``cfg.max_grad_norm`` and step the optimizer once, unless the loss or the
+    gradient norm is not finite: then raise ``NonFiniteStep`` with the weights and the optimizer
+    untouched. Samples whose advantage
     is 0 contribute no gradient but still count their tokens in the denominator.
     """
     model.train()
@@ -189,6 +195,10 @@ def grpo_step(
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+    if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
+        # The weights stay as they were: a NaN or inf here would reach every worker.
+        optimizer.zero_grad(set_to_none=True)
+        raise NonFiniteStep(f"loss {float(loss)}, gradient norm {float(grad_norm)}")
     optimizer.step()
     with torch.no_grad():
         inputs_mask = batch.loss_mask[:, 1:] > 0  # routes of the inputs that produced the tokens

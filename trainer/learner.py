@@ -18,13 +18,15 @@ this module is the Kafka loop around it and the pure rules of which groups form 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from confluent_kafka import TopicPartition
 
 from rlstream.consumers.consumer import RoleConsumer, RoleContext, Stopper, make_consumer
+from rlstream.consumers.dlq import dead_letter, dead_letter_at
 from rlstream.consumers.feedback_rules import online_quota
 from rlstream.consumers.manifest_log import manifests_by_version
 from rlstream.producers.admin import admin_client
@@ -32,6 +34,7 @@ from rlstream.producers.producer import EventProducer
 from rlstream.producers.settings import KafkaSettings
 from rlstream.producers.weights import WeightPublisher
 from rlstream.schemas import arrays, topics
+from rlstream.trainer.grpo import NonFiniteStep
 from rlstream.trainer.learner_step import (
     Checkpoints,
     LearnerConfig,
@@ -40,6 +43,8 @@ from rlstream.trainer.learner_step import (
     published_state,
     train_step,
 )
+
+Ref = tuple[str, int, int]  # topic, partition, offset of an admitted record
 
 
 @dataclass
@@ -119,7 +124,9 @@ class Learner:
         torch.set_num_threads(1)
         torch.use_deterministic_algorithms(True)
         self.settings, self.run, self.cfg, self.log = settings, run, cfg, log
-        group = topics.group_id(run, "learner")
+        group = self.group = topics.group_id(run, "learner")
+        self.dlq_topic = topics.topic_name(run, "dlq")
+        self.refused_steps = 0
         self.producer = EventProducer.transactional(settings, f"{group}.0")
         self.publisher = WeightPublisher(
             self.producer, run, cfg.model, keyframe_every=cfg.keyframe_every
@@ -199,9 +206,13 @@ class Learner:
     def poll(self) -> None:
         for rec in self.consumer.poll_batch(100, 0.5):
             if rec.event is None:
-                self.log(f"learner: skipping undecodable admitted record: {rec.error}")
+                self.log(f"learner: undecodable admitted record dead-lettered: {rec.error}")
+                letter = dead_letter(
+                    rec.message, rec.reason or "other", rec.error or "", self.group
+                )
+                self._dead_letter([(letter, rec.message.key())], [rec.position])
                 continue
-            value, position = rec.value, (*rec.topic_partition, rec.offset)
+            value, position = rec.value, rec.position
             if position in self.ledger.trained:
                 continue  # trained by a published version (re-read after a restart)
             self.part_refs.setdefault(value["group_id"], []).append(position)
@@ -220,11 +231,38 @@ class Learner:
             self.ledger.online_groups,
         )
 
-    def step(self, chosen: list[int]) -> dict[str, float]:
+    def _dead_letter(
+        self, letters: Sequence[tuple[dict[str, Any], bytes | None]], refs: list[Ref]
+    ) -> None:
+        """Write dead letters in a transaction of their own with the offsets past ``refs``
+        (never past a group still waiting): they are not read again by this group."""
+        offsets = commit_offsets([StepInput({}, refs)], self.waiting)
+        with self.producer.transaction() as txn:
+            for letter, key in letters:
+                self.producer.produce(self.dlq_topic, "dead_letter", letter, key)
+            txn.send_offsets(offsets, self.consumer.group_metadata())
+
+    def _refuse(self, used: list[StepInput], why: str) -> None:
+        """A step that would make the weights non-finite: its inputs go to dead letters."""
+        refs = [ref for item in used for ref in item.refs]
+        self.log(f"learner: step refused ({why}); {len(used)} groups dead-lettered")
+        error = f"a step on these groups is not finite: {why}"
+        letters = [
+            (dead_letter_at(*ref, "invalid_record", error, self.group), None) for ref in refs
+        ]
+        self._dead_letter(letters, refs)
+        self.refused_steps += 1
+
+    def step(self, chosen: list[int]) -> dict[str, float] | None:
+        """Train on the chosen waiting groups and publish the version; None if refused."""
         used = [self.waiting[i] for i in chosen]
         self.waiting = [w for i, w in enumerate(self.waiting) if i not in set(chosen)]
         started = time.perf_counter()
-        stats = train_step(self.model, self.optimizer, used, self.cfg)
+        try:
+            stats = train_step(self.model, self.optimizer, used, self.cfg)
+        except NonFiniteStep as exc:
+            self._refuse(used, str(exc))
+            return None
         online = sum(item.group.get("source") == "online" for item in used)
         stats["online_groups"] = float(online)
         self.ledger.online_groups += online
@@ -246,6 +284,8 @@ class Learner:
             self.poll()
             while self.version < self.cfg.max_versions and (chosen := self.ready()) is not None:
                 s = self.step(chosen)
+                if s is None:
+                    continue
                 self.log(
                     f"learner: v{self.version} success {s['success_rate']:.2f} reward "
                     f"{s['reward_mean']:.2f} staleness {s['staleness_mean']:.1f} "

@@ -128,3 +128,18 @@ def test_grpo_step_moves_probability_towards_positive_advantage() -> None:
         grpo.grpo_step(model, opt, batch, grpo.GrpoConfig())
     delta = seq_logp() - before
     assert float(delta[batch.advantages > 0].mean()) > float(delta[batch.advantages < 0].mean())
+
+
+def test_a_step_on_a_nan_logprob_is_refused_and_changes_nothing() -> None:
+    model = build_policy(CFG)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    batch = _rollout_batch(model)
+    grpo.grpo_step(model, opt, batch, grpo.GrpoConfig())  # the optimizer has state to keep
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    moments = {k: v.clone() for k, v in opt.state_dict()["state"][0].items()}
+    batch.behaviour_logprobs[0, 3] = float("nan")  # one poisoned token of one sample
+    with pytest.raises(grpo.NonFiniteStep):
+        grpo.grpo_step(model, opt, batch, grpo.GrpoConfig())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    after = opt.state_dict()["state"][0]
+    assert all(torch.equal(moments[k], after[k]) for k in moments)
