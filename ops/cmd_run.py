@@ -3,11 +3,15 @@
 Every role is one process; every consuming role is one consumer group whose id is derived
 (``rlstream.RUN.ROLE[.NAME]``). Role options come from the role's typed config: a TOML recipe
 (``--config``) and ``--set key=value`` overrides on top; the resolved config is printed.
+
+A role runs supervised (``ops.supervise``): the command starts it as a child process and
+restarts it with backoff when it fails, giving up with a message after repeated fast failures.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from rlstream.ops.kafka_env import add_kafka_args
 
@@ -41,6 +45,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                 metavar="KEY=VALUE",
                 help="override one config field, repeatable",
             )
+            rp.add_argument(
+                "--max-fast-failures",
+                type=int,
+                default=5,
+                help="give up after this many failures in a row, each within 30 s of a start",
+            )
+            rp.add_argument(
+                "--restart-backoff",
+                type=float,
+                default=1.0,
+                help="seconds before the first restart; doubles per failure, up to 30",
+            )
+            rp.add_argument("--once", action="store_true", help=argparse.SUPPRESS)
         add_kafka_args(rp)
         rp.set_defaults(func=_run_role)
 
@@ -50,6 +67,13 @@ def _run_role(args: argparse.Namespace) -> int:
         from rlstream.ops.cmd_events import tap_role
 
         return tap_role(args)
-    from rlstream.ops.roles import start
+    if args.once:  # the supervised child
+        from rlstream.ops.roles import start
 
-    return start(args)
+        return start(args)
+    from rlstream.ops.supervise import RestartPolicy, supervise
+
+    policy = RestartPolicy(base_s=args.restart_backoff, max_fast=args.max_fast_failures)
+    child = [sys.executable, "-m", "rlstream", *sys.argv[1:], "--once"]
+    name = args.role + (f".{args.name}" if args.name else "")
+    return supervise(f"{name} ({args.run})", child, policy)
