@@ -14,6 +14,8 @@ Rules of a transaction:
 - when the broker says the transaction must be aborted (a retriable failure), it is aborted and
   ``TransactionAborted`` is raised: nothing of it became visible, and the caller rewinds to its
   committed state and tries again;
+- a retriable error of a transactional call (init, offsets, commit, abort: a timeout, a
+  coordinator moving) is retried with exponential backoff and jitter, up to ``RETRIES`` times;
 - any other exception aborts it as well and propagates;
 - a fatal error (fenced by a newer instance of the same transactional id) propagates as the
   ``KafkaException`` it is: the role must exit.
@@ -23,6 +25,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -51,6 +55,25 @@ class DeliveryError(RuntimeError):
     """One or more records were not acknowledged by the broker."""
 
 
+RETRIES = 5
+
+
+def retry_retriable(call: Callable[[], Any], what: str) -> Any:
+    """``call()``, retried with exponential backoff and jitter while it raises a retriable
+    ``KafkaException`` that does not require an abort (at most ``RETRIES`` attempts)."""
+    for attempt in range(RETRIES):
+        try:
+            return call()
+        except KafkaException as exc:
+            err = exc.args[0]
+            if not err.retriable() or err.txn_requires_abort() or attempt == RETRIES - 1:
+                raise
+            delay = min(2.0, 0.1 * 2**attempt) * random.uniform(0.5, 1.5)
+            log.warning("%s: %s; retrying in %.2fs", what, err.str(), delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
 class TransactionAborted(RuntimeError):
     """The broker required the transaction to abort, and it was: nothing of it is visible."""
 
@@ -64,7 +87,12 @@ class Transaction:
     def send_offsets(self, offsets: Sequence[TopicPartition], group_metadata: object) -> None:
         """Commit these consumer offsets (of the group ``group_metadata`` names) with it."""
         if offsets:
-            self._producer.send_offsets_to_transaction(list(offsets), group_metadata, self._timeout)
+            retry_retriable(
+                lambda: self._producer.send_offsets_to_transaction(
+                    list(offsets), group_metadata, self._timeout
+                ),
+                "send offsets",
+            )
 
 
 def make_producer(
@@ -98,7 +126,7 @@ class EventProducer:
         """A producer with ``transactional_id``, initialised: fences any older instance of the
         id and aborts the transaction it left open."""
         producer = make_producer(settings, transactional_id=transactional_id, **overrides)
-        producer.init_transactions(timeout)
+        retry_retriable(lambda: producer.init_transactions(timeout), "init transactions")
         return cls(producer)
 
     @contextlib.contextmanager
@@ -107,13 +135,13 @@ class EventProducer:
         self._producer.begin_transaction()
         try:
             yield Transaction(self._producer, timeout)
-            self._producer.commit_transaction(timeout)
+            retry_retriable(lambda: self._producer.commit_transaction(timeout), "commit")
         except KafkaException as exc:
             err = exc.args[0]
             if not err.txn_requires_abort():
                 raise  # fatal, e.g. fenced by a newer instance: the role must exit
             log.warning("transaction aborted: %s", err.str())
-            self._producer.abort_transaction(timeout)
+            retry_retriable(lambda: self._producer.abort_transaction(timeout), "abort")
             raise TransactionAborted(err.str()) from exc
         except BaseException:
             with contextlib.suppress(KafkaException):  # the error that matters is the first
