@@ -8,7 +8,9 @@ deleted: they are small and are the run's record. Chunks whose position is unkno
 delete nothing.
 
 ``prune`` applies the rule with the admin client; the learner calls it (through
-``WeightPublisher.prune``) whenever a new keyframe lands.
+``WeightPublisher.prune``) whenever a new keyframe lands. This is the only way chunks go: the
+chunk topic has no time retention, so a run paused for longer than any age limit still has the
+keyframes its workers start from.
 """
 
 from __future__ import annotations

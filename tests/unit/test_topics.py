@@ -226,6 +226,12 @@ def test_replay_inputs_are_kept_forever() -> None:
         assert T.STREAMS[stream].retention_ms == T.FOREVER, stream
 
 
+def test_weight_chunks_are_never_deleted_by_age() -> None:
+    """Time retention could delete the only keyframe a late worker can start from: chunks are
+    deleted by the publisher's count-based rule (``weight_retention``), never by the broker."""
+    assert T.STREAMS["weights.chunks"].retention_ms == T.FOREVER
+
+
 def test_mirror_directions_follow_the_design() -> None:
     outward = {s for s, spec in T.STREAMS.items() if spec.mirror == "outward"}
     inward = {s for s, spec in T.STREAMS.items() if spec.mirror == "inward"}
