@@ -155,5 +155,5 @@ def _main(args: argparse.Namespace) -> int:
         f"{asyn['learner_idle_fraction']:.0%}, mean staleness {asyn['mean_staleness']:.2f}",
         f"speedup async/sync: {result['speedup']:.2f}x",
     ]
-    emit(result, args.json, lines)
+    emit(result, args.json, lines, "async")
     return 0

@@ -57,7 +57,7 @@ def register_bench(sub: argparse._SubParsersAction) -> None:
 
 def _main(args: argparse.Namespace) -> int:
     result = run(args)
-    emit(result, args.json, _lines(result))
+    emit(result, args.json, _lines(result), "deltas")
     return 0 if all(c["bit_exact"] for c in result["cases"]) else 1
 
 

@@ -250,5 +250,5 @@ def _report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], sto
         f"stored {stored} records for {accepted} measured 202s: "
         f"{'ok' if result['stored_check'] else 'MISMATCH'}",
     ]
-    emit(result, args.json, lines)
+    emit(result, args.json, lines, "ingest")
     return 0 if result["stored_check"] else 1

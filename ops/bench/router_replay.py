@@ -16,7 +16,6 @@ Only the standard library is imported at module import time (``rlstream --help``
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import Any
@@ -39,12 +38,11 @@ def register_bench(bench_subparsers: Any) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
+    from rlstream.ops.bench.common import emit
+
     result = run(args)
-    if not args.json:
-        for key, value in result.items():
-            print(f"{key:40s} {value}")
-    else:
-        print(json.dumps(result))
+    lines = [] if args.json else [f"{key:40s} {value}" for key, value in result.items()]
+    emit(result, args.json, lines, "router-replay")
     return 0
 
 

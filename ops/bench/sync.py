@@ -76,7 +76,7 @@ def register_bench(sub: argparse._SubParsersAction) -> None:
 
 def _main(args: argparse.Namespace) -> int:
     result = run(args)
-    emit(result, args.json, _lines(result))
+    emit(result, args.json, _lines(result), "sync")
     return 0 if result["bit_exact"] else 1
 
 

@@ -1,0 +1,47 @@
+"""Every benchmark runs end to end at a tiny size: it prints its JSON keys and keeps its result
+(with the machine's description) in the results folder. Figures at this size mean nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+CASES = {
+    "bus": (["--events", "20", "--tokens", "256", "--reps", "1"], ["ratio", "p50_ms"]),
+    "deltas": (
+        ["--params", "200000", "--reps", "1", "--lrs", "1e-5"],
+        ["cases"],
+    ),
+    "sync": (
+        ["--mb", "2", "--versions", "3", "--keyframe-every", "2", "--subscribers", "1"],
+        ["wire_ratio"],
+    ),
+    "router-replay": (["--tasks", "2", "--group-size", "2", "--warm-steps", "2"], []),
+    "async": (
+        ["--steps", "2", "--groups-per-step", "2", "--group-size", "2", "--workers", "2"],
+        ["speedup"],
+    ),
+    "ingest": (["--seconds", "0.5", "--reps", "1", "--concurrency", "2"], ["ratio"]),
+}
+
+
+@pytest.mark.parametrize("bench", sorted(CASES))
+def test_bench_runs_and_keeps_its_result(bench: str, kafka, tmp_path: Path) -> None:
+    args, keys = CASES[bench]
+    env = {**os.environ, "RLSTREAM_RESULTS": str(tmp_path)}
+    if bench in ("bus", "sync", "ingest"):
+        args = [*args, "--bootstrap", kafka.bootstrap_servers]
+    cmd = [sys.executable, "-m", "rlstream", "bench", bench, "--json", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [k for k in keys if k not in result] == []
+    kept = json.loads((tmp_path / f"bench-{bench}.json").read_text())
+    assert kept["result"] == result and kept["machine"]["cores"] >= 1
