@@ -40,7 +40,7 @@ def test_ok_run_returns_output_and_isolation() -> None:
     assert r.stdout == "120\n"
     assert r.wall_s < 3.0
     if os.geteuid() == 0:
-        assert r.isolation["own_uid"]
+        assert r.isolation["own_uid"] and r.mode == "full"
 
 
 def test_stdin_and_scrubbed_env_and_own_cwd() -> None:
@@ -49,7 +49,7 @@ def test_stdin_and_scrubbed_env_and_own_cwd() -> None:
     lines = r.stdout.splitlines()
     assert lines[0] == "cba"
     assert lines[1] == "['HOME', 'LANG', 'PATH']"
-    assert "rlstream-sbx" in lines[2] and lines[2] != os.getcwd()
+    assert lines[2] == "/work"
 
 
 def test_infinite_loop_is_stopped_by_cpu_limit() -> None:
@@ -143,10 +143,27 @@ def test_subprocess_is_refused_by_the_audit_hook() -> None:
     assert r.status == "crash" and "not allowed" in r.stderr and "ran" not in r.stdout
 
 
-def test_files_stay_in_the_sandbox_dir_and_are_removed() -> None:
-    r = run("import os\nopen('x.txt', 'w').write('hi')\nprint(os.path.abspath('x.txt'))", FAST)
-    path = r.stdout.strip()
-    assert r.status == "ok" and not os.path.exists(path)
+def test_workspace_files_go_in_and_come_back_by_value() -> None:
+    code = (
+        "import os\n"
+        "print(open('a.txt').read())\n"
+        "open('a.txt', 'a').write('+')\n"
+        "os.mkdir('sub')\n"
+        "open('sub/b.txt', 'w').write('b')\n"
+        "os.symlink('/etc/passwd', 'link')\n"
+        "os.mkfifo('pipe')\n"
+    )
+    r = run(code, FAST, files={"a.txt": "A"})
+    assert r.status == "ok" and r.stdout == "A\n"
+    assert r.files == {"a.txt": b"A+", "sub/b.txt": b"b"}
+    assert sorted(r.files_skipped) == ["link", "pipe"]  # links and FIFOs never come back
+    assert run("print(1)", FAST).files is None  # no workspace asked for, none returned
+
+
+@pytest.mark.parametrize("name", ["", "/etc/passwd", "../x", "a/../../b", ".hidden", "a//b"])
+def test_bad_workspace_names_are_refused(name: str) -> None:
+    with pytest.raises(ValueError, match="bad workspace file name"):
+        run("print(1)", FAST, files={name: "x"})
 
 
 def test_classify_rules() -> None:
@@ -164,17 +181,53 @@ def test_classify_rules() -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the uid sweep needs a root parent")
-def test_without_namespaces_the_uid_sweep_still_cleans_up(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sandbox, "_unshare_prefix", lambda network: ())
+def test_rlimits_mode_sweeps_the_uid() -> None:
+    """The weaker rlimits mode (no PID namespace) still kills what the program left running."""
     code = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(30)\nprint('done')"
-    r = run(code, FAST)
-    assert r.status == "ok" and not r.isolation["pid_namespace"]
+    r = sandbox._run_in("rlimits", code, FAST, "", None)
+    assert r.status == "ok" and r.mode == "rlimits" and not r.isolation["pid_namespace"]
     time.sleep(0.1)
     assert _pids_of(r.uid) == set()
     bomb = (
         "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
     )
-    r = run(bomb, SandboxConfig(wall_timeout_s=1.0, cpu_limit_s=1, max_processes=8))
+    cfg = SandboxConfig(wall_timeout_s=1.0, cpu_limit_s=1, max_processes=8)
+    r = sandbox._run_in("rlimits", bomb, cfg, "", None)
     assert r.status in ("timeout", "killed")
     time.sleep(0.1)
     assert _pids_of(r.uid) == set()
+
+
+def test_refuses_when_full_isolation_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No silent fallback: a weaker mode runs only when the config names it."""
+    found = {"full": "needs root", "userns": "user namespaces disabled", "rlimits": ""}
+    monkeypatch.setattr(sandbox, "probe", lambda: found)
+    with pytest.raises(sandbox.IsolationUnavailable, match="full: needs root") as err:
+        run("print(1)", FAST)
+    assert "isolation = 'userns' or 'rlimits'" in str(err.value)
+    with pytest.raises(sandbox.IsolationUnavailable):
+        run("print(1)", FAST.model_copy(update={"isolation": "userns"}))
+    r = run("print(1)", FAST.model_copy(update={"isolation": "rlimits"}))
+    assert r.status == "ok" and r.mode == "rlimits"
+
+
+def test_userns_mode_is_a_boundary_too() -> None:
+    """The named weaker mode a non-root user gets: private root, no network, no capabilities."""
+    if sandbox.probe()["userns"]:
+        pytest.skip(f"user namespaces unavailable: {sandbox.probe()['userns']}")
+    code = (
+        "import os\n"
+        f"print(os.path.exists({str(sandbox._BOOT)!r}), os.getuid())\n"
+        "print(open('/proc/self/status').read().split('CapEff:')[1].split()[0])\n"
+    )
+    r = sandbox._run_in("userns", code, FAST, "", None)
+    assert r.status == "ok" and r.mode == "userns" and r.isolation["user_namespace"]
+    assert r.stdout.split() == ["False", "0", "0000000000000000"]
+
+
+def test_seccomp_program_is_well_formed() -> None:
+    from rlstream.envs import sandbox_boot
+
+    for machine in ("x86_64", "aarch64"):
+        prog = sandbox_boot.seccomp_program(machine)
+        assert len(prog) % 8 == 0 and 10 < len(prog) // 8 < 256
