@@ -6,9 +6,12 @@ Rules, applied in this order when a group is complete or its deadline passed:
 1. stale: staleness = learner version now - the oldest behaviour version in the group; a group
    with staleness > ``max_staleness`` is rejected (never silently dropped);
 2. timed out: a group still incomplete ``timeout_s`` after its first record is rejected;
-3. no signal: a complete group whose total rewards are all equal has zero GRPO advantage for
+3. judge error: a complete group in which a required judge could not score a sample (its
+   reward carries ``error``: the sandbox refused, the grader failed or gave no parsable grade)
+   is rejected with the first such error, never trained on a made-up score;
+4. no signal: a complete group whose total rewards are all equal has zero GRPO advantage for
    every sample, so training on it only costs time: rejected;
-4. otherwise the group is admitted, each sample carrying its per-judge rewards and the total
+5. otherwise the group is admitted, each sample carrying its per-judge rewards and the total
    (weighted sum over judges).
 
 Duplicates (a sample re-published after a rollout worker crashed, a reward re-sent) are
@@ -111,6 +114,14 @@ def decide(
                 False, "timed_out", stale, f"incomplete after {cfg.timeout_s:.0f}s: {have}"
             )
         return None
+    errors = [
+        f"{name}: {r['error']}"
+        for i in sorted(group.samples)
+        for name, r in sorted(group.rewards[i].items())
+        if name in cfg.judges and r.get("error")
+    ]
+    if errors:
+        return Verdict(False, "judge_error", stale, f"{len(errors)} unscored: {errors[0]}"[:1000])
     totals = [total_reward(group.rewards[i], cfg.judges) for i in sorted(group.samples)]
     if cfg.reject_no_signal and max(totals) - min(totals) < 1e-9:
         return Verdict(False, "no_signal", stale, f"every sample scored {totals[0]:.3f}")

@@ -1,11 +1,23 @@
 """Judge roles: one consumer group per rubric, each writing one reward per sample exactly once.
 
-- ``tests``: runs the sample's answer against the task's hidden tests in the sandbox
-  (``tasks.score``): score 1.0 if every output matches, else 0.0;
-- ``format``: the format rubric (``tasks.format_check``): 1.0 or 0.0;
-- ``llm``: an LLM-as-judge rubric that asks an OpenAI-compatible completions endpoint to grade
-  the answer from 0 to 10 and reads the first number of the reply; a reply without a number,
-  or an endpoint error, scores 0 with the reason in ``error`` (never a crash, never a guess).
+Rubrics, for any task family (the family is read from the task id, see ``envs.family``):
+
+- ``tests``: the family scores the answer against its hidden tests in the sandbox: score 1.0 if
+  it passes, else 0.0, the failing assertion or error as the rationale;
+- ``format``: the family's format rubric: 1.0 or 0.0;
+- ``llm``: an LLM-as-judge rubric (``envs.llm_judge``): the rubric prompt comes from the config,
+  the answer is fenced as data, the grade is a JSON object; calls run concurrently (bounded).
+
+Rules and guarantees:
+
+- Every reward records the isolation its code ran under in ``details`` (``isolation.full``,
+  ``isolation.userns``, ``isolation.rlimits``, or ``isolation.not_run`` when no code ran).
+- A sample the judge cannot score (the sandbox cannot give the isolation the run accepts, a task
+  of a family the run does not have, an endpoint that fails, an unparseable grade) gets a reward
+  with ``error`` set and score 0 (admission rejects such a group as ``judge_error``); the judge
+  stays up. A grade is never guessed.
+- Equal answers to the same task score the same, so the ``tests`` judge remembers recent
+  deterministic verdicts by (task id, answer) and runs the sandbox once per distinct answer.
 
 Rewards are produced in the judge's consume-transform-produce transaction (see
 ``consumers.transactional``), keyed by group id so they land co-partitioned with the
@@ -14,111 +26,92 @@ trajectories. Long trajectories arriving in segments are reassembled first.
 
 from __future__ import annotations
 
-import json
-import re
 import time
-import urllib.error
-import urllib.request
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from rlstream.consumers.consumer import Record, RoleContext
 from rlstream.consumers.transactional import Output, TransactionalLoop
+from rlstream.envs import family as families
+from rlstream.envs import fx, llm_judge, sandbox
 from rlstream.envs import tasks as task_family
+from rlstream.envs.family import FamilySpec, Verdict
 from rlstream.schemas import arrays, topics
 
-JUDGE_VERSION = "1"
+JUDGE_VERSION = "2"
 
 
-class JudgeConfig(BaseModel):
-    """Config of a judge role."""
+class JudgeConfig(llm_judge.LLMJudgeConfig):
+    """Config of a judge role (the ``llm`` fields are used by the llm rubric only)."""
 
     model_config = ConfigDict(extra="forbid")
 
     kind: Literal["tests", "format", "llm"] = Field("tests", description="Which rubric to apply.")
+    families: dict[str, FamilySpec] = Field(
+        default_factory=lambda: {"fx": FamilySpec()},
+        description="The run's task families (injected from the run config).",
+    )
     tasks: task_family.TaskConfig = Field(
         default_factory=task_family.TaskConfig,
-        description="Task family config (rebuilds hidden tests).",
+        description="Options of fx families that give none (the run's shared fx difficulty).",
     )
-    endpoint: str = Field(
-        "http://127.0.0.1:8000/v1/completions",
-        description="OpenAI-compatible completions URL (llm judge).",
+    isolation: sandbox.Mode = Field(
+        "full", description="Weakest sandbox isolation accepted (injected from the run config)."
     )
-    llm_model: str = Field("policy", description="Model name sent to the endpoint (llm judge).")
-    timeout_s: float = Field(30.0, gt=0, description="HTTP timeout per call (llm judge).")
-    batch_size: int = Field(16, ge=1, description="Trajectories per transaction.")
+    batch_size: int = Field(16, ge=1, le=4096, description="Trajectories per transaction.")
+    memo_size: int = Field(
+        4096, ge=0, le=1_000_000, description="Verdicts remembered by (task id, answer)."
+    )
+
+    def run_families(self) -> dict[str, FamilySpec]:
+        return fx.with_fx_options(self.families, self.tasks)
 
 
-def task_of(task_id: str, cfg: task_family.TaskConfig) -> task_family.Task:
-    """The task behind an id of the ``fx`` family (``fx-SEED``): hidden tests are rebuilt here."""
-    prefix, _, seed = task_id.rpartition("-")
-    if prefix != "fx" or not seed.lstrip("-").isdigit():
-        raise ValueError(f"task id {task_id!r} is not of the fx family (fx-SEED)")
-    return task_family.sample_task(int(seed), cfg)
+def _reward(v: Verdict) -> dict[str, Any]:
+    details = {k: float(x) for k, x in v.details.items()}
+    details[f"isolation.{v.isolation}"] = 1.0
+    out: dict[str, Any] = {
+        "score": v.score,
+        "passed": v.passed,
+        "rationale": v.rationale[:2000],
+        "details": details,
+    }
+    if v.error is not None:
+        out["error"] = v.error[:2000]
+    return out
+
+
+def _unscorable(why: str) -> dict[str, Any]:
+    return _reward(Verdict(False, 0.0, why, error=why))
 
 
 def judge_tests(trajectory: dict[str, Any], cfg: JudgeConfig) -> dict[str, Any]:
-    passed, details = task_family.score(
-        task_of(trajectory["task_id"], cfg.tasks), trajectory["completion"]
-    )
-    reason = str(details.get("reason", "all hidden tests pass"))
-    return {
-        "score": 1.0 if passed else 0.0,
-        "passed": passed,
-        "rationale": reason,
-        "details": {k: float(v) for k, v in details.items() if isinstance(v, int | float)},
-    }
+    """The ``tests`` rubric for one trajectory of any family (never raises for the sample)."""
+    try:
+        fam = families.family_for(cfg.run_families(), trajectory["task_id"])
+        return _reward(fam.score(trajectory["task_id"], trajectory["completion"], cfg.isolation))
+    except sandbox.IsolationUnavailable as exc:
+        return _unscorable(str(exc))
+    except ValueError as exc:
+        return _unscorable(f"cannot score: {exc}")
 
 
 def judge_format(trajectory: dict[str, Any], cfg: JudgeConfig) -> dict[str, Any]:
-    ok, why = task_family.format_check(trajectory["completion"])
-    return {"score": 1.0 if ok else 0.0, "passed": ok, "rationale": why or "well formed"}
-
-
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-
-
-def parse_grade(text: str) -> float | None:
-    """The first number of a grader's reply, clipped to [0, 10] and scaled to [0, 1]."""
-    match = _NUMBER.search(text)
-    return None if match is None else min(10.0, max(0.0, float(match.group()))) / 10.0
+    """The ``format`` rubric of the trajectory's family."""
+    try:
+        fam = families.family_for(cfg.run_families(), trajectory["task_id"])
+        ok, why = fam.format_check(trajectory["task_id"], trajectory["completion"])
+    except ValueError as exc:
+        return _unscorable(f"cannot check the format: {exc}")
+    return _reward(Verdict(ok, 1.0 if ok else 0.0, why or "well formed"))
 
 
 def judge_llm(trajectory: dict[str, Any], cfg: JudgeConfig) -> dict[str, Any]:
-    prompt = (
-        f"Grade this answer from 0 to 10.\nTask:\n{trajectory.get('prompt', '')}\n"
-        f"Answer:\n{trajectory['completion']}\nGrade:"
-    )
-    body = json.dumps(
-        {"model": cfg.llm_model, "prompt": prompt, "max_tokens": 8, "temperature": 0.0}
-    ).encode()
-    request = urllib.request.Request(cfg.endpoint, body, {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=cfg.timeout_s) as response:
-            reply = json.loads(response.read())
-        text = reply["choices"][0]["text"]
-    except (urllib.error.URLError, OSError, KeyError, IndexError, ValueError) as exc:
-        return {
-            "score": 0.0,
-            "passed": False,
-            "rationale": "grader unavailable",
-            "error": f"{type(exc).__name__}: {exc}",
-        }
-    grade = parse_grade(text)
-    if grade is None:
-        return {
-            "score": 0.0,
-            "passed": False,
-            "rationale": f"no grade in reply {text[:80]!r}",
-            "error": "unparseable grade",
-        }
-    return {
-        "score": grade,
-        "passed": grade >= 0.5,
-        "rationale": f"grader said {text[:80]!r}",
-        "details": {"served_version": float(reply.get("policy_version", -1))},
-    }
+    """The ``llm`` rubric for one trajectory (see ``envs.llm_judge``)."""
+    return llm_judge.grade(trajectory, cfg)
 
 
 RUBRICS = {"tests": judge_tests, "format": judge_format, "llm": judge_llm}
@@ -128,48 +121,76 @@ class Judge:
     """Processor of one judge member: trajectories in, rewards out."""
 
     def __init__(self, run: str, name: str, cfg: JudgeConfig) -> None:
+        if cfg.kind == "llm":
+            llm_judge.check_grader(cfg)
         self.run, self.name, self.cfg = run, name, cfg
         self.rubric = RUBRICS[cfg.kind]
         self.rewards_topic = topics.topic_name(run, "rewards")
         self.segments = arrays.trajectory_reassembler()
         self.latencies_ms: list[float] = []
+        self.memo: OrderedDict[tuple[str, str], dict[str, Any]] = OrderedDict()
+        self.pool = ThreadPoolExecutor(cfg.max_concurrency) if cfg.kind == "llm" else None
+
+    def score(self, traj: dict[str, Any]) -> tuple[dict[str, Any], float]:
+        """(reward fields, latency ms) for one complete trajectory."""
+        started = time.perf_counter()
+        key = self._memo_key(traj)
+        verdict = self.memo.get(key) if key else None
+        if verdict is None:
+            verdict = self.rubric(traj, self.cfg)
+            if key and "error" not in verdict and "timeout" not in verdict["rationale"]:
+                self.memo[key] = verdict
+                while len(self.memo) > self.cfg.memo_size:
+                    self.memo.popitem(last=False)
+        return verdict, (time.perf_counter() - started) * 1000
+
+    def _memo_key(self, traj: dict[str, Any]) -> tuple[str, str] | None:
+        if self.cfg.kind != "tests" or not self.cfg.memo_size:
+            return None
+        try:
+            fam = families.family_for(self.cfg.run_families(), traj["task_id"])
+        except ValueError:
+            return None
+        return traj["task_id"], fam.answer(traj["completion"])
 
     def process(self, records: list[Record]) -> list[Output]:
-        outputs = []
+        done = []
         for rec in records:
             traj = self.segments.add(rec.value)
-            if traj is None:
-                continue
-            started = time.perf_counter()
-            verdict = self.rubric(traj, self.cfg)
-            latency = (time.perf_counter() - started) * 1000
-            self.latencies_ms.append(latency)
-            ref = {
-                "topic": rec.message.topic(),
-                "partition": rec.message.partition(),
-                "offset": rec.message.offset(),
-            }
-            outputs.append(
-                Output(
-                    self.rewards_topic,
-                    "reward",
-                    {
-                        "run": self.run,
-                        "group_id": traj["group_id"],
-                        "task_id": traj["task_id"],
-                        "sample_index": traj["sample_index"],
-                        "judge": self.name,
-                        "judge_version": JUDGE_VERSION,
-                        "latency_ms": int(latency),
-                        "policy_version": traj["policy_version"],
-                        "trajectory": ref,
-                        "created_ms": int(time.time() * 1000),
-                        **verdict,
-                    },
-                    traj["group_id"],
-                )
-            )
-        return outputs
+            if traj is not None:
+                done.append((rec, traj))
+        if self.pool is not None:
+            scored = list(self.pool.map(lambda rt: self.score(rt[1]), done))
+        else:
+            scored = [self.score(traj) for _, traj in done]
+        return [
+            self._output(rec, traj, v, ms)
+            for (rec, traj), (v, ms) in zip(done, scored, strict=True)
+        ]
+
+    def _output(
+        self, rec: Record, traj: dict[str, Any], verdict: dict[str, Any], latency: float
+    ) -> Output:
+        self.latencies_ms.append(latency)
+        ref = {
+            "topic": rec.message.topic(),
+            "partition": rec.message.partition(),
+            "offset": rec.message.offset(),
+        }
+        reward = {
+            "run": self.run,
+            "group_id": traj["group_id"],
+            "task_id": traj["task_id"],
+            "sample_index": traj["sample_index"],
+            "judge": self.name,
+            "judge_version": JUDGE_VERSION,
+            "latency_ms": int(latency),
+            "policy_version": traj["policy_version"],
+            "trajectory": ref,
+            "created_ms": int(time.time() * 1000),
+            **verdict,
+        }
+        return Output(self.rewards_topic, "reward", reward, traj["group_id"])
 
 
 def run_role(ctx: RoleContext) -> int:

@@ -296,6 +296,7 @@ def score(
     matches = [i < len(got) and got[i] == w for i, w in enumerate(want)]
     details.update(
         sandbox_status=result.status,
+        isolation=result.mode,
         visible_ok=matches[0],
         hidden_passed=sum(matches[1:]),
     )

@@ -133,8 +133,10 @@ def rescore(
         if run in runs
         else RunConfig()
     )
-    judge_cfg = config.judges.get(judge) or JudgeConfig(kind=judge)
-    scorer = Judge(into, judge, judge_cfg.model_copy(update={"tasks": config.tasks}))
+    config.judges.setdefault(judge, JudgeConfig(kind=judge))
+    judge_cfg = config.role("judge", judge)  # the run's families and isolation injected
+    assert isinstance(judge_cfg, JudgeConfig)
+    scorer = Judge(into, judge, judge_cfg)
     ensure_run_topics(settings, into)
     count = 0
     with EventProducer.connect(settings) as producer:

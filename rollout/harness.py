@@ -1,10 +1,13 @@
 """Multi-turn rollout harness: the policy may run code before it answers.
 
 Protocol (single tokens for the tags, see :mod:`rlstream.envs.tasks`): the policy generates
-until EOS (its final answer) or ``</run>``. After ``<run>CODE</run>`` the harness runs CODE in
-the sandbox and appends ``<out>OUTPUT</out>`` to the context (at most ``tool_output_chars``
-characters), then the policy continues, up to ``max_turns`` tool calls; past that budget the
-observation says so. The demo task is solvable in one turn; tools are optional.
+until EOS (its final answer) or ``</run>``. A ``<run>CALL</run>`` block is one tool call of the
+task's environment (:mod:`rlstream.envs.tools`: with one tool, CALL is its input, e.g. the
+Python code of ``fx``; otherwise ``@NAME INPUT`` picks the tool: ``@python``, ``@read``,
+``@write``, ``@ls``, ``@test``); the harness runs it and appends ``<out>OUTPUT</out>`` to the
+context (at most ``tool_output_chars`` characters), then the policy continues, up to
+``max_turns`` calls; past that budget the observation says so. Each sample has its own
+workspace, which its calls share. The demo task is solvable in one turn; tools are optional.
 
 Rules and guarantees:
 
@@ -21,10 +24,14 @@ Rules and guarantees:
   summarise itself). Segments are half-open ranges of the flat arrays; each is a self-contained
   context the learner replays on its own.
 - The G samples of a group share one prompt and their first turn is generated as one batch.
+- Every call is recorded in ``Sample.tool_calls`` (tool, input, status, output as the policy saw
+  it, isolation, time) and counts toward ``max_turns``, failed or not; ``tool_errors`` counts
+  the calls that failed or were refused.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,9 +42,14 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlstream.envs import sandbox, tasks
+from rlstream.envs.tools import Environment, Workspace, code_only
 from rlstream.rollout.model import Generation, KVCache, Policy, generate, inference_copy
 
 GenerateFn = Callable[..., Generation]
+
+
+class PromptTooLong(ValueError):
+    """The prompt leaves no room to generate in the policy's context window."""
 
 
 class HarnessConfig(BaseModel):
@@ -63,7 +75,7 @@ class HarnessConfig(BaseModel):
     )
     tool_sandbox: sandbox.SandboxConfig = Field(
         default_factory=lambda: sandbox.SandboxConfig(wall_timeout_s=3.0, cpu_limit_s=1),
-        description="Limits for <run> tool calls.",
+        description="Limits (and the weakest isolation accepted) for tool calls.",
     )
 
 
@@ -82,8 +94,9 @@ class Sample:
     """One rollout (see the module docstring for the array rules).
 
     ``completion`` is the text the policy produced in its last segment (tool calls and
-    observations included; ``tasks.final_answer`` extracts the answer). ``timings`` has
+    observations included; the family's ``answer`` extracts the answer). ``timings`` has
     ``generate_s`` (the batched first turn counts in full for every sample) and ``tool_s``.
+    ``tool_calls`` records every call (see the module rules).
     """
 
     index: int
@@ -96,6 +109,8 @@ class Sample:
     turns: int
     finished: bool
     timings: dict[str, float] = field(default_factory=dict)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_errors: int = 0
 
 
 @dataclass
@@ -112,6 +127,9 @@ class _Row:
     turns: int = 0
     outputs: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=lambda: {"generate_s": 0.0, "tool_s": 0.0})
+    workspace: Workspace = field(default_factory=Workspace)
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_errors: int = 0
 
     def feed(self, ids: list[int], routes: np.ndarray) -> None:
         """Append context tokens the policy did not generate."""
@@ -136,14 +154,20 @@ def _routes(gen: Generation, row: int, n: int, offset: int = 0) -> np.ndarray:
     return gen.routes[row, offset : offset + n].to(torch.uint8).numpy()
 
 
-def _observation(code: str, cfg: HarnessConfig) -> str:
-    result = sandbox.run(code, cfg.tool_sandbox)
-    text = result.stdout + result.stderr
-    if result.status != "ok":
-        text += f"[{result.status}]"
-    for tag in tasks.TAGS:  # program output must not forge protocol tags
+def _observation(text: str, cfg: HarnessConfig) -> str:
+    for tag in tasks.TAGS:  # tool output must not forge protocol tags
         text = text.replace(tag, tag.replace("<", "[").replace(">", "]"))
     return text[: cfg.tool_output_chars]
+
+
+def tool_details(sample: Sample, max_output_chars: int = 1000) -> dict[str, str]:
+    """A sample's tool calls for the trajectory's ``outcome.details`` (``tool_calls``: JSON)."""
+    if not sample.tool_calls:
+        return {}
+    calls = [
+        {**c, "output": str(c.get("output", ""))[:max_output_chars]} for c in sample.tool_calls
+    ]
+    return {"tool_calls": json.dumps(calls)}
 
 
 def _compaction_prompt(prompt: str, row: _Row, cfg: HarnessConfig) -> str:
@@ -166,16 +190,29 @@ class Rollout:
         )
         self.generate_fn = generate_fn
         self.window = model.cfg.max_seq_len
+        self.env = code_only()
 
-    def group(self, prompt: str, group_size: int, generator: torch.Generator) -> list[Sample]:
-        """``group_size`` samples for ``prompt``; the first turn runs as one batch."""
+    def group(
+        self,
+        prompt: str,
+        group_size: int,
+        generator: torch.Generator,
+        env: Environment | None = None,
+    ) -> list[Sample]:
+        """``group_size`` samples for ``prompt`` in ``env`` (default: one tool, Python code);
+        the first turn runs as one batch."""
+        self.env = env or code_only()
         ids = [tasks.BOS, *tasks.encode(prompt)]
+        if len(ids) >= self.window:
+            raise PromptTooLong(
+                f"prompt of {len(ids)} tokens leaves no room in the policy's window of {self.window}"
+            )
         started = time.perf_counter()
         gen = self._generate(torch.tensor([ids] * group_size), generator, None)
         first_s = time.perf_counter() - started
         samples = []
         for b in range(group_size):
-            row = _Row()
+            row = _Row(workspace=self.env.workspace())
             row.feed(ids, _routes(gen, b, len(ids)))
             row.seg_prompt = len(ids)
             row.timings["generate_s"] += first_s
@@ -228,17 +265,24 @@ class Rollout:
                 row.seg_prompt = len(row.tokens)
 
     def _tool_turn(self, row: _Row) -> list[int]:
-        """Run the code of the last ``<run>`` block; the observation tokens to append."""
+        """Run the call of the last ``<run>`` block; the observation tokens to append."""
         started = time.perf_counter()
         text = tasks.decode(row.tokens[row.seg_prompt :])
-        code = text.rsplit("<run>", 1)[-1].removesuffix("</run>")
+        call = text.rsplit("<run>", 1)[-1].removesuffix("</run>")
         if row.turns >= self.cfg.max_turns:
-            output = "no tool calls left"
+            output, record = "no tool calls left", {"tool": "", "status": "over_budget"}
         else:
-            output = _observation(code, self.cfg)
+            name, result = self.env.call(row.workspace, call, self.cfg.tool_sandbox)
+            output = _observation(result.output, self.cfg)
+            record = {"tool": name, "status": result.status, "isolation": result.isolation}
             row.turns += 1
+            row.tool_errors += result.status != "ok"
         row.outputs.append(output)
-        row.timings["tool_s"] += time.perf_counter() - started
+        spent = time.perf_counter() - started
+        row.timings["tool_s"] += spent
+        row.calls.append(
+            {**record, "input": call[:200], "output": output, "ms": round(spent * 1000, 1)}
+        )
         return [tasks.OUT, *tasks.encode(output), tasks.OUT_END]
 
     def _sample(self, index: int, row: _Row) -> Sample:
@@ -255,6 +299,8 @@ class Rollout:
             turns=row.turns,
             finished=last.reason == "final",
             timings=dict(row.timings),
+            tool_calls=row.calls,
+            tool_errors=row.tool_errors,
         )
 
 

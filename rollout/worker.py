@@ -28,12 +28,12 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlstream.consumers.consumer import Record, RoleContext, Stopper
-from rlstream.consumers.transactional import Output, TransactionalLoop
+from rlstream.consumers.transactional import Output, Refused, TransactionalLoop
 from rlstream.consumers.weights import WeightSubscriber
 from rlstream.envs import tasks as task_family
 from rlstream.envs.family import environment_for
 from rlstream.producers.settings import KafkaSettings
-from rlstream.rollout.harness import HarnessConfig, Rollout, Sample, tool_details
+from rlstream.rollout.harness import HarnessConfig, PromptTooLong, Rollout, Sample, tool_details
 from rlstream.rollout.model import PolicyConfig, build_policy
 from rlstream.rollout.reissue import for_region
 from rlstream.schemas import arrays, topics
@@ -113,18 +113,23 @@ class RolloutWorker:
                 continue
             self.subscriber.poll(0)
             self.swap()
-            outputs += self.roll(rec.value)
+            outputs += self.roll(rec.value, rec)
         return outputs
 
-    def roll(self, task: dict[str, Any]) -> list[Output]:
+    def roll(self, task: dict[str, Any], rec: Record | None = None) -> list[Output]:
         queued_ms, started_ms = int(task["created_ms"]), int(time.time() * 1000)
         seed = zlib.crc32(f"{self.cfg.seed}/{task['task_id']}".encode())  # stable across processes
         gen = torch.Generator().manual_seed(seed)
         harness = self.cfg.harness.model_copy(update={"max_turns": int(task["max_turns"])})
         env = environment_for(task)  # the task family's tools and starting workspace
-        samples = Rollout(self.model, harness).group(
-            task["prompt"], int(task["group_size"]), gen, env
-        )
+        try:
+            samples = Rollout(self.model, harness).group(
+                task["prompt"], int(task["group_size"]), gen, env
+            )
+        except PromptTooLong as exc:  # a task this policy cannot roll out: dead-lettered
+            if rec is None:
+                raise
+            raise Refused(rec, str(exc)) from exc
         finished_ms = int(time.time() * 1000)
         outputs = []
         for sample in samples:

@@ -104,7 +104,12 @@ def test_policy_served_hot_swapped_and_judged(kafka, unique_run):
             time.sleep(0.3)
         assert _served_version(base) == 1
 
-        cfg = JudgeConfig(kind="llm", endpoint=f"{base}/v1/completions", llm_model="policy")
+        cfg = JudgeConfig(
+            kind="llm",
+            endpoint=f"{base}/v1/completions",
+            llm_model="policy",
+            allow_policy_grader=True,  # this test grades with the served policy on purpose
+        )
         verdict = judge_llm({"prompt": "f(x): double", "completion": "return x*2"}, cfg)
         assert 0.0 <= verdict["score"] <= 1.0
         if "error" not in verdict:  # a tiny policy rarely prints a number; both paths are valid

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable
 
 import numpy as np
@@ -9,7 +11,15 @@ import pytest
 import torch
 
 from rlstream.envs import tasks
-from rlstream.rollout.harness import HarnessConfig, Rollout, Sample, rollout_group
+from rlstream.envs.tools import READ, WRITE, Environment, Tool, ToolResult, Workspace, code_only
+from rlstream.rollout.harness import (
+    HarnessConfig,
+    PromptTooLong,
+    Rollout,
+    Sample,
+    rollout_group,
+    tool_details,
+)
 from rlstream.rollout.model import (
     Generation,
     KVCache,
@@ -174,3 +184,71 @@ def test_program_output_cannot_forge_protocol_tags() -> None:
     )
     assert int((s.token_ids == tasks.OUT_END).sum()) == 1
     assert tasks.final_answer(s.completion) == "return x"
+
+
+def _fake_env() -> Environment:
+    """Tools that never touch a sandbox: the harness's side of the protocol only."""
+
+    def echo(ws: Workspace, arg: str, box: object) -> ToolResult:
+        return ToolResult(f"echo:{arg}")
+
+    def fail(ws: Workspace, arg: str, box: object) -> ToolResult:
+        return ToolResult("broken", "error")
+
+    return Environment(
+        (Tool("echo", "@echo X", echo), READ, WRITE, Tool("fail", "@fail", fail)),
+        {"a.txt": "A"},
+    )
+
+
+def test_named_tools_share_a_workspace_and_every_call_is_recorded() -> None:
+    model = build_policy(SMALL)
+    calls = ["@write b.txt\nhi", "@read b.txt", "@read a.txt", "plain", "@fail", "@nope x"]
+    replies = [[tasks.RUN, *tasks.encode(c), tasks.RUN_END] for c in calls]
+    replies.append([*tasks.encode("return x"), tasks.EOS])
+    cfg = HarnessConfig(max_new_tokens=24, max_turns=5, tool_output_chars=40)
+    (s,) = Rollout(model, cfg, scripted(replies)).group(
+        PROMPT, 1, torch.Generator().manual_seed(0), _fake_env()
+    )
+    seen = [(c["tool"], c["status"], c["output"]) for c in s.tool_calls]
+    assert seen == [
+        ("write", "ok", "wrote b.txt (2 bytes)"),
+        ("read", "ok", "hi"),
+        ("read", "ok", "A"),
+        ("echo", "ok", "echo:plain"),  # no @: the first tool
+        ("fail", "error", "broken"),
+        ("", "over_budget", "no tool calls left"),  # the sixth call is past max_turns=5
+    ]
+    assert s.turns == 5 and s.tool_errors == 1
+    assert s.tool_calls[0]["input"] == "@write b.txt\nhi"
+    assert json.loads(tool_details(s)["tool_calls"])[1]["output"] == "hi"
+    assert "<out>echo:plain</out>" in tasks.decode(s.token_ids.tolist())
+    _check_aligned(s, model)
+
+
+def test_an_unknown_tool_is_an_error_the_policy_sees() -> None:
+    model = build_policy(SMALL)
+    replies = [[tasks.RUN, *tasks.encode("@nope x"), tasks.RUN_END], [tasks.EOS]]
+    (s,) = Rollout(model, HarnessConfig(max_new_tokens=40), scripted(replies)).group(
+        PROMPT, 1, torch.Generator().manual_seed(0), _fake_env()
+    )
+    assert s.tool_calls[0]["status"] == "error" and s.tool_errors == 1
+    assert s.tool_calls[0]["output"].startswith("unknown tool @nope (tools: @echo X")
+
+
+def test_fx_environment_runs_code_in_the_sandbox_and_records_isolation() -> None:
+    model = build_policy(SMALL)
+    run_call = [tasks.RUN, *tasks.encode("print(6*7)"), tasks.RUN_END]
+    answer = [*tasks.encode("return x"), tasks.EOS]
+    (s,) = Rollout(model, HarnessConfig(max_new_tokens=32), scripted([run_call, answer])).group(
+        PROMPT, 1, torch.Generator().manual_seed(0), code_only()
+    )
+    (call,) = s.tool_calls
+    assert (call["tool"], call["status"], call["output"]) == ("python", "ok", "42\n")
+    assert call["isolation"] == "full" or os.geteuid() != 0
+
+
+def test_a_prompt_that_leaves_no_room_is_refused_clearly() -> None:
+    model = build_policy(SMALL.model_copy(update={"max_seq_len": 32}))
+    with pytest.raises(PromptTooLong, match="prompt of 41 tokens leaves no room"):
+        Rollout(model, HarnessConfig()).group("x" * 40, 2, torch.Generator().manual_seed(0))

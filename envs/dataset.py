@@ -1,0 +1,329 @@
+"""The ``dataset`` task family: coding problems from a local JSONL file, scored by their own tests.
+
+Each line is one problem in the widely used HumanEval/MBPP shape::
+
+    {"task_id": "HumanEval/0", "prompt": "def f(x):\\n    \\"\\"\\"...\\"\\"\\"\\n",
+     "entry_point": "f", "test": "def check(candidate):\\n    assert candidate(1) == 2\\n",
+     "canonical_solution": "    return x + 1\\n", "visible_test": "assert f(0) == 1"}
+
+``canonical_solution`` and ``visible_test`` are optional. ``path = "builtin:NAME"`` reads
+``envs/data/NAME`` shipped with rlstream (``mini_humaneval.jsonl``: 16 small problems).
+
+Rules and guarantees:
+
+- Loading checks every line (a JSON object, the required string fields, an identifier as
+  ``entry_point``, unique ``task_id``) and fails with ``FILE:LINE: what is wrong``, never
+  half-loaded.
+- Task ids are ``NAME-SEED:ROW`` (ROW is the file's ``task_id``): the problem is drawn from the
+  seed, so the same problem released twice is two tasks (two groups), never one.
+- The policy sees ``prompt``; the completion continues it, as in HumanEval. The scored answer is
+  the text after the last tool output (markdown fences removed); an answer with no indented
+  line that does not start a definition is taken as the function's body and indented.
+  The program is ``prompt + answer`` (``answer`` alone when the prompt is prose).
+- Scoring runs the problem's own ``test`` against the program in the sandbox through
+  :mod:`rlstream.envs.dataset_driver`, which keeps the verdict out of the answer's reach and
+  the hidden tests out of its sight; the failing assertion (its line of test code) or the error
+  is the verdict's rationale. A sandbox that could not run is an ``error``, not a failure.
+- Tools: ``python``, ``read``, ``write``, ``ls`` on a workspace that starts with
+  ``solution.py`` = the prompt, and ``test``, which runs the prompt's doctest examples and
+  ``visible_test`` (never ``test``) against the workspace's ``solution.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import random
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rlstream.envs import sandbox, tools
+from rlstream.envs.family import FamilyTask, TaskFamily, Verdict
+from rlstream.envs.tools import Environment, Tool, ToolResult, Workspace
+
+DATA = Path(__file__).resolve().parent / "data"
+_DRIVER = Path(__file__).resolve().parent / "dataset_driver.py"
+ToolName = Literal["python", "read", "write", "ls", "test"]
+_FENCE = "```"
+
+
+class DatasetError(ValueError):
+    """A dataset file that cannot be used, with ``FILE:LINE`` of the first problem found."""
+
+
+class DatasetConfig(BaseModel):
+    """Options of a dataset family (``[families.NAME.options]`` in a recipe)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str = Field(
+        "builtin:mini_humaneval.jsonl",
+        min_length=1,
+        description="JSONL file of problems; 'builtin:NAME' is a file shipped in envs/data.",
+    )
+    wall_timeout_s: float = Field(10.0, gt=0, le=600, description="Wall clock per scoring run.")
+    cpu_limit_s: int = Field(5, ge=1, le=600, description="CPU seconds per scoring run.")
+    memory_bytes: int = Field(
+        512 * 2**20, ge=64 * 2**20, le=2**36, description="Address space per process."
+    )
+    tools: tuple[ToolName, ...] = Field(
+        ("python", "test", "read", "write", "ls"),
+        min_length=1,
+        description="Tools offered to the policy; the first is the default of a bare <run>.",
+    )
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One line of the file."""
+
+    task_id: str
+    prompt: str
+    entry_point: str
+    test: str
+    canonical_solution: str | None = None
+    visible_test: str | None = None
+
+
+def resolve(path: str) -> Path:
+    """The file behind a ``path`` option (``builtin:NAME`` -> ``envs/data/NAME``)."""
+    if path.startswith("builtin:"):
+        return DATA / path.removeprefix("builtin:")
+    return Path(path).expanduser().resolve()
+
+
+def load(path: str | Path) -> dict[str, Problem]:
+    """The problems of a JSONL file by ``task_id``, in file order (see the loading rule)."""
+    p = resolve(str(path)) if isinstance(path, str) else path
+    try:
+        st = p.stat()
+    except OSError as exc:
+        raise DatasetError(f"{p}: cannot read the dataset: {exc.strerror}") from exc
+    return _load(str(p), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _load(path: str, mtime_ns: int, size: int) -> dict[str, Problem]:
+    problems: dict[str, Problem] = {}
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if line.strip():
+                problem = parse_line(line, f"{path}:{lineno}")
+                if problem.task_id in problems:
+                    raise DatasetError(f"{path}:{lineno}: duplicate task_id {problem.task_id!r}")
+                problems[problem.task_id] = problem
+    if not problems:
+        raise DatasetError(f"{path}: no problems in the file")
+    return problems
+
+
+def parse_line(line: str, where: str) -> Problem:
+    """One problem; DatasetError naming ``where`` and the field for anything wrong."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise DatasetError(f"{where}: not JSON ({exc.msg})") from exc
+    if not isinstance(row, dict):
+        raise DatasetError(f"{where}: expected a JSON object")
+    for name in ("task_id", "prompt", "entry_point", "test"):
+        if not isinstance(row.get(name), str) or not row[name]:
+            raise DatasetError(f"{where}: field {name!r} must be a non-empty string")
+    for name in ("canonical_solution", "visible_test"):
+        if row.get(name) is not None and not isinstance(row[name], str):
+            raise DatasetError(f"{where}: field {name!r} must be a string")
+    if not row["entry_point"].isidentifier():
+        raise DatasetError(f"{where}: entry_point {row['entry_point']!r} is not an identifier")
+    return Problem(
+        row["task_id"],
+        row["prompt"],
+        row["entry_point"],
+        row["test"],
+        row.get("canonical_solution"),
+        row.get("visible_test"),
+    )
+
+
+# ---------------------------------------------------------------- answers and programs
+
+
+def answer_of(completion: str) -> str:
+    """The scored part of a completion (see the module rules)."""
+    text = completion
+    for tag in ("</out>", "</sum>"):
+        if tag in text:
+            text = text.rsplit(tag, 1)[1]
+    text = text.replace("\r\n", "\n").rstrip()
+    if _FENCE in text:
+        inside = text.split(_FENCE, 2)[1]
+        text = inside.split("\n", 1)[1] if "\n" in inside else inside
+        text = text.rstrip()
+    text = text.lstrip("\n")
+    lines = text.split("\n")
+    starts = ("def ", "class ", "import ", "from ", "@", "async def ")
+    if text and not any(ln[:1] in (" ", "\t") for ln in lines) and not text.startswith(starts):
+        text = "\n".join("    " + ln if ln else ln for ln in lines)
+    return text + "\n" if text else ""
+
+
+def program_of(problem: Problem, answer: str) -> str:
+    """``prompt + answer``, or the answer alone when the prompt is not Python."""
+    prompt = problem.prompt
+    try:
+        compile(prompt, "<prompt>", "exec")
+    except SyntaxError:
+        return answer
+    return prompt + ("" if prompt.endswith("\n") else "\n") + answer
+
+
+@functools.cache
+def driver_source(entry_point: str) -> str:
+    """The sandboxed test driver for one entry point."""
+    source = _DRIVER.read_text(encoding="utf-8")
+    return source.replace('ENTRY = "f"', f"ENTRY = {entry_point!r}", 1)
+
+
+def run_driver(
+    problem: Problem, program: str, mode: str, box: sandbox.SandboxConfig
+) -> tuple[sandbox.SandboxResult, str | None]:
+    """Run the driver; (result, the verdict line's text after the nonce, or None if absent)."""
+    nonce = secrets.token_hex(16)
+    params = {
+        "nonce": nonce,
+        "mode": mode,
+        "prompt": problem.prompt,
+        "test": problem.test if mode == "hidden" else "",
+        "visible_test": problem.visible_test or "",
+    }
+    files = {"solution.py": program}
+    result = sandbox.run(driver_source(problem.entry_point), box, json.dumps(params), files)
+    verdict = None
+    for line in result.stdout.splitlines():
+        if line.startswith(nonce + " "):
+            verdict = line[len(nonce) + 1 :]
+    return result, verdict
+
+
+def verdict_of(result: sandbox.SandboxResult, line: str | None) -> Verdict:
+    """Map a driver run to a Verdict (rule: pass only on exit 0 with the nonce's pass line)."""
+    details = {"wall_ms": round(result.wall_s * 1000, 1), "cpu_ms": round(result.cpu_s * 1000, 1)}
+    if result.status == "error":
+        return Verdict(False, 0.0, result.reason, details, result.mode, error=result.reason)
+    if result.status == "ok" and line == "pass":
+        return Verdict(True, 1.0, "all tests pass", details, result.mode)
+    if line is not None and line.startswith("fail "):
+        why = line.removeprefix("fail ")
+    else:
+        tail = (result.stderr.strip().splitlines() or [""])[-1][:300]
+        why = f"{result.status}: {result.reason or tail or 'no verdict'}"
+    return Verdict(False, 0.0, why, details, result.mode)
+
+
+# ---------------------------------------------------------------- the family
+
+
+def _test_tool(spec: dict[str, Any]) -> Tool:
+    problem = Problem(
+        str(spec["row"]), str(spec["prompt"]), str(spec["entry_point"]), "",
+        visible_test=spec.get("visible_test"),
+    )  # fmt: skip
+
+    def run(workspace: Workspace, arg: str, box: sandbox.SandboxConfig) -> ToolResult:
+        program = workspace.files.get("solution.py", b"").decode("utf-8", errors="replace")
+        result, line = run_driver(problem, program, "visible", box)
+        if line is not None:  # the driver ran the tests: its report, without the verdict line
+            text = result.stdout.rsplit("\n", 2)[0]
+        else:
+            text = result.stdout + result.stderr + f"[{result.status}]"
+        return ToolResult(
+            text.strip() or "no visible tests", "ok" if line == "pass" else "error", result.mode
+        )
+
+    return Tool("test", "@test (runs the visible tests on solution.py)", run)
+
+
+class DatasetFamily(TaskFamily):
+    """Problems from a JSONL file in the HumanEval/MBPP shape (see the module docstring)."""
+
+    plugin = "dataset"
+    Config = DatasetConfig
+    cfg: DatasetConfig
+
+    def __init__(self, name: str, cfg: DatasetConfig) -> None:
+        super().__init__(name, cfg)
+        self.problems = load(cfg.path)
+        self.order = list(self.problems)
+
+    def problem(self, task_id: str) -> Problem:
+        """The problem behind ``task_id`` (``NAME-SEED:ROW``); ValueError for a foreign id."""
+        _seed, sep, row = self.key(task_id).partition(":")
+        if not sep or row not in self.problems:
+            raise ValueError(f"task {task_id!r}: no problem {row!r} in {self.cfg.path}")
+        return self.problems[row]
+
+    def sample(self, seed: int) -> FamilyTask:
+        problem = self.problems[self.order[random.Random(seed).randrange(len(self.order))]]
+        spec = {
+            "plugin": self.plugin,
+            "row": problem.task_id,
+            "prompt": problem.prompt,
+            "entry_point": problem.entry_point,
+            "visible_test": problem.visible_test,
+            "tools": list(self.cfg.tools),
+        }
+        return FamilyTask(f"{self.name}-{seed}:{problem.task_id}", problem.prompt, spec, seed)
+
+    def sandbox_config(self, isolation: sandbox.Mode) -> sandbox.SandboxConfig:
+        return sandbox.SandboxConfig(
+            wall_timeout_s=self.cfg.wall_timeout_s,
+            cpu_limit_s=self.cfg.cpu_limit_s,
+            memory_bytes=self.cfg.memory_bytes,
+            isolation=isolation,
+        )
+
+    def score(self, task_id: str, completion: str, isolation: sandbox.Mode = "full") -> Verdict:
+        return self.score_problem(self.problem(task_id), self.answer(completion), isolation)
+
+    def score_problem(self, problem: Problem, answer: str, isolation: sandbox.Mode) -> Verdict:
+        """Score an answer (already extracted) against ``problem``'s own tests."""
+        if not answer.strip():
+            return Verdict(False, 0.0, "empty answer")
+        program = program_of(problem, answer)
+        result, line = run_driver(problem, program, "hidden", self.sandbox_config(isolation))
+        return verdict_of(result, line)
+
+    def format_check(self, task_id: str, completion: str) -> tuple[bool, str]:
+        answer = self.answer(completion)
+        if not answer.strip():
+            return False, "empty answer"
+        if "<run>" in answer or "<out>" in answer:
+            return False, "tool tag in the answer"
+        try:
+            compile(program_of(self.problem(task_id), answer), "<answer>", "exec")
+        except (SyntaxError, ValueError) as exc:
+            return False, f"does not compile: {getattr(exc, 'msg', exc)}"
+        return True, ""
+
+    def answer(self, completion: str) -> str:
+        return answer_of(completion)
+
+    @classmethod
+    def environment(cls, spec: dict[str, Any]) -> Environment:
+        by_name = {
+            "python": tools.PYTHON,
+            "read": tools.READ,
+            "write": tools.WRITE,
+            "ls": tools.LS,
+            "test": _test_tool(spec),
+        }
+        chosen = tuple(by_name[n] for n in spec.get("tools") or by_name if n in by_name)
+        return Environment(chosen, {"solution.py": str(spec["prompt"])})
+
+
+def shipped() -> list[str]:
+    """The dataset files shipped with rlstream (``builtin:NAME``)."""
+    return sorted(f"builtin:{n}" for n in os.listdir(DATA) if n.endswith(".jsonl"))

@@ -1,0 +1,220 @@
+"""Task families: the plugin interface, its registry, and how a run mixes families.
+
+A *task family* samples tasks from a seed, says what the policy sees (the prompt), keeps the
+hidden tests to itself, offers the tools the harness gives the policy, and scores an answer in
+the sandbox. ``fx`` (:mod:`rlstream.envs.fx`) and ``dataset`` (:mod:`rlstream.envs.dataset`) are
+plugins like any other: every plugin is a :class:`TaskFamily` subclass registered under the
+Python entry-point group ``rlstream.task_families``, so a user's package adds a family by
+declaring, in its own ``pyproject.toml``::
+
+    [project.entry-points."rlstream.task_families"]
+    myfam = "mypkg.envs:MyFamily"
+
+Rules and guarantees:
+
+- A run names its families in the recipe (``[families.NAME]``: the plugin, a weight, the
+  plugin's options, validated by the plugin's ``Config`` model when the recipe loads). NAME
+  matches ``[a-z][a-z0-9_]*``: no ``-``.
+- A task id is ``NAME-KEY``: it carries its family (``family_of``), so judges and admission
+  work for any family without a lookup; KEY is the family's own (``fx``: the seed).
+- Sampling is a pure function of (run seed, task index): ``pick_family`` draws a family by
+  weight from a generator seeded by both, and the family samples its task from the task seed.
+  With one family nothing is drawn, so a single-family run releases exactly the tasks it did
+  before families could be mixed.
+- Hidden tests never leave the family: a task's ``spec`` (what rollout workers get) holds the
+  prompt and what the tools need, never what scoring checks against.
+- ``score`` never raises for the answer's faults: a wrong answer is ``passed=False`` with the
+  failing assertion or error in ``rationale``; a sandbox that could not run the answer is
+  ``error`` (not the answer's fault). Every verdict records the isolation its code ran under.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import json
+import random
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rlstream.envs import sandbox
+from rlstream.envs.tools import Environment, unavailable
+
+ENTRY_POINT_GROUP = "rlstream.task_families"
+NAME_PATTERN = r"^[a-z][a-z0-9_]{0,39}$"
+_NAME = re.compile(NAME_PATTERN)
+
+
+class FamilySpec(BaseModel):
+    """One family of a run: which plugin, how often, with which options."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    plugin: str = Field(
+        "fx",
+        pattern=NAME_PATTERN,
+        description=f"Plugin name: an entry point of the {ENTRY_POINT_GROUP!r} group.",
+    )
+    weight: float = Field(1.0, gt=0, le=1e6, description="Relative share of released tasks.")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="The plugin's own config (validated by its Config)."
+    )
+
+
+@dataclass(frozen=True)
+class FamilyTask:
+    """One released task: its id (``NAME-KEY``), the prompt, and the spec rollout workers get."""
+
+    task_id: str
+    prompt: str
+    spec: dict[str, Any]
+    seed: int
+
+
+@dataclass
+class Verdict:
+    """A family's score of one answer (see the module rules)."""
+
+    passed: bool
+    score: float
+    rationale: str
+    details: dict[str, float] = field(default_factory=dict)
+    isolation: str = "not_run"  # the sandbox mode the answer ran under; not_run: no code ran
+    error: str | None = None  # set when the answer could not be scored (not its fault)
+
+
+class TaskFamily(ABC):
+    """The plugin interface. Subclasses set ``plugin`` and ``Config`` and implement the rest."""
+
+    plugin: ClassVar[str]
+    Config: ClassVar[type[BaseModel]]
+
+    def __init__(self, name: str, cfg: BaseModel) -> None:
+        self.name, self.cfg = name, cfg
+
+    @abstractmethod
+    def sample(self, seed: int) -> FamilyTask:
+        """The task with this seed: a pure function of the seed and the config."""
+
+    @abstractmethod
+    def score(self, task_id: str, completion: str, isolation: sandbox.Mode = "full") -> Verdict:
+        """Score ``completion`` for ``task_id`` (hidden tests rebuilt or looked up here), in a
+        sandbox with at least ``isolation``; may raise ``sandbox.IsolationUnavailable``."""
+
+    @abstractmethod
+    def format_check(self, task_id: str, completion: str) -> tuple[bool, str]:
+        """The format rubric: (well formed, why not)."""
+
+    @abstractmethod
+    def answer(self, completion: str) -> str:
+        """The part of a completion that is scored (equal answers score equally)."""
+
+    @classmethod
+    @abstractmethod
+    def environment(cls, spec: dict[str, Any]) -> Environment:
+        """Tools and starting workspace for one sample, from the task's spec alone."""
+
+    def key(self, task_id: str) -> str:
+        """The family's own part of ``task_id``; ValueError when it is not this family's."""
+        name, sep, key = task_id.partition("-")
+        if name != self.name or not sep:
+            raise ValueError(
+                f"task id {task_id!r} is not of family {self.name!r} ({self.name}-KEY)"
+            )
+        return key
+
+
+def family_of(task_id: str) -> str:
+    """The family name a task id carries (``NAME-KEY``); ValueError for any other shape."""
+    name, sep, _ = task_id.partition("-")
+    if not sep or not _NAME.match(name):
+        raise ValueError(f"task id {task_id!r} does not name its family (FAMILY-KEY)")
+    return name
+
+
+# ---------------------------------------------------------------- the registry
+
+
+def plugins() -> dict[str, str]:
+    """Registered plugin names -> their entry point's target (``module:Class``)."""
+    eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    return {ep.name: ep.value for ep in eps}
+
+
+@functools.cache
+def load_plugin(plugin: str) -> type[TaskFamily]:
+    """The ``TaskFamily`` subclass registered as ``plugin``; ValueError with what exists."""
+    eps = [
+        ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == plugin
+    ]
+    if not eps:
+        raise ValueError(
+            f"no task-family plugin {plugin!r} (registered: {sorted(plugins())}); a package "
+            f"registers one under the entry-point group {ENTRY_POINT_GROUP!r}"
+        )
+    cls = eps[0].load()
+    if not (isinstance(cls, type) and issubclass(cls, TaskFamily)):
+        raise ValueError(f"plugin {plugin!r} ({eps[0].value}) is not a TaskFamily subclass")
+    return cls
+
+
+def build_family(name: str, spec: FamilySpec) -> TaskFamily:
+    """A family instance of the run; ValueError (naming the family) for any bad option."""
+    if not _NAME.match(name):
+        raise ValueError(f"family name {name!r} must match {NAME_PATTERN} (no '-')")
+    cls = load_plugin(spec.plugin)
+    try:
+        cfg = cls.Config.model_validate(spec.options)
+    except ValidationError as exc:
+        why = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"family {name!r} (plugin {spec.plugin!r}) options: {why}") from exc
+    return cls(name, cfg)
+
+
+@functools.cache
+def _families(frozen: str) -> dict[str, TaskFamily]:
+    specs = {k: FamilySpec.model_validate(v) for k, v in json.loads(frozen).items()}
+    return {name: build_family(name, spec) for name, spec in specs.items()}
+
+
+def families(specs: dict[str, FamilySpec]) -> dict[str, TaskFamily]:
+    """The run's families by name, built once per process for the same specs."""
+    if not specs:
+        raise ValueError("a run needs at least one task family")
+    return _families(json.dumps({k: v.model_dump() for k, v in sorted(specs.items())}))
+
+
+def family_for(specs: dict[str, FamilySpec], task_id: str) -> TaskFamily:
+    """The family that owns ``task_id``; ValueError when the run has no such family."""
+    name = family_of(task_id)
+    built = families(specs)
+    if name not in built:
+        raise ValueError(f"task {task_id!r}: family {name!r} is not in this run ({sorted(built)})")
+    return built[name]
+
+
+def pick_family(specs: dict[str, FamilySpec], run_seed: int, index: int) -> str:
+    """The family of task ``index``: a weighted draw seeded by (run seed, index)."""
+    names = sorted(specs)
+    if len(names) == 1:
+        return names[0]
+    rng = random.Random(f"{run_seed}/{index}")
+    return rng.choices(names, weights=[specs[n].weight for n in names])[0]
+
+
+def environment_for(task: dict[str, Any]) -> Environment:
+    """The tools of a released task (a Task record), from its ``spec_json`` alone.
+
+    Never raises: a task whose plugin is not installed here, or whose spec is unreadable, gets
+    an environment whose every call is refused with the reason (recorded in the trajectory);
+    a spec without ``plugin`` (written before plugins) is ``fx``'s.
+    """
+    try:
+        spec = json.loads(task.get("spec_json") or "{}")
+        return load_plugin(str(spec.get("plugin") or "fx")).environment(spec)
+    except (ValueError, KeyError, TypeError, AttributeError, ImportError) as exc:
+        return unavailable(f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,70 @@
+"""The ``fx`` task family as a plugin (entry point ``fx``): :mod:`rlstream.envs.tasks` behind
+the :class:`~rlstream.envs.family.TaskFamily` interface.
+
+Rules: a task id is ``NAME-SEED`` (``fx-SEED`` in the default recipe, as it always was); the
+spec rollout workers get is ``{"plugin": "fx", "seed", "tasks"}`` and nothing hidden (the hidden
+inputs and outputs are rebuilt from the seed by the judge); the one tool is Python code in the
+sandbox (``<run>CODE</run>``), with no workspace; scoring is ``tasks.score`` with its hacking
+guards, in a sandbox of at least the isolation the judge accepts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlstream.envs import sandbox, tasks
+from rlstream.envs.family import FamilySpec, FamilyTask, TaskFamily, Verdict
+from rlstream.envs.tools import Environment, code_only
+
+
+class FxFamily(TaskFamily):
+    """Tiny functions from a spoken spec (see :mod:`rlstream.envs.tasks`)."""
+
+    plugin = "fx"
+    Config = tasks.TaskConfig
+    cfg: tasks.TaskConfig
+
+    def task(self, task_id: str) -> tasks.Task:
+        """The task behind ``task_id``, hidden tests included; ValueError for a foreign id."""
+        seed = self.key(task_id)
+        if not seed.lstrip("-").isdigit():
+            raise ValueError(f"task id {task_id!r} is not of the fx family ({self.name}-SEED)")
+        return tasks.sample_task(int(seed), self.cfg)
+
+    def sample(self, seed: int) -> FamilyTask:
+        task = tasks.sample_task(seed, self.cfg)
+        spec = {"plugin": self.plugin, "seed": seed, "tasks": self.cfg.model_dump()}
+        return FamilyTask(f"{self.name}-{seed}", task.prompt, spec, seed)
+
+    def score(self, task_id: str, completion: str, isolation: sandbox.Mode = "full") -> Verdict:
+        box = tasks.SCORE_SANDBOX.model_copy(update={"isolation": isolation})
+        passed, details = tasks.score(self.task(task_id), completion, box)
+        numbers = {k: float(v) for k, v in details.items() if isinstance(v, int | float)}
+        mode = str(details.get("isolation") or "not_run")
+        if details.get("sandbox_status") == "error":
+            why = "sandbox could not run the answer"
+            return Verdict(False, 0.0, why, numbers, mode, error=why)
+        reason = str(details.get("reason", "all hidden tests pass"))
+        return Verdict(passed, 1.0 if passed else 0.0, reason, numbers, mode)
+
+    def format_check(self, task_id: str, completion: str) -> tuple[bool, str]:
+        return tasks.format_check(completion)
+
+    def answer(self, completion: str) -> str:
+        return tasks.final_answer(completion)
+
+    @classmethod
+    def environment(cls, spec: dict[str, Any]) -> Environment:
+        return code_only()
+
+
+def with_fx_options(
+    specs: dict[str, FamilySpec], shared: tasks.TaskConfig
+) -> dict[str, FamilySpec]:
+    """``specs`` with the run's shared fx difficulty as the options of fx families giving none."""
+    return {
+        name: spec.model_copy(update={"options": shared.model_dump()})
+        if spec.plugin == FxFamily.plugin and not spec.options
+        else spec
+        for name, spec in specs.items()
+    }

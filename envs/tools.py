@@ -1,0 +1,181 @@
+"""The tools a task family offers the policy, and the workspace they act on.
+
+Call syntax (the text of one ``<run>...</run>`` block, see :mod:`rlstream.rollout.harness`):
+when an environment offers a single tool, the whole block is that tool's input (``fx``: Python
+code, exactly as before tools could be named). Otherwise a block that starts with ``@NAME``
+calls tool NAME with the rest (after one space or newline) as its input, and a block without
+``@`` goes to the first (default) tool. ``Environment.help`` lists the tools for a prompt.
+
+Standard tools (a family picks and orders them):
+
+- ``python CODE``: runs CODE in the sandbox with the workspace as ``/work``; files it writes
+  there are kept for the next call;
+- ``read PATH``: the text of a workspace file;
+- ``write PATH`` + newline + CONTENT: creates or replaces a workspace file;
+- ``ls``: the workspace's files and sizes;
+- ``test``: runs the family's visible tests (the ones the policy may see) in the sandbox.
+
+Rules: ``read``, ``write`` and ``ls`` never touch the host's file system: the workspace is held
+by value (name -> bytes, names as ``sandbox.check_name`` allows, at most ``MAX_FILES`` files and
+``MAX_BYTES`` in all) and travels into the sandbox with each run. A call never raises: it
+returns a :class:`ToolResult` whose ``status`` is ``ok``, ``error`` (bad input or the program
+failed) or ``refused`` (the sandbox cannot give the isolation asked for).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rlstream.envs import sandbox
+
+MAX_FILES = 32
+MAX_BYTES = 256 * 1024
+
+
+@dataclass
+class ToolResult:
+    """What one call returned to the policy, and how it went."""
+
+    output: str
+    status: str = "ok"  # ok | error | refused
+    isolation: str = "not_run"  # the sandbox mode the call ran under, if it ran code
+
+
+@dataclass
+class Workspace:
+    """One sample's files, held by value (see the module rules)."""
+
+    files: dict[str, bytes] = field(default_factory=dict)
+
+    def put(self, name: str, data: bytes) -> None:
+        """Create or replace ``name``; ValueError past the name rules or the caps."""
+        sandbox.check_name(name)
+        others = {k: v for k, v in self.files.items() if k != name}
+        if len(others) + 1 > MAX_FILES:
+            raise ValueError(f"workspace full: at most {MAX_FILES} files")
+        if sum(map(len, others.values())) + len(data) > MAX_BYTES:
+            raise ValueError(f"workspace full: at most {MAX_BYTES} bytes in all")
+        self.files[name] = data
+
+    def replace(self, files: dict[str, bytes]) -> None:
+        """Take what a sandbox run left in ``/work``, within the caps (the rest is dropped)."""
+        kept: dict[str, bytes] = {}
+        for name in sorted(files):
+            if (
+                len(kept) < MAX_FILES
+                and sum(map(len, kept.values())) + len(files[name]) <= MAX_BYTES
+            ):
+                kept[name] = files[name]
+        self.files = kept
+
+
+ToolFn = Callable[[Workspace, str, sandbox.SandboxConfig], ToolResult]
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A named tool: ``run(workspace, input, sandbox_config)``."""
+
+    name: str
+    usage: str
+    run: ToolFn
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What one sample may use: tools (the first is the default) and its starting files."""
+
+    tools: tuple[Tool, ...]
+    files: dict[str, str] = field(default_factory=dict)
+    uses_workspace: bool = True
+
+    def workspace(self) -> Workspace:
+        return Workspace({k: v.encode() for k, v in self.files.items()})
+
+    @property
+    def help(self) -> str:
+        return "; ".join(t.usage for t in self.tools)
+
+    def parse(self, text: str) -> tuple[Tool | None, str]:
+        """(tool, input) of one call; (None, why) for an unknown tool."""
+        if len(self.tools) == 1 or not text.startswith("@"):
+            return self.tools[0], text
+        head, _, rest = text[1:].partition("\n")
+        name, _, inline = head.partition(" ")
+        arg = inline + ("\n" + rest if rest else "") if inline else rest
+        for tool in self.tools:
+            if tool.name == name.strip():
+                return tool, arg
+        return None, f"unknown tool @{name.strip()} (tools: {self.help})"
+
+    def call(
+        self, workspace: Workspace, text: str, box: sandbox.SandboxConfig
+    ) -> tuple[str, ToolResult]:
+        """Run one call: (tool name, result). Never raises."""
+        tool, arg = self.parse(text)
+        if tool is None:
+            return "?", ToolResult(arg, "error")
+        try:
+            return tool.name, tool.run(workspace, arg, box)
+        except sandbox.IsolationUnavailable as exc:
+            return tool.name, ToolResult(f"[refused: {exc}]", "refused")
+        except ValueError as exc:
+            return tool.name, ToolResult(f"[error: {exc}]", "error")
+
+
+def sandbox_output(result: sandbox.SandboxResult) -> ToolResult:
+    """A sandbox run as a tool result: stdout, stderr and, unless ok, ``[status]``."""
+    text = result.stdout + result.stderr
+    if result.status != "ok":
+        text += f"[{result.status}]"
+    return ToolResult(text, "ok" if result.status == "ok" else "error", result.mode)
+
+
+def _python(workspace: Workspace, code: str, box: sandbox.SandboxConfig) -> ToolResult:
+    result = sandbox.run(code, box, files=dict(workspace.files))
+    if result.files is not None and result.status != "error":
+        workspace.replace(result.files)
+    return sandbox_output(result)
+
+
+def _python_no_workspace(workspace: Workspace, code: str, box: sandbox.SandboxConfig) -> ToolResult:
+    return sandbox_output(sandbox.run(code, box))
+
+
+def _read(workspace: Workspace, arg: str, box: sandbox.SandboxConfig) -> ToolResult:
+    name = sandbox.check_name(arg.strip())
+    if name not in workspace.files:
+        return ToolResult(f"[no such file: {name}]", "error")
+    return ToolResult(workspace.files[name].decode("utf-8", errors="replace"))
+
+
+def _write(workspace: Workspace, arg: str, box: sandbox.SandboxConfig) -> ToolResult:
+    name, _, content = arg.partition("\n")
+    workspace.put(name.strip(), content.encode())
+    return ToolResult(f"wrote {name.strip()} ({len(content.encode())} bytes)")
+
+
+def _ls(workspace: Workspace, arg: str, box: sandbox.SandboxConfig) -> ToolResult:
+    return ToolResult("\n".join(f"{n} {len(d)}" for n, d in sorted(workspace.files.items())))
+
+
+PYTHON = Tool("python", "@python CODE (runs it; /work is the workspace)", _python)
+PYTHON_ONLY = Tool("python", "CODE (runs it)", _python_no_workspace)
+READ = Tool("read", "@read PATH", _read)
+WRITE = Tool("write", "@write PATH then the content on the next lines", _write)
+LS = Tool("ls", "@ls", _ls)
+
+
+def code_only() -> Environment:
+    """One tool, Python code with no workspace: the ``fx`` environment (``<run>CODE</run>``)."""
+    return Environment((PYTHON_ONLY,), uses_workspace=False)
+
+
+def unavailable(reason: str) -> Environment:
+    """An environment that could not be built: every call is refused with ``reason``."""
+
+    def refuse(workspace: Workspace, arg: str, box: sandbox.SandboxConfig) -> ToolResult:
+        return ToolResult(f"[environment unavailable: {reason}]", "refused")
+
+    return Environment((Tool("unavailable", "(no tools)", refuse),), uses_workspace=False)
