@@ -24,6 +24,7 @@ COMMANDS = (
     "rlstream.ops.cmd_replay",
     "rlstream.ops.cmd_serve",
     "rlstream.ops.cmd_dashboard",
+    "rlstream.ops.cmd_env",
 )
 # Command modules added as the features land are appended here.
 

@@ -1,0 +1,173 @@
+"""``rlstream env``: task families and the sandbox, without Kafka.
+
+- ``env score --tasks FILE.jsonl --answers FILE.jsonl [--json]`` scores a file of answers
+  (``task_id``, ``completion`` per line) against a dataset in the HumanEval/MBPP shape, through
+  the dataset family, the sandbox and the ``tests`` judge the pipeline uses: one line per answer
+  (``task_id``, ``passed``, ``reward``, ``isolation``, ``detail``, ``error``) and a last summary
+  line (``tasks``, ``passed``, ``errors``). ``--canonical`` scores the file's own
+  ``canonical_solution``s instead (a dataset's self-check). A bad answer line is reported as an
+  error line and the others are still scored; exit status 0 when nothing was an error, 1 when
+  some line was, 2 when the tasks file itself is unusable.
+- ``env isolation`` says which sandbox modes work on this machine, and why the others do not.
+- ``env families`` lists the registered task-family plugins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    env = sub.add_parser("env", help="task families and the sandbox, without Kafka")
+    cmds = env.add_subparsers(dest="env_command", metavar="ENV_COMMAND", required=True)
+    score = cmds.add_parser("score", help="score answers against a JSONL dataset's own tests")
+    score.add_argument("--tasks", required=True, help="JSONL problems (task_id, prompt, ...)")
+    answers = score.add_mutually_exclusive_group(required=True)
+    answers.add_argument("--answers", help="JSONL answers (task_id, completion)")
+    answers.add_argument(
+        "--canonical", action="store_true", help="score the tasks' canonical_solution"
+    )
+    score.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+    score.add_argument("--jobs", type=int, default=2, help="sandboxes run at once (default 2)")
+    score.add_argument(
+        "--isolation",
+        choices=["full", "userns", "rlimits"],
+        default="full",
+        help="weakest sandbox isolation accepted (default full: refuse anything less)",
+    )
+    score.add_argument("--timeout", type=float, default=10.0, help="wall seconds per answer")
+    score.set_defaults(func=_score)
+    iso = cmds.add_parser("isolation", help="which sandbox isolation modes work here")
+    iso.add_argument("--json", action="store_true")
+    iso.set_defaults(func=_isolation)
+    fam = cmds.add_parser("families", help="registered task-family plugins")
+    fam.add_argument("--json", action="store_true")
+    fam.set_defaults(func=_families)
+
+
+def read_answers(path: str) -> list[tuple[str, str | None, str | None]]:
+    """(where, task_id, completion) per non-blank line; task_id None when the line is bad,
+    with the reason in place of the completion."""
+    out: list[tuple[str, str | None, str | None]] = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                out.append((where, None, f"not JSON ({exc.msg})"))
+                continue
+            if not isinstance(row, dict) or not isinstance(row.get("task_id"), str):
+                out.append((where, None, "expected an object with a string task_id"))
+            elif not isinstance(row.get("completion"), str):
+                out.append((where, row["task_id"], None))
+            else:
+                out.append((where, row["task_id"], row["completion"]))
+    return out
+
+
+def score_one(where: str, task_id: str | None, completion: str | None, cfg: Any) -> dict[str, Any]:
+    """One output line: the ``tests`` judge's verdict on one answer, or why it has none."""
+    from rlstream.envs.judges import judge_tests
+
+    if task_id is None or completion is None:
+        why = completion if task_id is None else "field 'completion' must be a string"
+        return _line(task_id, False, 0.0, "not_run", f"{where}: {why}", True)
+    reward = judge_tests({"task_id": f"env-0:{task_id}", "completion": completion}, cfg)
+    isolation = next(
+        (k.removeprefix("isolation.") for k in reward["details"] if k.startswith("isolation.")),
+        "not_run",
+    )
+    detail = reward.get("error") or reward["rationale"]
+    if "error" in reward and "no problem" in detail:
+        detail = f"{where}: unknown task_id {task_id!r}"
+    return _line(task_id, reward["passed"], reward["score"], isolation, detail, "error" in reward)
+
+
+def _line(
+    task_id: str | None, passed: bool, reward: float, isolation: str, detail: str, error: bool
+) -> dict[str, Any]:
+    return {
+        "task_id": task_id,
+        "passed": passed,
+        "reward": reward,
+        "isolation": isolation,
+        "detail": detail,
+        "error": error,
+    }
+
+
+def _score(args: argparse.Namespace) -> int:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rlstream.envs.dataset import DatasetError, load, resolve
+    from rlstream.envs.family import FamilySpec
+    from rlstream.envs.judges import JudgeConfig
+
+    try:
+        problems = load(args.tasks)
+        options = {"path": str(resolve(args.tasks)), "wall_timeout_s": args.timeout}
+        spec = FamilySpec(plugin="dataset", options=options)
+        cfg = JudgeConfig(kind="tests", families={"env": spec}, isolation=args.isolation)
+        if args.canonical:
+            todo = [
+                (f"{args.tasks} {p.task_id}", p.task_id, p.canonical_solution or "")
+                for p in problems.values()
+            ]
+        else:
+            todo = read_answers(args.answers)  # type: ignore[assignment]
+    except (DatasetError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        lines = pool.map(lambda t: score_one(t[0], t[1], t[2], cfg), todo)
+        summary = {"tasks": 0, "passed": 0, "errors": 0}
+        for line in lines:
+            summary["tasks"] += 1
+            summary["passed"] += line["passed"]
+            summary["errors"] += line["error"]
+            _print_line(line, args.json)
+    print(json.dumps(summary) if args.json else _summary_text(summary), flush=True)
+    return 1 if summary["errors"] else 0
+
+
+def _print_line(line: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(line), flush=True)
+        return
+    mark = "ERROR" if line["error"] else ("PASS " if line["passed"] else "FAIL ")
+    print(f"{mark} {line['task_id']}  [{line['isolation']}]  {line['detail']}", flush=True)
+
+
+def _summary_text(summary: dict[str, int]) -> str:
+    return f"{summary['tasks']} tasks, {summary['passed']} passed, {summary['errors']} errors"
+
+
+def _isolation(args: argparse.Namespace) -> int:
+    from rlstream.envs import sandbox
+
+    found = sandbox.probe()
+    if args.json:
+        print(json.dumps({m: {"works": not why, "why_not": why} for m, why in found.items()}))
+    else:
+        for mode in sandbox.MODES:
+            print(f"{mode:8} {'works' if not found[mode] else 'unavailable: ' + found[mode]}")
+    return 0 if not found["full"] else 1
+
+
+def _families(args: argparse.Namespace) -> int:
+    from rlstream.envs.family import ENTRY_POINT_GROUP, plugins
+
+    found = plugins()
+    if args.json:
+        print(json.dumps(found))
+    else:
+        print(f"task-family plugins (entry-point group {ENTRY_POINT_GROUP}):")
+        for name, target in sorted(found.items()):
+            print(f"  {name:10} {target}")
+    return 0
