@@ -38,6 +38,7 @@ regular files only, no link followed, capped. The environment is scrubbed to ``P
 
 from __future__ import annotations
 
+import atexit
 import base64
 import contextlib
 import functools
@@ -174,31 +175,29 @@ def mechanisms(mode: Mode, block_exec: bool) -> dict[str, bool]:
 
 
 @functools.cache
+def probe_mode(mode: Mode) -> str:
+    """ "" when ``mode`` works here, else why not (probed once per process by running a program)."""
+    if mode == "full" and os.geteuid() != 0:
+        return "needs root (a fresh uid and the mounts need privileges)"
+    try:
+        r = _run_in(mode, "print('ok')", SandboxConfig(wall_timeout_s=20), "", None)
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    ok = r.status == "ok" and r.stdout == "ok\n"
+    return "" if ok else (r.reason or r.stderr.strip()[-300:] or r.status)
+
+
 def probe() -> dict[str, str]:
-    """Mode -> "" when it works here, else why not (each probed once per process by a run)."""
-    found: dict[str, str] = {}
-    for mode in MODES:
-        if mode == "full" and os.geteuid() != 0:
-            found[mode] = "needs root (a fresh uid and the mounts need privileges)"
-            continue
-        try:
-            r = _run_in(mode, "print('ok')", SandboxConfig(wall_timeout_s=20), "", None)
-        except OSError as exc:
-            found[mode] = f"{type(exc).__name__}: {exc}"
-            continue
-        ok = r.status == "ok" and r.stdout == "ok\n"
-        found[mode] = "" if ok else (r.reason or r.stderr.strip()[-300:] or r.status)
-    return found
+    """Every mode -> "" when it works here, else why not."""
+    return {mode: probe_mode(mode) for mode in MODES}
 
 
 def choose_mode(cfg: SandboxConfig) -> Mode:
     """The strongest mode that works here; raises when it is weaker than ``cfg.isolation``."""
-    found = probe()
-    for mode in MODES:
-        if not found[mode]:
-            if MODES.index(mode) > MODES.index(cfg.isolation):
-                break
+    for mode in MODES[: MODES.index(cfg.isolation) + 1]:
+        if not probe_mode(mode):
             return mode
+    found = probe()
     why = "; ".join(f"{m}: {found[m] or 'works'}" for m in MODES)
     raise IsolationUnavailable(
         f"sandbox refused: isolation {cfg.isolation!r} cannot be set up here ({why}). Run as "
@@ -379,9 +378,26 @@ class _Zygote:
             raise OSError(f"the sandbox helper could not fork: {answer['error']}")
         return int(answer["pid"])
 
+    def close(self) -> None:
+        """Close our end (the helper exits on it) and reap the helper."""
+        self.sock.close()
+        try:
+            self.proc.wait(2.0)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
 
 _ZYGOTES: dict[tuple[int, str], _Zygote] = {}
 _ZYGOTES_LOCK = threading.Lock()
+
+
+@atexit.register
+def _close_zygotes() -> None:
+    with _ZYGOTES_LOCK:
+        mine = [k for k in _ZYGOTES if k[0] == os.getpid()]
+        for key in mine:
+            _ZYGOTES.pop(key).close()
 
 
 def _launch(python: str, spec: dict[str, object], fds: list[int]) -> int:

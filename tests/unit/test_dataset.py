@@ -187,9 +187,8 @@ def test_a_refusing_sandbox_is_a_recorded_judge_error(
     """Without the accepted isolation the judge writes an error reward and stays up."""
     from rlstream.consumers.admission_rules import AdmissionConfig, PendingGroup, decide
 
-    monkeypatch.setattr(
-        sandbox, "probe", lambda: {"full": "needs root", "userns": "disabled", "rlimits": ""}
-    )
+    found = {"full": "needs root", "userns": "disabled", "rlimits": ""}
+    monkeypatch.setattr(sandbox, "probe_mode", found.__getitem__)
     cfg = JudgeConfig(kind="tests", families={"mini": FamilySpec(plugin="dataset")})
     task = mini.sample(1)
     reward = judge_tests({"task_id": task.task_id, "completion": "    return 1\n"}, cfg)

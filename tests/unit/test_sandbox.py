@@ -201,7 +201,7 @@ def test_rlimits_mode_sweeps_the_uid() -> None:
 def test_refuses_when_full_isolation_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
     """No silent fallback: a weaker mode runs only when the config names it."""
     found = {"full": "needs root", "userns": "user namespaces disabled", "rlimits": ""}
-    monkeypatch.setattr(sandbox, "probe", lambda: found)
+    monkeypatch.setattr(sandbox, "probe_mode", found.__getitem__)
     with pytest.raises(sandbox.IsolationUnavailable, match="full: needs root") as err:
         run("print(1)", FAST)
     assert "isolation = 'userns' or 'rlimits'" in str(err.value)

@@ -252,6 +252,7 @@ def test_cannot_outlive_the_wall_clock_even_when_the_judge_dies(tmp_path: Path) 
     assert len(tree) >= 4, f"sandbox tree not found: {tree}"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+    proc.stdout.close()
     killed_at = time.monotonic()
     while _alive(tree) and time.monotonic() - killed_at < 8:
         time.sleep(0.2)
