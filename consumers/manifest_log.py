@@ -10,6 +10,9 @@ Rules:
 - a log reads ``weights.manifests`` (the run's, or its MirrorMaker copy in a rollout region,
   ``of_run(..., source=REGION)``, or the topic given) from the beginning with a reader of its own: no consumer group, no commits, committed
   records only;
+- with the run's verify key, a record's signature is checked before it is decoded: a forged,
+  altered or unsigned manifest is refused, remembered in ``refused`` and never kept
+  (``producers.weight_signing``);
 - records are decoded with the writer schema they name; a schema this code has never seen is
   learned from ``rl.schemas`` first (``decode``, which the subscriber also uses for chunks); an
   undecodable record is logged and skipped, another model's record skipped;
@@ -25,6 +28,7 @@ One thread drives a log; ``newest`` (the newest version read) may be read from a
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from collections.abc import Iterator, Mapping
@@ -35,6 +39,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartitio
 from rlstream.consumers.consumer import load_schema_topic
 from rlstream.consumers.read_to_end import partitions_of, read_to_end, reader
 from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.weight_signing import Refused, Verifier
 from rlstream.schemas import events, topics
 
 log = logging.getLogger(__name__)
@@ -53,8 +58,15 @@ class ManifestLog(Mapping[Key, dict[str, Any]]):
         model: str | None = None,
         *,
         name: str = "manifest-log",
+        verifier: Verifier | None = None,
     ) -> None:
         self.settings, self.topic, self.model = settings, topic, model
+        # The run's public key (``weight_signing``); None: $RLSTREAM_WEIGHTS_VERIFY_KEY, or
+        # manifests are accepted unchecked when that is not set either.
+        self.verifier = verifier if verifier is not None else Verifier.from_env()
+        if self.verifier is None:
+            log.info("manifests of %s are not verified: no verify key", topic)
+        self.refused: collections.deque[tuple[int, int, str]] = collections.deque(maxlen=100)
         self.newest: int | None = None
         self._records: dict[Key, dict[str, Any]] = {}
         self._next: dict[int, int] = {}  # partition -> offset after the last record read
@@ -216,6 +228,13 @@ class ManifestLog(Mapping[Key, dict[str, Any]]):
 
     def _take(self, msg: Message) -> Key | None:
         self._next[int(msg.partition() or 0)] = int(msg.offset() or 0) + 1
+        if self.verifier is not None:
+            try:
+                self.verifier.check(msg.value(), msg.headers())
+            except Refused as exc:
+                log.warning("manifests: refusing the record at offset %s: %s", msg.offset(), exc)
+                self.refused.append((int(msg.partition() or 0), int(msg.offset() or 0), str(exc)))
+                return None
         try:
             rec = self.decode(msg.value(), "weight_manifest")
         except events.EventError as exc:

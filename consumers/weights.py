@@ -284,6 +284,11 @@ class WeightSubscriber:
     def version(self) -> int | None:
         return None if self._snapshot is None else self._snapshot.version
 
+    @property
+    def refused_manifests(self) -> list[tuple[int, int, str]]:
+        """(partition, offset, reason) of the latest manifests refused as not authentic."""
+        return list(self._manifests.refused)
+
     def newest_known(self) -> int | None:
         """The newest version any manifest read so far names."""
         return self._manifests.newest

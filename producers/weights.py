@@ -45,6 +45,7 @@ from confluent_kafka.admin import AdminClient
 
 from rlstream.producers import weight_retention
 from rlstream.producers.producer import DeliveryError, EventProducer
+from rlstream.producers.weight_signing import Signer
 from rlstream.schemas import deltacodec as codec
 from rlstream.schemas import events, topics
 from rlstream.schemas.weight_format import Ref, chunk_record, manifest_record
@@ -137,6 +138,7 @@ class WeightPublisher:
         max_chunk_bytes: int = MAX_CHUNK_BYTES,
         flush_timeout: float = 120.0,
         fault_hook: FaultHook | None = None,
+        signer: Signer | None = None,
     ) -> None:
         publish_kinds(0, keyframe_every, False)  # validates keyframe_every
         self.producer, self.run, self.model = producer, run, model
@@ -145,6 +147,9 @@ class WeightPublisher:
         self.keyframe_every, self.max_chunk_bytes = keyframe_every, max_chunk_bytes
         self.flush_timeout = flush_timeout
         self.fault_hook = fault_hook  # tests only: corrupts payloads, manifests stay truthful
+        # Manifests are signed with the run's key (``weight_signing``); None: $RLSTREAM_WEIGHTS_
+        # SIGNING_KEY, or unsigned when that is not set.
+        self.signer = signer if signer is not None else Signer.from_env()
         self.history: list[dict[str, Any]] = []  # manifests without tensors, for ``prune``
         self.last_stats: PublishStats | None = None
         self._last: _Published | None = None
@@ -327,7 +332,8 @@ class WeightPublisher:
         if len(value) > self._manifest_limit:
             raise ValueError(f"manifest of {len(value)} bytes > {self._manifest_limit}")
         key = topics.record_key("weights.manifests", rec)
-        self.producer.produce_raw(self.manifest_topic, value, key)
+        headers = self.signer.headers(value) if self.signer is not None else None
+        self.producer.produce_raw(self.manifest_topic, value, key, headers)
 
 
 def _keyframe_of(last: _Published | None) -> int:

@@ -22,14 +22,16 @@ import numpy as np
 import pytest
 
 from rlstream.consumers.manifest_log import read_manifests
+from rlstream.consumers.versions import VersionWatcher
 from rlstream.consumers.weights import Snapshot, WeightSubscriber
+from rlstream.producers import weight_signing
 from rlstream.producers.admin import admin_client, apply_topics, run_topic_wants
 from rlstream.producers.producer import EventProducer
 from rlstream.producers.settings import KafkaSettings
 from rlstream.producers.weight_retention import prune
 from rlstream.producers.weights import WeightPublisher
 from rlstream.schemas import deltacodec as codec
-from rlstream.schemas import topics
+from rlstream.schemas import events, topics
 
 MODEL = "policy"
 CHUNK = 64_000  # small chunks so that a ~1.5 MB model spreads over many records/partitions
@@ -294,3 +296,40 @@ def _worker_main(argv: list[str]) -> None:
 
 if __name__ == "__main__" and sys.argv[1:2] == ["worker"]:
     _worker_main(sys.argv[2:])
+
+
+def test_forged_manifests_are_refused_and_the_old_weights_keep_serving(
+    kafka: KafkaSettings, unique_run: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Signed by the run's key, versions apply; a manifest that is unsigned, signed by another
+    key, or altered is refused before it is decoded (a forged version 10^12 pins nothing)."""
+    _make_topics(kafka, unique_run)
+    key_file, public_hex = weight_signing.generate(tmp_path)
+    monkeypatch.setenv(weight_signing.VERIFY_KEY_ENV, public_hex)
+    learner = Learner(seed=11)
+    pub = _publisher(kafka, unique_run, k=4, signer=weight_signing.Signer.from_file(key_file))
+    _publish(pub, learner, range(3))
+    real = pub.publish_version(learner.step(), 3)
+    forged = {**real, "version": 10**12, "base_version": 3}
+    value = events.serializer("weight_manifest")(forged, None)
+    intruder = weight_signing.Signer.from_file(weight_signing.generate(tmp_path / "other")[0])
+    topic = topics.topic_name(unique_run, "weights.manifests")
+    altered = bytearray(value)
+    altered[-1] ^= 1  # a bit flipped after signing
+    with EventProducer.connect(kafka) as producer:
+        producer.produce_raw(topic, value, MODEL)  # unsigned
+        producer.produce_raw(topic, value, MODEL, intruder.headers(value))  # another key
+        producer.produce_raw(topic, bytes(altered), MODEL, pub.signer.headers(value))
+    with _subscriber(kafka, unique_run) as sub:
+        sub.wait_for(3, timeout=20)
+        sub.poll(2.0)
+        _assert_on(sub, learner, 3)
+        reasons = [why for _, _, why in sub.refused_manifests]
+        assert len(reasons) == 3 and "unsigned" in reasons[0] and "not the run's key" in reasons[1]
+        assert "bad signature" in reasons[2]
+        assert sub.newest_known() == 3
+    watcher = VersionWatcher(kafka, topic, MODEL)
+    try:
+        assert watcher.version == 3
+    finally:
+        watcher.close()

@@ -1,0 +1,129 @@
+"""Authentic weights: every weight manifest is signed by the run's learner, and readers verify
+the signature before they decode the manifest, let alone allocate for its tensors.
+
+Rules:
+
+- the learner holds the run's Ed25519 private key (PEM file named by ``$RLSTREAM_WEIGHTS_SIGNING_KEY``
+  or given to ``Signer.from_file``); it signs the exact bytes of each manifest record value and
+  sends the signature and the key id (the first 8 bytes of the public key, hex) as headers;
+- every reader (weight subscriber, version watcher, learner ledger, replay) verifies with the
+  public key (hex, ``$RLSTREAM_WEIGHTS_VERIFY_KEY`` or ``Verifier.from_hex``). With a key set, a
+  manifest that is unsigned, signed by another key, or altered after signing is refused
+  (``Refused``), counted, and never decoded: old weights keep serving, and a forged version
+  number (say 10^12) never pins a worker or makes admission reject everything as stale;
+- without a verify key (a run that predates signing, or a trusted test cluster) manifests are
+  accepted unchecked, and the reader logs once that it is doing so.
+
+Chunks need no signature of their own: a signed manifest names every chunk's checksum and every
+tensor's hash, and nothing is applied that does not match them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+log = logging.getLogger(__name__)
+
+SIGNATURE_HEADER = "rlstream.weights.signature"
+KEY_ID_HEADER = "rlstream.weights.key-id"
+SIGNING_KEY_ENV = "RLSTREAM_WEIGHTS_SIGNING_KEY"
+VERIFY_KEY_ENV = "RLSTREAM_WEIGHTS_VERIFY_KEY"
+
+Headers = Sequence[tuple[str, bytes | str | None]] | Mapping[str, bytes | str | None]
+
+
+class Refused(ValueError):
+    """A manifest whose signature does not verify; ``reason`` says why."""
+
+
+def _raw(public: Ed25519PublicKey) -> bytes:
+    return public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def key_id(public: Ed25519PublicKey) -> str:
+    return _raw(public)[:8].hex()
+
+
+class Signer:
+    """Signs manifest record values with the run's private key."""
+
+    def __init__(self, private: Ed25519PrivateKey) -> None:
+        self._private = private
+        self.public_hex = _raw(private.public_key()).hex()
+        self.key_id = key_id(private.public_key())
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Signer:
+        key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
+        if not isinstance(key, Ed25519PrivateKey):
+            raise ValueError(f"{path}: not an Ed25519 private key")
+        return cls(key)
+
+    @classmethod
+    def from_env(cls) -> Signer | None:
+        path = os.environ.get(SIGNING_KEY_ENV)
+        return cls.from_file(path) if path else None
+
+    def headers(self, value: bytes) -> list[tuple[str, bytes]]:
+        """The headers that carry ``value``'s signature."""
+        signature = self._private.sign(value)
+        return [(SIGNATURE_HEADER, signature), (KEY_ID_HEADER, self.key_id.encode())]
+
+
+class Verifier:
+    """Checks manifest signatures against the run's public key."""
+
+    def __init__(self, public: Ed25519PublicKey) -> None:
+        self._public = public
+        self.key_id = key_id(public)
+
+    @classmethod
+    def from_hex(cls, public_hex: str) -> Verifier:
+        try:
+            raw = bytes.fromhex(public_hex.strip())
+            return cls(Ed25519PublicKey.from_public_bytes(raw))
+        except ValueError as exc:
+            raise ValueError(f"not an Ed25519 public key in hex: {exc}") from None
+
+    @classmethod
+    def from_env(cls) -> Verifier | None:
+        value = os.environ.get(VERIFY_KEY_ENV)
+        return cls.from_hex(value) if value else None
+
+    def check(self, value: bytes | None, headers: Headers | None) -> None:
+        """Return if ``value`` carries a good signature of this key; raise ``Refused``."""
+        found = dict(headers.items() if isinstance(headers, Mapping) else headers or [])
+        signature, kid = found.get(SIGNATURE_HEADER), found.get(KEY_ID_HEADER)
+        if signature is None:
+            raise Refused("unsigned manifest")
+        if isinstance(kid, bytes):
+            kid = kid.decode(errors="replace")
+        if kid != self.key_id:
+            raise Refused(f"signed by key {kid}, not the run's key {self.key_id}")
+        try:
+            sig = signature if isinstance(signature, bytes) else signature.encode()
+            self._public.verify(sig, value or b"")
+        except InvalidSignature:
+            raise Refused("bad signature (the manifest was altered or forged)") from None
+
+
+def generate(folder: str | Path) -> tuple[Path, str]:
+    """A new key pair for a run: the private key as a PEM file in ``folder`` (mode 0600) and the
+    public key in hex (for ``$RLSTREAM_WEIGHTS_VERIFY_KEY``)."""
+    private = Ed25519PrivateKey.generate()
+    path = Path(folder) / "weights-signing-key.pem"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pem = private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(pem)
+    return path, _raw(private.public_key()).hex()
