@@ -63,7 +63,8 @@ class Admission:
         self.names = topics.run_topics(run)
         self.pending: dict[Copy, PendingGroup] = {}
         self.first_offset: dict[Copy, dict[tuple[str, int], int]] = {}  # copy -> tp -> offset
-        self.decided: set[str] = set()
+        self.decided: set[str] = set()  # committed decisions
+        self._staged: set[str] = set()  # decisions of the open transaction
         self.loaded: set[int] = set()
         self.segments: dict[str, Reassembler] = {}  # per copy: segments are never mixed
         self.counts = {"admitted": 0, "rejected": 0, "dropped_copies": 0}
@@ -84,6 +85,7 @@ class Admission:
             on_assign=self._assigned,
             on_revoke=self._revoked,
             on_abort=self._reset,
+            on_commit=self._settle,
             # Eager rebalancing: every rebalance revokes all partitions and resumes them from the
             # committed low watermarks, so pending state is always rebuilt whole.
             consumer_conf={"partition.assignment.strategy": "range"},
@@ -132,7 +134,7 @@ class Admission:
         value: dict[str, Any] | None = rec.value
         assert value is not None
         group_id = value["group_id"]
-        if group_id in self.decided:
+        if group_id in self.decided or group_id in self._staged:
             return None
         copy = self.copy_of(rec)
         if rec.event and rec.event.event == "trajectory":
@@ -191,7 +193,7 @@ class Admission:
         }
         stream = "admitted" if verdict.admitted else "rejected"
         self.counts[stream] += 1
-        self.decided.add(group.group_id)
+        self._staged.add(group.group_id)  # decided once its transaction commits (``_settle``)
         for key in [k for k in self.pending if k[0] == group.group_id]:
             self._forget(key)  # every copy: the group is decided once
         parts = arrays.split_group(record, topics.STREAMS[stream].max_value_bytes)
@@ -220,8 +222,15 @@ class Admission:
     def _revoked(self, partitions: list[TopicPartition]) -> None:
         self._reset()
 
+    def _settle(self) -> None:
+        """The transaction committed: its decisions are final."""
+        self.decided |= self._staged
+        self._staged.clear()
+
     def _reset(self) -> None:
-        """Forget pending state: it is rebuilt by re-reading from the committed offsets."""
+        """Forget pending state and the aborted transaction's decisions: both are rebuilt by
+        re-reading from the committed offsets."""
+        self._staged.clear()
         self.pending.clear()
         self.first_offset.clear()
         self.segments.clear()

@@ -11,7 +11,9 @@ id, which fences its dead predecessor and aborts the predecessor's open transact
 
 The processor is a plain function ``records -> outputs``. It may keep state across batches; if
 a transaction aborts, the loop rewinds the consumer to the committed offsets and calls
-``on_abort`` so the processor can drop state built from the aborted batch.
+``on_abort`` so the processor can drop state built from the aborted batch; after every commit
+it calls ``on_commit``, so state that must only count once committed (admission's decided
+groups) can be staged during processing and made permanent there.
 
 Poison records never stop the role. A processor refuses one record it cannot accept by raising
 ``Refused`` (dead-lettered as ``invalid_record``). Any other exception from the processor aborts
@@ -89,6 +91,7 @@ class TransactionalLoop:
         dlq_topic: str,
         process: Processor,
         on_abort: Callable[[], None] | None = None,
+        on_commit: Callable[[], None] | None = None,
         on_assign: Callable[[list[TopicPartition]], None] | None = None,
         on_revoke: Callable[[list[TopicPartition]], None] | None = None,
         batch_size: int = 500,
@@ -99,7 +102,7 @@ class TransactionalLoop:
         consumer_conf: dict[str, str] | None = None,
     ) -> None:
         self.group_id, self.dlq_topic = group_id, dlq_topic
-        self.process, self.on_abort = process, on_abort
+        self.process, self.on_abort, self.on_commit = process, on_abort, on_commit
         self.batch_size, self.poll_timeout = batch_size, poll_timeout
         # A stable instance id (static membership) lets a restarted member take its partitions
         # back at once instead of after the dead member's session times out.
@@ -181,6 +184,8 @@ class TransactionalLoop:
             if self.on_abort:
                 self.on_abort()
             return False
+        if self.on_commit:
+            self.on_commit()
         return True
 
     def _tick(self) -> None:

@@ -89,6 +89,7 @@ def test_a_record_the_processor_fails_on_is_dead_lettered_and_the_loop_goes_on(k
             producer.produce(names["in"], "task", task(unique_run, f"t{i}"), f"t{i}")
     seen: list[str] = []
     aborts: list[int] = []
+    commits: list[int] = []
 
     def process(records: list[Record]) -> list[Output]:
         outputs = []
@@ -108,6 +109,7 @@ def test_a_record_the_processor_fails_on_is_dead_lettered_and_the_loop_goes_on(k
         dlq_topic=names["dlq"],
         process=process,
         on_abort=lambda: aborts.append(len(seen)),
+        on_commit=lambda: commits.append(len(seen)),
         batch_size=16,
     )
     stats = loop.run(Stopper(), idle_exit_s=4.0)
@@ -120,3 +122,4 @@ def test_a_record_the_processor_fails_on_is_dead_lettered_and_the_loop_goes_on(k
         ("processing_error", 31),
     ]
     assert "KeyError" in letters[0]["error"] and stats.dead_letters == 2 and aborts
+    assert len(commits) == stats.batches  # committed batches only, never an aborted one
