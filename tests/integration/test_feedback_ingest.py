@@ -281,32 +281,29 @@ def test_kafka_unreachable_answers_503_with_retry_after() -> None:
     assert answer["error"] == "unavailable" and health["kafka"] == "unavailable"
 
 
-def test_a_body_over_the_limit_is_refused_before_it_is_read(service: tuple[str, str]) -> None:
-    """Content-Length over the limit: 413 at once, though the body never arrives."""
-    url, _ = service
+def _answer_to_head(url: str, headers: str) -> str:
+    """The status line the service sends to a request head whose body never comes."""
     host, port = url.removeprefix("http://").split(":")
-    head = (
-        f"POST {fm.FEEDBACK_PATH} HTTP/1.1\r\nHost: {host}\r\n"
-        f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {1 << 30}\r\n\r\n"
-    )
+    head = f"POST {fm.FEEDBACK_PATH} HTTP/1.1\r\nHost: {host}\r\n{headers}\r\n"
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(head.encode())
-        answer = sock.recv(4096).decode(errors="replace")
+        return sock.recv(4096).decode(errors="replace")
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_read(service: tuple[str, str]) -> None:
+    """Content-Length over the limit: 413 at once, though the body never arrives."""
+    headers = (
+        f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {1 << 30}\r\n"
+    )
+    answer = _answer_to_head(service[0], headers)
     assert answer.startswith("HTTP/1.1 413"), answer[:80]
 
 
 def test_an_unauthenticated_body_is_never_read(service: tuple[str, str]) -> None:
     """Without credentials the answer is 401 before the (promised, never sent) body."""
-    url, _ = service
-    host, port = url.removeprefix("http://").split(":")
-    head = (
-        f"POST {fm.FEEDBACK_PATH} HTTP/1.1\r\nHost: {host}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: 60000\r\n\r\n"
-    )
-    with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(head.encode())
-        answer = sock.recv(4096).decode(errors="replace")
+    headers = "Content-Type: application/json\r\nContent-Length: 60000\r\n"
+    answer = _answer_to_head(service[0], headers)
     assert answer.startswith("HTTP/1.1 401"), answer[:80]
 
 
