@@ -6,7 +6,7 @@ Each line is one problem in the widely used HumanEval/MBPP shape::
      "entry_point": "f", "test": "def check(candidate):\\n    assert candidate(1) == 2\\n",
      "canonical_solution": "    return x + 1\\n", "visible_test": "assert f(0) == 1"}
 
-``canonical_solution`` and ``visible_test`` are optional. ``path = "builtin:NAME"`` reads
+``canonical_solution``, ``visible_test`` and ``split`` are optional. ``path = "builtin:NAME"`` reads
 ``envs/data/NAME`` shipped with rlstream (``mini_humaneval.jsonl``: 16 small problems).
 
 Rules and guarantees:
@@ -14,6 +14,11 @@ Rules and guarantees:
 - Loading checks every line (a JSON object, the required string fields, an identifier as
   ``entry_point``, unique ``task_id``) and fails with ``FILE:LINE: what is wrong``, never
   half-loaded.
+- Held-out split (``split_of``): a problem whose ``split`` field is ``train`` trains, one whose
+  field names a held-out split (``eval``, ``test``, ``validation``, ``valid``, ``heldout``) is
+  held out; without the field, a stable hash of its ``task_id`` decides (``eval_fraction``).
+  ``sample`` draws training problems only; ``eval_tasks`` lists the held-out problems in file
+  order, so no held-out prompt or test is ever trained on.
 - Task ids are ``NAME-SEED:ROW`` (ROW is the file's ``task_id``): the problem is drawn from the
   seed, so the same problem released twice is two tasks (two groups), never one.
 - The policy sees ``prompt``; the completion continues it, as in HumanEval. The scored answer is
@@ -32,6 +37,7 @@ Rules and guarantees:
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import random
@@ -43,10 +49,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlstream.envs import sandbox, tools
-from rlstream.envs.family import FamilyTask, TaskFamily, Verdict
+from rlstream.envs.family import FamilyTask, Split, TaskFamily, Verdict
 from rlstream.envs.tools import Environment, Tool, ToolResult, Workspace
 
 DATA = Path(__file__).resolve().parent / "data"
+EVAL_SEED_BASE = 10**12  # the seeds of held-out tasks' ids (as fx's)
 _DRIVER = Path(__file__).resolve().parent / "dataset_driver.py"
 ToolName = Literal["python", "read", "write", "ls", "test"]
 _FENCE = "```"
@@ -71,6 +78,12 @@ class DatasetConfig(BaseModel):
     memory_bytes: int = Field(
         512 * 2**20, ge=64 * 2**20, le=2**36, description="Address space per process."
     )
+    eval_fraction: float = Field(
+        0.2,
+        ge=0,
+        le=0.9,
+        description="Share of problems without a 'split' field held out (by a hash of task_id).",
+    )
     tools: tuple[ToolName, ...] = Field(
         ("python", "test", "read", "write", "ls"),
         min_length=1,
@@ -88,6 +101,18 @@ class Problem:
     test: str
     canonical_solution: str | None = None
     visible_test: str | None = None
+    split: str | None = None
+
+
+HELD_OUT_SPLITS = frozenset({"eval", "test", "validation", "valid", "heldout", "held_out"})
+
+
+def split_of(problem: Problem, eval_fraction: float) -> Split:
+    """The problem's split (see the module rules); the hash is sha256 of ``task_id``."""
+    if problem.split is not None:
+        return "eval" if problem.split.lower() in HELD_OUT_SPLITS else "train"
+    digest = hashlib.sha256(problem.task_id.encode()).digest()
+    return "eval" if int.from_bytes(digest[:8], "big") < eval_fraction * 2**64 else "train"
 
 
 def resolve(path: str) -> Path:
@@ -133,7 +158,7 @@ def parse_line(line: str, where: str) -> Problem:
     for name in ("task_id", "prompt", "entry_point", "test"):
         if not isinstance(row.get(name), str) or not row[name]:
             raise DatasetError(f"{where}: field {name!r} must be a non-empty string")
-    for name in ("canonical_solution", "visible_test"):
+    for name in ("canonical_solution", "visible_test", "split"):
         if row.get(name) is not None and not isinstance(row[name], str):
             raise DatasetError(f"{where}: field {name!r} must be a string")
     if not row["entry_point"].isidentifier():
@@ -145,6 +170,7 @@ def parse_line(line: str, where: str) -> Problem:
         row["test"],
         row.get("canonical_solution"),
         row.get("visible_test"),
+        row.get("split"),
     )
 
 
@@ -257,6 +283,9 @@ class DatasetFamily(TaskFamily):
         super().__init__(name, cfg)
         self.problems = load(cfg.path)
         self.order = list(self.problems)
+        self.splits: dict[Split, list[str]] = {"train": [], "eval": []}
+        for row, problem in self.problems.items():
+            self.splits[split_of(problem, cfg.eval_fraction)].append(row)
 
     def problem(self, task_id: str) -> Problem:
         """The problem behind ``task_id`` (``NAME-SEED:ROW``); ValueError for a foreign id."""
@@ -265,8 +294,18 @@ class DatasetFamily(TaskFamily):
             raise ValueError(f"task {task_id!r}: no problem {row!r} in {self.cfg.path}")
         return self.problems[row]
 
-    def sample(self, seed: int) -> FamilyTask:
-        problem = self.problems[self.order[random.Random(seed).randrange(len(self.order))]]
+    def sample(self, seed: int, split: Split = "train") -> FamilyTask:
+        rows = self.splits[split]
+        if not rows:
+            raise ValueError(f"{self.cfg.path}: no {split} problems (see split, eval_fraction)")
+        return self._task(seed, self.problems[rows[random.Random(seed).randrange(len(rows))]])
+
+    def eval_tasks(self, n: int) -> list[FamilyTask]:
+        """The first ``n`` held-out problems in file order, each once."""
+        rows = self.splits["eval"][:n]
+        return [self._task(EVAL_SEED_BASE + i, self.problems[r]) for i, r in enumerate(rows)]
+
+    def _task(self, seed: int, problem: Problem) -> FamilyTask:
         spec = {
             "plugin": self.plugin,
             "row": problem.task_id,

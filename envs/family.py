@@ -21,6 +21,11 @@ Rules and guarantees:
   weight from a generator seeded by both, and the family samples its task from the task seed.
   With one family nothing is drawn, so a single-family run releases exactly the tasks it did
   before families could be mixed.
+- Held-out tasks are disjoint from training tasks by construction: ``sample(seed)`` (the
+  scheduler's, the warm start's) draws from the ``train`` split only and ``eval_tasks(n)`` (the
+  eval role's fixed set) from the ``eval`` split only; each family splits by content, never by
+  seed (``fx``: by spec; ``dataset``: by the file's ``split`` field, else a stable hash of the
+  problem's id), so no held-out spec, prompt or test is ever trained on.
 - Hidden tests never leave the family: a task's ``spec`` (what rollout workers get) holds the
   prompt and what the tools need, never what scoring checks against.
 - ``score`` never raises for the answer's faults: a wrong answer is ``passed=False`` with the
@@ -37,7 +42,7 @@ import random
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -47,6 +52,8 @@ from rlstream.envs.tools import Environment, unavailable
 ENTRY_POINT_GROUP = "rlstream.task_families"
 NAME_PATTERN = r"^[a-z][a-z0-9_]{0,39}$"
 _NAME = re.compile(NAME_PATTERN)
+Split = Literal["train", "eval"]
+SPLITS: tuple[Split, ...] = ("train", "eval")
 
 
 class FamilySpec(BaseModel):
@@ -97,8 +104,14 @@ class TaskFamily(ABC):
         self.name, self.cfg = name, cfg
 
     @abstractmethod
-    def sample(self, seed: int) -> FamilyTask:
-        """The task with this seed: a pure function of the seed and the config."""
+    def sample(self, seed: int, split: Split = "train") -> FamilyTask:
+        """The task of ``split`` with this seed: a pure function of the seed and the config.
+        Tasks of different splits never share content (see the module rules)."""
+
+    def eval_tasks(self, n: int) -> list[FamilyTask]:
+        """The fixed held-out set: at most ``n`` tasks of the ``eval`` split (a family with
+        fewer distinct held-out tasks may return fewer)."""
+        return [self.sample(i, "eval") for i in range(n)]
 
     @abstractmethod
     def score(self, task_id: str, completion: str, isolation: sandbox.Mode = "full") -> Verdict:

@@ -3,7 +3,8 @@ the :class:`~rlstream.envs.family.TaskFamily` interface.
 
 Rules: a task id is ``NAME-SEED`` (``fx-SEED`` in the default recipe, as it always was); the
 spec rollout workers get is ``{"plugin": "fx", "seed", "tasks"}`` and nothing hidden (the hidden
-inputs and outputs are rebuilt from the seed by the judge); the one tool is Python code in the
+inputs and outputs are rebuilt from the seed by the judge); held-out tasks are split by spec
+(``tasks.split_of_steps``), so their seeds (``EVAL_SEED_BASE`` and up) never yield a trained spec; the one tool is Python code in the
 sandbox (``<run>CODE</run>``), with no workspace; scoring is ``tasks.score`` with its hacking
 guards, in a sandbox of at least the isolation the judge accepts.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlstream.envs import sandbox, tasks
-from rlstream.envs.family import FamilySpec, FamilyTask, TaskFamily, Verdict
+from rlstream.envs.family import FamilySpec, FamilyTask, Split, TaskFamily, Verdict
 from rlstream.envs.tools import Environment, code_only
 
 
@@ -31,7 +32,12 @@ class FxFamily(TaskFamily):
             raise ValueError(f"task id {task_id!r} is not of the fx family ({self.name}-SEED)")
         return tasks.sample_task(int(seed), self.cfg)
 
-    def sample(self, seed: int) -> FamilyTask:
+    def sample(self, seed: int, split: Split = "train") -> FamilyTask:
+        """Seeds ``0 .. EVAL_SEED_BASE``; held-out tasks have seed ``EVAL_SEED_BASE + seed``
+        and a held-out spec (``tasks.split_of_steps``)."""
+        if not 0 <= seed < tasks.EVAL_SEED_BASE:
+            raise ValueError(f"fx seeds lie in [0, {tasks.EVAL_SEED_BASE}), not {seed}")
+        seed += tasks.EVAL_SEED_BASE if split == "eval" else 0
         task = tasks.sample_task(seed, self.cfg)
         spec = {"plugin": self.plugin, "seed": seed, "tasks": self.cfg.model_dump()}
         return FamilyTask(f"{self.name}-{seed}", task.prompt, spec, seed)

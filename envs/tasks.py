@@ -9,8 +9,13 @@ and the policy answers with the body of ``def f(x):`` on one line, e.g. ``x=x+3;
 
 Rules and guarantees:
 
-- Tasks are a pure function of their seed (``sample_task(seed)``); evaluation tasks come from a
-  seed range training never draws from (``eval_tasks``), so the held-out set is fixed.
+- Tasks are a pure function of their seed (``sample_task(seed)``). The held-out split is by
+  *spec*, not by seed: a spec (its steps, e.g. ``add 3, double``) is held out when a stable hash
+  of its text falls under ``eval_fraction`` (``split_of_steps``). A seed below
+  ``EVAL_SEED_BASE`` only ever yields a training spec and a seed at or above it only a held-out
+  spec (the steps are redrawn from the same generator until they fall in the seed's split), so
+  no held-out function is ever trained on, whatever visible example or seed it comes with, and
+  the held-out set (``eval_tasks``) is fixed.
 - The answer is executed in the sandbox (:mod:`rlstream.envs.sandbox`) on the visible input and
   on ``n_hidden`` HIDDEN inputs the policy never sees; expected outputs are computed here, in the
   trusted process, and never sent to the sandbox. ``score`` passes only if every output matches
@@ -32,6 +37,7 @@ Rules and guarantees:
 from __future__ import annotations
 
 import ast
+import hashlib
 import random
 from dataclasses import dataclass, field
 
@@ -122,6 +128,12 @@ class TaskConfig(BaseModel):
     hidden_range: int = Field(
         default=20, ge=5, le=10**6, description="Hidden inputs lie in [-r, r]."
     )
+    eval_fraction: float = Field(
+        default=0.15,
+        gt=0,
+        le=0.5,
+        description="Share of specs held out for evaluation (by a stable hash of the spec).",
+    )
 
 
 @dataclass(frozen=True)
@@ -136,7 +148,7 @@ class Task:
 
     @property
     def prompt(self) -> str:
-        words = ", ".join(w if k is None else f"{w} {k}" for w, k in self.steps)
+        words = spec_text(self.steps)
         return f"f(x): {words}\nf({self.visible_x})={self.expected(self.visible_x)}\n"
 
     def expected(self, x: int) -> int:
@@ -174,23 +186,59 @@ def _body(steps: list[str]) -> str:
     return "".join(s + ";" for s in steps) + "return x"
 
 
+Steps = tuple[tuple[str, int | None], ...]
+_MAX_REDRAWS = 10_000
+
+
+def spec_text(steps: Steps) -> str:
+    """The spec of a task, its function without any example: ``add 3, double``."""
+    return ", ".join(w if k is None else f"{w} {k}" for w, k in steps)
+
+
+def split_of_steps(steps: Steps, eval_fraction: float) -> str:
+    """``"eval"`` when the spec is held out, else ``"train"``.
+
+    Rule: held out iff the first 8 bytes of sha256(spec text), as an integer over 2**64, are
+    below ``eval_fraction``: stable across processes, Python versions and machines.
+    """
+    digest = hashlib.sha256(spec_text(steps).encode()).digest()
+    return "eval" if int.from_bytes(digest[:8], "big") < eval_fraction * 2**64 else "train"
+
+
+def split_of_seed(seed: int) -> str:
+    """The split a seed draws from: ``"eval"`` at or above ``EVAL_SEED_BASE``, else ``"train"``."""
+    return "eval" if seed >= EVAL_SEED_BASE else "train"
+
+
 def sample_task(seed: int, cfg: TaskConfig | None = None) -> Task:
-    """The task with this seed (a pure function of ``seed`` and ``cfg``)."""
+    """The task with this seed (a pure function of ``seed`` and ``cfg``); its spec lies in the
+    seed's split (``split_of_seed``); ValueError when that split has no spec at all."""
     cfg = cfg or TaskConfig()
     rng = random.Random(seed)
+    want = split_of_seed(seed)
+    for _ in range(_MAX_REDRAWS):
+        steps = _draw_steps(rng, cfg)
+        if split_of_steps(steps, cfg.eval_fraction) == want:
+            break
+    else:
+        raise ValueError(f"no {want} spec found for seed {seed}: change eval_fraction")
+    visible = rng.randint(0, 9)
+    pool = [x for x in range(-cfg.hidden_range, cfg.hidden_range + 1) if x != visible]
+    hidden = tuple(rng.sample(pool, cfg.n_hidden))
+    return Task(f"fx-{seed}", seed, steps, visible, hidden)
+
+
+def _draw_steps(rng: random.Random, cfg: TaskConfig) -> Steps:
     n = rng.choices(range(1, len(cfg.op_count_weights) + 1), weights=cfg.op_count_weights)[0]
     steps = []
     for _ in range(n):
         op = rng.choice(OPS)
         steps.append((op.word, rng.choice(op.params) if op.params else None))
-    visible = rng.randint(0, 9)
-    pool = [x for x in range(-cfg.hidden_range, cfg.hidden_range + 1) if x != visible]
-    hidden = tuple(rng.sample(pool, cfg.n_hidden))
-    return Task(f"fx-{seed}", seed, tuple(steps), visible, hidden)
+    return tuple(steps)
 
 
 def eval_tasks(n: int, cfg: TaskConfig | None = None) -> list[Task]:
-    """The fixed held-out evaluation set: seeds ``EVAL_SEED_BASE .. + n``."""
+    """The fixed held-out evaluation set: seeds ``EVAL_SEED_BASE .. + n`` (held-out specs)."""
     return [sample_task(EVAL_SEED_BASE + i, cfg) for i in range(n)]
 
 

@@ -78,10 +78,11 @@ def task_seed(run_seed: int, index: int) -> int:
 
 def task_record(run: str, cfg: SchedulerConfig, index: int, version: int) -> dict[str, Any]:
     """Task ``index``: its family drawn by weight from (run seed, index), then the family's task
-    for the task seed (``envs.family``); a pure function of the config and ``index``."""
+    for the task seed from the training split only (``envs.family``: held-out tasks are never
+    released for training); a pure function of the config and ``index``."""
     specs = with_fx_options(cfg.families, cfg.tasks)
     name = families.pick_family(specs, cfg.seed, index)
-    task = families.families(specs)[name].sample(task_seed(cfg.seed, index))
+    task = families.families(specs)[name].sample(task_seed(cfg.seed, index), split="train")
     return {
         "run": run,
         "task_id": task.task_id,

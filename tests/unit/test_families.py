@@ -111,8 +111,9 @@ class EchoFamily(TaskFamily):
     plugin = "echo_test"
     Config = EchoConfig
 
-    def sample(self, seed):
-        return FamilyTask(f"{self.name}-{seed}", f"say {self.cfg.word}", {"plugin": "echo_test"}, seed)
+    def sample(self, seed, split="train"):
+        key = f"{split}{seed}"
+        return FamilyTask(f"{self.name}-{key}", f"say {self.cfg.word}", {"plugin": "echo_test"}, seed)
 
     def score(self, task_id, completion, isolation="full"):
         self.key(task_id)
