@@ -26,6 +26,9 @@ callback. The records and how they map to the codec are the wire format
   keeps its records' timestamps). Chunks are matched by key and checksum, so a wrong position
   can only cost time, never correctness.
 
+``ceiling`` (None: no limit) caps the versions it moves to: a follower that must see given
+versions one by one (the eval role) raises it step by step instead of jumping to the newest.
+
 Per applied version an ``Applied`` report gives fetch, decode and total apply time and chunk
 bytes fetched; the swap pause is the time ``on_swap`` (or a ``swap_timer`` block) takes.
 ``poll`` is synchronous; ``start`` runs it in a background thread and ``latest`` hands over the
@@ -264,6 +267,7 @@ class WeightSubscriber:
         self.reports: deque[Applied] = deque(maxlen=1000)
         self._bad: set[Key] = set()
         self._snapshot: Snapshot | None = initial
+        self.ceiling: int | None = None  # newest version to move to (None: the newest)
         self._initial = initial  # the caller's arrays: never recycled
         self.recycle = recycle
         self._spare: State | None = None
@@ -352,6 +356,7 @@ class WeightSubscriber:
             links = [
                 Link(v, k, m["base_version"], m["encoded_bytes"])
                 for (v, k), m in self._manifests.items()
+                if self.ceiling is None or v <= self.ceiling
             ]
             route = plan_route(links, self.version, self._bad)
             if route is None:

@@ -17,7 +17,9 @@ from rlstream.ops.kafka_env import add_kafka_args
 
 #: What ``rlstream run`` starts: the roles of ``ops.roles.ROLES`` (one module each, entry point
 #: ``run_role(ctx)``), plus ``tap``, which reads a stream and belongs to no role's group.
-ROLE_NAMES = ("tap", "scheduler", "rollout", "judge", "admission", "learner", "feedback-rl")
+ROLE_NAMES = (
+    "tap", "scheduler", "rollout", "judge", "admission", "learner", "feedback-rl", "eval",
+)  # fmt: skip
 
 
 def register(sub: argparse._SubParsersAction) -> None:

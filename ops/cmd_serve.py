@@ -126,6 +126,12 @@ def _register_policy(ssub: argparse._SubParsersAction) -> None:
         help="TOML run recipe, as for `rlstream run` (model name, policy shape)",
     )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument(
+        "--released-only",
+        action="store_true",
+        help="serve the newest version the eval role released (held-out release rule), "
+        "never a newer unreleased one",
+    )
     add_kafka_args(p)
     p.set_defaults(func=_serve_policy)
 
@@ -137,10 +143,18 @@ def _serve_policy(args: argparse.Namespace) -> int:
     from rlstream.rollout.serve import PolicyServer, make_app
 
     config = load_run_config(args.config, args.set)
-    server = PolicyServer(settings_from_args(args), args.run, config.model, config.policy)
+    server = PolicyServer(
+        settings_from_args(args),
+        args.run,
+        config.model,
+        config.policy,
+        released_only=args.released_only,
+        log=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    following = "released versions only" if args.released_only else "the newest version"
     print(
         f"policy server for run {args.run} on http://{args.host}:{args.port}/v1/completions "
-        f"(model {config.model!r})",
+        f"(model {config.model!r}, following {following})",
         file=sys.stderr,
         flush=True,
     )

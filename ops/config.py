@@ -23,6 +23,7 @@ from rlstream.envs.family import FamilySpec
 from rlstream.envs.fx import with_fx_options
 from rlstream.envs.judges import JudgeConfig
 from rlstream.ops.regions import RegionsConfig
+from rlstream.rollout.evaluator import EvalConfig
 from rlstream.rollout.model import PolicyConfig
 from rlstream.rollout.scheduler import SchedulerConfig
 from rlstream.rollout.worker import RolloutConfig
@@ -69,6 +70,9 @@ class RunConfig(BaseModel):
     )
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig, description="Admission.")
     learner: LearnerConfig = Field(default_factory=LearnerConfig, description="Learner.")
+    eval: EvalConfig = Field(
+        default_factory=EvalConfig, description="Held-out evaluation and release gating."
+    )
     feedback_rl: FeedbackRLConfig = Field(
         default_factory=FeedbackRLConfig, description="Online RL from editor feedback."
     )
@@ -139,6 +143,21 @@ class RunConfig(BaseModel):
                     "warm_start": warm,
                     "mix_online_groups": self.feedback_rl.mix_online_groups,
                     "mix_rollout_groups": self.feedback_rl.mix_rollout_groups,
+                }
+            )
+        if role == "eval":
+            rollout = self.role("rollout")
+            assert isinstance(rollout, RolloutConfig)
+            harness = rollout.harness.model_copy(update={"max_turns": self.scheduler.max_turns})
+            return self.eval.model_copy(
+                update={
+                    "model": self.model,
+                    "policy": self.policy,
+                    "families": self.families,
+                    "tasks": self.tasks,
+                    "harness": harness,
+                    "isolation": self.isolation,
+                    "seed": self.seed,
                 }
             )
         if role == "feedback-rl":

@@ -25,6 +25,7 @@ ROLES = {
     "admission": "rlstream.consumers.admission",
     "learner": "rlstream.trainer.learner",
     "feedback-rl": "rlstream.consumers.feedback_rl",
+    "eval": "rlstream.rollout.evaluator",
 }
 
 

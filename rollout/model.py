@@ -252,6 +252,7 @@ def generate(
     stop_ids: tuple[int, ...] = (),
     cache: KVCache | None = None,
     pad_id: int = 0,
+    greedy: bool = False,
 ) -> Generation:
     """Sample up to ``max_new`` tokens per row after ``prompt_tokens`` ``[B, P]``.
 
@@ -259,7 +260,8 @@ def generate(
     The behaviour logprob of a token is ``log_softmax(logits / temperature)`` at that token, in
     float32. Every generated token is also fed through the model once more, so its routes are
     recorded and the cache is ready for a continuation. ``dtype`` casts a copy of the weights
-    (e.g. ``torch.bfloat16``); ``cache`` continues an earlier sequence.
+    (e.g. ``torch.bfloat16``); ``cache`` continues an earlier sequence. ``greedy`` takes the
+    most likely token instead of sampling (temperature 0; ties go to the lowest id).
     """
     if dtype is not None and next(model.parameters()).dtype != dtype:
         model = inference_copy(model, dtype)
@@ -274,7 +276,10 @@ def generate(
     stops = torch.tensor(stop_ids, dtype=torch.long)
     for _ in range(max_new):
         logp = (logits[:, -1] / max(temperature, 1e-6)).log_softmax(dim=-1)
-        nxt = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)
+        if greedy:
+            nxt = logp.argmax(dim=-1)
+        else:
+            nxt = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)
         nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
         toks.append(nxt)
         lps.append(torch.where(done, 0.0, logp.gather(1, nxt[:, None]).squeeze(1)))

@@ -65,6 +65,7 @@ EVENTS: Mapping[str, str] = MappingProxyType(
         "feedback": "rlstream.Feedback",
         "run_manifest": "rlstream.RunManifest",
         "dead_letter": "rlstream.DeadLetter",
+        "eval": "rlstream.Eval",
     }
 )
 """Short event name -> Avro full name of its record type."""

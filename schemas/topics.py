@@ -101,6 +101,7 @@ def catalog(
         spec("weights.manifests", "model name", 1, FOREVER, "delete", 4 * MIB, "weight_manifest", ("model",), mirror="outward"),
         spec("weights.chunks", "MODEL/VERSION/INDEX", 6, FOREVER, "delete", CHUNK_PAYLOAD_BYTES + 256 * 1024, "weight_chunk", ("model", "version", "index"), mirror="outward"),
         spec("feedback", "request id", 6, 30 * DAY_MS, "delete", 4 * MIB, "feedback", ("request_id",)),
+        spec("evals", "MODEL/VERSION", 1, FOREVER, "delete", 1 * MIB, "eval", ("model", "version"), mirror="outward"),
         spec("dlq", "original topic", 1, 30 * DAY_MS, "delete", 16 * MIB, "dead_letter", ("source_topic",)),
         spec("schemas", "schema fingerprint (hex)", 1, FOREVER, "compact", 1 * MIB, "", cluster_wide=True, mirror="outward"),
         spec("runs", "run name", 1, FOREVER, "compact", 4 * MIB, "run_manifest", ("run",), cluster_wide=True, mirror="outward"),

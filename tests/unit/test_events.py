@@ -274,10 +274,18 @@ def examples() -> dict[str, dict[str, Any]]:
         "failed_ms": 1_732_000_000_001, "consumer_group": "rlstream.r1.judge.tests",
         "fingerprint": None, "attempts": 1,
     }  # fmt: skip
+    evaluation = {
+        "run": "r1", "model": "policy", "version": 20, "task_set": "heldout-32-0123456789ab",
+        "n_tasks": 32, "k": 4, "greedy_success": 0.4375, "pass_at_k": 0.65625,
+        "sample_success": 0.3125, "by_family": {"fx": 0.4375}, "errors": 0, "released": True,
+        "release_rule": "greedy_success 0.4375 >= v10 0.4062 - 0.05", "baseline_version": 10,
+        "baseline_greedy_success": 0.40625, "evaluated_ms": 1_732_000_000_000,
+        "duration_ms": 5400, "evaluator": "host:42",
+    }  # fmt: skip
     return {
         "task": task, "trajectory": trajectory, "reward": reward, "admission": admission,
         "weight_manifest": manifest, "weight_chunk": chunk, "feedback": feedback,
-        "run_manifest": run, "dead_letter": dead,
+        "run_manifest": run, "dead_letter": dead, "eval": evaluation,
     }  # fmt: skip
 
 
