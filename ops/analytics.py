@@ -20,6 +20,9 @@ Rules:
 - weight-sync latency of version v in region R = the earliest ``timings.started_ms`` among R's
   samples generated with v, minus the manifest's ``created_ms``: publish-to-first-use, measured
   on two clocks (skew between learner and worker hosts shows up here, possibly negative);
+- held-out evaluation (``evals``): the newest eval event per version (a version is evaluated
+  once per task set; a later task set replaces an earlier one), with greedy success, pass@k,
+  sample success and whether the version was released;
 - memory is bounded: per-second counts only for the live window, whole-run counts in
   ``RUN_BUCKET_S`` buckets, judge latency in fixed buckets, lists in snapshots capped.
 
@@ -219,6 +222,8 @@ class RunAnalytics:
     undecodable: collections.Counter[str] = field(default_factory=collections.Counter)
     lag: dict[str, dict[str, int]] = field(default_factory=dict)
     """group id -> topic -> lag, as last measured (set by ``set_lag``)."""
+    evals: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """version -> its held-out evaluation (eval events)."""
 
     # --- folding -------------------------------------------------------------------------
 
@@ -318,6 +323,17 @@ class RunAnalytics:
     def _dead_letter(self, topic: str, rec: Mapping[str, Any], ts_ms: int | None) -> None:
         self.dead_letters[str(rec.get("reason") or "other")] += 1
 
+    def _eval(self, topic: str, rec: Mapping[str, Any], ts_ms: int | None) -> None:
+        self.evals[int(rec["version"])] = {
+            "version": int(rec["version"]),
+            "greedy_success": float(rec["greedy_success"]),
+            "pass_at_k": float(rec["pass_at_k"]),
+            "sample_success": float(rec["sample_success"]),
+            "k": int(rec["k"]),
+            "n_tasks": int(rec["n_tasks"]),
+            "released": bool(rec["released"]),
+        }
+
     # --- figures -------------------------------------------------------------------------
 
     def rate(self, versions: Iterable[int]) -> float:
@@ -367,6 +383,7 @@ class RunAnalytics:
             "dead_letters": dict(self.dead_letters.most_common()),
             "undecodable": dict(self.undecodable.most_common()),
             "samples": self.trajectories,
+            "evals": [self.evals[v] for v in sorted(self.evals)][-MAX_LIST:],
         }
 
     def _stream_figures(self, now_ms: int) -> dict[str, dict[str, Any]]:
@@ -461,4 +478,5 @@ _HANDLERS = {
     "rejected": RunAnalytics._decision,
     "weights.manifests": RunAnalytics._manifest,
     "dlq": RunAnalytics._dead_letter,
+    "evals": RunAnalytics._eval,
 }

@@ -45,6 +45,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _runs(args: argparse.Namespace) -> int:
+    from rlstream.consumers.eval_log import read_evals
     from rlstream.consumers.manifest_log import manifests_by_version as weight_manifests
     from rlstream.consumers.run_log import run_manifests
 
@@ -54,6 +55,9 @@ def _runs(args: argparse.Namespace) -> int:
     rows = []
     for name, rec in sorted(run_manifests(settings).items()):
         versions = weight_manifests(settings, name)
+        evals = [e for e in read_evals(settings, name) if e["model"] == rec["model"]]
+        last = max(evals, key=lambda e: int(e["version"]), default=None)
+        released = [int(e["version"]) for e in evals if e["released"]]
         rows.append(
             {
                 "run": name,
@@ -62,6 +66,16 @@ def _runs(args: argparse.Namespace) -> int:
                 "model": rec["model"],
                 "code_version": rec["code_version"],
                 "topics": rec["topics"],
+                "last_eval": None
+                if last is None
+                else {
+                    "version": int(last["version"]),
+                    "greedy_success": last["greedy_success"],
+                    "pass_at_k": last["pass_at_k"],
+                    "k": int(last["k"]),
+                    "released": last["released"],
+                },
+                "released_version": max(released, default=None),
             }
         )
     if args.json:
@@ -69,9 +83,19 @@ def _runs(args: argparse.Namespace) -> int:
     for row in rows if not args.json else []:
         print(
             f"{row['run']:32s} {row['status']:9s} v{row['versions']:<5d} {row['model']:10s} "
-            f"{row['code_version']}  ({len(row['topics'])} topics)"
+            f"{row['code_version']}  ({len(row['topics'])} topics){_eval_text(row)}"
         )
     return 0
+
+
+def _eval_text(row: dict) -> str:
+    last = row["last_eval"]
+    if last is None:
+        return ""
+    return (
+        f"  eval v{last['version']}: greedy {last['greedy_success']:.2f} pass@{last['k']} "
+        f"{last['pass_at_k']:.2f}, released v{row['released_version']}"
+    )
 
 
 def _delete(settings, run: str | None) -> int:

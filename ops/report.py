@@ -96,9 +96,22 @@ def plot_versions(snap: dict[str, Any]) -> Figure:
     fig, (ax1, ax2) = _axes(2)
     rows = snap["versions"]
     judged = [r for r in rows if r["success"] is not None]
+    evals = snap.get("evals") or []
     if judged:
-        ax1.plot([r["version"] for r in judged], [r["success"] for r in judged], marker="o", ms=3)
-    else:
+        ax1.plot(
+            [r["version"] for r in judged],
+            [r["success"] for r in judged],
+            marker="o",
+            ms=3,
+            label="training samples",
+        )
+    if evals:
+        xs = [e["version"] for e in evals]
+        ax1.plot(xs, [e["greedy_success"] for e in evals], marker="s", label="held-out greedy")
+        k = evals[-1]["k"]
+        ax1.plot(xs, [e["pass_at_k"] for e in evals], marker="^", label=f"held-out pass@{k}")
+        ax1.legend(fontsize=7)
+    if not judged and not evals:
         _no_data(ax1)
     ax1.set_ylim(0, 1)
     ax1.set_xlabel("behaviour policy version")
@@ -271,8 +284,27 @@ def _headline(snap: dict[str, Any]) -> list[list[Any]]:
             "success, last judged version",
             f"{_cell(last['success'])} (v{last['version']})" if last else None,
         ],
+        *_eval_rows(snap.get("evals") or []),
         ["dead letters", sum(snap["dead_letters"].values())],
         ["undecodable records", sum(snap["undecodable"].values())],
+    ]
+
+
+def _eval_rows(evals: list[dict[str, Any]]) -> list[list[Any]]:
+    if not evals:
+        return [["held-out eval", None]]
+    first, last = evals[0], evals[-1]
+    released = [e["version"] for e in evals if e["released"]]
+    return [
+        [
+            f"held-out greedy success (v{first['version']} -> v{last['version']})",
+            f"{_cell(first['greedy_success'])} -> {_cell(last['greedy_success'])}",
+        ],
+        [
+            f"held-out pass@{last['k']}",
+            f"{_cell(first['pass_at_k'])} -> {_cell(last['pass_at_k'])}",
+        ],
+        ["released versions", ", ".join(f"v{v}" for v in released) or None],
     ]
 
 

@@ -167,8 +167,13 @@ function drawLag(snap) {
 function drawVersions(snap) {
   const rows = snap.versions;
   $("success-judge").textContent = snap.success_judge ? `(judge "${snap.success_judge}")` : "";
-  lineChart($("chart-success"), [{ name: "success rate", color: color(3), points: rows.map(r => [r.version, r.success]) }],
-            { xLabel: "behaviour policy version", yLabel: "passed / judged", yMin: 0, yMax: 1, xInt: true });
+  const evals = snap.evals || [];
+  const k = evals.length ? evals[evals.length - 1].k : "k";
+  lineChart($("chart-success"), [
+    { name: "success rate (training samples)", color: color(3), points: rows.map(r => [r.version, r.success]) },
+    { name: "held-out greedy", color: color(1), points: evals.map(e => [e.version, e.greedy_success]) },
+    { name: `held-out pass@${k}`, color: color(2), points: evals.map(e => [e.version, e.pass_at_k]) },
+  ], { xLabel: "policy version", yLabel: "passed / judged", yMin: 0, yMax: 1, xInt: true });
   const judges = [...new Set(rows.flatMap(r => Object.keys(r.mean_reward)))].sort();
   lineChart($("chart-reward"), judges.map((j, i) => ({
     name: j, color: color(i), points: rows.map(r => [r.version, r.mean_reward[j] ?? null]),
