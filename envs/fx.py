@@ -4,7 +4,8 @@ the :class:`~rlstream.envs.family.TaskFamily` interface.
 Rules: a task id is ``NAME-SEED`` (``fx-SEED`` in the default recipe, as it always was); the
 spec rollout workers get is ``{"plugin": "fx", "seed", "tasks"}`` and nothing hidden (the hidden
 inputs and outputs are rebuilt from the seed by the judge); held-out tasks are split by spec
-(``tasks.split_of_steps``), so their seeds (``EVAL_SEED_BASE`` and up) never yield a trained spec; the one tool is Python code in the
+(``tasks.split_of_steps``), so their seeds (``EVAL_SEED_BASE`` and up) never yield a trained spec,
+and the eval set (``eval_tasks``) holds each held-out spec once; the one tool is Python code in the
 sandbox (``<run>CODE</run>``), with no workspace; scoring is ``tasks.score`` with its hacking
 guards, in a sandbox of at least the isolation the judge accepts.
 """
@@ -41,6 +42,21 @@ class FxFamily(TaskFamily):
         task = tasks.sample_task(seed, self.cfg)
         spec = {"plugin": self.plugin, "seed": seed, "tasks": self.cfg.model_dump()}
         return FamilyTask(f"{self.name}-{seed}", task.prompt, spec, seed)
+
+    def eval_tasks(self, n: int) -> list[FamilyTask]:
+        """The first ``n`` held-out tasks of distinct specs, in seed order (fewer if the split
+        holds fewer specs): each held-out function counts once, however often it is drawn."""
+        out: list[FamilyTask] = []
+        specs: set[str] = set()
+        for i in range(max(64, 50 * n)):
+            if len(out) >= n:
+                break
+            task = self.sample(i, "eval")
+            spec = tasks.spec_text(self.task(task.task_id).steps)
+            if spec not in specs:
+                specs.add(spec)
+                out.append(task)
+        return out
 
     def score(self, task_id: str, completion: str, isolation: sandbox.Mode = "full") -> Verdict:
         box = tasks.SCORE_SANDBOX.model_copy(update={"isolation": isolation})

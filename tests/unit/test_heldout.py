@@ -28,6 +28,7 @@ def test_fx_eval_specs_never_appear_among_training_tasks() -> None:
     held_out = fx.eval_tasks(64)
     assert len({t.task_id for t in held_out}) == 64
     eval_specs = {_fx_spec(t.prompt) for t in held_out}
+    assert len(eval_specs) == 64, "each held-out spec counts once"
     eval_prompts = {t.prompt for t in held_out}
     released = [task_record("r", cfg, i, 0) for i in range(4000)]
     train_specs = {_fx_spec(r["prompt"]) for r in released}
