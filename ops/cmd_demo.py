@@ -91,6 +91,10 @@ def _demo(args: argparse.Namespace) -> int:
             started,
             lambda: tally.figures(regions, progress.version),
         )
+        trainers = [r for r in roles if r.name != "eval"]
+        demo.stop_roles(trainers)  # the eval role finishes the last due version first
+        due = demo.last_due(progress.version, config.eval.every)
+        demo.wait_for_eval(home, run, due, [r for r in roles if r.name == "eval"])
     finally:
         stopper.stop()
         demo.stop_roles(roles)
@@ -101,6 +105,7 @@ def _demo(args: argparse.Namespace) -> int:
     now = int(time.time() * 1000)
     demo.record_run_manifest(home, run, config, "finished", now, list(regions.names))
     result = demo.summary(run, progress, wall, png, regions, tally)
+    result.update(demo.eval_summary(home, run, config.model))
     _print_summary(run, result, wall, png, out)
     if args.json:
         print(demo.dumps(result))
@@ -145,6 +150,7 @@ def _start_roles(args, run, config, regions, settings, logs: Path, extra: list[s
         name = f"rollout-{where}-{i}"
         roles.append(demo.start_role("rollout", run, settings[where], logs, member, name, where))
     roles.append(demo.start_role("scheduler", run, home, logs, extra, region=here))
+    roles.append(demo.start_role("eval", run, home, logs, extra, region=here))
     return roles
 
 
@@ -163,6 +169,14 @@ def _print_summary(run: str, result: dict, wall: float, png: Path, out: Path) ->
         f"{result['groups_admitted']} groups admitted, {result['groups_rejected']} rejected "
         f"{result['rejected_by_reason']}"
     )
+    if result.get("eval_final") is not None:
+        print(
+            f"  held-out eval ({result['eval_tasks']} tasks never trained on): greedy success "
+            f"{result['eval_warm_start']:.2f} (v0) -> {result['eval_final']:.2f} "
+            f"(v{result['eval_final_version']}), pass@{result['k']} "
+            f"{result['eval_pass_at_k_warm_start']:.2f} -> {result['eval_pass_at_k']:.2f}; "
+            f"released {result['eval_released']}"
+        )
     for name, r in result["regions"].items():
         role = "trainer" if name == result["trainer_region"] else "rollout"
         print(

@@ -258,6 +258,59 @@ def summary(
     }
 
 
+def last_due(version: int, every: int) -> int:
+    """The newest version the eval role evaluates at or below ``version`` (0 and every N-th)."""
+    return max(0, version) // every * every
+
+
+def wait_for_eval(
+    settings: KafkaSettings, run: str, version: int, roles: list[RoleProcess], grace_s: float = 150
+) -> None:
+    """Wait (at most ``grace_s``) until the eval role has written the eval of ``version``."""
+    from rlstream.consumers.eval_log import read_evals
+
+    deadline = time.monotonic() + grace_s
+    print(f"waiting for the held-out eval of v{version} ...", flush=True)
+    while time.monotonic() < deadline and all(r.proc.poll() is None for r in roles):
+        if any(int(r["version"]) >= version for r in read_evals(settings, run, timeout=20)):
+            return
+        time.sleep(2.0)
+
+
+def eval_summary(settings: KafkaSettings, run: str, model: str) -> dict[str, Any]:
+    """The held-out figures of the run's eval events (None when there are none): greedy success
+    of the warm start and of the last evaluated version, pass@k of both, the released versions."""
+    from rlstream.consumers.eval_log import read_evals
+
+    evals = sorted(
+        (r for r in read_evals(settings, run, timeout=20) if r["model"] == model),
+        key=lambda r: int(r["version"]),
+    )
+    first = next((r for r in evals if int(r["version"]) == 0), None)
+    last = evals[-1] if evals else None
+    return {
+        "eval_warm_start": None if first is None else first["greedy_success"],
+        "eval_final": None if last is None else last["greedy_success"],
+        "eval_final_version": None if last is None else int(last["version"]),
+        "eval_pass_at_k_warm_start": None if first is None else first["pass_at_k"],
+        "eval_pass_at_k": None if last is None else last["pass_at_k"],
+        "k": None if last is None else int(last["k"]),
+        "eval_tasks": None if last is None else int(last["n_tasks"]),
+        "eval_versions": [int(r["version"]) for r in evals],
+        "eval_released": [int(r["version"]) for r in evals if r["released"]],
+        "eval_curve": [
+            {
+                "version": int(r["version"]),
+                "greedy_success": r["greedy_success"],
+                "pass_at_k": r["pass_at_k"],
+                "sample_success": r["sample_success"],
+                "released": r["released"],
+            }
+            for r in evals
+        ],
+    }
+
+
 def json_default(value: Any) -> Any:
     return float(value) if isinstance(value, int | float) else str(value)
 

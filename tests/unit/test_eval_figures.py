@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rlstream.ops import demo
 from rlstream.ops.analytics import RunAnalytics
 from rlstream.ops.report import _eval_rows
 
@@ -29,3 +30,9 @@ def test_eval_events_become_a_curve_by_version() -> None:
     assert rows["held-out greedy success (v0 -> v80)"] == "0.1 -> 0.2"
     assert rows["released versions"] == "v0, v40"
     assert _eval_rows([]) == [["held-out eval", None]]
+
+
+def test_demo_waits_for_the_last_due_version() -> None:
+    assert demo.last_due(199, 40) == 160
+    assert demo.last_due(200, 40) == 200
+    assert demo.last_due(-1, 40) == 0
