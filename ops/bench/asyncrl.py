@@ -17,6 +17,7 @@ speedup is async samples/s over sync samples/s, in the same run with the same se
 from __future__ import annotations
 
 import argparse
+import contextlib
 import queue
 import random
 import threading
@@ -118,8 +119,13 @@ def _run(bench: _Bench, mode: str) -> dict[str, float]:
         trained += 1
         progress(f"  {mode}: step {trained}/{steps}")
     wall = time.perf_counter() - started
+    with contextlib.suppress(queue.Empty):
+        while True:  # drop the work no step will use
+            todo.get_nowait()
     for _ in threads:
         todo.put(None)
+    for t in threads:  # a thread still in torch at interpreter exit aborts the process
+        t.join()
     samples = steps * b * args.group_size
     return {
         "samples_per_s": samples / wall,
