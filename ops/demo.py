@@ -264,7 +264,7 @@ def last_due(version: int, every: int) -> int:
 
 
 def wait_for_eval(
-    settings: KafkaSettings, run: str, version: int, roles: list[RoleProcess], grace_s: float = 150
+    settings: KafkaSettings, run: str, version: int, roles: list[RoleProcess], grace_s: float = 90
 ) -> None:
     """Wait (at most ``grace_s``) until the eval role has written the eval of ``version``."""
     from rlstream.consumers.eval_log import read_evals
