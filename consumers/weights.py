@@ -19,7 +19,11 @@ callback. The records and how they map to the codec are the wire format
   are forgotten (no route starts there any more);
 - in a rollout region (``source``, the trainer region) it reads MirrorMaker's copies: the
   manifests from ``SOURCE.rl.RUN.weights.manifests`` and each manifest's chunks from
-  ``SOURCE.`` + the chunk topic the manifest names; it never reaches another region's cluster;
+  ``SOURCE.`` + the chunk topic the manifest names; it never reaches another region's cluster.
+  MirrorMaker copies each topic on its own, so a manifest may cross before its chunks: reading
+  a copy, a version whose chunks are not all there yet is tried again ``RETRY_S`` later, not
+  refused for good (the scan still stops at the end of the copy, so a worker between two tasks
+  never waits on a link);
 - chunk fetches go straight to the positions the manifest names (``ChunkRef.ref``); when those
   are absent or belong to another cluster (a MirrorMaker copy keeps the topic's data but not
   its offsets), the partitions are scanned from the previous manifest's time instead (a copy
@@ -60,6 +64,8 @@ log = logging.getLogger(__name__)
 # Chunk records of another cluster's clock may be stamped a little before the manifest before
 # them; the time-based scan starts this much earlier.
 CLOCK_SLACK_MS = 60_000
+# A mirrored manifest whose chunks have not all crossed yet is tried again after this long.
+RETRY_S = 5.0
 _READER = {
     "enable.auto.commit": "false",
     "enable.partition.eof": "true",
@@ -266,6 +272,7 @@ class WeightSubscriber:
         self.failures: list[Failure] = []
         self.reports: deque[Applied] = deque(maxlen=1000)
         self._bad: set[Key] = set()
+        self._later: dict[Key, float] = {}  # key -> when to try it again (chunks still crossing)
         self._snapshot: Snapshot | None = initial
         self.ceiling: int | None = None  # newest version to move to (None: the newest)
         self._initial = initial  # the caller's arrays: never recycled
@@ -358,7 +365,7 @@ class WeightSubscriber:
                 for (v, k), m in self._manifests.items()
                 if self.ceiling is None or v <= self.ceiling
             ]
-            route = plan_route(links, self.version, self._bad)
+            route = plan_route(links, self.version, self._skip())
             if route is None:
                 return applied
             report = self._apply(route)
@@ -420,7 +427,8 @@ class WeightSubscriber:
                 fetch_s, decode_s = fetch_s + t2 - t1, decode_s + time.perf_counter() - t2
                 nbytes += got
             except codec.DeltaError as exc:
-                self._refuse(key, f"{type(exc).__name__}: {exc}")
+                crossing = self.source is not None and isinstance(exc, codec.MissingChunk)
+                self._refuse(key, f"{type(exc).__name__}: {exc}", later=crossing)
                 return None
         assert state is not None
         return state, fetch_s, decode_s, nbytes
@@ -436,12 +444,21 @@ class WeightSubscriber:
             self._spare = replaced.state
         return swap_ms
 
-    def _refuse(self, key: Key, reason: str) -> None:
+    def _refuse(self, key: Key, reason: str, later: bool = False) -> None:
+        """Exclude ``key`` from routes: for good, or (``later``) for ``RETRY_S`` only."""
         log.warning(
             "weights: refusing version %d (%s), staying on %s: %s", *key, self.version, reason
         )
         self.failures.append(Failure(key[0], key[1], reason))
-        self._bad.add(key)
+        if later:
+            self._later[key] = time.monotonic() + RETRY_S
+        else:
+            self._bad.add(key)
+
+    def _skip(self) -> set[Key]:
+        now = time.monotonic()
+        self._later = {k: t for k, t in self._later.items() if t > now}
+        return self._bad | set(self._later)
 
     # -- fetching chunks ------------------------------------------------------------------
 
