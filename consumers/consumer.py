@@ -31,7 +31,11 @@ CONSUMER_DEFAULTS = {
     "partition.assignment.strategy": "cooperative-sticky",
     "max.partition.fetch.bytes": str(16 * 1024 * 1024),
     "fetch.max.bytes": str(64 * 1024 * 1024),
-    "session.timeout.ms": "10000",
+    # Roles are static members (group.instance.id): a member that restarts takes its partitions
+    # back at once, so a long session costs nothing there, and it lets a member ride out a
+    # broker restart with its membership intact (a member whose session lapsed rejoins under a
+    # new member id while its old one may still be in flight, and the broker fences it).
+    "session.timeout.ms": "45000",
     "heartbeat.interval.ms": "1000",
 }
 

@@ -40,12 +40,14 @@ def start(args: argparse.Namespace) -> int:
         raise SystemExit("error: the judge role needs --name (e.g. --name tests)")
     config = load_run_config(args.config, args.set)
     cfg = config.role(role, args.name)
+    region = args.region or config.regions.trainer
+    if role == "rollout":
+        cfg = cfg.model_copy(update={"region": region})  # recorded in every sample
     print(
         f"{role}: run {args.run}, config {json.dumps(cfg.model_dump(mode='json'))}",
         file=sys.stderr,
         flush=True,
     )
-    region = args.region or config.regions.trainer
     regions = config.regions.topology()
     try:
         regions.check(region)

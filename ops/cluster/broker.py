@@ -2,8 +2,9 @@
 
 Rules:
 - storage is formatted on first start only; later starts reuse the data (topics survive `down`);
-- ports are chosen free at first start and kept, so clients and MirrorMaker configs stay valid;
-  if a kept port was taken meanwhile, new ones are chosen (the static quorum allows it);
+- ports are chosen free at first start and kept, so clients and MirrorMaker configs stay valid
+  and reconnect by themselves after a restart; a restart waits a while for a kept port to be
+  released, and only if it stays taken are new ones chosen (the static quorum allows it);
 - the broker is ready when the admin client lists topics through the advertised listener.
 """
 
@@ -19,6 +20,7 @@ from pathlib import Path
 from rlstream.ops.cluster import artifacts, procs
 
 MARKER = "kafka.Kafka"  # with the properties path, identifies our broker process
+PORT_WAIT_S = 30.0  # how long a restart waits for its kept ports before it takes new ones
 
 LOG4J2 = """\
 status = warn
@@ -120,6 +122,18 @@ def _properties(region: Region) -> str:
     return "".join(f"{key}={value}\n" for key, value in lines.items())
 
 
+def _ports_free(region: Region, wait: float) -> bool:
+    """Whether the region's kept ports are free, waiting up to ``wait`` seconds for a broker
+    that just died to release them: clients and MirrorMaker reconnect only to the same port."""
+    deadline = time.monotonic() + wait
+    while True:
+        if not (procs.port_in_use(region.broker_port) or procs.port_in_use(region.controller_port)):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
+
+
 def _write_config(region: Region) -> None:
     region.dir.mkdir(parents=True, exist_ok=True)
     region.log.parent.mkdir(parents=True, exist_ok=True)
@@ -162,7 +176,7 @@ def _format(region: Region, heap: str) -> None:
 
 def start(region: Region, heap: str = "1g", timeout: float = 120.0) -> Region:
     """Start the region's broker (formatting storage the first time) and wait until it serves."""
-    if procs.port_in_use(region.broker_port) or procs.port_in_use(region.controller_port):
+    if not _ports_free(region, wait=PORT_WAIT_S):
         region.broker_port, region.controller_port = procs.free_port(), procs.free_port()
     _write_config(region)
     _format(region, heap)
