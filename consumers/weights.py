@@ -12,7 +12,8 @@ callback. The records and how they map to the codec are the wire format
   tensor hash and state hash matched its manifest;
 - any failure (missing or corrupt chunk, hash mismatch, wrong base, fetch timeout) leaves the
   exposed version as it was, is logged and recorded in ``failures``, and excludes that
-  manifest from later routes, so the worker catches up from a keyframe instead;
+  manifest from later routes, so the worker catches up from a keyframe instead (a version
+  whose chunks are still crossing from another region is not a failure: see below);
 - cheapest route (``plan_route``): the newest reachable version, through the fewest chunk bytes
   among "deltas from the current version" and "a keyframe plus the deltas after it";
 - bounded memory: manifests older than both the current version and the second-newest keyframe
@@ -21,8 +22,8 @@ callback. The records and how they map to the codec are the wire format
   manifests from ``SOURCE.rl.RUN.weights.manifests`` and each manifest's chunks from
   ``SOURCE.`` + the chunk topic the manifest names; it never reaches another region's cluster.
   MirrorMaker copies each topic on its own, so a manifest may cross before its chunks: reading
-  a copy, a version whose chunks are not all there yet is tried again ``RETRY_S`` later, not
-  refused for good (the scan still stops at the end of the copy, so a worker between two tasks
+  a copy, a version whose chunks are not all there yet is recorded in ``deferred`` and tried
+  again ``RETRY_S`` later, not refused (the scan still stops at the end of the copy, so a worker between two tasks
   never waits on a link);
 - chunk fetches go straight to the positions the manifest names (``ChunkRef.ref``); when those
   are absent or belong to another cluster (a MirrorMaker copy keeps the topic's data but not
@@ -270,6 +271,8 @@ class WeightSubscriber:
         self.chunk_topic = chunk_topic  # None: the topic each manifest names (its copy here)
         self.on_swap, self.fetch_timeout = on_swap, fetch_timeout
         self.failures: list[Failure] = []
+        # the latest tries of versions whose chunks had not all crossed yet (bounded)
+        self.deferred: deque[Failure] = deque(maxlen=64)
         self.reports: deque[Applied] = deque(maxlen=1000)
         self._bad: set[Key] = set()
         self._later: dict[Key, float] = {}  # key -> when to try it again (chunks still crossing)
@@ -446,14 +449,17 @@ class WeightSubscriber:
 
     def _refuse(self, key: Key, reason: str, later: bool = False) -> None:
         """Exclude ``key`` from routes: for good, or (``later``) for ``RETRY_S`` only."""
+        if later:
+            log.info("weights: version %d (%s) not all crossed yet, again in %.0fs: %s",
+                     *key, RETRY_S, reason)
+            self.deferred.append(Failure(key[0], key[1], reason))
+            self._later[key] = time.monotonic() + RETRY_S
+            return
         log.warning(
             "weights: refusing version %d (%s), staying on %s: %s", *key, self.version, reason
         )
         self.failures.append(Failure(key[0], key[1], reason))
-        if later:
-            self._later[key] = time.monotonic() + RETRY_S
-        else:
-            self._bad.add(key)
+        self._bad.add(key)
 
     def _skip(self) -> set[Key]:
         now = time.monotonic()

@@ -92,6 +92,7 @@ def test_only_committed_weights_and_trajectories_cross_regions(geo, unique_run):
         assert got is not None and got.version == 1, "eu never got version 1 through MirrorMaker"
         assert codec.state_hash(got.state) == codec.state_hash(kept), "eu applied another state"
         assert not sub.failures, sub.failures
+        assert all("MissingChunk" in d.reason for d in sub.deferred), sub.deferred
 
     mirrored = REGIONS.topic(run, "weights.manifests", "eu")
     every = _records(eu, mirrored, committed_only=False)
