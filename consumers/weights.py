@@ -16,8 +16,19 @@ callback. The records and how they map to the codec are the wire format
   whose chunks are still crossing from another region is not a failure: see below);
 - cheapest route (``plan_route``): the newest reachable version, through the fewest chunk bytes
   among "deltas from the current version" and "a keyframe plus the deltas after it";
+- bounds before allocation: before a manifest's chunks are fetched, the manifest is checked
+  against the model's tensor table (``expected``, else the table of the first version it
+  serves: ``initial`` or the first one applied) and ``max_state_bytes``
+  (``weight_format.check_bounds``), and every piece's declared sizes are checked before a
+  stream is decompressed (``weight_format.check_piece``); a manifest out of bounds, and a
+  ``MemoryError`` while decoding, are refusals like any other: recorded in ``failures``,
+  counted in ``rlstream_weights_refused_total``, and the old version keeps serving;
+- ``refusal_of(version)`` says why a version can never be applied (every manifest of it was
+  refused, or a newer one is known while none of it is), so a follower that steps through
+  versions one by one (the eval role) can skip it;
 - bounded memory: manifests older than both the current version and the second-newest keyframe
-  are forgotten (no route starts there any more);
+  are forgotten (no route starts there any more); ``failures``, ``deferred`` and ``reports``
+  keep the latest ``HISTORY`` entries;
 - in a rollout region (``source``, the trainer region) it reads MirrorMaker's copies: the
   manifests from ``SOURCE.rl.RUN.weights.manifests`` and each manifest's chunks from
   ``SOURCE.`` + the chunk topic the manifest names; it never reaches another region's cluster.
@@ -55,10 +66,19 @@ from typing import Any, NamedTuple
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from rlstream.consumers.manifest_log import Key, ManifestLog
+from rlstream.producers import metrics
 from rlstream.producers.settings import KafkaSettings
 from rlstream.schemas import deltacodec as codec
 from rlstream.schemas import events, topics
-from rlstream.schemas.weight_format import chunk_keys, codec_manifest
+from rlstream.schemas.weight_format import (
+    Bounds,
+    TensorTable,
+    check_bounds,
+    chunk_keys,
+    codec_manifest,
+    default_max_state_bytes,
+    tensor_table,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +87,8 @@ log = logging.getLogger(__name__)
 CLOCK_SLACK_MS = 60_000
 # A mirrored manifest whose chunks have not all crossed yet is tried again after this long.
 RETRY_S = 5.0
+# Entries kept in ``failures`` and ``reports`` (the latest ones).
+HISTORY = 1000
 _READER = {
     "enable.auto.commit": "false",
     "enable.partition.eof": "true",
@@ -158,6 +180,24 @@ def _best_start(
     return best
 
 
+def refusal(
+    version: int, known: Iterable[Key], bad: Mapping[Key, str], newest: int | None
+) -> str | None:
+    """Why ``version`` can never be applied, or None while it still may be.
+
+    Rule: refused when every manifest of ``version`` read (``known``) was refused for good
+    (``bad``, with its reason), or when none of it is known while a newer version is (its
+    manifests were refused before decoding, or forgotten): the learner publishes every version
+    before the next, so it will not come later."""
+    mine = [k for k in known if k[0] == version]
+    if mine:
+        reasons = [bad[k] for k in mine if k in bad]
+        return "; ".join(reasons) if len(reasons) == len(mine) else None
+    if newest is not None and newest > version:
+        return f"no manifest of version {version} accepted, version {newest} is"
+    return None
+
+
 def fetch_windows(chunks: Sequence[Mapping[str, Any]], topic: str) -> dict[int, tuple[int, int]]:
     """``partition -> (first, last)`` offsets holding the chunks, from their refs.
 
@@ -245,7 +285,9 @@ class WeightSubscriber:
     ``initial`` seeds a worker that already holds a version (its arrays are never written).
     ``recycle=True`` decodes each new version into the buffers of the version replaced at the
     hand-over before: only for callers that copy the state in ``on_swap`` and keep no
-    reference to a snapshot's arrays afterwards."""
+    reference to a snapshot's arrays afterwards. ``expected`` is the model's tensor table
+    (None: learnt from the first version served) and ``max_state_bytes`` the largest state
+    accepted (None: half the machine's memory)."""
 
     def __init__(
         self,
@@ -260,6 +302,8 @@ class WeightSubscriber:
         fetch_timeout: float = 30.0,
         initial: Snapshot | None = None,
         recycle: bool = False,
+        expected: TensorTable | None = None,
+        max_state_bytes: int | None = None,
     ) -> None:
         self.settings, self.run, self.model = settings, run, model
         self.source = source  # None: this cluster's own topics; else the region copied from
@@ -270,11 +314,16 @@ class WeightSubscriber:
             raise ValueError(f"no topic {self.manifest_topic}: create the run's topics first")
         self.chunk_topic = chunk_topic  # None: the topic each manifest names (its copy here)
         self.on_swap, self.fetch_timeout = on_swap, fetch_timeout
-        self.failures: list[Failure] = []
+        self.failures: deque[Failure] = deque(maxlen=HISTORY)
         # the latest tries of versions whose chunks had not all crossed yet (bounded)
         self.deferred: deque[Failure] = deque(maxlen=64)
-        self.reports: deque[Applied] = deque(maxlen=1000)
-        self._bad: set[Key] = set()
+        self.reports: deque[Applied] = deque(maxlen=HISTORY)
+        self.table: TensorTable | None = expected
+        if self.table is None and initial is not None:
+            self.table = tensor_table(initial.state)
+        self.max_state_bytes = max_state_bytes or default_max_state_bytes()
+        self._refused = metrics.weight_refusals()
+        self._bad: dict[Key, str] = {}  # refused for good, and why
         self._later: dict[Key, float] = {}  # key -> when to try it again (chunks still crossing)
         self._snapshot: Snapshot | None = initial
         self.ceiling: int | None = None  # newest version to move to (None: the newest)
@@ -307,13 +356,18 @@ class WeightSubscriber:
         """The newest version any manifest read so far names."""
         return self._manifests.newest
 
+    def refusal_of(self, version: int) -> str | None:
+        """Why ``version`` can never be applied, or None while it still may be (see
+        ``refusal``)."""
+        return refusal(version, self._manifests, self._bad, self.newest_known())
+
     # -- driving it -----------------------------------------------------------------------
 
     def poll(self, timeout: float = 1.0) -> list[Applied]:
         """Read new manifests (waiting up to ``timeout`` for some), then catch up; returns the
         versions handed over (usually one: intermediate versions of a route are not)."""
         for key in self._manifests.wait(timeout):
-            self._bad.discard(key)  # a republished manifest gets another chance
+            self._bad.pop(key, None)  # a republished manifest gets another chance
         return self._catch_up()
 
     def wait_for(self, version: int, timeout: float = 30.0) -> Snapshot | None:
@@ -422,6 +476,7 @@ class WeightSubscriber:
             log.info("weights: applying version %d (%s, %d bytes)", *key, rec["encoded_bytes"])
             spare, self._spare = self._spare, None  # handed to the codec: consumed either way
             try:
+                check_bounds(rec, Bounds(self.table, self.max_state_bytes))
                 t1 = time.perf_counter()
                 chunks, got = self._fetch(rec)
                 t2 = time.perf_counter()
@@ -429,7 +484,7 @@ class WeightSubscriber:
                 state = codec.decode(manifest, chunks, state, recycle=spare)
                 fetch_s, decode_s = fetch_s + t2 - t1, decode_s + time.perf_counter() - t2
                 nbytes += got
-            except codec.DeltaError as exc:
+            except (codec.DeltaError, MemoryError) as exc:  # out of memory: refused, not a crash
                 crossing = self.source is not None and isinstance(exc, codec.MissingChunk)
                 self._refuse(key, f"{type(exc).__name__}: {exc}", later=crossing)
                 return None
@@ -443,6 +498,8 @@ class WeightSubscriber:
                 self.on_swap(snapshot)
             swap_ms = t.ms
         replaced, self._snapshot = self._snapshot, snapshot  # the hand-over: one assignment
+        if self.table is None:  # the first version served fixes the model's tensors
+            self.table = tensor_table(snapshot.state)
         if self.recycle and replaced is not None and replaced is not self._initial:
             self._spare = replaced.state
         return swap_ms
@@ -450,8 +507,12 @@ class WeightSubscriber:
     def _refuse(self, key: Key, reason: str, later: bool = False) -> None:
         """Exclude ``key`` from routes: for good, or (``later``) for ``RETRY_S`` only."""
         if later:
-            log.info("weights: version %d (%s) not all crossed yet, again in %.0fs: %s",
-                     *key, RETRY_S, reason)
+            log.info(
+                "weights: version %d (%s) not all crossed yet, again in %.0fs: %s",
+                *key,
+                RETRY_S,
+                reason,
+            )
             self.deferred.append(Failure(key[0], key[1], reason))
             self._later[key] = time.monotonic() + RETRY_S
             return
@@ -459,12 +520,13 @@ class WeightSubscriber:
             "weights: refusing version %d (%s), staying on %s: %s", *key, self.version, reason
         )
         self.failures.append(Failure(key[0], key[1], reason))
-        self._bad.add(key)
+        self._bad[key] = reason
+        self._refused.labels(self.model, reason.split(":", 1)[0]).inc()
 
     def _skip(self) -> set[Key]:
         now = time.monotonic()
         self._later = {k: t for k, t in self._later.items() if t > now}
-        return self._bad | set(self._later)
+        return set(self._bad) | set(self._later)
 
     # -- fetching chunks ------------------------------------------------------------------
 

@@ -12,6 +12,12 @@ Rules:
 - ``REGISTRY`` is the process-wide registry (prometheus_client's default, which already carries
   the process, platform and garbage-collector metrics); a service that serves its own
   ``/metrics`` takes a fresh ``Registry(process=True)``;
+- refused weight manifests are one counter, ``rlstream_weights_refused_total{model, reason}``
+  (``weight_refusals``; reason: the refusal's kind, e.g. ``signature``, ``epoch``,
+  ``ManifestInvalid``, ``MemoryError``), written by the manifest log and the weight subscriber;
+- every bounded in-memory buffer of a role reports its size and its bound as
+  ``rlstream_buffer_items{buffer}`` and ``rlstream_buffer_bound{buffer}`` (``track_buffer``),
+  so a buffer near its bound shows before it refuses or evicts anything;
 - the exporter is off unless a port is given: the ``port`` argument, else ``RLSTREAM_METRICS_PORT``
   (0 or unset = off). It listens on ``RLSTREAM_METRICS_HOST`` (default 127.0.0.1: widen it on
   purpose, e.g. to 0.0.0.0 for a Prometheus on another host) and answers ``/metrics`` (and
@@ -256,3 +262,26 @@ class LoopMetrics:
             self.batch_seconds.labels(self.group).observe(stats.last_batch_s)
         for name, value in stats.extra.items():
             self.extra.labels(self.group, name).set(value)
+
+
+# --- refusals and buffers --------------------------------------------------------------------
+
+
+def weight_refusals(registry: Registry = REGISTRY) -> Counter:
+    """``rlstream_weights_refused_total{model, reason}``: weight manifests refused."""
+    return registry.counter(
+        "rlstream_weights_refused_total",
+        "Weight manifests refused (not authentic, stale epoch, implausible version, out of "
+        "bounds, corrupt, out of memory); the old weights keep serving.",
+        ("model", "reason"),
+    )
+
+
+def track_buffer(name: str, size: int, bound: int, registry: Registry = REGISTRY) -> None:
+    """Report a buffer's current ``size`` and its ``bound`` (items) under ``name``."""
+    registry.gauge(
+        "rlstream_buffer_items", "Items held by a bounded in-memory buffer.", ("buffer",)
+    ).labels(name).set(size)
+    registry.gauge(
+        "rlstream_buffer_bound", "The most items a bounded in-memory buffer holds.", ("buffer",)
+    ).labels(name).set(bound)

@@ -80,7 +80,15 @@ from .deltacodec_pieces import (
     find_changes,
     zigzag,
 )
-from .weight_format import CHUNK_HEADER, pack_chunk, parse_chunk, piece_entry, tensor_entry
+from .weight_format import (
+    CHUNK_HEADER,
+    MAX_RANGE_BYTES,
+    check_piece,
+    pack_chunk,
+    parse_chunk,
+    piece_entry,
+    tensor_entry,
+)
 
 __all__ = [
     "BITS_ONLY_DTYPES",
@@ -112,9 +120,9 @@ __all__ = [
 DEFAULT_MAX_CHUNK_BYTES: Final = 900_000
 #: Smallest chunk limit accepted: one element stored raw must always fit in a chunk.
 MIN_CHUNK_BYTES: Final = 256
-# Elements are encoded in ranges of at most this many raw bytes before any splitting, which
-# bounds the encoder's temporary memory (changed positions are int64) per range.
-MAX_RANGE_BYTES: Final = 8 << 20
+# Elements are encoded in ranges of at most ``MAX_RANGE_BYTES`` raw bytes before any splitting,
+# which bounds the encoder's temporary memory (changed positions are int64) per range, and lets
+# a decoder refuse a piece claiming more (``weight_format.check_piece``).
 
 
 @dataclass(frozen=True)
@@ -335,8 +343,9 @@ def decode(
     """Decode and verify one version; returns the complete new state or raises.
 
     Checks, in order: manifest structure (``ManifestInvalid``); chunk count (``MissingChunk``,
-    also for a None entry); each chunk's size, checksum and pieces against the manifest
-    (``ChunkCorrupt``); for a delta, the base's tensors, tensor hashes and state hash
+    also for a None entry); each chunk's size, checksum and pieces against the manifest, and
+    each piece's declared sizes against its range (``ChunkCorrupt``), before any tensor is
+    allocated or any stream decompressed; for a delta, the base's tensors, tensor hashes and state hash
     (``BaseMismatch``); every decoded tensor's hash and the state hash (``HashMismatch``).
     A keyframe ignores ``base``. Base hashes already cached on the ``TensorBits`` are reused;
     missing ones are computed while the base is read, and cached.
@@ -391,6 +400,7 @@ def _read_pieces(manifest: Mapping[str, Any], chunks: Sequence[bytes]) -> list[l
                 want = listed.pop((p.tensor, p.start), None)
                 if want != (index, p.stop, ENCODINGS[p.encoding]):
                     raise ValueError(f"piece {p.tensor}:{p.start} is not in the manifest")
+                check_piece(p, tensors[p.tensor]["dtype"], tensors[p.tensor]["shape"])
                 found[p.tensor].append(p)
         except ValueError as exc:
             raise ChunkCorrupt(f"chunk {index}: {exc}") from exc

@@ -133,14 +133,22 @@ def unpack_stream(
     stream: Stream, dctx: zstandard.ZstdDecompressor, expected: int | None, limit: int = 0
 ) -> np.ndarray:
     """The stream's bytes as a uint8 array; checks the length (``expected``, or at most
-    ``limit`` when the length is data-dependent) before decompressing anything large."""
+    ``limit`` when the length is data-dependent) before decompressing anything: a frame that
+    does not declare its size, or declares another, is refused, and decompression is capped
+    at that size."""
     codec, data = stream
+    if expected is None and not limit:
+        raise ValueError("a stream is decoded with a size bound only")
     if codec == ZSTD:
-        size = zstandard.frame_content_size(data)
+        cap = expected if expected is not None else limit
+        try:
+            size = zstandard.frame_content_size(data)
+        except zstandard.ZstdError as exc:
+            raise ValueError(f"zstd: {exc}") from exc
         if size < 0 or (expected is not None and size != expected) or (limit and size > limit):
             raise ValueError(f"zstd frame of unexpected size {size}")
         try:
-            data = dctx.decompress(data)
+            data = dctx.decompress(data, max_output_size=cap)
         except zstandard.ZstdError as exc:
             raise ValueError(f"zstd: {exc}") from exc
     out = np.frombuffer(data, dtype=np.uint8)

@@ -22,6 +22,18 @@ publisher (``producers.weights``) and the subscriber (``consumers.weights``) onl
   ``codec_version`` is the codec's format number; the tensors are listed in the caller's
   state-dict order. ``chunk_record`` is the ``WeightChunk`` record of one chunk and
   ``chunk_keys`` the record keys (and checksums) a manifest's chunks are found by.
+- Bounds before allocation (``check_bounds``, ``check_piece``): a reader checks a manifest
+  against what it knows of the model before it fetches a chunk or allocates an array: every
+  tensor's dtype is a codec dtype and its shape at most ``MAX_NDIM`` non-negative dims; with
+  the model's tensor table (``TensorTable``: the reader's expected names, dtypes and shapes)
+  the manifest names exactly those tensors with exactly those dtypes and shapes; the state is
+  at most ``max_state_bytes`` and ``raw_bytes`` is its true size; every chunk is at most
+  ``max_chunk_bytes`` and ``encoded_bytes`` their sum. Inside a chunk, a piece lies inside its
+  tensor, a piece with data covers at most ``MAX_RANGE_BYTES`` raw bytes (the encoder never
+  writes larger ranges), and each of its streams declares (zstd frame content size, or its
+  stored length) at most what that range can need: a small chunk carrying a frame that would
+  expand to gigabytes is refused before anything is decompressed. Failures are
+  ``ManifestInvalid`` (the manifest) or ``ChunkCorrupt`` (a chunk).
 
 numpy only: importing this module never loads torch or Kafka.
 """
@@ -29,14 +41,18 @@ numpy only: importing this module never loads torch or Kafka.
 from __future__ import annotations
 
 import math
+import os
 import struct
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Final
+
+import zstandard
 
 from . import topics
 from .deltacodec_bits import DTYPE_WIDTHS
 from .deltacodec_manifest import FORMAT, ChunkCorrupt, ManifestInvalid, MissingChunk, verify_chunk
-from .deltacodec_pieces import ENCODINGS, Piece, read_piece
+from .deltacodec_pieces import ENCODINGS, UNCHANGED, ZSTD, Piece, read_piece
 
 CHUNK_HEADER: Final = struct.Struct("<4sBxxxI")
 CHUNK_MAGIC: Final = b"RLDK"
@@ -45,6 +61,13 @@ CHUNK_FORMAT: Final = 1
 CODEC_VERSION: Final = int(FORMAT.rsplit("/", 1)[1])
 
 Ref = tuple[str, int, int]  # topic, partition, offset
+#: Most raw bytes one piece with data covers (the encoder's range size; only ``unchanged``
+#: pieces, which carry no data, may cover more).
+MAX_RANGE_BYTES: Final = 8 << 20
+#: Most dimensions a tensor's shape may have.
+MAX_NDIM: Final = 8
+#: A model's architecture as a reader knows it: tensor name -> (dtype tag, shape).
+TensorTable = Mapping[str, tuple[str, tuple[int, ...]]]
 
 # --- chunks ----------------------------------------------------------------------------------
 
@@ -206,13 +229,102 @@ def _chunk_ref(chunk: Mapping[str, Any], ref: Ref | None) -> dict[str, Any]:
     }
 
 
+# --- bounds before allocation ----------------------------------------------------------------
+
+
+def default_max_state_bytes() -> int:
+    """Half of this machine's physical memory (64 GiB where it cannot be read): the largest
+    state a reader without the model's tensor table accepts."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError, AttributeError):
+        return 64 << 30
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What a manifest may ask a reader to fetch and allocate (see the module docstring)."""
+
+    table: TensorTable | None = None  # the model's tensors; None: any names and shapes
+    max_state_bytes: int = field(default_factory=default_max_state_bytes)
+    max_chunk_bytes: int = topics.CHUNK_PAYLOAD_BYTES
+
+
+def tensor_table(state: Mapping[str, Any]) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """The ``TensorTable`` of a state (``TensorBits`` by name)."""
+    return {name: (t.dtype, tuple(int(d) for d in t.shape)) for name, t in state.items()}
+
+
+def _shape_of(tensor: Mapping[str, Any]) -> tuple[int, ...]:
+    name, shape = tensor.get("name"), tensor.get("shape")
+    if tensor.get("dtype") not in DTYPE_WIDTHS:
+        raise ManifestInvalid(f"tensor {name!r}: unknown dtype {tensor.get('dtype')!r}")
+    if not isinstance(shape, list | tuple) or len(shape) > MAX_NDIM:
+        raise ManifestInvalid(f"tensor {name!r}: shape must be at most {MAX_NDIM} dims")
+    if not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise ManifestInvalid(f"tensor {name!r}: shape {shape} is not non-negative ints")
+    return tuple(shape)
+
+
+def check_bounds(record: Mapping[str, Any], bounds: Bounds) -> None:
+    """Raise ``ManifestInvalid`` unless the ``WeightManifest`` record stays within ``bounds``
+    (the rules are in the module docstring). Reads the record only: nothing is allocated."""
+    state_bytes = 0
+    for t in record["tensors"]:
+        shape = _shape_of(t)
+        state_bytes += math.prod(shape) * DTYPE_WIDTHS[t["dtype"]]
+        if state_bytes > bounds.max_state_bytes:
+            raise ManifestInvalid(f"state of more than {bounds.max_state_bytes} bytes")
+        if bounds.table is not None:
+            want = bounds.table.get(t["name"])
+            if want is None:
+                raise ManifestInvalid(f"tensor {t['name']!r} is not one of the model's")
+            if (t["dtype"], shape) != (want[0], tuple(want[1])):
+                raise ManifestInvalid(
+                    f"tensor {t['name']!r} is {t['dtype']}{list(shape)}, "
+                    f"the model's is {want[0]}{list(want[1])}"
+                )
+    if bounds.table is not None and len(record["tensors"]) != len(bounds.table):
+        raise ManifestInvalid(
+            f"{len(record['tensors'])} tensors, the model has {len(bounds.table)}"
+        )
+    if record["raw_bytes"] != state_bytes:
+        raise ManifestInvalid(f"raw_bytes {record['raw_bytes']}, the tensors hold {state_bytes}")
+    sizes = [c["nbytes"] for c in record["chunks"]]
+    if any(not 0 <= n <= bounds.max_chunk_bytes for n in sizes):
+        raise ManifestInvalid(f"a chunk of more than {bounds.max_chunk_bytes} bytes")
+    if record["encoded_bytes"] != sum(sizes):
+        raise ManifestInvalid(f"encoded_bytes {record['encoded_bytes']} != chunk sizes")
+
+
+def check_piece(piece: Piece, dtype: str, shape: Sequence[int]) -> None:
+    """Raise ``ValueError`` unless ``piece`` of a tensor of ``dtype`` and ``shape`` stays
+    within the bounds of the module docstring. Reads stream headers only."""
+    n, width = piece.stop - piece.start, DTYPE_WIDTHS[dtype]
+    if piece.stop > math.prod(shape):
+        raise ValueError(f"piece {piece.start}..{piece.stop} outside a tensor of {list(shape)}")
+    if piece.encoding == UNCHANGED:
+        return
+    if n * width > MAX_RANGE_BYTES or piece.count > n:
+        raise ValueError(f"piece {piece.start}..{piece.stop} is larger than a range may be")
+    most = n * width + n // 255 + 1  # the largest stream a range needs: its raw bytes, or gaps
+    for codec, data in piece.streams:
+        try:
+            size = zstandard.frame_content_size(data) if codec == ZSTD else len(data)
+        except zstandard.ZstdError as exc:
+            raise ValueError(f"unreadable zstd frame header: {exc}") from exc
+        if not 0 <= size <= most:
+            raise ValueError(f"a stream declares {size} bytes, its piece needs at most {most}")
+
+
 def codec_manifest(record: Mapping[str, Any], chunks: Sequence[bytes | None]) -> dict[str, Any]:
     """The codec manifest of an Avro ``WeightManifest``, rebuilt with its verified chunks.
 
     Rule: every chunk is first checked against the record's size and checksum; the piece table
     is then read from the chunks (each piece names its tensor, element range and encoding), and
     each piece must lie inside its tensor's ``offset``/``nbytes`` span of the concatenated
-    payloads. Raises ``ManifestInvalid``, ``MissingChunk`` or ``ChunkCorrupt``."""
+    payloads and within its bounds (``check_piece``). Raises ``ManifestInvalid``,
+    ``MissingChunk`` or ``ChunkCorrupt``."""
     if record["codec_version"] != CODEC_VERSION:
         raise ManifestInvalid(f"unknown weights codec version {record['codec_version']}")
     listed = [
@@ -275,6 +387,7 @@ def _table_rows(
             end = at + piece.nbytes
             if n and not lo <= at < end <= lo + n:  # nbytes 0: span unknown
                 raise ValueError("a piece lies outside its tensor's span")
+            check_piece(piece, tensors[piece.tensor]["dtype"], tensors[piece.tensor]["shape"])
             into[piece.tensor].append(piece_entry(index, piece))
             at = end
     except ValueError as exc:
