@@ -13,6 +13,13 @@ Rules:
 - with the run's verify key, a record's signature is checked before it is decoded: a forged,
   altered or unsigned manifest is refused, remembered in ``refused`` and never kept
   (``producers.weight_signing``);
+- versions are tied to the learner's epoch (``implausible``): per model, a manifest of an
+  epoch older than the newest accepted (a fenced learner, or an old signed manifest replayed),
+  or naming a version more than ``MAX_VERSION_JUMP`` past the newest accepted (a forged
+  10^12 that would pin workers and make admission call everything stale) is refused like a
+  bad signature: remembered in ``refused``, never kept;
+- every refusal is counted in ``rlstream_weights_refused_total{model, reason}`` (reason
+  ``signature``, ``epoch`` or ``version``);
 - records are decoded with the writer schema they name; a schema this code has never seen is
   learned from ``rl.schemas`` first (``decode``, which the subscriber also uses for chunks); an
   undecodable record is logged and skipped, another model's record skipped;
@@ -32,12 +39,13 @@ import collections
 import logging
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Final
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartition
 
 from rlstream.consumers.consumer import load_schema_topic
 from rlstream.consumers.read_to_end import partitions_of, read_to_end, reader
+from rlstream.producers import metrics
 from rlstream.producers.settings import KafkaSettings
 from rlstream.producers.weight_signing import Refused, Verifier
 from rlstream.schemas import events, topics
@@ -46,6 +54,28 @@ log = logging.getLogger(__name__)
 
 Key = tuple[int, str]  # (version, kind) names one manifest
 _SKIP = (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
+#: Furthest past the newest accepted version a manifest may be (the learner publishes every
+#: version, one step after the other; the margin only spares a reader that started late).
+MAX_VERSION_JUMP: Final = 10_000
+
+
+def implausible(
+    version: int,
+    epoch: int,
+    newest: int | None,
+    newest_epoch: int,
+    max_jump: int = MAX_VERSION_JUMP,
+) -> tuple[str, str] | None:
+    """``(kind, reason)`` when a manifest of ``version`` and learner ``epoch`` must be refused,
+    given the newest version and epoch accepted so far for its model; None when acceptable.
+
+    Rule: an epoch older than ``newest_epoch`` is refused (``epoch``); so is a version more
+    than ``max_jump`` past ``newest`` (``version``). The first manifest read anchors both."""
+    if epoch < newest_epoch:
+        return "epoch", f"learner epoch {epoch} is older than epoch {newest_epoch} already seen"
+    if newest is not None and version > newest + max_jump:
+        return "version", f"version {version} jumps more than {max_jump} past {newest}"
+    return None
 
 
 class ManifestLog(Mapping[Key, dict[str, Any]]):
@@ -68,6 +98,8 @@ class ManifestLog(Mapping[Key, dict[str, Any]]):
             log.info("manifests of %s are not verified: no verify key", topic)
         self.refused: collections.deque[tuple[int, int, str]] = collections.deque(maxlen=100)
         self.newest: int | None = None
+        self._tip: dict[str, tuple[int, int]] = {}  # model -> newest (version, epoch) accepted
+        self._refusals = metrics.weight_refusals()
         self._records: dict[Key, dict[str, Any]] = {}
         self._next: dict[int, int] = {}  # partition -> offset after the last record read
         self._parts: list[int] | None = None
@@ -232,8 +264,7 @@ class ManifestLog(Mapping[Key, dict[str, Any]]):
             try:
                 self.verifier.check(msg.value(), msg.headers())
             except Refused as exc:
-                log.warning("manifests: refusing the record at offset %s: %s", msg.offset(), exc)
-                self.refused.append((int(msg.partition() or 0), int(msg.offset() or 0), str(exc)))
+                self._refuse(msg, self.model or "", "signature", str(exc))
                 return None
         try:
             rec = self.decode(msg.value(), "weight_manifest")
@@ -243,9 +274,21 @@ class ManifestLog(Mapping[Key, dict[str, Any]]):
         if self.model is not None and rec["model"] != self.model:
             return None
         key = (int(rec["version"]), str(rec["kind"]))
+        epoch = int(rec.get("learner_epoch", 0))
+        newest, newest_epoch = self._tip.get(rec["model"], (None, 0))
+        why = implausible(key[0], epoch, newest, newest_epoch)
+        if why is not None:
+            self._refuse(msg, rec["model"], *why)
+            return None
+        self._tip[rec["model"]] = (max(key[0], newest or 0), epoch)
         self._records[key] = rec  # a republished version replaces the older record
         self.newest = key[0] if self.newest is None else max(self.newest, key[0])
         return key
+
+    def _refuse(self, msg: Message, model: str, kind: str, reason: str) -> None:
+        log.warning("manifests: refusing the record at offset %s: %s", msg.offset(), reason)
+        self.refused.append((int(msg.partition() or 0), int(msg.offset() or 0), reason))
+        self._refusals.labels(model, kind).inc()
 
 
 def _order(key: Key) -> tuple[int, bool]:

@@ -23,6 +23,9 @@ Rules (pure, unit-tested):
   as a *delta* against it, so at a keyframe version both exist (delta first). Workers that
   follow live never download a keyframe; new or lost workers start from one.
 - ``keyframe_version`` of a manifest is the newest keyframe at or before its version.
+- ``learner_epoch`` of a manifest is the publisher's ``epoch``: the learner's incarnation (one
+  more than the newest epoch among the run's manifests, set by the learner when it starts), so
+  readers can refuse a manifest of an older incarnation (``consumers.manifest_log``).
 
 The records themselves (``WeightChunk``, ``WeightManifest``, and how the codec manifest maps to
 them) are the wire format, owned by ``schemas.weight_format``; which chunks may be deleted is
@@ -139,6 +142,7 @@ class WeightPublisher:
         flush_timeout: float = 120.0,
         fault_hook: FaultHook | None = None,
         signer: Signer | None = None,
+        epoch: int = 0,
     ) -> None:
         publish_kinds(0, keyframe_every, False)  # validates keyframe_every
         self.producer, self.run, self.model = producer, run, model
@@ -150,6 +154,7 @@ class WeightPublisher:
         # Manifests are signed with the run's key (``weight_signing``); None: $RLSTREAM_WEIGHTS_
         # SIGNING_KEY, or unsigned when that is not set.
         self.signer = signer if signer is not None else Signer.from_env()
+        self.epoch = epoch  # the learner's incarnation, written into every manifest
         self.history: list[dict[str, Any]] = []  # manifests without tensors, for ``prune``
         self.last_stats: PublishStats | None = None
         self._last: _Published | None = None
@@ -218,6 +223,7 @@ class WeightPublisher:
             order=list(state),
             step_inputs=step_inputs,
             stats=stats,
+            learner_epoch=self.epoch,
         )
         records = [record(e.manifest, refs=refs[k]) for k, e in zip(kinds, encoded, strict=True)]
         for rec in records:

@@ -20,7 +20,7 @@ publisher (``producers.weights``) and the subscriber (``consumers.weights``) onl
   and the chunks themselves describe their pieces, so ``codec_manifest`` (the inverse mapping)
   rebuilds the table from the verified chunks and checks it against these spans.
   ``codec_version`` is the codec's format number; the tensors are listed in the caller's
-  state-dict order. ``chunk_record`` is the ``WeightChunk`` record of one chunk and
+  state-dict order; ``learner_epoch`` is the publishing learner's incarnation (0: unknown). ``chunk_record`` is the ``WeightChunk`` record of one chunk and
   ``chunk_keys`` the record keys (and checksums) a manifest's chunks are found by.
 - Bounds before allocation (``check_bounds``, ``check_piece``): a reader checks a manifest
   against what it knows of the model before it fetches a chunk or allocates an array: every
@@ -179,6 +179,7 @@ def manifest_record(
     refs: Mapping[int, Ref] | None = None,
     step_inputs: Sequence[Mapping[str, Any]] = (),
     stats: Mapping[str, float] | None = None,
+    learner_epoch: int = 0,
 ) -> dict[str, Any]:
     """The Avro ``WeightManifest`` of one encoded version (see the module docstring).
 
@@ -208,6 +209,7 @@ def manifest_record(
         "step_inputs": [dict(r) for r in step_inputs],
         "stats": {k: float(v) for k, v in (stats or {}).items()},
         "codec_version": CODEC_VERSION,
+        "learner_epoch": int(learner_epoch),
     }
 
 

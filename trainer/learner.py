@@ -9,7 +9,9 @@ Guarantees:
   give bit-identical versions (``rlstream replay`` checks the state hashes);
 - resumable: before each commit the fp32 master weights and optimizer state are checkpointed
   under ``state_dir`` by version; a restarted learner loads the checkpoint of the last
-  published version (or, lacking it, rebuilds the weights from the weight stream).
+  published version (or, lacking it, rebuilds the weights from the weight stream);
+- epochs: each learner incarnation publishes under an epoch one more than the newest epoch in
+  the run's manifests, so readers refuse manifests of an older (fenced) incarnation;
 
 The step itself (config, GRPO with router replay, checkpoints) is ``trainer.learner_step``;
 this module is the Kafka loop around it and the pure rules of which groups form a step.
@@ -55,6 +57,7 @@ class Ledger:
     trained: set[tuple[str, int, int]] = field(default_factory=set)  # admitted record positions
     rollout_groups: int = 0
     online_groups: int = 0
+    epoch: int = 0  # the newest learner epoch among the manifests
 
 
 def read_ledger(settings: KafkaSettings, run: str, model: str) -> Ledger:
@@ -63,6 +66,7 @@ def read_ledger(settings: KafkaSettings, run: str, model: str) -> Ledger:
     ledger = Ledger()
     for _, rec in sorted(manifests_by_version(settings, run, model).items()):
         ledger.last = rec
+        ledger.epoch = max(ledger.epoch, int(rec.get("learner_epoch", 0)))
         ledger.trained |= {(r["topic"], r["partition"], r["offset"]) for r in rec["step_inputs"]}
         online = int(rec["stats"].get("online_groups", 0))
         ledger.online_groups += online
@@ -151,6 +155,7 @@ class Learner:
 
     def _resume(self) -> int:
         self.ledger = read_ledger(self.settings, self.run, self.cfg.model)
+        self.publisher.epoch = self.ledger.epoch + 1  # this incarnation's
         manifest = self.ledger.last
         if manifest is None:
             self._publish(0, [], {"warm_start": 1.0})
