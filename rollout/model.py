@@ -10,7 +10,8 @@ Rules this module guarantees:
   process the token.
 - ``generate`` samples a batch (the G samples of a group share one prompt) with a KV cache and
   records, for every token fed through the model (prompt and generated), the experts used, and for
-  every generated token its behaviour logprob (float32, under the sampling temperature). It can
+  every generated token its behaviour logprob (float32, under the sampling temperature) and, when
+  asked (``top_n``), the ``top_n`` most likely tokens of the same distribution. It can
   run a reduced-precision copy of the weights (bf16), as rollout inference does at scale, while the
   learner runs fp32: numerics then differ, and router replay is what keeps the experts identical.
 - Deterministic on CPU given the seed (weights) and the ``torch.Generator`` (sampling).
@@ -230,6 +231,8 @@ class Generation:
     ``tokens``/``logprobs`` ``[B, N]`` hold the generated tokens (padded after each row's
     ``lengths[b]``); ``routes`` ``[B, P + N, L, K]`` are the experts that processed each fed token,
     prompt included; ``cache`` holds keys/values of all fed tokens (rows padded likewise).
+    ``top_ids``/``top_logprobs`` ``[B, N, top_n]`` are the most likely tokens at each step and
+    their logprobs, most likely first (``top_n`` = 0 when not asked).
     """
 
     tokens: Tensor
@@ -239,6 +242,8 @@ class Generation:
     stopped: Tensor
     cache: KVCache
     prompt_len: int
+    top_ids: Tensor | None = None
+    top_logprobs: Tensor | None = None
 
 
 @torch.no_grad()
@@ -253,6 +258,7 @@ def generate(
     cache: KVCache | None = None,
     pad_id: int = 0,
     greedy: bool = False,
+    top_n: int = 0,
 ) -> Generation:
     """Sample up to ``max_new`` tokens per row after ``prompt_tokens`` ``[B, P]``.
 
@@ -261,7 +267,9 @@ def generate(
     float32. Every generated token is also fed through the model once more, so its routes are
     recorded and the cache is ready for a continuation. ``dtype`` casts a copy of the weights
     (e.g. ``torch.bfloat16``); ``cache`` continues an earlier sequence. ``greedy`` takes the
-    most likely token instead of sampling (temperature 0; ties go to the lowest id).
+    most likely token instead of sampling (temperature 0; ties go to the lowest id). ``top_n``
+    also records the ``top_n`` most likely tokens of each step's distribution (what an
+    OpenAI-style ``logprobs`` answer lists); it changes nothing that is sampled.
     """
     if dtype is not None and next(model.parameters()).dtype != dtype:
         model = inference_copy(model, dtype)
@@ -270,7 +278,7 @@ def generate(
     max_new = max(0, min(max_new, room))
     b = prompt_tokens.shape[0]
     logits, routes = model(prompt_tokens, cache=cache)
-    all_routes, toks, lps = [routes], [], []
+    all_routes, toks, lps, tops = [routes], [], [], []
     lengths = torch.zeros(b, dtype=torch.long)
     done = torch.zeros(b, dtype=torch.bool)
     stops = torch.tensor(stop_ids, dtype=torch.long)
@@ -283,6 +291,8 @@ def generate(
         nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
         toks.append(nxt)
         lps.append(torch.where(done, 0.0, logp.gather(1, nxt[:, None]).squeeze(1)))
+        if top_n > 0:
+            tops.append(logp.topk(min(top_n, logp.shape[-1]), dim=-1))
         lengths += (~done).long()
         done = done | torch.isin(nxt, stops)
         logits, routes = model(nxt[:, None], cache=cache)
@@ -298,6 +308,8 @@ def generate(
         stopped=done,
         cache=cache,
         prompt_len=prompt_tokens.shape[1],
+        top_ids=torch.stack([t.indices for t in tops], 1) if tops else None,
+        top_logprobs=torch.stack([t.values for t in tops], 1).float() if tops else None,
     )
 
 

@@ -108,6 +108,37 @@ def test_generate_is_deterministic_and_stops() -> None:
         assert (row[int(n) :] == 0).all(), "padding after the stop"
 
 
+def test_top_n_lists_the_distribution_and_changes_no_sample() -> None:
+    """The top-n alternatives come from the sampling distribution itself: asking for them
+    samples the same tokens, the list is sorted, and a greedy token is its own top-1."""
+    model = build_policy(CFG)
+    prompt = _tokens(3, 5)
+
+    def run(top_n: int, greedy: bool = False):
+        gen = torch.Generator().manual_seed(3)
+        return generate(model, prompt, 10, 0.7, gen, top_n=top_n, greedy=greedy)
+
+    plain, listed = run(0), run(4)
+    assert plain.top_ids is None and plain.top_logprobs is None
+    assert torch.equal(plain.tokens, listed.tokens)
+    assert torch.equal(plain.logprobs, listed.logprobs)
+    assert listed.top_ids is not None and listed.top_logprobs is not None
+    assert listed.top_ids.shape == (*listed.tokens.shape, 4)
+    assert (listed.top_logprobs[..., :-1] >= listed.top_logprobs[..., 1:]).all()
+    for b in range(3):
+        n = int(listed.lengths[b])
+        assert (listed.logprobs[b, :n] <= listed.top_logprobs[b, :n, 0]).all()
+        hit = listed.top_ids[b, :n] == listed.tokens[b, :n, None]
+        assert torch.equal(
+            listed.top_logprobs[b, :n][hit], listed.logprobs[b, :n, None].expand(-1, 4)[hit]
+        )
+    greedy = run(2, greedy=True)
+    assert greedy.top_ids is not None and greedy.top_logprobs is not None
+    n = int(greedy.lengths[0])
+    assert torch.equal(greedy.top_ids[0, :n, 0], greedy.tokens[0, :n])
+    assert torch.equal(greedy.top_logprobs[0, :n, 0], greedy.logprobs[0, :n])
+
+
 def test_generation_replay_matches_behaviour_logprobs_fp32() -> None:
     """fp32 inference with a KV cache vs a full fp32 recompute with the recorded routes."""
     model = build_policy(CFG)
