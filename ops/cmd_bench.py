@@ -16,12 +16,13 @@ BENCHES = (
     "rlstream.ops.bench.router_replay",
     "rlstream.ops.bench.asyncrl",
     "rlstream.ops.bench.ingest",
+    "rlstream.ops.bench.geo",
 )
 # Benchmarks added as the features land are appended here.
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("bench", help="run a benchmark (bus, deltas, sync, ...)")
+    parser = sub.add_parser("bench", help="run a benchmark (bus, deltas, sync, geo, ...)")
     bsub = parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
     for name in BENCHES:
         importlib.import_module(name).register_bench(bsub)

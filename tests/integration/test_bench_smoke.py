@@ -45,3 +45,18 @@ def test_bench_runs_and_keeps_its_result(bench: str, kafka, tmp_path: Path) -> N
     assert [k for k in keys if k not in result] == []
     kept = json.loads((tmp_path / f"bench-{bench}.json").read_text())
     assert kept["result"] == result and kept["machine"]["cores"] >= 1
+
+
+def test_geo_bench_runs_on_the_regions_cluster(geo, tmp_path: Path) -> None:
+    """``bench geo`` on the session's multi-region cluster (its trainer and eu regions and link)."""
+    env = {**os.environ, "RLSTREAM_RESULTS": str(tmp_path)}
+    args = ["--mb", "1", "--versions", "3", "--keyframe-every", "2", "--groups", "2"]
+    args += ["--group-size", "2", "--tokens", "64", "--home", str(geo.home)]
+    cmd = [sys.executable, "-m", "rlstream", "bench", "geo", "--json", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    for key in ("propagation_p50_s", "propagation_p99_s", "cross_region_ratio", "trajectory_p50_s"):
+        assert result[key] > 0, (key, result)
+    assert result["baseline"]["propagation_p50_s"] > 0
+    assert json.loads((tmp_path / "bench-geo.json").read_text())["result"] == result
