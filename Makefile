@@ -29,7 +29,7 @@ demo: kafka  ## start the local cluster and run the main job
 	$(BIN)/rlstream demo
 
 test: kafka  ## the whole suite: unit tests, then integration tests on a real local broker
-	$(BIN)/pytest -q $(PYTEST_ARGS) tests
+	$(BIN)/pytest -q --durations=15 $(PYTEST_ARGS) tests
 
 test-unit: setup  ## unit tests only (no broker)
 	$(BIN)/pytest -q $(PYTEST_ARGS) tests/unit
