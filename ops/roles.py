@@ -15,7 +15,11 @@ import importlib
 import json
 import sys
 
+from rlstream.producers.producer import exit_when_hung
 from rlstream.producers.settings import KafkaSettings
+
+#: A supervised role whose transactional call blocks this long exits and is restarted.
+HUNG_TRANSACTION_S = 90.0
 
 #: role -> the module whose ``run_role(ctx)`` runs it.
 ROLES = {
@@ -53,7 +57,12 @@ def start(args: argparse.Namespace) -> int:
         regions.check(region)
     except ValueError as exc:
         raise SystemExit(f"error: --region: {exc}") from None
-    settings = KafkaSettings.from_env(args.bootstrap) or config.regions.settings(region, args.home)
+    # on a secured local cluster the role connects as its own user (ops.acls)
+    settings = KafkaSettings.from_env(args.bootstrap) or config.regions.settings(
+        region, args.home, user=role
+    )
+    if getattr(args, "once", False):  # supervised: a hung transaction ends in a restart
+        exit_when_hung(HUNG_TRANSACTION_S)
     report = ensure_run_topics(settings, args.run, regions=regions, here=region)
     if report.drift:
         print(f"warning: topic drift {report.drift}", file=sys.stderr)

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -74,6 +76,40 @@ def retry_retriable(call: Callable[[], Any], what: str) -> Any:
     raise AssertionError("unreachable")
 
 
+_HANG_EXIT_S: float | None = None
+HUNG_EXIT_CODE = 75
+
+
+def exit_when_hung(seconds: float | None) -> None:
+    """Make this process exit (code ``HUNG_EXIT_CODE``) when a transactional call blocks longer
+    than ``seconds`` (None: never). For a supervised role only: librdkafka's
+    ``send_offsets_to_transaction`` has been seen to block for good after its broker was killed
+    and restarted; the supervisor's restart fences the stuck transaction and resumes from the
+    committed offsets, which is what a restart is for."""
+    global _HANG_EXIT_S
+    _HANG_EXIT_S = seconds
+
+
+@contextlib.contextmanager
+def _hang_guard(what: str) -> Iterator[None]:
+    if _HANG_EXIT_S is None:
+        yield
+        return
+    limit = _HANG_EXIT_S
+
+    def bail() -> None:
+        print(f"{what} blocked for {limit:.0f}s; exiting so that the role restarts", flush=True)
+        os._exit(HUNG_EXIT_CODE)
+
+    timer = threading.Timer(limit, bail)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
 class TransactionAborted(RuntimeError):
     """The broker required the transaction to abort, and it was: nothing of it is visible."""
 
@@ -87,12 +123,13 @@ class Transaction:
     def send_offsets(self, offsets: Sequence[TopicPartition], group_metadata: object) -> None:
         """Commit these consumer offsets (of the group ``group_metadata`` names) with it."""
         if offsets:
-            retry_retriable(
-                lambda: self._producer.send_offsets_to_transaction(
-                    list(offsets), group_metadata, self._timeout
-                ),
-                "send offsets",
-            )
+            with _hang_guard("send offsets"):
+                retry_retriable(
+                    lambda: self._producer.send_offsets_to_transaction(
+                        list(offsets), group_metadata, self._timeout
+                    ),
+                    "send offsets",
+                )
 
 
 def make_producer(
@@ -135,7 +172,8 @@ class EventProducer:
         self._producer.begin_transaction()
         try:
             yield Transaction(self._producer, timeout)
-            retry_retriable(lambda: self._producer.commit_transaction(timeout), "commit")
+            with _hang_guard("commit"):
+                retry_retriable(lambda: self._producer.commit_transaction(timeout), "commit")
         except KafkaException as exc:
             err = exc.args[0]
             if not err.txn_requires_abort():

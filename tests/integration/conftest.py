@@ -62,9 +62,8 @@ def geo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from rlstream.ops import cluster
 
     home = tmp_path_factory.mktemp("geo") / "cluster"
-    state = cluster.up(["trainer", "eu", "us"], home=home, heap="384m", log=lambda *_: None)
-    try:
-        yield state
+    try:  # a region that fails to start must not leave the others running
+        yield cluster.up(["trainer", "eu", "us"], home=home, heap="384m", log=lambda *_: None)
     finally:
         cluster.down(home=home, purge=True, log=lambda *_: None)
 

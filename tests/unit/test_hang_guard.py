@@ -1,0 +1,32 @@
+"""A supervised role whose transactional call blocks for good exits, so its supervisor restarts
+it (``producers.producer.exit_when_hung``); without the policy nothing exits."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+SCRIPT = """
+import time
+from rlstream.producers import producer as p
+p.exit_when_hung({limit})
+with p._hang_guard("send offsets"):
+    time.sleep({block})
+print("returned")
+"""
+
+
+def _run(limit: str, block: float) -> subprocess.CompletedProcess[str]:
+    code = SCRIPT.format(limit=limit, block=block)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+
+def test_a_hung_call_ends_the_process_with_its_code() -> None:
+    hung = _run("0.2", 30)
+    assert hung.returncode == 75, hung
+    assert "send offsets blocked" in hung.stdout
+
+
+def test_a_call_that_returns_in_time_or_no_policy_changes_nothing() -> None:
+    assert _run("5", 0.1).stdout.strip() == "returned"
+    assert _run("None", 0.5).stdout.strip() == "returned"
