@@ -9,6 +9,12 @@ Exactly once and restart-safe without a state store of its own:
   which are co-partitioned with the inputs: on assignment of partition p, admission reads
   partition p of both and skips those group ids.
 
+Bounded memory: the decided ids are the newest ``max_decided`` (``admission_rules.DecidedSet``),
+split trajectories wait in bounded reassemblers (``arrays.Reassembler``: a sample evicted there
+never completes, so its group times out and is rejected), and pending groups leave when decided
+or timed out. Sizes and bounds are exported as ``rlstream_buffer_items`` /
+``rlstream_buffer_bound`` (``admission.decided``, ``admission.segments``).
+
 Regions: admission reads the trajectories and rewards of its own region and the copies
 MirrorMaker 2 brings home from the rollout regions (``topics.Regions.sources``). A group may
 arrive in more than one *copy* when the scheduler re-issued it after its region went dark: a
@@ -29,6 +35,7 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from rlstream.consumers.admission_rules import (
     AdmissionConfig,
+    DecidedSet,
     PendingGroup,
     Verdict,
     admitted_samples,
@@ -38,6 +45,7 @@ from rlstream.consumers.consumer import Record, RoleContext
 from rlstream.consumers.read_to_end import read_to_end, reader
 from rlstream.consumers.transactional import Output, TransactionalLoop
 from rlstream.consumers.versions import VersionWatcher
+from rlstream.producers.metrics import track_buffer
 from rlstream.producers.settings import KafkaSettings
 from rlstream.schemas import arrays, topics
 from rlstream.schemas.arrays import Reassembler
@@ -63,7 +71,7 @@ class Admission:
         self.names = topics.run_topics(run)
         self.pending: dict[Copy, PendingGroup] = {}
         self.first_offset: dict[Copy, dict[tuple[str, int], int]] = {}  # copy -> tp -> offset
-        self.decided: set[str] = set()  # committed decisions
+        self.decided = DecidedSet(cfg.max_decided)  # committed decisions (the newest)
         self._staged: set[str] = set()  # decisions of the open transaction
         self.loaded: set[int] = set()
         self.segments: dict[str, Reassembler] = {}  # per copy: segments are never mixed
@@ -226,6 +234,12 @@ class Admission:
         """The transaction committed: its decisions are final."""
         self.decided |= self._staged
         self._staged.clear()
+        self._report()
+
+    def _report(self) -> None:
+        track_buffer("admission.decided", len(self.decided), self.decided.bound)
+        pieces = sum(r.pieces for r in self.segments.values())
+        track_buffer("admission.segments", pieces, arrays.MAX_PENDING_PIECES * len(self.segments))
 
     def _reset(self) -> None:
         """Forget pending state and the aborted transaction's decisions: both are rebuilt by

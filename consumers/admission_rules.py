@@ -16,10 +16,16 @@ Rules, applied in this order when a group is complete or its deadline passed:
 
 Duplicates (a sample re-published after a rollout worker crashed, a reward re-sent) are
 ignored: the first record of each (sample) and (sample, judge) wins.
+
+Decided groups are remembered in a ``DecidedSet`` bounded by ``max_decided`` ids (the oldest
+decision is forgotten first). Forgetting is safe because a copy that arrives after that many
+newer decisions is far past ``max_staleness`` and is rejected as stale: at worst a late copy
+is rejected a second time, never admitted twice.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +48,42 @@ class AdmissionConfig(BaseModel):
     )
     timeout_s: float = Field(300.0, gt=0, description="Reject a group incomplete for this long.")
     reject_no_signal: bool = Field(True, description="Reject groups whose rewards are all equal.")
+    max_decided: int = Field(
+        1_000_000,
+        ge=1_000,
+        description="Decided group ids remembered to ignore late copies (the oldest forgotten "
+        "first; see the module docstring).",
+    )
+
+
+class DecidedSet:
+    """Group ids decided, the newest ``bound`` of them: adding past the bound forgets the
+    oldest (insertion order; a re-added id becomes the newest)."""
+
+    def __init__(self, bound: int) -> None:
+        if bound < 1:
+            raise ValueError(f"bound must be >= 1, got {bound}")
+        self.bound = bound
+        self.forgotten = 0
+        self._ids: dict[str, None] = {}
+
+    def __contains__(self, group_id: object) -> bool:
+        return group_id in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def add(self, group_id: str) -> None:
+        self._ids.pop(group_id, None)
+        self._ids[group_id] = None
+        if len(self._ids) > self.bound:
+            del self._ids[next(iter(self._ids))]
+            self.forgotten += 1
+
+    def __ior__(self, group_ids: Iterable[str]) -> DecidedSet:
+        for group_id in group_ids:
+            self.add(group_id)
+        return self
 
 
 @dataclass

@@ -7,7 +7,9 @@ Rules:
   (its ``feedback_id`` header, so nothing is decoded) is remembered with its age;
 - a background thread then follows the stream, so ids stored by other replicas become
   duplicates here too, within the follower's lag (well under a second on a live cluster);
-- what is remembered is bounded exactly as in ``IdempotencyLRU`` (window and count).
+- what is remembered is bounded exactly as in ``IdempotencyLRU``: ids younger than the window
+  and at most ``max_ids`` of them (the oldest forgotten first); the count and the bound are
+  exported as ``rlstream_buffer_items`` / ``rlstream_buffer_bound`` (``feedback.seen``).
 
 A retry that reaches another replica inside that lag can still be stored twice; the record
 carries the same feedback id, and feedback-rl decides each feedback id once.
@@ -22,6 +24,7 @@ from confluent_kafka import Message, TopicPartition
 
 from rlstream.consumers.read_to_end import partitions_of, read_to_end, reader, retrying
 from rlstream.producers.feedback_dedupe import IdempotencyLRU
+from rlstream.producers.metrics import track_buffer
 from rlstream.producers.settings import KafkaSettings
 from rlstream.schemas import topics
 
@@ -48,6 +51,8 @@ class FeedbackIdLog:
     def add(self, feedback_id: str, age_s: float = 0.0) -> None:
         with self._lock:
             self._ids.add(feedback_id, age_s)
+            size = len(self._ids)
+        track_buffer("feedback.seen", size, self._ids.max_ids)
 
     def __len__(self) -> int:
         with self._lock:

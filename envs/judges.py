@@ -22,12 +22,18 @@ Rules and guarantees:
 Rewards are produced in the judge's consume-transform-produce transaction (see
 ``consumers.transactional``), keyed by group id so they land co-partitioned with the
 trajectories. Long trajectories arriving in segments are reassembled first.
+
+Bounded memory: the latencies kept are the latest ``LATENCY_WINDOW``; split trajectories wait
+in a bounded reassembler (``arrays.Reassembler``: a sample evicted there is never judged, so
+admission times its group out); the verdict memo holds ``memo_size`` entries. Sizes and bounds
+are exported as ``rlstream_buffer_items`` / ``rlstream_buffer_bound`` (``judge.NAME.latencies``,
+``judge.NAME.segments``).
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
@@ -39,9 +45,12 @@ from rlstream.envs import family as families
 from rlstream.envs import fx, llm_judge, sandbox
 from rlstream.envs import tasks as task_family
 from rlstream.envs.family import FamilySpec, Verdict
+from rlstream.producers.metrics import track_buffer
 from rlstream.schemas import arrays, topics
 
 JUDGE_VERSION = "2"
+#: Judging latencies kept (the latest), for the role's figures.
+LATENCY_WINDOW = 1024
 
 
 class JudgeConfig(llm_judge.LLMJudgeConfig):
@@ -127,7 +136,7 @@ class Judge:
         self.rubric = RUBRICS[cfg.kind]
         self.rewards_topic = topics.topic_name(run, "rewards")
         self.segments = arrays.trajectory_reassembler()
-        self.latencies_ms: list[float] = []
+        self.latencies_ms: deque[float] = deque(maxlen=LATENCY_WINDOW)  # the latest
         self.memo: OrderedDict[tuple[str, str], dict[str, Any]] = OrderedDict()
         self.pool = ThreadPoolExecutor(cfg.max_concurrency) if cfg.kind == "llm" else None
 
@@ -163,10 +172,17 @@ class Judge:
             scored = list(self.pool.map(lambda rt: self.score(rt[1]), done))
         else:
             scored = [self.score(traj) for _, traj in done]
-        return [
+        outputs = [
             self._output(rec, traj, v, ms)
             for (rec, traj), (v, ms) in zip(done, scored, strict=True)
         ]
+        self._report()
+        return outputs
+
+    def _report(self) -> None:
+        track_buffer(f"judge.{self.name}.latencies", len(self.latencies_ms), LATENCY_WINDOW)
+        segments = self.segments
+        track_buffer(f"judge.{self.name}.segments", segments.pieces, segments.max_pieces)
 
     def _output(
         self, rec: Record, traj: dict[str, Any], verdict: dict[str, Any], latency: float

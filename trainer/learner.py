@@ -13,6 +13,14 @@ Guarantees:
 - epochs: each learner incarnation publishes under an epoch one more than the newest epoch in
   the run's manifests, so readers refuse manifests of an older (fenced) incarnation;
 
+Bounded memory: the waiting list (complete groups not yet trained) holds at most
+``MAX_WAITING`` groups: the admitted stream is read only while there is room (it keeps the rest
+durably), and when the list is full of groups no step can take (online groups the mix quota
+defers) the oldest online group is dead-lettered to make room (``make_room``). Split groups wait
+in a bounded reassembler (``arrays.Reassembler``); a group evicted there is dead-lettered too.
+Sizes and bounds are exported as ``rlstream_buffer_items`` / ``rlstream_buffer_bound``
+(``learner.waiting``, ``learner.parts``).
+
 The step itself (config, GRPO with router replay, checkpoints) is ``trainer.learner_step``;
 this module is the Kafka loop around it and the pure rules of which groups form a step.
 """
@@ -22,7 +30,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from confluent_kafka import TopicPartition
@@ -32,6 +40,7 @@ from rlstream.consumers.dlq import dead_letter, dead_letter_at
 from rlstream.consumers.feedback_rules import online_quota
 from rlstream.consumers.manifest_log import manifests_by_version
 from rlstream.producers.admin import admin_client
+from rlstream.producers.metrics import track_buffer
 from rlstream.producers.producer import EventProducer
 from rlstream.producers.settings import KafkaSettings
 from rlstream.producers.weights import WeightPublisher
@@ -47,6 +56,8 @@ from rlstream.trainer.learner_step import (
 )
 
 Ref = tuple[str, int, int]  # topic, partition, offset of an admitted record
+#: Most complete groups waiting for a step (see the module docstring).
+MAX_WAITING = 1024
 
 
 @dataclass
@@ -102,6 +113,18 @@ def pick_step(
     return None
 
 
+def make_room(waiting: list[StepInput], bound: int, step_ready: bool) -> list[int]:
+    """Indices of the waiting groups to dead-letter so that reading can go on: none unless
+    the list is full (``bound`` groups) and no step is ready; then the oldest online group.
+
+    Rule: rollout groups are never dropped (a full list with no step ready holds fewer than a
+    step's worth of them, so with ``bound`` at least a step it holds an online group)."""
+    if len(waiting) < bound or step_ready:
+        return []
+    online = [i for i, item in enumerate(waiting) if item.group.get("source") == "online"]
+    return online[:1]
+
+
 def commit_offsets(used: list[StepInput], waiting: list[StepInput]) -> list[TopicPartition]:
     """Per partition: one past the last record trained, never past a record still waiting."""
     nxt: dict[tuple[str, int], int] = {}
@@ -151,6 +174,7 @@ class Learner:
         self.parts = arrays.group_reassembler()
         self.part_refs: dict[str, list[tuple[str, int, int]]] = {}
         self.waiting: list[StepInput] = []
+        self.max_waiting = max(MAX_WAITING, cfg.groups_per_step)
         self.history: list[dict[str, float]] = []
 
     def _resume(self) -> int:
@@ -209,7 +233,10 @@ class Learner:
         )
 
     def poll(self) -> None:
-        for rec in self.consumer.poll_batch(100, 0.5):
+        room = self.max_waiting - len(self.waiting)  # a record completes one group at most
+        if room <= 0:
+            return
+        for rec in self.consumer.poll_batch(min(100, room), 0.5):
             if rec.event is None:
                 self.log(f"learner: undecodable admitted record dead-lettered: {rec.error}")
                 letter = dead_letter(
@@ -224,6 +251,28 @@ class Learner:
             joined = self.parts.add(value)
             if joined is not None:
                 self.waiting.append(StepInput(joined, self.part_refs.pop(value["group_id"])))
+            for key in self.parts.pop_evicted():
+                _, group_id = cast(tuple[str, str], key)  # group_reassembler's (run, group id)
+                refs = self.part_refs.pop(group_id, [])
+                self._drop([StepInput({}, refs)], "split group evicted before it completed")
+        track_buffer("learner.waiting", len(self.waiting), self.max_waiting)
+        track_buffer("learner.parts", self.parts.pieces, self.parts.max_pieces)
+
+    def _make_room(self) -> None:
+        """Dead-letter what ``make_room`` picks: the list is full and no step can take it."""
+        drop = make_room(self.waiting, self.max_waiting, self.ready() is not None)
+        if drop:
+            dropped = [self.waiting[i] for i in drop]
+            self.waiting = [w for i, w in enumerate(self.waiting) if i not in set(drop)]
+            self._drop(dropped, f"the waiting list is full ({self.max_waiting} groups)")
+
+    def _drop(self, items: list[StepInput], why: str) -> None:
+        refs = [ref for item in items for ref in item.refs]
+        if not refs:
+            return
+        self.log(f"learner: {len(items)} group(s) dead-lettered: {why}")
+        letters = [(dead_letter_at(*r, "processing_error", why, self.group), None) for r in refs]
+        self._dead_letter(letters, refs)
 
     def ready(self) -> list[int] | None:
         """The groups of the next step, if enough are waiting (see ``pick_step``)."""
@@ -296,6 +345,7 @@ class Learner:
                     f"{s['reward_mean']:.2f} staleness {s['staleness_mean']:.1f} "
                     f"step {s['step_s']:.2f}s publish {s['publish_s']:.2f}s"
                 )
+            self._make_room()
         return self.version
 
     def close(self) -> None:
