@@ -35,6 +35,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--no-mirror", action="store_true", help="start the brokers only, no MirrorMaker 2"
     )
     up.add_argument("--heap", default="1g", help="broker JVM heap (default 1g)")
+    up.add_argument(
+        "--secure",
+        action="store_true",
+        default=None,
+        help="one secured region: SASL/SCRAM-SHA-512 over TLS, ACLs enforced (then `rlstream acl "
+        "apply --run RUN` for the role users and their ACLs); kept by later starts",
+    )
     up.set_defaults(func=_up)
 
     down = csub.add_parser("down", help="stop exactly what `up` started")
@@ -60,6 +67,7 @@ def _up(args: argparse.Namespace) -> int:
             home=args.home,
             heap=args.heap,
             trainer=args.trainer,
+            secure=args.secure,
         )
     except (cluster.SetupError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -67,7 +75,10 @@ def _up(args: argparse.Namespace) -> int:
     for name, region in state.regions.items():
         if name in regions:
             role = "trainer" if name == state.trainer else "rollout"
-            print(f"{name}\t{region.bootstrap}\t{role}")
+            secured = "\tsecured (SASL_SSL, SCRAM-SHA-512)" if region.secure else ""
+            print(f"{name}\t{region.bootstrap}\t{role}{secured}")
+    if any(r.secure for r in state.regions.values()):
+        print(f"credentials (0600, user admin and one per role): {state.home / 'secrets'}")
     print(f"state and logs: {state.home}")
     return 0
 

@@ -100,17 +100,18 @@ class RegionsConfig(BaseModel):
     def topology(self) -> topics.Regions:
         return topics.Regions(self.trainer, tuple(self.rollout))
 
-    def settings(self, region: str, home: str | None = None) -> KafkaSettings:
+    def settings(self, region: str, home: str | None = None, user: str = "admin") -> KafkaSettings:
         """How a role in ``region`` reaches its cluster: the recipe's entry, else the local
-        cluster's region."""
+        cluster's region (as ``user`` when it is secured)."""
         self.topology().check(region)
         if region in self.clusters:
             return self.clusters[region].settings()
-        return local_settings(region, home)
+        return local_settings(region, home, user)
 
 
-def local_settings(region: str, home: str | None = None) -> KafkaSettings:
-    """Settings for the local cluster's ``region``; exits with a hint when it is not running."""
+def local_settings(region: str, home: str | None = None, user: str = "admin") -> KafkaSettings:
+    """Settings for the local cluster's ``region`` (as ``user`` when it is secured: a role's
+    user, or ``admin`` for the operator's tools); exits with a hint when it is not running."""
     from rlstream.ops import cluster
 
     state = cluster.load(None if home is None else Path(home))
@@ -120,4 +121,7 @@ def local_settings(region: str, home: str | None = None) -> KafkaSettings:
             f"is not running. Start it with `rlstream cluster up --regions {region}`, or give "
             f"--bootstrap / RLSTREAM_BOOTSTRAP for an existing cluster."
         )
-    return KafkaSettings(bootstrap_servers=state.bootstrap(region))
+    try:
+        return state.settings(region, user)
+    except KeyError as exc:  # a secured cluster without this user's credentials
+        raise SystemExit(f"error: {exc.args[0]}") from None

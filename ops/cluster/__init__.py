@@ -7,6 +7,8 @@ derived from the stream catalog (``mirror.link_flows``); a link whose process di
 by the next ``up``. ``down`` stops exactly the processes ``up`` recorded, by pid. All state lives
 in one directory (``--home``, ``$RLSTREAM_HOME``, default ``~/.local/state/rlstream/cluster``)
 holding ``cluster.json``, each region's config, data and logs, and each link's MirrorMaker's.
+``up(secure=True)`` starts a single secured region (``ops.cluster.security``: SASL/SCRAM over
+TLS, ACLs enforced); whether a region is secured is decided at its first start and kept.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from rlstream.ops.cluster import broker, mirror
 from rlstream.ops.cluster.artifacts import SetupError
 from rlstream.ops.cluster.broker import Region
 from rlstream.ops.cluster.mirror import Flow, Mirror, link_flows, parse_flow
+from rlstream.producers.settings import KafkaSettings
 
 __all__ = [
     "Cluster",
@@ -78,6 +81,12 @@ class Cluster:
             )
         return self.regions[region].bootstrap
 
+    def settings(self, region: str = DEFAULT_REGION, user: str = "admin") -> KafkaSettings:
+        """How ``user`` reaches ``region``: its bootstrap alone, or when the region is secured
+        the user's SCRAM credential and the cluster's CA (``security.client_settings``)."""
+        self.bootstrap(region)  # a clear error for an unknown region
+        return self.regions[region].settings(user)
+
     def running_regions(self) -> list[str]:
         return [n for n, r in self.regions.items() if r.running()]
 
@@ -116,18 +125,21 @@ def up(
     heap: str = "1g",
     log=print,
     trainer: str | None = None,
+    secure: bool | None = None,
 ) -> Cluster:
     """Start (or reuse) a broker per region, then one MirrorMaker 2 per rollout region's link
-    (unless ``mirror_links`` is False)."""
+    (unless ``mirror_links`` is False); ``secure`` True for a single secured region, None to
+    keep each existing region as it was started (a new one unsecured)."""
     home = Path(home or default_home())
     names = regions or [DEFAULT_REGION]
     with _locked(home):
         cluster = load(home)
+        secure = _check_secure(cluster, names, secure)
         if cluster.regions and trainer is None:
             trainer = cluster.trainer  # a cluster keeps its trainer region
         cluster.trainer = trainer or trainer_of(names)
         for name in names:
-            region = cluster.regions.get(name) or broker.new_region(name, home)
+            region = cluster.regions.get(name) or broker.new_region(name, home, secure)
             cluster.regions[name] = region
             if region.running():
                 log(f"region {name}: running at {region.bootstrap} (pid {region.pid})")
@@ -145,13 +157,30 @@ def up(
         return cluster
 
 
+def _check_secure(cluster: Cluster, names: list[str], secure: bool | None) -> bool:
+    """Whether the regions start secured; refuses what a secured cluster cannot be: several
+    regions (MirrorMaker 2 is not given credentials), or a region started the other way."""
+    if secure is None:
+        secure = any(r.secure for r in cluster.regions.values())
+    if secure and len(set(names) | set(cluster.regions)) > 1:
+        raise SetupError("a secured local cluster has one region (MirrorMaker 2 is not secured)")
+    for name in names:
+        region = cluster.regions.get(name)
+        if region is not None and region.secure != secure:
+            have, want = ("secured", "unsecured") if region.secure else ("unsecured", "secured")
+            raise SetupError(
+                f"region {name} at {cluster.home} was started {have}; it cannot restart {want}. "
+                f"Start it as it was, or `rlstream cluster down --purge` first"
+            )
+    return secure
+
+
 def _create_cluster_topics(cluster: Cluster, regions: list[str]) -> None:
     """Every region gets ``rl.schemas`` and ``rl.runs`` so any consumer there can decode."""
     from rlstream.producers.admin import ensure_cluster_topics
-    from rlstream.producers.settings import KafkaSettings
 
     for name in regions:
-        ensure_cluster_topics(KafkaSettings(bootstrap_servers=cluster.bootstrap(name)))
+        ensure_cluster_topics(cluster.settings(name))
 
 
 def _ensure_link(cluster: Cluster, region: str, log) -> None:

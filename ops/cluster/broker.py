@@ -5,7 +5,9 @@ Rules:
 - ports are chosen free at first start and kept, so clients and MirrorMaker configs stay valid
   and reconnect by themselves after a restart; a restart waits a while for a kept port to be
   released, and only if it stays taken are new ones chosen (the static quorum allows it);
-- the broker is ready when the admin client lists topics through the advertised listener.
+- the broker is ready when the admin client lists topics through the advertised listener;
+- a secured region (``secure``, chosen at its first start and kept) gets the listeners, the
+  authorizer and the admin credential of ``ops.cluster.security``; its properties file is 0600.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rlstream.ops.cluster import artifacts, procs
+from rlstream.ops.cluster import artifacts, procs, security
+from rlstream.producers.settings import KafkaSettings
 
 MARKER = "kafka.Kafka"  # with the properties path, identifies our broker process
 PORT_WAIT_S = 30.0  # how long a restart waits for its kept ports before it takes new ones
@@ -56,6 +59,13 @@ class Region:
     controller_port: int
     pid: int | None = None
     cluster_id: str = ""
+    secure: bool = False
+
+    def settings(self, user: str = security.ADMIN) -> KafkaSettings:
+        """How ``user`` (``admin`` or a role's user when secured) reaches this region."""
+        if not self.secure:
+            return KafkaSettings(bootstrap_servers=self.bootstrap)
+        return security.client_settings(Path(self.home), self.bootstrap, user)
 
     @property
     def bootstrap(self) -> str:
@@ -84,9 +94,15 @@ class Region:
         return asdict(self)
 
 
-def new_region(name: str, home: Path) -> Region:
+def new_region(name: str, home: Path, secure: bool = False) -> Region:
+    if secure:
+        security.ensure_secrets(home)
     return Region(
-        name=name, home=str(home), broker_port=procs.free_port(), controller_port=procs.free_port()
+        name=name,
+        home=str(home),
+        broker_port=procs.free_port(),
+        controller_port=procs.free_port(),
+        secure=secure,
     )
 
 
@@ -119,6 +135,12 @@ def _properties(region: Region) -> str:
         # Transactions abort quickly after a producer dies, so tests of crashes stay short.
         "transaction.max.timeout.ms": str(15 * 60 * 1000),
     }
+    if region.secure:
+        lines.update(
+            security.broker_properties(
+                Path(region.home), region.broker_port, region.controller_port
+            )
+        )
     return "".join(f"{key}={value}\n" for key, value in lines.items())
 
 
@@ -137,6 +159,9 @@ def _ports_free(region: Region, wait: float) -> bool:
 def _write_config(region: Region) -> None:
     region.dir.mkdir(parents=True, exist_ok=True)
     region.log.parent.mkdir(parents=True, exist_ok=True)
+    if region.secure:  # it holds the admin password of the inter-broker link
+        region.properties.touch(mode=0o600)
+        region.properties.chmod(0o600)
     region.properties.write_text(_properties(region))
     (region.dir / "log4j2.properties").write_text(LOG4J2.format(log=region.log))
 
@@ -154,10 +179,19 @@ def _java(region: Region, heap: str) -> list[str]:
     ]
 
 
+def _cluster_id() -> str:
+    """A Kafka cluster id (base64 of a UUID) that does not start with "-": the storage tool
+    would read one that does as an option and refuse to format."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
+
+
 def _format(region: Region, heap: str) -> None:
     if (region.dir / "data" / "meta.properties").exists():
         return
-    region.cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    region.cluster_id = _cluster_id()
     cmd = [
         *_java(region, heap),
         "kafka.tools.StorageTool",
@@ -166,6 +200,7 @@ def _format(region: Region, heap: str) -> None:
         region.cluster_id,
         "-c",
         str(region.properties),
+        *(security.format_args(Path(region.home)) if region.secure else []),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -194,9 +229,8 @@ def start(region: Region, heap: str = "1g", timeout: float = 120.0) -> Region:
 def wait_ready(region: Region, timeout: float, proc: subprocess.Popen | None = None) -> None:
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient(
-        {"bootstrap.servers": region.bootstrap, "log_level": 0, "logger": _silent_logger()}
-    )
+    conf = {**region.settings().librdkafka(), "log_level": 0, "logger": _silent_logger()}
+    admin = AdminClient(conf)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if (proc.poll() is not None) if proc else not region.running():

@@ -9,7 +9,6 @@ from rlstream.ops.cluster import Cluster
 
 def describe(cluster: Cluster, timeout: float = 5.0) -> dict[str, Any]:
     from rlstream.producers.admin import admin_client, group_lag
-    from rlstream.producers.settings import KafkaSettings
 
     report: dict[str, Any] = {"home": str(cluster.home), "trainer": cluster.trainer, "regions": {}}
     for name, region in cluster.regions.items():
@@ -22,7 +21,7 @@ def describe(cluster: Cluster, timeout: float = 5.0) -> dict[str, Any]:
         if not region.running():
             entry["health"] = "stopped"
             continue
-        admin = admin_client(KafkaSettings(bootstrap_servers=region.bootstrap))
+        admin = admin_client(region.settings())
         try:
             meta = admin.list_topics(timeout=timeout)
         except Exception as exc:

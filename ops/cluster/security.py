@@ -1,0 +1,194 @@
+"""A secured local cluster (``rlstream cluster up --secure``): who may connect, and how.
+
+Listeners of a secured region:
+
+- the client listener (the bootstrap address) speaks SASL_SSL: TLS with a certificate from the
+  cluster's own CA, then SASL/SCRAM-SHA-512; a client without a valid user and password is
+  refused before it can send any request;
+- the controller listener speaks TLS with client certificates required (mutual TLS); only the
+  broker holds a certificate, so no client can reach the controller;
+- ``StandardAuthorizer`` with ``allow.everyone.if.no.acl.found=false``: a principal may do only
+  what an ACL allows (``ops.acls`` plans them per role, ``rlstream acl apply`` writes them).
+
+Principals: ``admin`` (a super user: ``cluster up``, ``acl apply``, the operator's tools), the
+broker itself (``User:CN=rlstream-broker``, super user, for the controller link), and one user
+per role (``ops.acls.PRINCIPALS``), which has no right at all until ``acl apply`` grants it some.
+
+Rules:
+- secrets live in ``HOME/secrets`` (directory 0700, every file 0600): the CA and broker key and
+  certificate (PEM) and ``credentials.json`` (user -> password); they are generated once, at the
+  first secured start, and kept; the broker's properties file, which holds the admin password for
+  the inter-broker link, is 0600 too;
+- nothing here prints or logs a password; ``KafkaSettings`` keeps it as a ``SecretStr``;
+- the admin user's SCRAM credential is written into the metadata at format time
+  (``StorageTool format --add-scram``), the role users' by ``acl apply`` (Admin API).
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import json
+import os
+import secrets
+from pathlib import Path
+
+from rlstream.producers.settings import KafkaSettings
+
+ADMIN = "admin"
+BROKER_CN = "rlstream-broker"
+MECHANISM = "SCRAM-SHA-512"
+PROTOCOL = "SASL_SSL"
+CERT_DAYS = 3650
+_SECRET_FILES = ("ca.pem", "broker.pem", "credentials.json")
+
+
+def secrets_dir(home: Path) -> Path:
+    return Path(home) / "secrets"
+
+
+def ca_file(home: Path) -> Path:
+    return secrets_dir(home) / "ca.pem"
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` readable by its owner only (0600 from creation on)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+    os.chmod(path, 0o600)
+
+
+def ensure_secrets(home: Path, users: tuple[str, ...] = ()) -> None:
+    """Create the CA, the broker's key and certificate and a password per user (``admin`` and
+    ``users``), keeping every one that exists already."""
+    folder = secrets_dir(home)
+    folder.mkdir(parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
+    if not (folder / "ca.pem").exists() or not (folder / "broker.pem").exists():
+        ca_pem, broker_pem = _certificates()
+        _write_private(folder / "ca.pem", ca_pem)
+        _write_private(folder / "broker.pem", broker_pem)
+    creds = credentials(home)
+    missing = [u for u in (ADMIN, *users) if u not in creds]
+    if missing or not (folder / "credentials.json").exists():
+        creds.update({u: secrets.token_urlsafe(24) for u in missing})
+        _write_private(folder / "credentials.json", json.dumps(creds, indent=2).encode())
+
+
+def credentials(home: Path) -> dict[str, str]:
+    """user -> password of the secured cluster at ``home`` (empty when none was generated)."""
+    path = secrets_dir(home) / "credentials.json"
+    if not path.exists():
+        return {}
+    return dict(json.loads(path.read_text()))
+
+
+def password(home: Path, user: str) -> str:
+    creds = credentials(home)
+    if user not in creds:
+        raise KeyError(
+            f"no credentials for user {user!r} in {secrets_dir(home)}; "
+            "`rlstream acl apply --run RUN` creates the role users"
+        )
+    return creds[user]
+
+
+def client_settings(home: Path, bootstrap: str, user: str = ADMIN) -> KafkaSettings:
+    """How ``user`` reaches the secured cluster at ``home``: SASL_SSL with SCRAM-SHA-512,
+    trusting the cluster's CA only."""
+    return KafkaSettings(
+        bootstrap_servers=bootstrap,
+        security_protocol=PROTOCOL,
+        sasl_mechanism=MECHANISM,
+        sasl_username=user,
+        sasl_password=password(home, user),
+        ssl_ca_location=str(ca_file(home)),
+    )
+
+
+def broker_properties(home: Path, broker_port: int, controller_port: int) -> dict[str, str]:
+    """The server.properties lines of a secured region (see the module docstring)."""
+    folder = secrets_dir(home)
+    admin_password = password(home, ADMIN)
+    jaas = (
+        "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        f'username="{ADMIN}" password="{admin_password}";'
+    )
+    return {
+        "listeners": (
+            f"{PROTOCOL}://127.0.0.1:{broker_port},CONTROLLER://127.0.0.1:{controller_port}"
+        ),
+        "advertised.listeners": f"{PROTOCOL}://127.0.0.1:{broker_port}",
+        "listener.security.protocol.map": f"CONTROLLER:SSL,{PROTOCOL}:{PROTOCOL}",
+        "inter.broker.listener.name": PROTOCOL,
+        "sasl.enabled.mechanisms": MECHANISM,
+        "sasl.mechanism.inter.broker.protocol": MECHANISM,
+        f"listener.name.{PROTOCOL.lower()}.{MECHANISM.lower()}.sasl.jaas.config": jaas,
+        "ssl.keystore.type": "PEM",
+        "ssl.keystore.location": str(folder / "broker.pem"),
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": str(folder / "ca.pem"),
+        "listener.name.controller.ssl.client.auth": "required",
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "allow.everyone.if.no.acl.found": "false",
+        "super.users": f"User:{ADMIN};User:CN={BROKER_CN}",
+    }
+
+
+def format_args(home: Path) -> list[str]:
+    """StorageTool arguments that store the admin user's SCRAM credential at format time."""
+    return ["--add-scram", f"{MECHANISM}=[name={ADMIN},password={password(home, ADMIN)}]"]
+
+
+def _certificates() -> tuple[bytes, bytes]:
+    """A fresh CA (PEM certificate) and the broker's PEM keystore: its unencrypted PKCS#8 key,
+    then its certificate (CN ``BROKER_CN``, valid for 127.0.0.1 and localhost) and the CA's."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "rlstream local CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=CERT_DAYS))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True, content_commitment=False, key_encipherment=False,
+                data_encipherment=False, key_agreement=False, key_cert_sign=True,
+                crl_sign=True, encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )  # fmt: skip
+    key = ec.generate_private_key(ec.SECP256R1())
+    names = [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+    usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, BROKER_CN)]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=CERT_DAYS))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    pem = serialization.Encoding.PEM
+    key_pem = key.private_bytes(
+        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    ca_pem = ca.public_bytes(pem)
+    return ca_pem, key_pem + cert.public_bytes(pem) + ca_pem
