@@ -25,6 +25,7 @@ COMMANDS = (
     "rlstream.ops.cmd_serve",
     "rlstream.ops.cmd_dashboard",
     "rlstream.ops.cmd_env",
+    "rlstream.ops.cmd_acl",
 )
 # Command modules added as the features land are appended here.
 
