@@ -137,9 +137,9 @@ def _topic_grants(user: str, run: str, access: RoleAccess) -> Iterable[Grant]:
         yield Grant(user, "topic", "literal", topics.topic_name(run, stream), "write")
     run_prefix = f"{topics.PREFIX}.{topics.validate_name(run)}."
     for op in ("describe", "describe_configs"):
-        yield Grant(user, "topic", "prefixed", run_prefix, op)  # type: ignore[arg-type]
-        yield Grant(user, "topic", "literal", topics.SCHEMAS_TOPIC, op)  # type: ignore[arg-type]
-        yield Grant(user, "topic", "literal", topics.RUNS_TOPIC, op)  # type: ignore[arg-type]
+        yield Grant(user, "topic", "prefixed", run_prefix, op)
+        yield Grant(user, "topic", "literal", topics.SCHEMAS_TOPIC, op)
+        yield Grant(user, "topic", "literal", topics.RUNS_TOPIC, op)
     yield Grant(user, "topic", "literal", topics.SCHEMAS_TOPIC, "read")
     if access.writes:
         yield Grant(user, "topic", "literal", topics.SCHEMAS_TOPIC, "write")
