@@ -181,18 +181,31 @@ def _best_start(
 
 
 def refusal(
-    version: int, known: Iterable[Key], bad: Mapping[Key, str], newest: int | None
+    version: int,
+    links: Sequence[Link],
+    bad: Mapping[Key, str],
+    newest: int | None,
+    current: int | None,
 ) -> str | None:
-    """Why ``version`` can never be applied, or None while it still may be.
+    """Why ``version`` can never be applied from ``current``, or None while it still may be.
 
-    Rule: refused when every manifest of ``version`` read (``known``) was refused for good
-    (``bad``, with its reason), or when none of it is known while a newer version is (its
-    manifests were refused before decoding, or forgotten): the learner publishes every version
-    before the next, so it will not come later."""
-    mine = [k for k in known if k[0] == version]
+    Rule: refused when every manifest of ``version`` read (``links``) was refused for good
+    (``bad``, with its reason); when no route avoiding the refused manifests reaches it (a
+    refused delta broke the chain and no keyframe of it or after the break is there: the
+    manifests of a version are committed together, so none will come); or when none of it is
+    known while a newer version is (refused before decoding, or forgotten): the learner
+    publishes every version before the next. A version at or below ``current`` never is."""
+    if current is not None and current >= version:
+        return None
+    mine = [(link.version, link.kind) for link in links if link.version == version]
     if mine:
         reasons = [bad[k] for k in mine if k in bad]
-        return "; ".join(reasons) if len(reasons) == len(mine) else None
+        if len(reasons) == len(mine):
+            return "; ".join(reasons)
+        route = plan_route([link for link in links if link.version <= version], current, bad)
+        if route is None or route.target != version:
+            return f"no route reaches version {version} without a refused one ({sorted(bad)})"
+        return None
     if newest is not None and newest > version:
         return f"no manifest of version {version} accepted, version {newest} is"
     return None
@@ -359,7 +372,11 @@ class WeightSubscriber:
     def refusal_of(self, version: int) -> str | None:
         """Why ``version`` can never be applied, or None while it still may be (see
         ``refusal``)."""
-        return refusal(version, self._manifests, self._bad, self.newest_known())
+        links = [
+            Link(v, k, m["base_version"], m["encoded_bytes"])
+            for (v, k), m in self._manifests.items()
+        ]
+        return refusal(version, links, self._bad, self.newest_known(), self.version)
 
     # -- driving it -----------------------------------------------------------------------
 

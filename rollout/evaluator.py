@@ -28,7 +28,10 @@ committed in its own transaction, after the evaluation: a crash mid-evaluation l
 and the version is evaluated again; a crash after the commit leaves the event, which the
 restarted role reads back and does not repeat. Versions are never skipped: the subscriber's
 ceiling moves one due version at a time, so the role steps through them in order however far
-behind it is.
+behind it is. The one exception is a version the subscriber refused (not authentic, out of
+bounds, corrupt, or behind a refused one: ``WeightSubscriber.refusal_of``): it can never be
+evaluated, so the role records it in the ledger's ``skipped`` with the reason, logs it, and
+goes on to the next due version (``due_snapshot``) instead of waiting for it forever.
 """
 
 from __future__ import annotations
@@ -43,14 +46,14 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlstream.consumers.consumer import RoleContext
 from rlstream.consumers.eval_log import read_evals
-from rlstream.consumers.weights import WeightSubscriber
+from rlstream.consumers.weights import Snapshot, WeightSubscriber
 from rlstream.envs import family as families
 from rlstream.envs import sandbox
 from rlstream.envs import tasks as task_family
@@ -180,6 +183,7 @@ class Ledger:
 
     done: set[int] = field(default_factory=set)
     baseline: Baseline | None = None
+    skipped: dict[int, str] = field(default_factory=dict)  # refused versions: why not evaluated
 
     def add(self, rec: dict[str, Any]) -> None:
         version = int(rec["version"])
@@ -195,6 +199,33 @@ def read_ledger(settings: KafkaSettings, run: str, model: str, task_set: str) ->
         if rec["model"] == model and rec["task_set"] == task_set:
             ledger.add(rec)
     return ledger
+
+
+class Follower(Protocol):
+    """What the role needs of a ``WeightSubscriber``."""
+
+    ceiling: int | None
+
+    def wait_for(self, version: int, timeout: float = 30.0) -> Snapshot | None: ...
+
+    def refusal_of(self, version: int) -> str | None: ...
+
+
+def due_snapshot(
+    sub: Follower, ledger: Ledger, target: int, timeout: float = 1.0
+) -> Snapshot | None:
+    """The state of ``target`` once ``sub`` serves it (waiting up to ``timeout``), else None.
+
+    Rule: the subscriber is capped at ``target``; a target it refused is recorded in
+    ``ledger.skipped`` with the reason, so ``next_due`` passes over it."""
+    sub.ceiling = target
+    snap = sub.wait_for(target, timeout=timeout)
+    if snap is not None and snap.version == target:
+        return snap
+    why = sub.refusal_of(target)
+    if why is not None:
+        ledger.skipped[target] = why
+    return None
 
 
 # --- evaluation ----------------------------------------------------------------------------
@@ -309,12 +340,13 @@ def run_role(ctx: RoleContext) -> int:
     count = 0
     try:
         while not ctx.stopper.stopped:
-            target = next_due(ledger.done, cfg.every)
+            target = next_due(ledger.done | ledger.skipped.keys(), cfg.every)
             if cfg.max_version is not None and target > cfg.max_version:
                 break
-            sub.ceiling = target
-            snap = sub.wait_for(target, timeout=1.0)
-            if snap is None or snap.version != target:
+            snap = due_snapshot(sub, ledger, target)
+            if snap is None:
+                if target in ledger.skipped:
+                    log(f"eval: v{target} not evaluated, refused: {ledger.skipped[target]}")
                 continue
             started = time.monotonic()
             with torch.no_grad():

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from rlstream.consumers.weights import Snapshot
 from rlstream.envs.family import FamilySpec, family_of
 from rlstream.ops.config import load_run_config
 from rlstream.rollout import evaluator as ev
@@ -62,3 +63,36 @@ def test_held_out_set_splits_over_families_by_weight() -> None:
     held = ev.held_out_set(cfg)
     names = [family_of(t.task_id) for t in held]
     assert names.count("fx") == 6 and 1 <= names.count("mini") <= 2
+
+
+class _Subscriber:
+    """Serves every version up to its ceiling except the refused ones (a ``Follower``)."""
+
+    def __init__(self, refused: dict[int, str]) -> None:
+        self.ceiling: int | None = None
+        self.version: int | None = None
+        self.refused = refused
+
+    def wait_for(self, version: int, timeout: float = 30.0) -> Snapshot | None:
+        assert self.ceiling == version, "the role caps the subscriber at the due version"
+        if version not in self.refused:
+            self.version = version
+        return None if self.version is None else Snapshot(self.version, {})
+
+    def refusal_of(self, version: int) -> str | None:
+        return self.refused.get(version)
+
+
+def test_a_refused_version_is_recorded_as_not_evaluated_and_the_next_one_is_due() -> None:
+    sub = _Subscriber({4: "ManifestInvalid: tensor 'w' is float32[8], the model's is ..."})
+    ledger, evaluated = ev.Ledger(), []
+    for _ in range(20):  # the role's loop, without the evaluation itself
+        target = ev.next_due(ledger.done | ledger.skipped.keys(), 2)
+        if target > 8:
+            break
+        snap = ev.due_snapshot(sub, ledger, target, timeout=0.0)
+        if snap is not None:
+            ledger.done.add(snap.version)
+            evaluated.append(snap.version)
+    assert evaluated == [0, 2, 6, 8]
+    assert list(ledger.skipped) == [4] and "ManifestInvalid" in ledger.skipped[4]

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import xxhash
 
-from rlstream.consumers.weights import refusal
+from rlstream.consumers.weights import Link, refusal
 from rlstream.schemas import deltacodec as codec
 from rlstream.schemas.deltacodec_pieces import PLANES, ZSTD, Piece
 from rlstream.schemas.weight_format import (
@@ -195,10 +195,23 @@ def test_a_piece_wider_than_a_range_is_refused() -> None:
 
 
 def test_a_version_is_refused_when_all_its_manifests_are_or_a_newer_one_is_known_alone() -> None:
-    known = [(3, "delta"), (4, "delta"), (4, "keyframe"), (6, "delta")]
+    links = [Link(3, "delta", 2, 10), Link(4, "delta", 3, 10), Link(4, "keyframe", None, 99)]
+    links += [Link(6, "delta", 5, 10)]
     bad = {(3, "delta"): "ManifestInvalid: wrong shape", (4, "delta"): "HashMismatch: x"}
-    assert refusal(3, known, bad, 6) == "ManifestInvalid: wrong shape"
-    assert refusal(4, known, bad, 6) is None  # its keyframe may still apply
-    assert refusal(5, known, bad, 6) is not None  # never accepted, a newer one is
-    assert refusal(6, known, bad, 6) is None
-    assert refusal(7, known, bad, 6) is None  # not published yet
+    assert refusal(3, links, bad, 6, current=2) == "ManifestInvalid: wrong shape"
+    assert refusal(4, links, bad, 6, current=2) is None  # its keyframe may still apply
+    assert refusal(5, links, bad, 6, current=2) is not None  # never accepted, a newer one is
+    assert refusal(6, links, bad, 6, current=4) is not None  # no 5: nothing leads to 6
+    assert refusal(6, [*links, Link(5, "delta", 4, 10)], bad, 6, current=4) is None
+    assert refusal(7, links, bad, 6, current=4) is None  # not published yet
+    assert refusal(3, links, bad, 6, current=3) is None  # already there
+
+
+def test_a_version_behind_a_broken_chain_is_refused() -> None:
+    links = [Link(0, "keyframe", None, 99), *(Link(v, "delta", v - 1, 10) for v in range(1, 7))]
+    bad = {(4, "delta"): "ChunkCorrupt: checksum"}
+    assert refusal(3, links, bad, 6, current=2) is None
+    why = refusal(6, links, bad, 6, current=2)
+    assert why is not None and "no route reaches version 6" in why
+    with_keyframe = [*links, Link(6, "keyframe", None, 99)]
+    assert refusal(6, with_keyframe, bad, 6, current=2) is None
