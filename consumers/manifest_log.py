@@ -13,7 +13,7 @@ Rules:
 - with the run's verify key, a record's signature is checked before it is decoded: a forged,
   altered or unsigned manifest is refused, remembered in ``refused`` and never kept
   (``producers.weight_signing``);
-- versions are tied to the learner's epoch (``implausible``): per model, a manifest of an
+- versions are tied to the learner's epoch (``weight_format.implausible``): per model, a manifest of an
   epoch older than the newest accepted (a fenced learner, or an old signed manifest replayed),
   or naming a version more than ``MAX_VERSION_JUMP`` past the newest accepted (a forged
   10^12 that would pin workers and make admission call everything stale) is refused like a
@@ -39,7 +39,7 @@ import collections
 import logging
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any, Final
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartition
 
@@ -49,33 +49,12 @@ from rlstream.producers import metrics
 from rlstream.producers.settings import KafkaSettings
 from rlstream.producers.weight_signing import Refused, Verifier
 from rlstream.schemas import events, topics
+from rlstream.schemas.weight_format import implausible
 
 log = logging.getLogger(__name__)
 
 Key = tuple[int, str]  # (version, kind) names one manifest
 _SKIP = (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
-#: Furthest past the newest accepted version a manifest may be (the learner publishes every
-#: version, one step after the other; the margin only spares a reader that started late).
-MAX_VERSION_JUMP: Final = 10_000
-
-
-def implausible(
-    version: int,
-    epoch: int,
-    newest: int | None,
-    newest_epoch: int,
-    max_jump: int = MAX_VERSION_JUMP,
-) -> tuple[str, str] | None:
-    """``(kind, reason)`` when a manifest of ``version`` and learner ``epoch`` must be refused,
-    given the newest version and epoch accepted so far for its model; None when acceptable.
-
-    Rule: an epoch older than ``newest_epoch`` is refused (``epoch``); so is a version more
-    than ``max_jump`` past ``newest`` (``version``). The first manifest read anchors both."""
-    if epoch < newest_epoch:
-        return "epoch", f"learner epoch {epoch} is older than epoch {newest_epoch} already seen"
-    if newest is not None and version > newest + max_jump:
-        return "version", f"version {version} jumps more than {max_jump} past {newest}"
-    return None
 
 
 class ManifestLog(Mapping[Key, dict[str, Any]]):

@@ -20,6 +20,9 @@ Rules:
 - weight-sync latency of version v in region R = the earliest ``timings.started_ms`` among R's
   samples generated with v, minus the manifest's ``created_ms``: publish-to-first-use, measured
   on two clocks (skew between learner and worker hosts shows up here, possibly negative);
+- weight manifests are folded only when plausible (``weight_format.implausible``, the rule every
+  weight reader applies): one of an older learner epoch, or a version far beyond the newest,
+  is counted in ``weights_refused`` by kind and never becomes the policy version shown;
 - held-out evaluation (``evals``): the newest eval event per version (a version is evaluated
   once per task set; a later task set replaces an earlier one), with greedy success, pass@k,
   sample success and whether the version was released;
@@ -40,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlstream.schemas import topics
+from rlstream.schemas.weight_format import implausible
 
 #: Streams the charts show: every stream of a run (catalog order).
 CHART_STREAMS = topics.RUN_STREAMS
@@ -219,6 +223,10 @@ class RunAnalytics:
     """(version, region) -> earliest started_ms of a sample generated with that version."""
     regions: dict[str, RegionStats] = field(default_factory=dict)
     dead_letters: collections.Counter[str] = field(default_factory=collections.Counter)
+    weights_refused: collections.Counter[str] = field(default_factory=collections.Counter)
+    """Manifests not folded, by kind (``epoch``, ``version``)."""
+    weight_tips: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """model -> newest (version, learner epoch) folded."""
     undecodable: collections.Counter[str] = field(default_factory=collections.Counter)
     lag: dict[str, dict[str, int]] = field(default_factory=dict)
     """group id -> topic -> lag, as last measured (set by ``set_lag``)."""
@@ -306,7 +314,13 @@ class RunAnalytics:
             self.rejected[str(rec.get("reason") or "other")] += 1
 
     def _manifest(self, topic: str, rec: Mapping[str, Any], ts_ms: int | None) -> None:
-        version = int(rec["version"])
+        version, epoch = int(rec["version"]), int(rec.get("learner_epoch", 0))
+        newest, newest_epoch = self.weight_tips.get(rec["model"], (None, 0))
+        why = implausible(version, epoch, newest, newest_epoch)
+        if why is not None:
+            self.weights_refused[why[0]] += 1
+            return
+        self.weight_tips[rec["model"]] = (max(version, newest or 0), epoch)
         self.version = max(self.version, version)
         chunks = len(rec.get("chunks") or [])
         self.manifests[version] = Manifest(
@@ -381,6 +395,7 @@ class RunAnalytics:
             "judges": {j: s.summary() for j, s in sorted(self.judges.items())},
             "regions": self._region_figures(now_ms),
             "dead_letters": dict(self.dead_letters.most_common()),
+            "weights_refused": dict(self.weights_refused.most_common()),
             "undecodable": dict(self.undecodable.most_common()),
             "samples": self.trajectories,
             "evals": [self.evals[v] for v in sorted(self.evals)][-MAX_LIST:],

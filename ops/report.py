@@ -286,6 +286,7 @@ def _headline(snap: dict[str, Any]) -> list[list[Any]]:
         ],
         *_eval_rows(snap.get("evals") or []),
         ["dead letters", sum(snap["dead_letters"].values())],
+        ["weight manifests refused", sum((snap.get("weights_refused") or {}).values())],
         ["undecodable records", sum(snap["undecodable"].values())],
     ]
 

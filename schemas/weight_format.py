@@ -34,6 +34,9 @@ publisher (``producers.weights``) and the subscriber (``consumers.weights``) onl
   stored length) at most what that range can need: a small chunk carrying a frame that would
   expand to gigabytes is refused before anything is decompressed. Failures are
   ``ManifestInvalid`` (the manifest) or ``ChunkCorrupt`` (a chunk).
+- Plausible versions (``implausible``): per model, a manifest of a learner epoch older than the
+  newest accepted, or a version more than ``MAX_VERSION_JUMP`` past the newest accepted, is
+  refused by every reader (the manifest log, the analytics).
 
 numpy only: importing this module never loads torch or Kafka.
 """
@@ -232,6 +235,29 @@ def _chunk_ref(chunk: Mapping[str, Any], ref: Ref | None) -> dict[str, Any]:
 
 
 # --- bounds before allocation ----------------------------------------------------------------
+
+#: Furthest past the newest accepted version a manifest may be (the learner publishes every
+#: version, one step after the other; the margin only spares a reader that started late).
+MAX_VERSION_JUMP: Final = 10_000
+
+
+def implausible(
+    version: int,
+    epoch: int,
+    newest: int | None,
+    newest_epoch: int,
+    max_jump: int = MAX_VERSION_JUMP,
+) -> tuple[str, str] | None:
+    """``(kind, reason)`` when a manifest of ``version`` and learner ``epoch`` must be refused,
+    given the newest version and epoch accepted so far for its model; None when acceptable.
+
+    Rule: an epoch older than ``newest_epoch`` is refused (``epoch``); so is a version more
+    than ``max_jump`` past ``newest`` (``version``). The first manifest read anchors both."""
+    if epoch < newest_epoch:
+        return "epoch", f"learner epoch {epoch} is older than epoch {newest_epoch} already seen"
+    if newest is not None and version > newest + max_jump:
+        return "version", f"version {version} jumps more than {max_jump} past {newest}"
+    return None
 
 
 def default_max_state_bytes() -> int:

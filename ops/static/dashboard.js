@@ -233,6 +233,7 @@ function render(snap) {
   $("kpi-rejected").textContent = fmt(snap.rejected);
   $("kpi-staleness").textContent = fmt(snap.mean_recent_staleness);
   $("kpi-dlq").textContent = fmt(Object.values(snap.dead_letters).reduce((a, b) => a + b, 0));
+  $("kpi-refused").textContent = fmt(Object.values(snap.weights_refused || {}).reduce((a, b) => a + b, 0));
   for (const draw of [drawRates, drawLag, drawVersions, drawAdmission, drawWeights, drawJudges, drawRegions]) {
     try { draw(snap); } catch (e) { console.error(draw.name, e); }
   }

@@ -316,3 +316,17 @@ def test_web_app_serves_snapshot_and_server_sent_events() -> None:
         assert seqs == sorted(seqs) and len(set(seqs)) == 3  # a fresh snapshot each push
     finally:
         server.stop()
+
+
+def test_implausible_manifests_are_counted_and_never_become_the_version() -> None:
+    a = A.RunAnalytics(run=RUN)
+    for v, epoch in ((0, 1), (1, 1), (2, 2)):
+        a.take(
+            "rl.r1.weights.manifests", _decoded("weight_manifest", version=v, learner_epoch=epoch)
+        )
+    a.take("rl.r1.weights.manifests", _decoded("weight_manifest", version=3, learner_epoch=1))
+    a.take("rl.r1.weights.manifests", _decoded("weight_manifest", version=10**12, learner_epoch=2))
+    snap = a.snapshot(T0)
+    assert snap["policy_version"] == 2 and [w["version"] for w in snap["weights"]] == [0, 1, 2]
+    assert snap["weights_refused"] == {"epoch": 1, "version": 1}
+    json.dumps(snap, allow_nan=False)

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlstream.consumers.manifest_log import MAX_VERSION_JUMP, implausible
 from rlstream.schemas import deltacodec as codec
 from rlstream.schemas import events
-from rlstream.schemas.weight_format import manifest_record
+from rlstream.schemas.weight_format import MAX_VERSION_JUMP, implausible, manifest_record
 
 
 def test_an_older_epoch_is_refused_and_a_newer_one_takes_over() -> None:
