@@ -85,7 +85,7 @@ ACCESS: dict[str, RoleAccess] = {
         group="learner",
     ),
     "feedback-rl": RoleAccess(
-        reads=("feedback", "trajectories", "weights.manifests", "admitted", "rejected"),
+        reads=("feedback", "served", "trajectories", "weights.manifests", "admitted", "rejected"),
         writes=("admitted", "rejected", "dlq"),
         group="feedback-rl",
     ),

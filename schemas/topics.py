@@ -20,6 +20,10 @@ Guarantees:
   name is a legal Kafka name and parses back unambiguously;
 - trajectories, rewards, admitted and rejected always share one partition count and the group-id
   key, so admission joins a group inside one partition (``catalog`` cannot break this);
+- feedback and served (what ``serve policy`` answered, one Trajectory record per choice, its
+  ``group_id`` the request id) share the request-id key and one partition count
+  (``REQUEST_STREAMS``), so feedback-rl finds the completion a feedback names in the served
+  partition numbered like the feedback's; served is kept as long as feedback can arrive;
 - every stream's ``max_message_bytes`` fits its largest record: trajectories and admission
   decisions larger than ``max_value_bytes`` are split (``rlstream.schemas.arrays``), weight
   chunks carry at most ``CHUNK_PAYLOAD_BYTES``.
@@ -101,6 +105,7 @@ def catalog(
         spec("weights.manifests", "model name", 1, FOREVER, "delete", 4 * MIB, "weight_manifest", ("model",), mirror="outward"),
         spec("weights.chunks", "MODEL/VERSION/INDEX", 6, FOREVER, "delete", CHUNK_PAYLOAD_BYTES + 256 * 1024, "weight_chunk", ("model", "version", "index"), mirror="outward"),
         spec("feedback", "request id", 6, 30 * DAY_MS, "delete", 4 * MIB, "feedback", ("request_id",)),
+        spec("served", "request id", 6, 30 * DAY_MS, "delete", 8 * MIB, "trajectory", ("group_id",)),
         spec("evals", "MODEL/VERSION", 1, FOREVER, "delete", 1 * MIB, "eval", ("model", "version"), mirror="outward"),
         spec("dlq", "original topic", 1, 30 * DAY_MS, "delete", 16 * MIB, "dead_letter", ("source_topic",)),
         spec("schemas", "schema fingerprint (hex)", 1, FOREVER, "compact", 1 * MIB, "", cluster_wide=True, mirror="outward"),
@@ -113,6 +118,8 @@ STREAMS: Mapping[str, StreamSpec] = catalog()
 """The default catalog."""
 RUN_STREAMS = tuple(name for name, s in STREAMS.items() if not s.cluster_wide)
 CO_PARTITIONED = _GROUP_STREAMS
+REQUEST_STREAMS = ("feedback", "served")
+"""Streams keyed by the served request id, with one partition count."""
 
 
 def with_partitions(spec: StreamSpec, partitions: int) -> StreamSpec:

@@ -20,6 +20,7 @@ WRITERS = {
     "weights.manifests": {"learner"},
     "weights.chunks": {"learner"},
     "feedback": set(),  # the feedback endpoint runs as admin, it is no role
+    "served": set(),  # so does the policy server (`serve policy`)
     "evals": {"eval"},
     "dlq": {"rollout", "judge", "admission", "learner", "feedback-rl"},
 }
@@ -68,6 +69,7 @@ def test_roles_read_what_their_loop_reads(grants: list[acls.Grant]) -> None:
     assert reads("judge", "trajectories") and reads("admission", "rewards")
     assert not reads("rollout", "admitted") and not reads("judge", "admitted")
     assert not reads("learner", "trajectories")  # the learner sees admitted groups only
+    assert reads("feedback-rl", "served")  # feedback naming a request id is looked up there
     for role in acls.PRINCIPALS:  # every decoder reads the writer schemas
         assert acls.allowed(grants, role, "topic", topics.SCHEMAS_TOPIC, "read")
 

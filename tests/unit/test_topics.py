@@ -21,7 +21,7 @@ KAFKA_LEGAL = re.compile(r"[A-Za-z0-9._-]{1,249}")
 def test_catalog_has_every_stream_of_the_design() -> None:
     assert set(T.STREAMS) == {
         "tasks", "trajectories", "rewards", "admitted", "rejected", "weights.manifests",
-        "weights.chunks", "feedback", "evals", "dlq", "schemas", "runs",
+        "weights.chunks", "feedback", "served", "evals", "dlq", "schemas", "runs",
     }  # fmt: skip
     for spec in T.STREAMS.values():
         assert spec.event in E.EVENTS or (spec.stream == "schemas" and spec.event == "")
@@ -168,6 +168,17 @@ def test_group_keyed_streams_are_copartitioned() -> None:
         T.check_copartitioned(broken)
     with pytest.raises(ValueError):
         T.catalog(0)
+
+
+def test_served_completions_are_keyed_and_partitioned_like_feedback() -> None:
+    """A served record's key is its request id (the Trajectory's group_id), the key of the
+    feedback that names it, and both streams have one partition count."""
+    feedback, served = (T.STREAMS[s] for s in T.REQUEST_STREAMS)
+    assert feedback.partitions == served.partitions
+    assert served.event == "trajectory" and served.retention_ms >= feedback.retention_ms
+    assert T.record_key("served", {"group_id": "req-1"}) == T.record_key(
+        "feedback", {"request_id": "req-1"}
+    )
 
 
 def test_size_limits_hold_the_largest_records() -> None:
