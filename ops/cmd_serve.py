@@ -115,7 +115,9 @@ def _register_policy(ssub: argparse._SubParsersAction) -> None:
         "policy",
         help="the run's current policy behind POST /v1/completions (OpenAI-compatible)",
         description="Weights follow the run's weight stream and are hot-swapped between "
-        "requests; every completion carries its policy_version and a request_id.",
+        "requests; every completion carries its policy_version and a request_id, returns token "
+        "logprobs when the request asks (`logprobs`: N), and is recorded in rl.RUN.served "
+        "before it is answered, so editor feedback naming the request id can be trained on.",
     )
     p.add_argument("--run", required=True, help="run whose weights to serve")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
@@ -140,21 +142,30 @@ def _serve_policy(args: argparse.Namespace) -> int:
     from rlstream.ops.config import load_run_config
     from rlstream.ops.kafka_env import settings_from_args
     from rlstream.producers import aio
+    from rlstream.producers.admin import admin_client, apply_topics, run_topic_wants
     from rlstream.rollout.serve import PolicyServer, make_app
+    from rlstream.schemas import topics
 
     config = load_run_config(args.config, args.set)
+    settings = settings_from_args(args)
+    try:  # a run started before the served stream existed gets it here
+        apply_topics(admin_client(settings), run_topic_wants(args.run), timeout=10)
+    except Exception as exc:  # Kafka down: serve anyway; completions answer 503 until it is back
+        print(f"warning: could not check the run's topics: {exc}", file=sys.stderr)
     server = PolicyServer(
-        settings_from_args(args),
+        settings,
         args.run,
         config.model,
         config.policy,
         released_only=args.released_only,
         log=lambda line: print(line, file=sys.stderr, flush=True),
+        region=args.region or "trainer",
     )
     following = "released versions only" if args.released_only else "the newest version"
     print(
         f"policy server for run {args.run} on http://{args.host}:{args.port}/v1/completions "
-        f"(model {config.model!r}, following {following})",
+        f"(model {config.model!r}, following {following}; "
+        f"recording to {topics.topic_name(args.run, 'served')})",
         file=sys.stderr,
         flush=True,
     )

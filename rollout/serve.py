@@ -2,8 +2,25 @@
 
 What an editor backend calls in production, and what the LLM-as-judge rubric is tested
 against. ``POST /v1/completions`` takes ``model``, ``prompt`` (a string), ``max_tokens``,
-``temperature``, ``n`` and ``seed``, and answers in the OpenAI ``text_completion`` shape plus
-``policy_version`` and ``request_id`` (what an editor sends back with its feedback).
+``temperature``, ``n``, ``seed`` and ``logprobs``, and answers in the OpenAI ``text_completion``
+shape plus ``policy_version`` and ``request_id`` (what an editor sends back with its feedback).
+
+Logprobs (``logprobs`` = N, 0..20, as in the OpenAI completions API): each choice's
+``logprobs`` has ``tokens`` (the text of each generated token; a stop token's text is empty),
+``token_logprobs`` (the behaviour logprob of each token under the sampling temperature, exactly
+the value recorded for training), ``top_logprobs`` (per token: the sampled token and the N most
+likely tokens of the same distribution, so N + 1 entries at most) and ``text_offset`` (where each
+token starts in the choice's ``text``). They come from the rollout sampler
+(``rollout.model.generate``); there is no second sampler. A temperature of 0 samples at 1e-3.
+
+Recorded (rule): every completion served is written to the run's ``served`` stream before it is
+answered, one Trajectory record per choice (``served_record``): ``group_id`` and ``task_id`` are
+the request id (the key, as the feedback stream's), ``sample_index`` the choice, prompt and
+completion tokens, behaviour logprobs, the experts routed for every token, the policy version,
+the sampling temperature, and the other sampling settings (seed, drawn when the request has
+none; max_tokens, n, logprobs) in ``outcome.details`` with ``source`` = ``serve``. If the record
+cannot be written (Kafka unreachable) the answer is 503 with Retry-After: nothing is served
+that feedback could not be trained on.
 
 Weights follow the run's weight stream through a subscriber in a background thread; a new
 version is swapped in between requests (under the generation lock), so a completion is always
@@ -21,21 +38,35 @@ swapped in only if it was released. Before the first release it answers 503. Eve
 from __future__ import annotations
 
 import asyncio
+import math
+import os
+import secrets
+import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from aiohttp import web
+from confluent_kafka import KafkaException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rlstream.consumers.eval_log import ReleaseFollower
 from rlstream.consumers.weights import WeightSubscriber
 from rlstream.envs import tasks as task_family
+from rlstream.producers.producer import DeliveryError, EventProducer
 from rlstream.producers.settings import KafkaSettings
-from rlstream.rollout.model import PolicyConfig, build_policy, generate
+from rlstream.rollout.model import Generation, PolicyConfig, build_policy, generate
+from rlstream.schemas import arrays, topics
 from rlstream.schemas.deltacodec import to_torch
+
+MIN_TEMPERATURE = 1e-3
+"""A requested temperature of 0 samples at this temperature (and is recorded so)."""
+MAX_LOGPROBS = 20
+LOGPROB_FLOOR = -1e30
 
 
 class CompletionRequest(BaseModel):
@@ -48,7 +79,164 @@ class CompletionRequest(BaseModel):
     max_tokens: int = Field(32, ge=1, le=1024)
     temperature: float = Field(1.0, ge=0.0, le=10.0)
     n: int = Field(1, ge=1, le=64)
-    seed: int | None = Field(None, ge=0)
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_LOGPROBS,
+        description="Return each token's logprob and this many most likely alternatives.",
+    )
+
+
+class NotRecorded(RuntimeError):
+    """The completion could not be written to the served stream; it is not answered."""
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """One choice as generated: the prompt fed and the generated tokens with their facts."""
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    routes: np.ndarray
+    """uint8 ``[len(prompt_ids) + len(token_ids), n_layers, top_k]``."""
+    stopped: bool
+    top_ids: list[list[int]] | None = None
+    top_logprobs: list[list[float]] | None = None
+
+
+def served_choice(out: Generation, row: int, prompt_ids: list[int]) -> Served:
+    """Row ``row`` of a batch generated after ``prompt_ids``, cut at its length."""
+    n = int(out.lengths[row])
+    fed = len(prompt_ids) + n
+    tops = None
+    if out.top_ids is not None and out.top_logprobs is not None:
+        tops = (out.top_ids[row, :n].tolist(), out.top_logprobs[row, :n].tolist())
+    return Served(
+        prompt_ids=list(prompt_ids),
+        token_ids=out.tokens[row, :n].tolist(),
+        logprobs=out.logprobs[row, :n].tolist(),
+        routes=out.routes[row, :fed].to(torch.uint8).numpy(),
+        stopped=bool(out.stopped[row]),
+        top_ids=tops[0] if tops else None,
+        top_logprobs=tops[1] if tops else None,
+    )
+
+
+def _finite(x: float) -> float:
+    """JSON has no infinities: a logprob below ``LOGPROB_FLOOR`` (-inf) is answered as the floor."""
+    return x if math.isfinite(x) and x > LOGPROB_FLOOR else LOGPROB_FLOOR
+
+
+def choice_logprobs(choice: Served, decode: Callable[[list[int]], str]) -> dict[str, Any]:
+    """The OpenAI completions ``logprobs`` object of one choice (see the module rules).
+
+    Rule: ``top_logprobs[i]`` maps the sampled token's text to its logprob first, then each
+    alternative's text (most likely first; a text already listed keeps its first value).
+    """
+    texts = [decode([t]) for t in choice.token_ids]
+    offsets, at = [], 0
+    for text in texts:
+        offsets.append(at)
+        at += len(text)
+    tops: list[dict[str, float]] = []
+    for i, (text, lp) in enumerate(zip(texts, choice.logprobs, strict=True)):
+        listed = {text: _finite(lp)}
+        if choice.top_ids is not None and choice.top_logprobs is not None:
+            for tid, alt in zip(choice.top_ids[i], choice.top_logprobs[i], strict=True):
+                listed.setdefault(decode([tid]), _finite(alt))
+        tops.append(listed)
+    return {
+        "tokens": texts,
+        "token_logprobs": [_finite(lp) for lp in choice.logprobs],
+        "top_logprobs": tops,
+        "text_offset": offsets,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class ServedContext:
+    """What every choice of one served request shares in its record."""
+
+    run: str
+    request_id: str
+    model: str
+    policy_version: int
+    worker_id: str
+    region: str
+    temperature: float
+    settings: dict[str, str]
+    """Sampling settings and serving facts for ``outcome.details`` (strings)."""
+    received_ms: int
+    started_ms: int
+    finished_ms: int
+    swap_ms: int
+
+
+def served_record(
+    ctx: ServedContext, index: int, n: int, choice: Served, text: str
+) -> dict[str, Any]:
+    """The Trajectory record of choice ``index`` of ``n`` (see the module rule "Recorded")."""
+    p, generated = len(choice.prompt_ids), len(choice.token_ids)
+    mask = [0] * p + [1] * generated
+    generate_ms = ctx.finished_ms - ctx.started_ms
+    return {
+        "run": ctx.run,
+        "group_id": ctx.request_id,
+        "task_id": ctx.request_id,
+        "sample_index": index,
+        "group_size": n,
+        "policy_version": ctx.policy_version,
+        "model": ctx.model,
+        "worker_id": ctx.worker_id,
+        "region": ctx.region,
+        "temperature": ctx.temperature,
+        "top_p": 1.0,
+        **arrays.pack_tokens(
+            [*choice.prompt_ids, *choice.token_ids],
+            [0.0] * p + choice.logprobs,
+            mask,
+            choice.routes,
+        ),
+        "prompt_tokens": p,
+        "completion": text,
+        "turns": [
+            {
+                "index": 0,
+                "token_start": p,
+                "token_end": p + generated,
+                "generated_tokens": generated,
+                "generate_ms": generate_ms,
+            }
+        ],
+        "outcome": {
+            "status": "completed" if choice.stopped else "max_tokens",
+            "tool_calls": 0,
+            "summarised": False,
+            "details": {**ctx.settings, "source": "serve", "choice": str(index)},
+        },
+        "timings": {
+            "queued_ms": ctx.received_ms,
+            "started_ms": ctx.started_ms,
+            "finished_ms": ctx.finished_ms,
+            "generate_ms": generate_ms,
+            "env_ms": 0,
+            "weights_wait_ms": ctx.swap_ms,
+        },
+    }
+
+
+def sampling_settings(req: CompletionRequest, seed: int, prompt_truncated: bool) -> dict[str, str]:
+    """The request's sampling settings as recorded (``outcome.details``; strings)."""
+    return {
+        "seed": str(seed),
+        "max_tokens": str(req.max_tokens),
+        "n": str(req.n),
+        "requested_temperature": repr(req.temperature),
+        "logprobs": "" if req.logprobs is None else str(req.logprobs),
+        "prompt_truncated": "true" if prompt_truncated else "false",
+    }
 
 
 class PolicyServer:
@@ -63,8 +251,14 @@ class PolicyServer:
         *,
         released_only: bool = False,
         log: Callable[[str], None] | None = None,
+        region: str = "trainer",
+        record_timeout_s: float = 10.0,
     ) -> None:
-        self.run, self.model_name = run, model
+        self.run, self.model_name, self.region = run, model, region
+        self.worker_id = f"serve-{socket.gethostname()}-{os.getpid()}"
+        self.served_topic = topics.topic_name(run, "served")
+        self.recorder = EventProducer.connect(settings)
+        self.record_timeout_s = record_timeout_s
         self.model = build_policy(policy).eval()
         self.version = -1
         self.lock = asyncio.Lock()
@@ -99,60 +293,104 @@ class PolicyServer:
             self.log(f"serving version {snap.version} of {self.model_name!r}{why}")
 
     def complete(self, req: CompletionRequest) -> dict[str, Any]:
+        """Generate, record (see the module rule "Recorded"), then answer."""
+        received_ms = int(time.time() * 1000)
+        swaps = len(self.swap_ms)
         self._swap()
         if self.version < 0:
             what = "released by the eval role" if self.releases is not None else "published"
             raise LookupError(f"no policy version has been {what} for this run yet")
         ids = [task_family.BOS, *task_family.encode(req.prompt)]
-        room = self.model.cfg.max_seq_len - 1
-        prompt = torch.tensor([ids[-room:]] * req.n)
-        gen = torch.Generator().manual_seed(
-            req.seed if req.seed is not None else time.time_ns() % 2**31
-        )
+        fed = ids[-(self.model.cfg.max_seq_len - 1) :]
+        seed = req.seed if req.seed is not None else secrets.randbelow(2**31)
+        started_ms = int(time.time() * 1000)
         out = generate(
             self.model,
-            prompt,
+            torch.tensor([fed] * req.n),
             req.max_tokens,
-            max(req.temperature, 1e-3),
-            gen,
+            max(req.temperature, MIN_TEMPERATURE),
+            torch.Generator().manual_seed(seed),
             stop_ids=(task_family.EOS,),
+            top_n=req.logprobs or 0,
         )
-        choices = []
-        for i in range(req.n):
-            n = int(out.lengths[i])
-            tokens = out.tokens[i, :n].tolist()
-            stopped = bool(out.stopped[i])
-            text = task_family.decode([t for t in tokens if t != task_family.EOS])
-            choices.append(
+        choices = [served_choice(out, i, fed) for i in range(req.n)]
+        texts = [task_family.decode(c.token_ids) for c in choices]
+        ctx = ServedContext(
+            run=self.run,
+            request_id=f"req-{uuid.uuid4().hex}",
+            model=self.model_name,
+            policy_version=self.version,
+            worker_id=self.worker_id,
+            region=self.region,
+            temperature=max(req.temperature, MIN_TEMPERATURE),
+            settings=sampling_settings(req, seed, len(fed) < len(ids)),
+            received_ms=received_ms,
+            started_ms=started_ms,
+            finished_ms=int(time.time() * 1000),
+            swap_ms=int(sum(self.swap_ms[swaps:])),
+        )
+        self._record(ctx, choices, texts)
+        return self._answer(req, ctx, choices, texts)
+
+    def _record(self, ctx: ServedContext, choices: Sequence[Served], texts: Sequence[str]) -> None:
+        """Write one record per choice (split if large) and wait until the broker has them."""
+        limit = topics.STREAMS["served"].max_value_bytes
+        try:
+            for i, (choice, text) in enumerate(zip(choices, texts, strict=True)):
+                record = served_record(ctx, i, len(choices), choice, text)
+                for part in arrays.split_segments(record, limit):
+                    self.recorder.produce(self.served_topic, "trajectory", part, ctx.request_id)
+            self.recorder.flush(self.record_timeout_s)
+        except (DeliveryError, KafkaException, BufferError) as exc:
+            raise NotRecorded(f"the completion could not be recorded: {exc}") from exc
+
+    def _answer(
+        self,
+        req: CompletionRequest,
+        ctx: ServedContext,
+        choices: Sequence[Served],
+        texts: Sequence[str],
+    ) -> dict[str, Any]:
+        """The OpenAI ``text_completion`` body, plus what rlstream adds (see the module)."""
+        body = []
+        for i, (choice, text) in enumerate(zip(choices, texts, strict=True)):
+            logprobs = None
+            if req.logprobs is not None:
+                logprobs = choice_logprobs(choice, task_family.decode)
+            body.append(
                 {
                     "index": i,
                     "text": text,
-                    "logprobs": None,
-                    "finish_reason": "stop" if stopped else "length",
+                    "logprobs": logprobs,
+                    "finish_reason": "stop" if choice.stopped else "length",
                 }
             )
-        completion_tokens = int(out.lengths.sum())
+        prompt_tokens = len(choices[0].prompt_ids)
+        completion_tokens = sum(len(c.token_ids) for c in choices)
         return {
-            "id": f"cmpl-{uuid.uuid4().hex}",
+            "id": f"cmpl-{ctx.request_id.removeprefix('req-')}",
             "object": "text_completion",
-            "created": int(time.time()),
+            "created": ctx.finished_ms // 1000,
             "model": self.model_name,
-            "choices": choices,
+            "choices": body,
             "usage": {
-                "prompt_tokens": len(ids),
+                "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,
-                "total_tokens": len(ids) * req.n + completion_tokens,
+                "total_tokens": prompt_tokens * req.n + completion_tokens,
             },
-            "policy_version": self.version,
+            "policy_version": ctx.policy_version,
             "following": self.following,
-            "request_id": f"req-{uuid.uuid4().hex}",
+            "request_id": ctx.request_id,
             "run": self.run,
         }
 
     def close(self) -> None:
-        self.subscriber.close()
-        if self.releases is not None:
-            self.releases.close()
+        try:
+            self.subscriber.close()
+            if self.releases is not None:
+                self.releases.close()
+        finally:
+            self.recorder.wait(self.record_timeout_s)
 
 
 def _error(status: int, message: str, field: str | None = None) -> web.Response:
@@ -183,7 +421,7 @@ def make_app(server: PolicyServer) -> web.Application:
                 result = await asyncio.get_running_loop().run_in_executor(
                     None, server.complete, req
                 )
-            except LookupError as exc:
+            except (LookupError, NotRecorded) as exc:
                 return web.json_response(
                     {"error": {"message": str(exc)}}, status=503, headers={"Retry-After": "2"}
                 )
