@@ -16,6 +16,14 @@ close in offset order, so no decided record is ever re-read. Baselines and remem
 only with a committed transaction (restored on abort); after a restart baselines start over,
 which shifts rewards by a baseline but never duplicates or loses feedback.
 
+Where the tokens come from, in order: the feedback's own token arrays; else its
+``trajectory_ref`` (the record at that position); else its request id, looked up in the run's
+served stream (``served_log.ServedLookup``: what ``serve policy`` recorded for that request,
+bounded by ``served_lookup_ids`` per partition). A served completion brings its tokens, behaviour
+logprobs, routes, temperature, served policy version and model, and its position (the admitted
+sample's ``trajectory``). Feedback whose completion is found nowhere is rejected as untrainable
+with the reason (``feedback_rules``), never dropped.
+
 ``mix_online_groups``/``mix_rollout_groups`` are read by the learner, not enforced here: see
 ``online_quota``.
 """
@@ -38,7 +46,8 @@ from rlstream.consumers.feedback_rules import (
     RunningMean,
     window_decisions,
 )
-from rlstream.consumers.read_to_end import read_to_end, reader
+from rlstream.consumers.read_to_end import read_at, read_to_end, reader
+from rlstream.consumers.served_log import NotServed, ServedLookup, feedback_choice, with_served
 from rlstream.consumers.transactional import Output, TransactionalLoop
 from rlstream.consumers.versions import VersionWatcher
 from rlstream.producers.settings import KafkaSettings
@@ -85,6 +94,7 @@ class FeedbackRL:
         self.counts: Counter[str] = Counter()
         self.settings = settings
         self._lookup: Consumer | None = None
+        self.served = ServedLookup(settings, run, cfg.served_lookup_ids)
         group = topics.group_id(run, "feedback-rl")
         self.loop = TransactionalLoop(
             settings,
@@ -115,28 +125,31 @@ class FeedbackRL:
         if rec.event is None or rec.event.event != "feedback":
             self.counts["not_feedback"] += 1
             return []
-        value = self._with_tokens(rec.value)
         window = self.windows.get(tp)
-        fid = value["feedback_id"]
+        fid = rec.value["feedback_id"]
         if fid in self.seen or fid in self._staged or (window is not None and fid in window.ids):
             self.counts["duplicate"] += 1
             return []
+        value = self._with_tokens(rec.value, tp[1])
         if window is None:
             window = self.windows[tp] = _Window(offset, time.monotonic())
         window.items.append(Item(value, {"topic": tp[0], "partition": tp[1], "offset": offset}))
         window.ids.add(fid)
         return self._close(tp) if len(window.items) >= self.cfg.window_size else []
 
-    def _with_tokens(self, value: dict[str, Any]) -> dict[str, Any]:
-        """Feedback that points at its trajectory instead of carrying tokens gets them copied in.
+    def _with_tokens(self, value: dict[str, Any], partition: int) -> dict[str, Any]:
+        """Feedback that does not carry its tokens gets them copied in (see the module).
 
-        The sample is read at the referenced position (only its first segment: a feedback's
-        trajectory is one served completion); if it cannot be read the feedback stays as it
-        is and is rejected as untrainable with the reason.
+        A ``trajectory_ref`` is read at its position (only its first segment: a feedback's
+        trajectory is one served completion); otherwise the request id is looked up in the
+        served stream. If neither finds it the feedback stays as it is, with the reason under
+        ``lookup_error``, and is rejected as untrainable.
         """
         ref = value.get("trajectory_ref")
-        if value.get("token_ids") is not None or ref is None:
+        if value.get("token_ids") is not None:
             return value
+        if ref is None:
+            return self._served_tokens(value, partition)
         if self._lookup is None:
             self._lookup = reader(self.settings, "feedback-rl.trajectory-lookup")
         traj = read_at(self._lookup, ref["topic"], ref["partition"], ref["offset"])
@@ -145,6 +158,16 @@ class FeedbackRL:
             return value
         fields = (*arrays.TOKEN_FIELDS, "n_layers", "top_k", "prompt_tokens")
         return {**value, **{k: traj[k] for k in fields}}
+
+    def _served_tokens(self, value: dict[str, Any], partition: int) -> dict[str, Any]:
+        """The served completion of the feedback's request id copied in (see the module)."""
+        try:
+            found = self.served.find(value["request_id"], feedback_choice(value), partition)
+        except NotServed as exc:
+            self.counts["served_not_found"] += 1
+            return {**value, "lookup_error": str(exc)}
+        self.counts["served_found"] += 1
+        return with_served(value, found)
 
     def _close_due(self, now: float) -> list[Output]:
         due = [tp for tp, w in self.windows.items() if now - w.opened >= self.cfg.window_seconds]
@@ -217,6 +240,7 @@ class FeedbackRL:
         for tp in partitions:
             self.windows.pop((tp.topic, tp.partition), None)
             self.position.pop((tp.topic, tp.partition), None)
+            self.served.forget(tp.partition)
 
     def flush_due(self) -> int:
         """When idle, decide windows that are due in a transaction of their own, offsets included.
@@ -254,27 +278,7 @@ class FeedbackRL:
                 self.watcher.close()
             if self._lookup is not None:
                 self._lookup.close()
-
-
-def read_at(
-    consumer: Consumer, topic: str, partition: int, offset: int, timeout: float = 10.0
-) -> dict[str, Any] | None:
-    """The decoded record at one log position, or None if it is not there (or not decodable)."""
-    consumer.assign([TopicPartition(topic, partition, offset)])
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        msg = consumer.poll(0.5)
-        if msg is None:
-            continue
-        if msg.error() is not None:
-            return None  # end of partition (or an error) before the position: not there
-        if msg.offset() != offset:
-            return None  # the position was deleted or compacted away
-        try:
-            return events.decode(msg.value() or b"").record
-        except events.EventError:
-            return None
-    return None
+            self.served.close()
 
 
 def decided_ids(settings: KafkaSettings, committed: TopicPartition, lookback: int) -> list[str]:

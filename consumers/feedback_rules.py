@@ -9,9 +9,10 @@ Rules (unit tested without a broker):
    retried feedback ids are dropped before a window is decided: see ``feedback_rl``);
 3. in a closed window, per task class (none given: ``default``), in offset order; every input
    ends up in exactly one decision:
-   - feedback that cannot be trained on (another model, no token ids: text only, or a
-     ``trajectory_ref`` that could not be read; a readable one has its tokens copied in first,
-     see ``feedback_rl``) -> one rejected decision, reason ``other``, listing those inputs;
+   - feedback that cannot be trained on (another model, no token ids: text only, a
+     ``trajectory_ref`` that could not be read, or a request id not found in the served stream;
+     a readable reference or a served completion has its tokens copied in first, see
+     ``feedback_rl``) -> one rejected decision, reason ``other``, listing those inputs;
    - stale feedback (learner version - served version > ``max_staleness``, the admission
      rule) -> one rejected decision, reason ``stale``;
    - the rest form groups of ``min_group_size``..``max_group_size`` samples in order; fewer than
@@ -79,6 +80,13 @@ class FeedbackRLConfig(BaseModel):
         description="Weight of a new reward in the class baseline (after 1/alpha).",
     )
     max_staleness: int = Field(2, ge=0, description="Largest learner - served version gap trained.")
+    served_lookup_ids: int = Field(
+        10_000,
+        ge=1,
+        le=1_000_000,
+        description="Request ids indexed per served partition (the newest); feedback naming an "
+        "older request is rejected as not found.",
+    )
     min_group_size: int = Field(2, ge=2, le=1024, description="Smallest online group.")
     max_group_size: int = Field(32, ge=2, le=1024, description="Largest online group.")
     reject_no_signal: bool = Field(True, description="Reject groups whose rewards are all equal.")
@@ -136,6 +144,8 @@ def untrainable(record: Mapping[str, Any], model: str) -> str | None:
     if record["model"] != model:
         return f"served by model {record['model']!r}, not {model!r}"
     if record.get("token_ids") is None:
+        if record.get("lookup_error"):
+            return f"its served completion was not found: {record['lookup_error']}"
         if record.get("trajectory_ref") is not None:
             return "its trajectory_ref could not be read (gone or not a trajectory)"
         return "no token ids"
@@ -231,6 +241,7 @@ class ClassWindow:
             "routed_experts": rec.get("routed_experts") or b"",
             "n_layers": int(rec.get("n_layers") or 0),
             "top_k": int(rec.get("top_k") or 0),
+            "temperature": float(rec.get("temperature") or 1.0),
             "rewards": {"feedback": reward, "baseline": baseline},
             "reward": reward - baseline,
             "passed": rec["action"] == "accepted",

@@ -2,7 +2,9 @@
 
 Roles rebuild state from the log before they act: admission the groups already decided, the
 scheduler how many tasks it released, feedback-rl the ids it already decided, a weight follower
-the manifests published so far, a tap or a report what a run holds. They all do it here.
+the manifests published so far, a tap or a report what a run holds. They all do it here, and
+read single records by position (``read_at``: feedback-rl reading the completion a feedback
+names) with the same kind of reader.
 
 Rules:
 
@@ -32,6 +34,7 @@ from confluent_kafka import (
 )
 
 from rlstream.producers.settings import KafkaSettings
+from rlstream.schemas import events
 
 _READER = {
     "enable.auto.commit": "false",
@@ -123,6 +126,27 @@ def read_topic(
             yield from read_to_end(consumer, starts, timeout)
     finally:
         consumer.close()
+
+
+def read_at(
+    consumer: Consumer, topic: str, partition: int, offset: int, timeout: float = 10.0
+) -> dict[str, Any] | None:
+    """The decoded record at one log position, or None if it is not there (or not decodable)."""
+    consumer.assign([TopicPartition(topic, partition, offset)])
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is None:
+            continue
+        if msg.error() is not None:
+            return None  # end of partition (or an error) before the position: not there
+        if msg.offset() != offset:
+            return None  # the position was deleted or compacted away
+        try:
+            return events.decode(msg.value() or b"").record
+        except events.EventError:
+            return None
+    return None
 
 
 def retrying(call: Callable[[], T], timeout: float = 15.0) -> T:

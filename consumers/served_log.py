@@ -1,0 +1,178 @@
+"""The served stream looked up by request id: how feedback-rl finds the completion a feedback
+names. ``serve policy`` records every completion it answers in ``rl.RUN.served`` (one Trajectory
+record per choice, keyed by the request id; see ``rollout.serve``) before it answers, so an
+editor can send feedback that carries nothing but the request id.
+
+Rules:
+
+- bounded: one index per served partition holds the newest ``max_ids`` request ids seen in it
+  (request id -> offsets of its records); the records stay in Kafka and are read back by
+  position when a feedback names them. Memory is O(``max_ids``) per partition, never O(log);
+- Kafka-backed: an index is filled from the log, on first use from at most ``max_ids`` records
+  before the partition's end, afterwards from where it stopped to the end as of the lookup.
+  Since a completion is recorded (acknowledged by all in-sync replicas) before it is answered,
+  every completion a feedback can name is below that end;
+- which partition: served and feedback share the request-id key and partition count
+  (``topics.REQUEST_STREAMS``), so feedback read from feedback partition p is looked up in served
+  partition p; if the counts differ (a topic altered by hand) every served partition is searched;
+- a request id outside the indexed window (older than the newest ``max_ids`` of its partition),
+  or never served in this run, is not found, with the reason: never a guess;
+- the choice is the feedback's ``metadata["choice"]`` (default 0: the only choice when n = 1);
+  a completion split into segments is joined (``arrays.join_segments``).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import TopicPartition
+
+from rlstream.consumers.read_to_end import partitions_of, read_at, read_to_end, reader, retrying
+from rlstream.producers.settings import KafkaSettings
+from rlstream.schemas import arrays, topics
+
+
+class NotServed(LookupError):
+    """The request id (or its choice) is not in the served stream's indexed window."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServedCompletion:
+    """One served choice, joined, and where its (first) record lies."""
+
+    record: dict[str, Any]
+    ref: dict[str, Any]
+    """RecordRef of its first record: topic, partition, offset."""
+
+
+@dataclass
+class _Index:
+    next_offset: int
+    ids: OrderedDict[str, list[int]] = field(default_factory=OrderedDict)
+
+
+def remember(ids: OrderedDict[str, list[int]], key: str, offset: int, max_ids: int) -> None:
+    """Index the record at ``offset`` under its request id; keep the newest ``max_ids`` ids.
+
+    Rule: the records of one request (its choices, their segments) share one entry; adding to
+    an entry makes it the newest; past ``max_ids`` entries the oldest is forgotten.
+    """
+    ids.setdefault(key, []).append(offset)
+    ids.move_to_end(key)
+    while len(ids) > max_ids:
+        ids.popitem(last=False)
+
+
+def feedback_choice(feedback: dict[str, Any]) -> int:
+    """The choice a feedback is about: ``metadata["choice"]``, default 0 (see the module rules)."""
+    raw = (feedback.get("metadata") or {}).get("choice", "0")
+    if not (raw.isascii() and raw.isdigit()):
+        raise NotServed(f"metadata.choice must be a choice index (0, 1, ...), got {raw!r}")
+    return int(raw)
+
+
+SERVED_FIELDS = (*arrays.TOKEN_FIELDS, "n_layers", "top_k", "prompt_tokens", "temperature")
+"""What a served completion gives the feedback that names it (with its version and model)."""
+
+
+def with_served(feedback: dict[str, Any], found: ServedCompletion) -> dict[str, Any]:
+    """``feedback`` with the served completion's tokens, logprobs, routes and temperature.
+
+    Rule: the policy version and model are the served record's (what served it, not what a
+    client says), and ``trajectory_ref`` is the served record's position.
+    """
+    served = found.record
+    return {
+        **feedback,
+        **{k: served[k] for k in SERVED_FIELDS},
+        "policy_version": served["policy_version"],
+        "model": served["model"],
+        "trajectory_ref": found.ref,
+    }
+
+
+class ServedLookup:
+    """Finds served completions by request id (see the module rules)."""
+
+    def __init__(self, settings: KafkaSettings, run: str, max_ids: int) -> None:
+        self.topic = topics.topic_name(run, "served")
+        self.feedback_topic = topics.topic_name(run, "feedback")
+        self.max_ids = max_ids
+        self.consumer = reader(settings, "feedback-rl.served-lookup")
+        self.indexes: dict[int, _Index] = {}
+        self._served: list[int] | None = None
+        self._same_count = False
+
+    def find(self, request_id: str, choice: int, feedback_partition: int) -> ServedCompletion:
+        """The served ``choice`` of ``request_id``; ``NotServed`` with the reason if absent."""
+        for p in self._partitions(feedback_partition):
+            offsets = self._index(p).ids.get(request_id)
+            if offsets is None:
+                self._catch_up(p)
+                offsets = self._index(p).ids.get(request_id)
+            if offsets is not None:
+                return self._choice(request_id, choice, p, offsets)
+        raise NotServed(
+            f"request {request_id!r} is not among the last {self.max_ids} completions served "
+            f"per partition of {self.topic}"
+        )
+
+    def _partitions(self, feedback_partition: int) -> list[int]:
+        if self._served is None:
+            served = partitions_of(self.consumer, self.topic) or []
+            feedback = partitions_of(self.consumer, self.feedback_topic) or []
+            if not served:
+                return []  # not created yet: asked again next time
+            self._served, self._same_count = served, len(served) == len(feedback)
+        if self._same_count and feedback_partition in self._served:
+            return [feedback_partition]
+        return list(self._served)
+
+    def _index(self, partition: int) -> _Index:
+        if partition not in self.indexes:
+            where = TopicPartition(self.topic, partition)
+            low, high = retrying(
+                lambda: self.consumer.get_watermark_offsets(where, timeout=10, cached=False)
+            )
+            self.indexes[partition] = _Index(max(low, high - self.max_ids))
+            self._catch_up(partition)
+        return self.indexes[partition]
+
+    def _catch_up(self, partition: int) -> None:
+        """Index the partition's records from where the index stopped to its end now."""
+        index = self.indexes[partition]
+        start = [TopicPartition(self.topic, partition, index.next_offset)]
+        for msg in read_to_end(self.consumer, start, timeout=30):
+            offset, key = int(msg.offset() or 0), (msg.key() or b"").decode("utf-8", "replace")
+            remember(index.ids, key, offset, self.max_ids)
+            index.next_offset = offset + 1
+
+    def _choice(
+        self, request_id: str, choice: int, partition: int, offsets: list[int]
+    ) -> ServedCompletion:
+        pieces, first = [], None
+        for offset in offsets:
+            rec = read_at(self.consumer, self.topic, partition, offset)
+            if rec is None or rec.get("group_id") != request_id:
+                raise NotServed(f"served record {self.topic}[{partition}]@{offset} is unreadable")
+            if rec["sample_index"] == choice:
+                pieces.append(rec)
+                first = offset if first is None else first
+        if first is None:
+            raise NotServed(f"request {request_id!r} has no choice {choice}")
+        try:
+            record = arrays.join_segments(pieces) if len(pieces) > 1 else pieces[0]
+        except arrays.ArrayError as exc:
+            raise NotServed(f"request {request_id!r}: its segments do not join: {exc}") from exc
+        return ServedCompletion(
+            record, {"topic": self.topic, "partition": partition, "offset": first}
+        )
+
+    def forget(self, partition: int) -> None:
+        """Drop a partition's index (its feedback partition was revoked)."""
+        self.indexes.pop(partition, None)
+
+    def close(self) -> None:
+        self.consumer.close()
