@@ -221,6 +221,7 @@ def examples() -> dict[str, dict[str, Any]]:
         "step_inputs": [{**REF, "topic": "rl.r1.admitted"}],
         "stats": {"loss": 0.0123, "kl": 1e-4, "mean_reward": 0.61},
         "codec_version": 1,
+        "learner_epoch": 3,
     }
     chunk = {
         "run": "r1",
