@@ -1,0 +1,132 @@
+"""Multi-region runs surviving faults, on real brokers and MirrorMaker 2 (the session's ``geo``
+cluster: regions trainer, eu and us, one MirrorMaker per link).
+
+Each test runs a short asynchronous GRPO run with every role its own process, breaks something
+mid-run, and reconciles the ledger at the end: every released group decided exactly once
+(nothing lost), none trained twice, only admitted groups trained.
+
+- a MirrorMaker outage alone: the backlog crosses when it returns, and exactly once;
+- the trainer region's broker killed and restarted: every role reconnects and resumes by itself;
+- a rollout region going dark (its broker and its MirrorMaker killed): the scheduler re-issues
+  its overdue groups to the other region; when it returns, its late copies are ignored.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+
+import pytest
+from geo_pipeline import GeoRun, kill9, settings_of
+from helpers import decode_all
+
+from rlstream.ops import cluster
+from rlstream.ops.cluster import broker
+from rlstream.schemas import topics
+
+pytestmark = pytest.mark.slow
+TASKS = 10
+QUIET = {"log": lambda *_: None}
+
+
+@pytest.fixture(scope="module")
+def tmp(tmp_path_factory: pytest.TempPathFactory):
+    return tmp_path_factory.mktemp("geo-runs")  # one warm start shared by the module's runs
+
+
+def _restore(geo) -> None:
+    cluster.up(["trainer", "eu", "us"], home=geo.home, heap="384m", **QUIET)
+
+
+def _samples(settings, topic: str) -> list[tuple[str, int]]:
+    return [(d.record["group_id"], d.record["sample_index"]) for d in decode_all(settings, topic)]
+
+
+def test_a_mirrormaker_outage_delays_the_backlog_and_copies_it_once(geo, tmp, unique_run):
+    run = GeoRun(geo.home, unique_run, tmp, ["eu"], 24, ["scheduler.reissue_after_s=300"])
+    try:
+        run.start()
+        run.wait(lambda: run.arrived("eu") > 0, 240, "the first trajectories from eu")
+        kill9(cluster.load(geo.home).mirrors["eu"].pid)
+        eu, home = settings_of(geo.home, "eu"), run.home_settings()
+        local = topics.topic_name(run.run, "trajectories")
+
+        def backlog() -> int:
+            return len(_samples(eu, local)) - len(_samples(home, f"eu.{local}"))
+
+        run.wait(lambda: backlog() > 0, 90, "trajectories to pile up in eu")
+        _restore(geo)
+        run.wait(lambda: run.decided_count() >= run.tasks, 240, "every group decided")
+        ledger = run.reconcile()
+        copied = collections.Counter(_samples(home, f"eu.{local}"))
+        assert copied == collections.Counter(_samples(eu, local)), "the copy differs from eu"
+        assert max(copied.values()) == 1, "MirrorMaker copied a sample twice"
+        assert not ledger.reissued
+    finally:
+        run.stop()
+        _restore(geo)
+
+
+def test_the_trainer_broker_restarted_every_role_resumes_by_itself(
+    geo, tmp, unique_run, monkeypatch
+):
+    monkeypatch.setenv("RLSTREAM_HUNG_TRANSACTION_S", "30")  # a role stuck after the restart
+    run = GeoRun(geo.home, unique_run, tmp, ["eu"], 24, ["scheduler.reissue_after_s=300"])
+    try:
+        run.start()
+        run.wait(lambda: run.decided_count() >= 2, 240, "the first groups")
+        before = cluster.load(geo.home)
+        kill9(before.regions["trainer"].pid)
+        time.sleep(5)
+        # the broker alone comes back (as a supervisor would restart it), on its data and ports
+        port = before.regions["trainer"].broker_port
+        broker.start(before.regions["trainer"], heap="384m")
+        before.save()
+        assert before.regions["trainer"].broker_port == port
+        run.wait(lambda: run.decided_count() >= run.tasks, 300, "every group decided")
+        ledger = run.reconcile()
+        assert len(ledger.trained) >= 2
+        alive = [n for n, p in run.procs.items() if p.poll() is None]
+        assert set(alive) >= {"learner", "admission", "judge-tests", "rollout-eu"}
+        after = cluster.load(geo.home)
+        assert after.mirrors["eu"].running() and after.mirrors["eu"].pid == before.mirrors["eu"].pid
+    finally:
+        run.stop()
+        _restore(geo)
+
+
+def test_a_dark_region_is_worked_around_and_its_late_copies_are_trained_never(geo, tmp, unique_run):
+    run = GeoRun(
+        geo.home,
+        unique_run,
+        tmp,
+        ["eu", "us"],
+        24,
+        ["scheduler.reissue_after_s=20", "admission.timeout_s=120"],
+    )
+    try:
+        run.start()
+        run.wait(lambda: run.arrived("eu") > 0, 240, "the first trajectories from eu")
+        state = cluster.load(geo.home)
+        kill9(state.mirrors["eu"].pid)
+        kill9(state.regions["eu"].pid)
+        run.wait(lambda: run.ledger().reissued, 120, "a group re-issued away from eu")
+        run.wait(lambda: run.decided_count() >= run.tasks, 300, "every group decided without eu")
+        _restore(geo)  # eu returns: its worker resumes, its late copies cross
+        ledger = run.ledger()
+        late = {t for t in ledger.reissued if ledger.released[t][0][1] == "eu"}
+        assert late, "no group of eu was re-issued"
+        home = run.home_settings()
+        eu_copy = f"eu.{topics.topic_name(run.run, 'trajectories')}"
+
+        def late_copy_home() -> bool:
+            return bool(late & {g for g, _ in _samples(home, eu_copy)})
+
+        run.wait(late_copy_home, 180, "a late copy from eu to cross home")
+        time.sleep(10)  # admission reads the late copy
+        ledger = run.reconcile()
+        for group in late:
+            assert ledger.released[group][-1][1] == "us", ledger.released[group]
+    finally:
+        run.stop()
+        _restore(geo)
