@@ -362,7 +362,8 @@ class WeightSubscriber:
 
     @property
     def refused_manifests(self) -> list[tuple[int, int, str]]:
-        """(partition, offset, reason) of the latest manifests refused as not authentic."""
+        """(partition, offset, reason) of the latest manifests the log refused: not authentic,
+        of an older learner epoch, or an implausible version (``manifest_log``)."""
         return list(self._manifests.refused)
 
     def newest_known(self) -> int | None:

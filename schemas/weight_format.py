@@ -275,7 +275,8 @@ class Bounds:
 
     table: TensorTable | None = None  # the model's tensors; None: any names and shapes
     max_state_bytes: int = field(default_factory=default_max_state_bytes)
-    max_chunk_bytes: int = topics.CHUNK_PAYLOAD_BYTES
+    # a chunk's payload never exceeds its record, which the topic caps
+    max_chunk_bytes: int = topics.STREAMS["weights.chunks"].max_value_bytes
 
 
 def tensor_table(state: Mapping[str, Any]) -> dict[str, tuple[str, tuple[int, ...]]]:
