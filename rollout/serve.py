@@ -19,8 +19,9 @@ the request id (the key, as the feedback stream's), ``sample_index`` the choice,
 completion tokens, behaviour logprobs, the experts routed for every token, the policy version,
 the sampling temperature, and the other sampling settings (seed, drawn when the request has
 none; max_tokens, n, logprobs) in ``outcome.details`` with ``source`` = ``serve``. If the record
-cannot be written (Kafka unreachable) the answer is 503 with Retry-After: nothing is served
-that feedback could not be trained on.
+is not acknowledged within ``record_timeout_s`` (Kafka unreachable, the stream missing) the
+answer is 503 with Retry-After: nothing is served that feedback could not be trained on (a
+record that failed late may still be in the log; its request id was never answered).
 
 Weights follow the run's weight stream through a subscriber in a background thread; a new
 version is swapped in between requests (under the generation lock), so a completion is always
@@ -257,7 +258,10 @@ class PolicyServer:
         self.run, self.model_name, self.region = run, model, region
         self.worker_id = f"serve-{socket.gethostname()}-{os.getpid()}"
         self.served_topic = topics.topic_name(run, "served")
-        self.recorder = EventProducer.connect(settings)
+        # A record not acknowledged in time fails (and is not retried later), so one stuck
+        # record never holds up the answers after it.
+        timeout_ms = str(int(record_timeout_s * 1000))
+        self.recorder = EventProducer.connect(settings, **{"message.timeout.ms": timeout_ms})
         self.record_timeout_s = record_timeout_s
         self.model = build_policy(policy).eval()
         self.version = -1
@@ -340,7 +344,7 @@ class PolicyServer:
                 record = served_record(ctx, i, len(choices), choice, text)
                 for part in arrays.split_segments(record, limit):
                     self.recorder.produce(self.served_topic, "trajectory", part, ctx.request_id)
-            self.recorder.flush(self.record_timeout_s)
+            self.recorder.flush(self.record_timeout_s + 5)
         except (DeliveryError, KafkaException, BufferError) as exc:
             raise NotRecorded(f"the completion could not be recorded: {exc}") from exc
 

@@ -7,7 +7,8 @@ the editor posts feedback through feedback-ingest naming only the request id (an
 feedback-rl looks the request up in the served stream and admits an online group built from the
 served tokens, behaviour logprobs and routes bit for bit (a request id never served is rejected
 with the reason); the learner trains on that group, its version-1 manifest lists the group's
-admitted record among its step inputs, and the server hot-swaps to version 1.
+admitted record among its step inputs, and the server hot-swaps to version 1. A completion that
+cannot be recorded is not served (503), and serving resumes once the stream is back.
 """
 
 from __future__ import annotations
@@ -25,13 +26,13 @@ import openai
 import pytest
 from helpers import decode_all, read_all
 from test_feedback_ingest import TOKEN, post_json
-from test_serve_policy import POLICY, _Serving
+from test_serve_policy import POLICY, _post, _publisher, _Serving, _state
 
 from rlstream.consumers.consumer import Stopper
 from rlstream.consumers.feedback_rl import FeedbackRL, FeedbackRLConfig
 from rlstream.envs import tasks as task_family
 from rlstream.producers import feedback_models as fm
-from rlstream.producers.admin import ensure_run_topics
+from rlstream.producers.admin import admin_client, apply_topics, ensure_run_topics, run_topic_wants
 from rlstream.producers.feedback_http import running_service
 from rlstream.producers.settings import KafkaSettings
 from rlstream.rollout.serve import PolicyServer, make_app
@@ -202,3 +203,33 @@ def test_feedback_on_a_served_completion_is_trained_on(
         if learner.poll() is None:
             learner.kill()
             learner.wait(10)
+
+
+def test_a_completion_that_cannot_be_recorded_is_not_served(
+    kafka: KafkaSettings, unique_run: str
+) -> None:
+    run = unique_run
+    wants = run_topic_wants(run)
+    served = topics.topic_name(run, "served")
+    apply_topics(admin_client(kafka), [w for w in wants if w.name != served])  # served is missing
+    _publisher(kafka, run).publish_version(_state(0), 0)
+    server = PolicyServer(kafka, run, "policy", POLICY, record_timeout_s=2.0)
+    serving = _Serving(make_app(server))
+    base = f"http://127.0.0.1:{serving.port}"
+    request = {"model": "policy", "prompt": "f(x): double\n", "max_tokens": 4}
+    try:
+        _wait_for_version(base, 0, timeout=60)
+        status, body = _post(f"{base}/v1/completions", request)
+        assert status == 503 and "could not be recorded" in body["error"]["message"], body
+
+        apply_topics(admin_client(kafka), [w for w in wants if w.name == served])
+        deadline = time.monotonic() + 60
+        while (status := _post(f"{base}/v1/completions", request)[0]) == 503:
+            assert time.monotonic() < deadline, "still 503 after the served stream came back"
+        status, body = _post(f"{base}/v1/completions", request)
+        assert status == 200, body
+        recorded = {d.record["group_id"] for d in decode_all(kafka, served)}
+        assert body["request_id"] in recorded
+    finally:
+        serving.close()
+        server.close()
