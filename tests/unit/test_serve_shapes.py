@@ -17,7 +17,6 @@ import torch
 from rlstream.envs import tasks as task_family
 from rlstream.rollout.model import PolicyConfig, build_policy, generate
 from rlstream.rollout.serve import (
-    MIN_TEMPERATURE,
     CompletionRequest,
     ServedContext,
     choice_logprobs,
@@ -125,9 +124,3 @@ def test_served_record_is_a_trajectory_keyed_by_the_request_id() -> None:
         assert details["choice"] == str(row) and details["logprobs"] == "3"
         status = "completed" if bool(out.stopped[row]) else "max_tokens"
         assert decoded["outcome"]["status"] == status
-
-
-def test_temperature_zero_is_recorded_as_the_temperature_sampled_at() -> None:
-    req = CompletionRequest(model="m", prompt="p", temperature=0.0)
-    assert sampling_settings(req, 1, False)["requested_temperature"] == "0.0"
-    assert MIN_TEMPERATURE > 0
