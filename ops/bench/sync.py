@@ -20,9 +20,14 @@ At the end one more subscriber joins late and bootstraps.
 Figures (``--json``: the last stdout line): ``apply_seconds_p50``/``_max``: learner commit to
 the last subscriber's swap done, over versions 1.. (``bootstrap_seconds`` for version 0);
 ``work_seconds_p50``: a subscriber's fetch + verify + decode of one version; ``wire_ratio``:
-model bytes / chunk payload bytes a subscriber fetched, over versions 1..
-(``wire_ratio_with_bootstrap`` counts version 0 too; ``publish_ratio`` is model bytes per
-byte the learner wrote, keyframes included); ``pause_ms_p50``/``_max``; ``publish_seconds_p50``;
+model bytes per byte the learner put on the wire for a version, over versions 1.. with the
+keyframes of those versions amortised (what a fleet with late joiners costs);
+``zstd_xor_ratio``: the same for the competitor (slime's and SkyRL's scheme): per version zstd
+(level 3) of the XOR of the bf16 bits with the previous version's, and zstd of the full bits at
+the same keyframe versions, computed in the same run on the same bits;
+``follower_wire_ratio``: model bytes / chunk payload bytes a live subscriber fetched (deltas
+only), over versions 1.. (``wire_ratio_with_bootstrap`` counts version 0 too);
+``pause_ms_p50``/``_max``; ``publish_seconds_p50``;
 ``late_join_seconds``/``_bytes``; ``bit_exact``: every subscriber's state, hashed afresh from
 its bits, equals the learner's state hash at every version.
 
@@ -141,6 +146,7 @@ def _figures(
         for p, got in zip(published, applied, strict=True)
     ]
     steady = [a for got in applied[1:] for a in got]
+    later = published[1:]
     every = [a for got in applied for a in got]
     wire = sum(a["bytes"] for a in steady)
     exact = all(
@@ -164,11 +170,10 @@ def _figures(
         "fetch_seconds_p50": median([a["fetch_s"] for a in steady]),
         "decode_seconds_p50": median([a["decode_s"] for a in steady]),
         "wire_bytes_p50": median([float(a["bytes"]) for a in steady]),
-        "wire_ratio": model * len(steady) / max(1, wire),
+        "wire_ratio": model * len(later) / sum(sum(p["encoded"].values()) for p in later),
+        "zstd_xor_ratio": model * len(later) / sum(p["zstd_xor_bytes"] for p in later),
+        "follower_wire_ratio": model * len(steady) / max(1, wire),
         "wire_ratio_with_bootstrap": model * len(every) / max(1, sum(a["bytes"] for a in every)),
-        "publish_ratio": model
-        * len(published)
-        / sum(sum(p["encoded"].values()) for p in published),
         "pause_ms_p50": median([a["pause_ms"] for a in steady]),
         "pause_ms_max": max(a["pause_ms"] for a in steady),
         "publish_seconds_p50": median([p["publish_s"] for p in published[1:]]),
@@ -190,9 +195,10 @@ def _lines(r: dict[str, Any]) -> list[str]:
         f" {r['apply_seconds_max']:.2f}s (bootstrap {r['bootstrap_seconds']:.2f}s);"
         f" subscriber work p50 {r['work_seconds_p50']:.2f}s (fetch {r['fetch_seconds_p50']:.2f},"
         f" decode+verify {r['decode_seconds_p50']:.2f}); publish p50 {r['publish_seconds_p50']:.2f}s",
-        f"  wire: {r['wire_ratio']:.1f}x smaller than the model per update"
-        f" ({r['wire_bytes_p50'] / MIB:.2f} MiB), {r['wire_ratio_with_bootstrap']:.1f}x with the"
-        f" bootstrap; learner wrote {r['publish_ratio']:.1f}x less than full snapshots",
+        f"  wire, keyframes amortised: {r['wire_ratio']:.1f}x smaller than the model per"
+        f" version (zstd of the XOR, same keyframes: {r['zstd_xor_ratio']:.1f}x); a live"
+        f" subscriber fetched {r['follower_wire_ratio']:.1f}x less"
+        f" ({r['wire_bytes_p50'] / MIB:.2f} MiB p50)",
         f"  swap ({r['swap']}) pause p50 {r['pause_ms_p50']:.1f} ms (max {r['pause_ms_max']:.1f});"
         f" late join {r['late_join_seconds']:.2f}s, {r['late_join_bytes'] / MIB:.1f} MiB via"
         f" {r['late_join_steps']}; bit exact: {r['bit_exact']}",
@@ -350,21 +356,27 @@ def _learner(cfg: dict[str, Any]) -> None:
         max_chunk_bytes=cfg["chunk_bytes"],
     )
     _say(event="ready", model_bytes=2 * model.numel, tensors=len(model.master))
+    previous: dict[str, Any] | None = None
     for version, line in enumerate(sys.stdin):  # one "go" per version from the parent
         if line.strip() != "go":
             break
         if version:
             model.step()
+        state = model.state()
         t0 = time.perf_counter()
-        rec = pub.publish_version(model.state(), version)
+        rec = pub.publish_version(state, version)
         commit_ms = time.time() * 1000
+        publish_s = time.perf_counter() - t0
         stats = pub.last_stats
         assert stats is not None
+        zstd_xor = _zstd_xor_bytes(state, previous, "keyframe" in stats.kinds)
+        previous = state
         _say(
             event="published",
             version=version,
             commit_ms=commit_ms,
-            publish_s=time.perf_counter() - t0,
+            publish_s=publish_s,
+            zstd_xor_bytes=zstd_xor,
             encode_s=stats.encode_s,
             kinds=list(stats.kinds),
             encoded=stats.encoded_bytes,
@@ -372,6 +384,23 @@ def _learner(cfg: dict[str, Any]) -> None:
             numel=model.numel,
             state_hash=rec["state_hash"],
         )
+
+
+def _zstd_xor_bytes(state: dict[str, Any], previous: dict[str, Any] | None, keyframe: bool) -> int:
+    """The competitor's bytes for one version: zstd (level 3) of each tensor's bf16 bits XOR the
+    previous version's, plus zstd of the full bits when this version is a keyframe (0 for the
+    first version, which both sides send as a keyframe only and the figures leave out)."""
+    import zstandard
+
+    if previous is None:
+        return 0
+    cctx = zstandard.ZstdCompressor(level=3)
+    total = 0
+    for name, t in state.items():
+        total += len(cctx.compress((t.bits ^ previous[name].bits).tobytes()))
+        if keyframe:
+            total += len(cctx.compress(t.bits.tobytes()))
+    return total
 
 
 class _Engine:

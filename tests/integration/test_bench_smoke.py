@@ -21,7 +21,7 @@ CASES = {
     ),
     "sync": (
         ["--mb", "2", "--versions", "3", "--keyframe-every", "2", "--subscribers", "1"],
-        ["wire_ratio"],
+        ["wire_ratio", "zstd_xor_ratio", "apply_seconds_p50"],
     ),
     "router-replay": (["--tasks", "2", "--group-size", "2", "--warm-steps", "2"], []),
     "async": (
