@@ -26,7 +26,7 @@ keyframes of those versions amortised (what a fleet with late joiners costs);
 (level 3) of the XOR of the bf16 bits with the previous version's, and zstd of the full bits at
 the same keyframe versions, computed in the same run on the same bits;
 ``follower_wire_ratio``: model bytes / chunk payload bytes a live subscriber fetched (deltas
-only), over versions 1.. (``wire_ratio_with_bootstrap`` counts version 0 too);
+only), over versions 1.. (``follower_zstd_xor_ratio``: the competitor's deltas alone) (``wire_ratio_with_bootstrap`` counts version 0 too);
 ``pause_ms_p50``/``_max``; ``publish_seconds_p50``;
 ``late_join_seconds``/``_bytes``; ``bit_exact``: every subscriber's state, hashed afresh from
 its bits, equals the learner's state hash at every version.
@@ -173,6 +173,9 @@ def _figures(
         "wire_ratio": model * len(later) / sum(sum(p["encoded"].values()) for p in later),
         "zstd_xor_ratio": model * len(later) / sum(p["zstd_xor_bytes"] for p in later),
         "follower_wire_ratio": model * len(steady) / max(1, wire),
+        "follower_zstd_xor_ratio": model
+        * len(later)
+        / sum(p["zstd_xor_delta_bytes"] for p in later),
         "wire_ratio_with_bootstrap": model * len(every) / max(1, sum(a["bytes"] for a in every)),
         "pause_ms_p50": median([a["pause_ms"] for a in steady]),
         "pause_ms_max": max(a["pause_ms"] for a in steady),
@@ -198,7 +201,8 @@ def _lines(r: dict[str, Any]) -> list[str]:
         f"  wire, keyframes amortised: {r['wire_ratio']:.1f}x smaller than the model per"
         f" version (zstd of the XOR, same keyframes: {r['zstd_xor_ratio']:.1f}x); a live"
         f" subscriber fetched {r['follower_wire_ratio']:.1f}x less"
-        f" ({r['wire_bytes_p50'] / MIB:.2f} MiB p50)",
+        f" ({r['wire_bytes_p50'] / MIB:.2f} MiB p50; zstd of the XOR:"
+        f" {r['follower_zstd_xor_ratio']:.1f}x)",
         f"  swap ({r['swap']}) pause p50 {r['pause_ms_p50']:.1f} ms (max {r['pause_ms_max']:.1f});"
         f" late join {r['late_join_seconds']:.2f}s, {r['late_join_bytes'] / MIB:.1f} MiB via"
         f" {r['late_join_steps']}; bit exact: {r['bit_exact']}",
@@ -369,14 +373,15 @@ def _learner(cfg: dict[str, Any]) -> None:
         publish_s = time.perf_counter() - t0
         stats = pub.last_stats
         assert stats is not None
-        zstd_xor = _zstd_xor_bytes(state, previous, "keyframe" in stats.kinds)
+        xor_bytes, full_bytes = _zstd_xor_bytes(state, previous, "keyframe" in stats.kinds)
         previous = state
         _say(
             event="published",
             version=version,
             commit_ms=commit_ms,
             publish_s=publish_s,
-            zstd_xor_bytes=zstd_xor,
+            zstd_xor_bytes=xor_bytes + full_bytes,
+            zstd_xor_delta_bytes=xor_bytes,
             encode_s=stats.encode_s,
             kinds=list(stats.kinds),
             encoded=stats.encoded_bytes,
@@ -386,21 +391,23 @@ def _learner(cfg: dict[str, Any]) -> None:
         )
 
 
-def _zstd_xor_bytes(state: dict[str, Any], previous: dict[str, Any] | None, keyframe: bool) -> int:
+def _zstd_xor_bytes(
+    state: dict[str, Any], previous: dict[str, Any] | None, keyframe: bool
+) -> tuple[int, int]:
     """The competitor's bytes for one version: zstd (level 3) of each tensor's bf16 bits XOR the
-    previous version's, plus zstd of the full bits when this version is a keyframe (0 for the
+    previous version's, and zstd of the full bits when this version is a keyframe (0, 0 for the
     first version, which both sides send as a keyframe only and the figures leave out)."""
     import zstandard
 
     if previous is None:
-        return 0
+        return 0, 0
     cctx = zstandard.ZstdCompressor(level=3)
-    total = 0
+    xor = full = 0
     for name, t in state.items():
-        total += len(cctx.compress((t.bits ^ previous[name].bits).tobytes()))
+        xor += len(cctx.compress((t.bits ^ previous[name].bits).tobytes()))
         if keyframe:
-            total += len(cctx.compress(t.bits.tobytes()))
-    return total
+            full += len(cctx.compress(t.bits.tobytes()))
+    return xor, full
 
 
 class _Engine:
