@@ -13,12 +13,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 
 from rlstream.producers.producer import exit_when_hung
 from rlstream.producers.settings import KafkaSettings
 
-#: A supervised role whose transactional call blocks this long exits and is restarted.
+#: A supervised role whose transactional call blocks this long exits and is restarted
+#: (``RLSTREAM_HUNG_TRANSACTION_S`` overrides it).
 HUNG_TRANSACTION_S = 90.0
 
 #: role -> the module whose ``run_role(ctx)`` runs it.
@@ -62,7 +64,7 @@ def start(args: argparse.Namespace) -> int:
         region, args.home, user=role
     )
     if getattr(args, "once", False):  # supervised: a hung transaction ends in a restart
-        exit_when_hung(HUNG_TRANSACTION_S)
+        exit_when_hung(float(os.environ.get("RLSTREAM_HUNG_TRANSACTION_S", HUNG_TRANSACTION_S)))
     report = ensure_run_topics(settings, args.run, regions=regions, here=region)
     if report.drift:
         print(f"warning: topic drift {report.drift}", file=sys.stderr)
