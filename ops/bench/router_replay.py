@@ -2,14 +2,23 @@
 
 Rollouts are generated the way rollout workers do (a bf16 copy of the weights, routes and
 behaviour logprobs recorded per token); the learner recomputes the same sequences in fp32 twice:
-with free routing, and with the recorded experts forced (router replay). Reported, over the
-positions that produce policy-generated tokens:
+with free routing, and with the recorded experts forced (router replay). Per arm
+(``with_replay``, ``without_replay``), over the positions that produce policy-generated tokens:
 
-- ``expert_mismatch_*``: share of those positions where the set of experts chosen in any MoE
-  layer differs from the one used at inference (with replay: 0 by construction, measured anyway);
-- ``logprob_mae_*``: mean |logp_train - logp_behaviour| of the generated tokens.
+- ``route_flip_fraction``: share of those positions where, in any MoE layer, the learner's own
+  router (top-k of its fp32 router probabilities at that position, in that forward) would pick a
+  different expert set than the sampler recorded. Under replay the experts used are the recorded
+  ones, but the router's own choice is still measured on the replayed forward's hidden states, so
+  this is not 0 by construction: it says how often replay overrides the learner's router;
+- ``logprob_kl``: mean per-token KL(sampler || learner), estimated on the sampled tokens with
+  the non-negative unbiased estimator ``r - 1 - log r``, ``r = p_learner / p_sampler``;
+- ``logprob_mae``: mean |logp_learner - logp_sampler| of the generated tokens;
+- ``clipped_fraction``: share of tokens whose importance ratio ``r`` exceeds the truncation cap
+  of the GRPO loss (``grpo.GrpoConfig.is_cap``), i.e. tokens the truncation clips;
+- ``expert_mismatch``: share of positions whose experts *used* differ from the recorded ones
+  (0 under replay by construction; kept as a check of the replay path, not as a result).
 
-With ``--json`` the last stdout line is one JSON object with those four keys and the context.
+With ``--json`` the last stdout line is one JSON object with both arms and the context.
 Only the standard library is imported at module import time (``rlstream --help`` stays fast).
 """
 
@@ -41,7 +50,7 @@ def _main(args: argparse.Namespace) -> int:
     from rlstream.ops.bench.common import emit
 
     result = run(args)
-    lines = [] if args.json else [f"{key:40s} {value}" for key, value in result.items()]
+    lines = [] if args.json else _lines(result)
     emit(result, args.json, lines, "router-replay")
     return 0
 
@@ -69,17 +78,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for s in rollout.group(task.prompt, args.group_size, gen):
             seqs += grpo.split_segments(s.token_ids, s.logprobs, s.loss_mask, s.routes)
     batch = grpo.make_batch(seqs, [0.0] * len(seqs))
-    free = _mismatch(model, batch, replay=False)
-    replay = _mismatch(model, batch, replay=True, flipped=free["flipped"])
+    cap = grpo.GrpoConfig().is_cap
     return {
-        "expert_mismatch_with_replay": replay["expert_mismatch"],
-        "expert_mismatch_without_replay": free["expert_mismatch"],
-        "logprob_mae_with_replay": replay["logprob_mae"],
-        "logprob_mae_without_replay": free["logprob_mae"],
-        "logprob_max_abs_with_replay": replay["logprob_max_abs"],
-        "logprob_max_abs_without_replay": free["logprob_max_abs"],
-        "logprob_mae_on_flipped_with_replay": replay["flipped_mae"],
-        "logprob_mae_on_flipped_without_replay": free["flipped_mae"],
+        "with_replay": _mismatch(model, batch, replay=True, cap=cap),
+        "without_replay": _mismatch(model, batch, replay=False, cap=cap),
+        "is_cap": cap,
         "tokens": int(batch.loss_mask.sum()),
         "sequences": len(seqs),
         "inference_dtype": "bfloat16",
@@ -91,35 +94,43 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _lines(r: dict[str, Any]) -> list[str]:
+    out = [f"{r['tokens']} generated tokens, bf16 sampler vs fp32 learner, IS cap {r['is_cap']}"]
+    for arm in ("with_replay", "without_replay"):
+        out.append(f"{arm:15s} " + ", ".join(f"{k} {v:.3g}" for k, v in r[arm].items()))
+    return out
+
+
 def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _mismatch(model: Any, batch: Any, replay: bool, flipped: Any = None) -> dict[str, Any]:
-    """Expert-set mismatch and |logprob| error of an fp32 recompute against the rollout.
-
-    ``flipped`` (a mask of positions whose experts differ under free routing) selects where
-    ``flipped_mae`` is measured; by default it is this run's own mismatch mask.
-    """
+def _mismatch(model: Any, batch: Any, replay: bool, cap: float) -> dict[str, float]:
+    """One arm's figures (see the module docstring) of an fp32 recompute against the rollout."""
     import torch
 
     from rlstream.rollout.model import sequence_logprobs
 
     with torch.no_grad():
         forced = batch.routes if replay else None
-        logp, routes = sequence_logprobs(model, batch.tokens, forced)
+        logp, used = sequence_logprobs(model, batch.tokens, forced)
+        k = used.shape[-1]
+        own = torch.stack([p.topk(k, dim=-1).indices for p in model.last_router_probs], dim=2)
     mask = batch.loss_mask[:, 1:] > 0  # position t-1 produced generated token t
-    same = routes.sort(dim=-1).values == batch.routes[:, :-1].sort(dim=-1).values
-    differs = ~same.flatten(2).all(dim=-1)
-    abs_err = (logp[:, 1:] - batch.behaviour_logprobs[:, 1:]).abs()
-    err = abs_err[mask]
-    flipped = (differs & mask) if flipped is None else flipped
+    recorded = batch.routes[:, :-1].sort(dim=-1).values
+
+    def differs(routes: Any) -> Any:
+        return ~(routes.sort(dim=-1).values == recorded).flatten(2).all(dim=-1)
+
+    diff = (logp[:, 1:] - batch.behaviour_logprobs[:, 1:])[mask]  # log r per generated token
+    ratio = diff.exp()
     return {
-        "expert_mismatch": float(differs[mask].float().mean()),
-        "logprob_mae": float(err.mean()),
-        "logprob_max_abs": float(err.max()),
-        "flipped_mae": float(abs_err[flipped].mean()) if bool(flipped.any()) else 0.0,
-        "flipped": flipped,
+        "route_flip_fraction": float(differs(own)[mask].float().mean()),
+        "logprob_kl": float((ratio - 1 - diff).mean()),
+        "logprob_mae": float(diff.abs().mean()),
+        "logprob_max_abs": float(diff.abs().max()),
+        "clipped_fraction": float((ratio > cap).float().mean()),
+        "expert_mismatch": float(differs(used)[mask].float().mean()),
     }
 
 

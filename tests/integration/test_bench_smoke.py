@@ -23,7 +23,10 @@ CASES = {
         ["--mb", "2", "--versions", "3", "--keyframe-every", "2", "--subscribers", "1"],
         ["wire_ratio", "zstd_xor_ratio", "apply_seconds_p50"],
     ),
-    "router-replay": (["--tasks", "2", "--group-size", "2", "--warm-steps", "2"], []),
+    "router-replay": (
+        ["--tasks", "2", "--group-size", "2", "--warm-steps", "2"],
+        ["with_replay", "without_replay"],
+    ),
     "async": (
         ["--steps", "2", "--groups-per-step", "2", "--group-size", "2", "--workers", "2"],
         ["speedup"],
