@@ -17,6 +17,7 @@ BENCHES = (
     "rlstream.ops.bench.asyncrl",
     "rlstream.ops.bench.ingest",
     "rlstream.ops.bench.geo",
+    "rlstream.ops.bench.chaos",
 )
 # Benchmarks added as the features land are appended here.
 

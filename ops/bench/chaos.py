@@ -1,0 +1,475 @@
+"""``rlstream bench chaos``: a demo-sized run while a driver breaks things, and the ledger after.
+
+Setup: the demo's recipe (``ops/recipes/demo.toml``: the ``fx`` family, the tiny MoE policy,
+judges ``tests`` and ``format``), one region, every role its own supervised process
+(``rlstream run ROLE``: learner, admission, both judges, ``--rollout-workers`` rollout workers,
+the scheduler releasing ``--tasks`` tasks), weight manifests signed with a key of the run, and a
+feedback service (``rlstream serve feedback``) with one HMAC key. The cluster is the local one
+at ``--home`` when its trainer region runs (its broker is killed and restarted too), else a
+temporary one started in its own state directory and stopped (by pid) at the end.
+
+Once the learner has published version 1, the faults of a plan drawn from ``--seed`` happen at
+random times within ``--chaos-seconds`` (``ops.faults``): ``--role-kills`` SIGKILLs of a random
+role's process (never the same role twice within ``SAME_ROLE_GAP_S``: its supervisor restarts
+it with backoff), ``--broker-kills`` SIGKILLs of the broker (restarted on its data and ports
+after ``--broker-down`` seconds), ``--poison-rounds`` rounds of poison records in the
+trajectories and rewards streams, ``--forged-rounds`` rounds of forged weight manifests, and
+one replay of a captured signed feedback request (including across a SIGKILL of the service).
+Then the driver waits until the scheduler has seen every task released and decided.
+
+Figures (``--json``: the last stdout line), each read from what the roles wrote or logged:
+``groups_released``/``groups_decided``/``groups_lost`` (released and never decided: must be
+0)/``groups_trained_twice`` (named by two versions' inputs: must be 0) from the run's streams
+(``ops.ledger``); ``poison_dead_lettered``: injected poison records some role wrote a dead
+letter for (the dead-letter stream, with ``dead_letters_by_reason``), and ``poison_missed``
+those none did; ``forged_refused``: forged manifests the roles logged refusing;
+``role_restarts``: restarts the supervisors logged; ``feedback_replays_refused``: 4xx answers to
+replays, ``feedback_stored``: how often the replayed event is in the feedback stream (must be
+1); ``warm_start_success``/``final_success``: the ``tests`` judge's pass rate of the training
+samples of version 0 and of the newest versions (as ``rlstream demo`` reports them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import os
+import random
+import re
+import secrets
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from rlstream.ops.bench.common import emit, progress
+
+HEAP = "768m"
+SAME_ROLE_GAP_S = 40.0  # a role killed again sooner could exhaust its supervisor's fast failures
+FAULT_GAP_S = 5.0
+_RESTART = re.compile(r"supervisor: .+ exited with (-?\d+) after")
+_GAVE_UP = re.compile(r"supervisor: .+ giving up")
+_REFUSED = re.compile(r"manifests: refusing the record at offset (\d+): (.*)")
+
+
+def register_bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("chaos", help="a run while roles and the broker are killed, poison, ...")
+    p.add_argument("--tasks", type=int, default=600, help="tasks (groups) the scheduler releases")
+    p.add_argument("--rollout-workers", type=int, default=2, help="rollout processes")
+    p.add_argument("--chaos-seconds", type=float, default=300.0, help="window of the faults")
+    p.add_argument("--role-kills", type=int, default=8, help="SIGKILLs of random roles")
+    p.add_argument("--broker-kills", type=int, default=1, help="SIGKILLs of the broker")
+    p.add_argument("--broker-down", type=float, default=5.0, help="seconds the broker stays down")
+    p.add_argument("--poison-rounds", type=int, default=3, help="rounds of poison records")
+    p.add_argument("--forged-rounds", type=int, default=2, help="rounds of forged manifests")
+    p.add_argument("--seed", type=int, default=0, help="seed of the fault plan")
+    p.add_argument("--timeout", type=float, default=1500.0, help="most seconds for the run")
+    p.add_argument("--run", default=None, help="run name (default chaos-<time>)")
+    p.add_argument("--config", default=None, help="TOML recipe (default ops/recipes/demo.toml)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--out", default=".rlstream/runs", help="where logs go (and the warm start)")
+    p.add_argument("--home", default=None, help="local cluster state directory")
+    p.add_argument("--json", action="store_true", help="end with one JSON line")
+    p.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    result = run(args)
+    emit(result, args.json, _lines(result), name="chaos")
+    return 0 if held(result) else 1
+
+
+def held(r: dict[str, Any]) -> bool:
+    """The run survived: nothing lost, decided twice or trained twice, no poison trained, no
+    role given up, no genuine manifest refused, the replayed feedback stored once."""
+    zero = (
+        "groups_lost",
+        "groups_decided_twice",
+        "groups_trained_twice",
+        "poison_trained",
+        "roles_given_up",
+        "genuine_refused",
+    )
+    return all(r[k] == 0 for k in zero) and r["feedback_stored"] == 1
+
+
+@contextlib.contextmanager
+def _cluster(args: argparse.Namespace) -> Iterator[tuple[Path, Any]]:
+    """(state directory, settings) of the running local cluster at ``--home``, else of a
+    temporary one."""
+    from rlstream.ops import cluster
+
+    if args.home:
+        local = cluster.load(Path(args.home))
+        if "trainer" not in local.running_regions():
+            raise SystemExit(f"error: no running trainer region in {args.home}")
+        yield Path(args.home), local.settings("trainer")
+        return
+    with tempfile.TemporaryDirectory(prefix="rlstream-bench-chaos-") as tmp:
+        home = Path(tmp) / "cluster"
+        progress("starting a temporary local Kafka for the benchmark ...")
+        state = cluster.up(["trainer"], home=home, heap=HEAP, log=lambda *_: None)
+        try:
+            yield home, state.settings("trainer")
+        finally:
+            cluster.down(home=home, purge=True, log=lambda *_: None)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from rlstream.ops.config import load_run_config
+    from rlstream.producers.admin import ensure_run_topics
+
+    name = args.run or time.strftime("chaos-%Y%m%d-%H%M%S")
+    out = Path(args.out) / name
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    sets = [
+        *args.set,
+        f"learner.warm_start_cache={Path(args.out) / 'warm-start.pt'}",
+        f"learner.state_dir={out / 'learner'}",
+        f"scheduler.max_tasks={args.tasks}",
+        "regions.trainer=trainer",
+        "regions.rollout=[]",
+    ]
+    config = load_run_config(args.config, sets)
+    extra = ["--config", args.config] if args.config else []
+    extra += [arg for item in sets for arg in ("--set", item)]
+    with _cluster(args) as (home, settings):
+        ensure_run_topics(settings, name)
+        driver = Driver(args, name, out, home, settings, config, extra)
+        started = time.monotonic()
+        driver.run()
+        wall = time.monotonic() - started
+        result = driver.figures()
+    result["wall_seconds"] = round(wall, 1)
+    return result
+
+
+class Driver:
+    """Starts the run's processes, breaks things by the plan, and reads the figures back."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        run: str,
+        out: Path,
+        home: Path,
+        settings: Any,
+        config: Any,
+        extra: list[str],
+    ) -> None:
+        self.args, self.run_name, self.out, self.home = args, run, out, home
+        self.settings, self.config, self.extra = settings, config, extra
+        self.logs = out / "logs"
+        self.rng = random.Random(args.seed)
+        self.roles: list[Any] = []
+        self.killed: dict[str, float] = {}  # role -> when it was last killed
+        self.kills: list[str] = []
+        self.broker_kills = 0
+        self.injected: list[Any] = []
+        self.forged: list[Any] = []
+        self.feedback_replay: dict[str, Any] = {}
+        self.done = False
+
+    # --- the run ----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        from rlstream.ops import demo
+        from rlstream.ops.faults import FeedbackService
+        from rlstream.trainer.learner_step import init_model
+
+        progress(f"run {self.run_name}: logs in {self.logs}")
+        progress("warm start (cached) ...")
+        init_model(self.config.role("learner"), lambda line: progress(f"  {line}"))
+        self.key_file = self._sign_weights()
+        os.environ.setdefault("RLSTREAM_HUNG_TRANSACTION_S", "30")  # roles stuck by the broker
+        self.roles = self._start_roles()
+        key = secrets.token_hex(16).encode()
+        self.feedback = FeedbackService(self.run_name, self.settings, self.logs, key)
+        try:
+            self.feedback.start()
+            self._wait_first_version()
+            self._break_things()
+            self._wait_done()
+            self._settle()
+        finally:
+            self.feedback.stop()
+            demo.stop_roles(self.roles)
+
+    def _sign_weights(self) -> Path:
+        from rlstream.producers import weight_signing
+
+        key_file, public_hex = weight_signing.generate(self.out / "learner")
+        os.environ[weight_signing.SIGNING_KEY_ENV] = str(key_file)
+        os.environ[weight_signing.VERIFY_KEY_ENV] = public_hex
+        return key_file
+
+    def _start_roles(self) -> list[Any]:
+        from rlstream.ops.demo import start_role
+
+        def start(role: str, name: str = "", *more: str) -> Any:
+            extra = [*more, *self.extra]
+            return start_role(role, self.run_name, self.settings, self.logs, extra, name, "trainer")
+
+        roles = [start("learner"), start("admission")]
+        roles += [start("judge", f"judge-{j}", "--name", j) for j in self.config.judges]
+        roles += [
+            start("rollout", f"rollout-{i}", "--member", str(i))
+            for i in range(self.args.rollout_workers)
+        ]
+        return [*roles, start("scheduler")]
+
+    def _alive_or_fail(self) -> None:
+        dead = [r for r in self.roles if r.proc.poll() is not None and r.name != "scheduler"]
+        if dead:
+            raise RuntimeError(
+                f"role {dead[0].name} exited ({dead[0].proc.returncode}); see {dead[0].log}"
+            )
+
+    def _wait_first_version(self) -> None:
+        from rlstream.consumers.versions import VersionWatcher
+        from rlstream.schemas import topics
+
+        watcher = VersionWatcher(
+            self.settings, topics.topic_name(self.run_name, "weights.manifests")
+        )
+        try:
+            deadline = time.monotonic() + self.args.timeout
+            while watcher.version < 1:
+                self._alive_or_fail()
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the learner published no version 1")
+                time.sleep(1.0)
+        finally:
+            watcher.close()
+        progress("version 1 published: the faults begin")
+
+    def plan(self) -> list[tuple[float, str]]:
+        """(seconds after the start of the faults, fault) in time order: each fault at a random
+        time in its own slot of the window."""
+        a = self.args
+        kinds = ["role"] * a.role_kills + ["broker"] * a.broker_kills
+        kinds += ["poison"] * a.poison_rounds + ["forge"] * a.forged_rounds + ["feedback"]
+        self.rng.shuffle(kinds)
+        slot = a.chaos_seconds / len(kinds)
+        return [(slot * (i + self.rng.uniform(0.1, 0.9)), k) for i, k in enumerate(kinds)]
+
+    def _break_things(self) -> None:
+        started, last = time.monotonic(), 0.0
+        for i, (at, kind) in enumerate(self.plan()):
+            wait = max(started + at, last + FAULT_GAP_S) - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            self._alive_or_fail()
+            what = getattr(self, f"_fault_{kind}")(i)
+            progress(f"[{time.monotonic() - started:5.0f}s] {what}")
+            last = time.monotonic()
+
+    def _fault_role(self, i: int) -> str:
+        from rlstream.ops.faults import kill9, role_child
+
+        now = time.monotonic()
+        able = [
+            r
+            for r in self.roles
+            if r.proc.poll() is None and now - self.killed.get(r.name, -1e9) > SAME_ROLE_GAP_S
+        ]
+        if not able:
+            return "no role to kill now"
+        role = self.rng.choice(able)
+        child = role_child(role.proc.pid)
+        if child is None:
+            return f"{role.name} is restarting: not killed"
+        kill9(child)
+        self.killed[role.name] = now
+        self.kills.append(role.name)
+        return f"killed {role.name} (pid {child}) with SIGKILL"
+
+    def _fault_broker(self, i: int) -> str:
+        from rlstream.ops.faults import restart_broker
+
+        restart_broker(self.home, "trainer", HEAP, self.args.broker_down)
+        self.broker_kills += 1
+        return f"killed the broker with SIGKILL; restarted after {self.args.broker_down:.0f}s"
+
+    def _fault_poison(self, i: int) -> str:
+        from rlstream.ops.faults import inject_poison
+
+        landed = inject_poison(self.settings, self.run_name, f"{self.args.seed}-{i}", self.rng)
+        self.injected += landed
+        return f"injected {len(landed)} poison records ({', '.join(p.kind for p in landed)})"
+
+    def _fault_forge(self, i: int) -> str:
+        from rlstream.ops.faults import forge_manifests
+
+        landed = forge_manifests(self.settings, self.run_name, self.config.model, self.key_file)
+        self.forged += landed
+        return f"published {len(landed)} forged manifests ({', '.join(f.kind for f in landed)})"
+
+    def _fault_feedback(self, i: int) -> str:
+        from rlstream.ops.faults import replay_feedback
+
+        self.feedback_replay = replay_feedback(self.feedback, f"{self.run_name}-{i}")
+        answers = self.feedback_replay["answers"]
+        return f"replayed a signed feedback request: {answers}"
+
+    def _wait_done(self) -> None:
+        """Until the scheduler has every task released and decided (it then exits 0)."""
+        scheduler = next(r for r in self.roles if r.name == "scheduler")
+        deadline = time.monotonic() + self.args.timeout
+        while scheduler.proc.poll() is None:
+            self._alive_or_fail()
+            if time.monotonic() > deadline:
+                progress("timed out waiting for every task to be decided")
+                return
+            time.sleep(2.0)
+        self.done = scheduler.proc.returncode == 0
+        progress(f"scheduler finished ({scheduler.proc.returncode}): every task decided")
+
+    def _settle(self, timeout: float = 60.0) -> None:
+        """Give the roles time to dead-letter the poison and log the refusals."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            letters, refused = self._dead_letters(), self._refusals()
+            missing = [p for p in self.injected if p.dead_letter and _position(p) not in letters]
+            unrefused = [f for f in self.forged if f.offset not in refused]
+            if not missing and not unrefused:
+                return
+            time.sleep(3.0)
+
+    # --- the figures --------------------------------------------------------------------------
+
+    def _dead_letters(self) -> dict[tuple[str, int, int], list[str]]:
+        """Source position -> the reasons of the dead letters written for it."""
+        from rlstream.consumers.read_to_end import read_topic
+        from rlstream.schemas import events, topics
+
+        out: dict[tuple[str, int, int], list[str]] = collections.defaultdict(list)
+        dlq = topics.topic_name(self.run_name, "dlq")
+        for msg in read_topic(self.settings, dlq, name="chaos-dlq"):
+            rec = events.decode(msg.value() or b"").record
+            out[(rec["source_topic"], rec["partition"], rec["offset"])].append(rec["reason"])
+        return dict(out)
+
+    def _refusals(self) -> dict[int, list[str]]:
+        """Manifest offset -> each refusal a role process logged for it."""
+        out: dict[int, list[str]] = collections.defaultdict(list)
+        for log in self.logs.glob("*.log"):
+            for match in _REFUSED.finditer(log.read_text(errors="replace")):
+                out[int(match.group(1))].append(match.group(2))
+        return dict(out)
+
+    def _supervisor_lines(self, pattern: re.Pattern[str]) -> int:
+        return sum(
+            len(pattern.findall(log.read_text(errors="replace"))) for log in self.logs.glob("*.log")
+        )
+
+    def figures(self) -> dict[str, Any]:
+        from rlstream.ops.faults import POISON_PREFIX
+        from rlstream.ops.ledger import read_ledger
+
+        ledger = read_ledger(self.settings, self.run_name).figures(
+            foreign=lambda g: g.startswith(POISON_PREFIX)
+        )
+        letters, refused = self._dead_letters(), self._refusals()
+        poison = [p for p in self.injected if p.dead_letter]
+        reasons = collections.Counter(r for rs in letters.values() for r in rs)
+        injected_at = {_position(p) for p in self.injected}
+        forged_at = {f.offset for f in self.forged}
+        return {
+            "tasks": self.args.tasks,
+            "finished": self.done,
+            **{k: v for k, v in ledger.items() if not k.startswith("foreign")},
+            "poison_injected": len(self.injected),
+            "poison_dead_lettered": sum(1 for p in poison if _position(p) in letters),
+            "poison_missed": sum(1 for p in poison if _position(p) not in letters),
+            "poison_groups_decided": ledger["foreign_decided"],
+            "poison_trained": ledger["foreign_trained"],
+            "dead_letters": sum(len(v) for v in letters.values()),
+            "dead_letters_by_reason": dict(reasons),
+            "dead_letters_of_genuine_records": sum(
+                len(v) for k, v in letters.items() if k not in injected_at
+            ),
+            "forged_injected": len(self.forged),
+            "forged_refused": sum(1 for f in self.forged if f.offset in refused),
+            "forged_refusals_logged": sum(len(v) for k, v in refused.items() if k in forged_at),
+            "genuine_refused": sum(1 for k in refused if k not in forged_at),
+            "role_kills": len(self.kills),
+            "role_kills_by_role": dict(collections.Counter(self.kills)),
+            "role_restarts": self._supervisor_lines(_RESTART),
+            "roles_given_up": self._supervisor_lines(_GAVE_UP),
+            "broker_kills": self.broker_kills,
+            **self._feedback_figures(),
+            **self._success(),
+        }
+
+    def _feedback_figures(self) -> dict[str, Any]:
+        from rlstream.consumers.read_to_end import read_topic
+        from rlstream.schemas import events, topics
+
+        answers = self.feedback_replay.get("answers", {})
+        replays = [s for k, v in answers.items() if k != "original" for s in v]
+        fid = self.feedback_replay.get("feedback_id")
+        topic = topics.topic_name(self.run_name, "feedback")
+        stored = sum(
+            1
+            for msg in read_topic(self.settings, topic, name="chaos-feedback")
+            if events.decode(msg.value() or b"").record.get("feedback_id") == fid
+        )
+        return {
+            "feedback_replays": len(replays),
+            "feedback_replays_refused": sum(1 for s in replays if 400 <= s < 500),
+            "feedback_replays_deduplicated": sum(1 for s in replays if s == 200),
+            "feedback_answers": answers,
+            "feedback_stored": stored,
+        }
+
+    def _success(self) -> dict[str, Any]:
+        """The demo's success figures, from the run's rewards (poison left out)."""
+        from rlstream.consumers.read_to_end import read_topic
+        from rlstream.ops.analytics import RunAnalytics
+        from rlstream.ops.faults import POISON_PREFIX
+        from rlstream.schemas import events, topics
+
+        analytics = RunAnalytics(self.run_name)
+        topic = topics.topic_name(self.run_name, "rewards")
+        for msg in read_topic(self.settings, topic, name="chaos-rewards"):
+            try:
+                decoded = events.decode(msg.value() or b"")
+            except events.EventError:
+                continue
+            rec = decoded.record
+            if decoded.event == "reward" and not str(rec["group_id"]).startswith(POISON_PREFIX):
+                analytics.take(str(msg.topic()), rec, msg.timestamp()[1])
+        final = analytics.final_versions()
+        return {
+            "warm_start_success": round(analytics.rate([0]), 3),
+            "final_success": round(analytics.rate(final), 3),
+            "final_versions": [min(final), max(final)] if final else [],
+            "newest_behaviour_version": max(analytics.success, default=-1),
+        }
+
+
+def _position(p: Any) -> tuple[str, int, int]:
+    return (p.topic, p.partition, p.offset)
+
+
+def _lines(r: dict[str, Any]) -> list[str]:
+    return [
+        f"groups: {r['groups_released']} released, {r['groups_decided']} decided, "
+        f"{r['groups_lost']} lost, {r['groups_trained_twice']} trained twice "
+        f"({r['groups_trained']} trained, {r['groups_reissued']} re-issued)",
+        f"faults: {r['role_kills']} role kills ({r['role_restarts']} restarts logged, "
+        f"{r['roles_given_up']} given up), {r['broker_kills']} broker kills",
+        f"poison: {r['poison_dead_lettered']} of {r['poison_injected']} records dead-lettered "
+        f"({r['poison_missed']} missed; {r['dead_letters_by_reason']}), "
+        f"{r['poison_trained']} poison groups trained",
+        f"forged manifests: {r['forged_refused']} of {r['forged_injected']} refused "
+        f"({r['forged_refusals_logged']} refusals logged by the roles)",
+        f"feedback replays: {r['feedback_replays_refused']} of {r['feedback_replays']} refused, "
+        f"{r['feedback_replays_deduplicated']} answered as duplicates; stored "
+        f"{r['feedback_stored']} time(s)",
+        f"success: {r['warm_start_success']} (v0) -> {r['final_success']} "
+        f"(v{r['final_versions']}); {r['wall_seconds']} s",
+    ]

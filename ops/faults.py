@@ -1,0 +1,387 @@
+"""Faults a chaos driver injects into a live run on a local cluster (``rlstream bench chaos``).
+
+Rules:
+
+- a process is killed only by its pid, and only one the driver started: a role's supervised
+  child (found under the ``rlstream run`` supervisor the driver started), the feedback service
+  the driver started, or the broker of the cluster the driver was pointed at (restarted on its
+  own data and ports, as a service manager would);
+- traffic goes to the run's own topics and to the driver's own HTTP service on 127.0.0.1;
+- every injected record names where it landed (``Injected``: topic, partition, offset), so the
+  driver can look for the dead letter a role wrote for it; whether a fault was handled is read
+  from what the roles wrote and logged, never assumed from what was injected;
+- poison group ids start with ``POISON_PREFIX``: the ledger counts them apart.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartition
+
+from rlstream.producers.producer import EventProducer
+from rlstream.producers.settings import KafkaSettings
+from rlstream.schemas import events, topics
+
+POISON_PREFIX = "chaos-poison-"
+FORGED_VERSION = 10**12
+
+
+@dataclass(frozen=True)
+class Injected:
+    """One record the driver wrote: what it is, where it landed, whether a role must dead-letter
+    it (a record no role can process) or may decide it (a group of no known family)."""
+
+    kind: str
+    topic: str
+    partition: int
+    offset: int
+    dead_letter: bool
+
+
+# --- processes ----------------------------------------------------------------------------
+
+
+def role_child(supervisor_pid: int) -> int | None:
+    """The pid of the role process an ``rlstream run`` supervisor runs (its child started with
+    ``--once``), or None while it is being restarted."""
+    for children in Path(f"/proc/{supervisor_pid}/task").glob("*/children"):
+        try:
+            pids = [int(p) for p in children.read_text().split()]
+        except OSError:
+            continue
+        for pid in pids:
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"--once" in argv:
+                return pid
+    return None
+
+
+def kill9(pid: int, timeout: float = 10.0) -> None:
+    """SIGKILL one process (by pid) and wait until it is gone (reaped, or a zombie its parent
+    will reap)."""
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        except ChildProcessError:
+            pass
+        stat = Path(f"/proc/{pid}/stat")
+        try:
+            if stat.read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                return
+        except (OSError, IndexError):
+            return  # gone
+        time.sleep(0.1)
+
+
+def restart_broker(home: Path, region: str, heap: str, down_s: float) -> None:
+    """kill -9 the broker of ``region`` in the local cluster at ``home``, leave it down for
+    ``down_s``, and start it again on its data and its ports (the roles reconnect by
+    themselves); raises if the ports could not be kept."""
+    from rlstream.ops import cluster
+    from rlstream.ops.cluster import broker
+
+    state = cluster.load(home)
+    reg = state.regions[region]
+    port, pid = reg.broker_port, reg.pid
+    if pid is None or not reg.running():
+        raise RuntimeError(f"the broker of region {region} is not running")
+    kill9(pid)
+    time.sleep(down_s)
+    broker.start(reg, heap=heap)
+    state.save()
+    if reg.broker_port != port:
+        raise RuntimeError(
+            f"the broker of {region} came back on port {reg.broker_port}, not {port}"
+        )
+
+
+# --- poison records -----------------------------------------------------------------------
+
+
+def inject_poison(
+    settings: KafkaSettings, run: str, tag: str, rng: random.Random
+) -> list[Injected]:
+    """Write one of each kind of poison into the run's trajectories and rewards streams:
+
+    - ``garbage_trajectory`` / ``garbage_reward``: random bytes (no event framing);
+    - ``wrong_event``: a well-formed ``task`` event where trajectories belong;
+    - ``unknown_sample``: a well-formed reward for a sample no trajectory ever named;
+    - ``unknown_family``: a well-formed trajectory of a task id of no known family (a role may
+      decide its group, which must then never be trained)."""
+    names = topics.run_topics(run)
+    group = f"{POISON_PREFIX}{tag}"
+    reward = _sample_record(settings, names["rewards"], "reward")
+    trajectory = _sample_record(settings, names["trajectories"], "trajectory")
+    writes: list[tuple[str, str, bytes, str, bool]] = [
+        ("garbage_trajectory", names["trajectories"], rng.randbytes(96), f"{group}-g", True),
+        ("garbage_reward", names["rewards"], rng.randbytes(96), f"{group}-r", True),
+        ("wrong_event", names["trajectories"], _task_event(run, group), f"{group}-t", True),
+        (
+            "unknown_sample",
+            names["rewards"],
+            events.encode("reward", {**reward, "group_id": f"{group}-u", "task_id": f"{group}-u"}),
+            f"{group}-u",
+            True,
+        ),
+        (
+            "unknown_family",
+            names["trajectories"],
+            events.encode("trajectory", _foreign_trajectory(trajectory, f"{group}-f")),
+            f"{group}-f",
+            False,
+        ),
+    ]
+    landed: list[Injected] = []
+    producer = EventProducer.connect(settings)
+    for kind, topic, value, key, must in writes:
+
+        def done(err: KafkaError | None, msg: Message, kind: str = kind, must: bool = must) -> None:
+            if err is None:
+                landed.append(_injected(kind, msg, must))
+
+        producer.produce_raw(topic, value, key, on_delivery=done)
+    producer.wait(30)
+    return landed
+
+
+def _task_event(run: str, group: str) -> bytes:
+    from rlstream.rollout.scheduler import SchedulerConfig, task_record
+
+    rec = task_record(run, SchedulerConfig(), 0, 0)
+    return events.encode("task", {**rec, "task_id": group})
+
+
+def _foreign_trajectory(trajectory: dict[str, Any], group: str) -> dict[str, Any]:
+    task = f"nosuchfamily-{group}"
+    return {**trajectory, "group_id": group, "task_id": task, "sample_index": 0, "group_size": 1}
+
+
+def _sample_record(
+    settings: KafkaSettings, topic: str, event: str, timeout: float = 30.0
+) -> dict[str, Any]:
+    """A genuine ``event`` record of ``topic`` (the first one read), to build poison from."""
+    from rlstream.consumers.read_to_end import partitions_of, reader
+
+    consumer = reader(settings, "chaos-sample")
+    try:
+        parts = partitions_of(consumer, topic) or []
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            try:
+                decoded = events.decode(msg.value() or b"")
+            except events.EventError:
+                continue
+            if decoded.event == event and int(decoded.record.get("segment_count") or 1) == 1:
+                return decoded.record
+        raise TimeoutError(f"no {event} record in {topic} within {timeout:.0f}s")
+    finally:
+        consumer.close()
+
+
+# --- forged weight manifests -----------------------------------------------------------------
+
+
+def forge_manifests(
+    settings: KafkaSettings, run: str, model: str, key_file: Path
+) -> list[Injected]:
+    """Publish forged copies of the newest genuine manifest of ``model``:
+
+    - ``foreign_key``: the next version, signed with a key that is not the run's;
+    - ``unsigned``: version 10^12 with no signature;
+    - ``version_jump``: version 10^12 signed with the run's own key (a leaked key or a fenced
+      learner): refused for its implausible version, not its signature."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from rlstream.consumers.manifest_log import ManifestLog
+    from rlstream.producers.weight_signing import Signer
+
+    with ManifestLog.of_run(settings, run, model) as log:
+        log.catch_up(30)
+        records = log.records()
+    if not records:
+        raise RuntimeError(f"no manifest of {model} to forge from")
+    newest = records[-1]
+    forged = [
+        ("foreign_key", int(newest["version"]) + 1, Signer(Ed25519PrivateKey.generate())),
+        ("unsigned", FORGED_VERSION, None),
+        ("version_jump", FORGED_VERSION, Signer.from_file(key_file)),
+    ]
+    landed: list[Injected] = []
+    topic = topics.topic_name(run, "weights.manifests")
+    producer = EventProducer.connect(settings)
+    for kind, version, signer in forged:
+        rec = {**newest, "version": version, "created_ms": int(time.time() * 1000)}
+        value = events.encode("weight_manifest", rec)
+        headers = signer.headers(value) if signer is not None else None
+
+        def done(err: KafkaError | None, msg: Message, kind: str = kind) -> None:
+            if err is None:
+                landed.append(_injected(kind, msg, dead_letter=False))
+
+        producer.produce_raw(
+            topic, value, topics.record_key("weights.manifests", rec), headers, done
+        )
+    producer.wait(30)
+    return landed
+
+
+def _injected(kind: str, msg: Message, dead_letter: bool) -> Injected:
+    partition, offset = int(msg.partition() or 0), int(msg.offset() or 0)
+    return Injected(kind, str(msg.topic()), partition, offset, dead_letter)
+
+
+# --- feedback replay ------------------------------------------------------------------------
+
+
+@dataclass
+class FeedbackService:
+    """``rlstream serve feedback`` of a run as a process the driver started, with one HMAC key;
+    ``restart`` kills it with SIGKILL and starts it again on the same port."""
+
+    run: str
+    settings: KafkaSettings
+    folder: Path
+    key: bytes
+    port: int = 0
+    proc: Any = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> FeedbackService:
+        import subprocess
+        import sys
+
+        from rlstream.ops.cluster.procs import free_port
+
+        self.port = self.port or free_port()
+        config = self.folder / "feedback.toml"
+        config.write_text(
+            f'[serve.feedback]\nhmac_keys = {{ k1 = "{self.key.decode()}" }}\n'
+            f'user_id_salt = "{self.key.hex()}"\n'
+        )
+        config.chmod(0o600)
+        cmd = [sys.executable, "-m", "rlstream", "serve", "feedback", "--run", self.run]
+        cmd += ["--port", str(self.port), "--service-config", str(config)]
+        cmd += ["--bootstrap", self.settings.bootstrap_servers]
+        with open(self.folder / "feedback.log", "ab") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if _get(f"{self.url}/healthz") == 200:
+                return self
+            time.sleep(0.5)
+        raise RuntimeError(f"feedback service did not come up; see {self.folder / 'feedback.log'}")
+
+    def restart(self) -> None:
+        kill9(self.proc.pid)
+        self.start()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def replay_feedback(service: FeedbackService, tag: str) -> dict[str, Any]:
+    """Send one signed feedback request, then replay it as an attacker holding a captured copy
+    would: as is (at once, 4 times, and after the service was killed -9 and restarted),
+    under a new Idempotency-Key, signed an hour ago, signed for another run, with its body
+    altered. Returns every answer's status by attempt and the feedback id."""
+    import json
+
+    from rlstream.producers import feedback_auth as fa
+    from rlstream.producers import feedback_models as fm
+
+    fid = f"chaos-feedback-{tag}"
+    body = json.dumps(_feedback_event(fid)).encode()
+
+    def signed(ts: int, run: str = service.run, key: str = "") -> dict[str, str]:
+        target = fa.Target("POST", fm.FEEDBACK_PATH, run)
+        return {
+            "Content-Type": "application/json",
+            fa.KEY_ID_HEADER: "k1",
+            fa.TIMESTAMP_HEADER: str(ts),
+            fa.SIGNATURE_HEADER: fa.sign(service.key, str(ts), target, key, body),
+        }
+
+    now = int(time.time())
+    captured = signed(now)
+    post = lambda data, headers: _post(f"{service.url}{fm.FEEDBACK_PATH}", data, headers)  # noqa: E731
+    answers: dict[str, list[int]] = {"original": [post(body, captured)]}
+    answers["replayed"] = [post(body, captured) for _ in range(4)]
+    answers["new_idempotency_key"] = [post(body, {**captured, fm.IDEMPOTENCY_HEADER: f"{fid}-2"})]
+    answers["an_hour_old"] = [post(body, signed(now - 3600))]
+    answers["another_run"] = [post(body, signed(now, run=f"{service.run}-other"))]
+    answers["altered_body"] = [post(body.replace(b'"accepted"', b'"rejected"'), captured)]
+    service.restart()
+    answers["replayed_after_restart"] = [post(body, captured)]
+    return {"feedback_id": fid, "answers": answers}
+
+
+def _feedback_event(fid: str) -> dict[str, Any]:
+    return {
+        "feedback_id": fid,
+        "request_id": f"{fid}-request",
+        "policy_version": 0,
+        "model": "policy",
+        "action": "accepted",
+        "token_ids": [1, 2, 3],
+        "logprobs": [-0.1, -0.2, -0.3],
+        "prompt_tokens": 1,
+        "user_id": "chaos",
+    }
+
+
+def _opener() -> Any:
+    import urllib.request
+
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}))  # 127.0.0.1 only
+
+
+def _get(url: str) -> int:
+    import urllib.error
+
+    try:
+        with _opener().open(url, timeout=5) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+    except OSError:
+        return 0
+
+
+def _post(url: str, body: bytes, headers: dict[str, str]) -> int:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, body, headers, method="POST")
+    try:
+        with _opener().open(request, timeout=30) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+    except OSError:
+        return 0
