@@ -84,3 +84,17 @@ def test_pacing_keeps_in_flight_within_staleness_budget():
     assert releasable(released=8, decided=0, groups_per_step=4, max_staleness=2) == 0
     assert releasable(released=8, decided=3, groups_per_step=4, max_staleness=2) == 3
     assert releasable(released=10, decided=0, groups_per_step=4, max_staleness=2) == 0
+
+
+def test_a_budget_of_zero_releases_a_batch_only_when_the_learner_waits_for_it():
+    def sync(released: int, decided: int, admitted: int, version: int) -> int:
+        return releasable(released, decided, 4, 0, admitted=admitted, version=version)
+
+    assert sync(0, 0, 0, 0) == 4  # the first batch
+    assert sync(4, 3, 3, 0) == 0  # still generating or judging
+    assert sync(4, 4, 4, 0) == 0  # a full batch: the learner trains it first
+    assert sync(4, 4, 4, 1) == 4  # trained: the next batch
+    assert sync(4, 4, 3, 0) == 1  # one group rejected: the batch lacks one
+    assert sync(5, 5, 4, 0) == 0  # ... which completed it
+    assert sync(9, 9, 7, 1) == 1  # after a step: 3 held, 1 lacking
+    assert sync(0, 0, 0, -1) == 4  # before the first version is known
