@@ -126,6 +126,7 @@ class RunConfig(BaseModel):
                     "policy": self.policy,
                     "seed": self.seed,
                     "harness": harness,
+                    "max_staleness": self.max_staleness,
                 }
             )
         if role == "judge":
