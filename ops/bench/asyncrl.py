@@ -1,165 +1,249 @@
-"""``rlstream bench async``: asynchronous (bounded staleness) vs synchronous GRPO, same workload.
+"""``rlstream bench async``: asynchronous (bounded staleness) vs synchronous GRPO on the real
+pipeline: every role its own process, over Kafka, with the real sandboxed environment.
 
-Both modes run the same components in one process: ``workers`` rollout threads generate real
-groups with the tiny MoE policy, each sample then waits a long-tailed environment time (a
-lognormal sleep standing for sandboxed tool runs, which use no CPU here); the learner takes a
-real GRPO step every ``groups_per_step`` groups. Only the discipline differs:
+Each arm is one ``rlstream demo`` run (one region; learner, admission, the two judges, the
+scheduler, ``--workers`` rollout workers and the eval role) on one local cluster shared by all
+arms, from one cached warm start, for ``--versions`` policy versions. The arms differ only in
+the staleness budget (``max_staleness``):
 
-- sync: release one step's groups, wait for every one of them (the slowest sample decides),
-  train, publish, repeat: learner and workers wait for each other;
-- async: keep ``groups_per_step * max_staleness`` groups in flight; the learner trains as soon
-  as a step's worth of groups is done, rollouts continue with the weights they have.
+- sync: a budget of 0. The scheduler releases a batch only when nothing is in flight and the
+  learner waits for it (``rollout.scheduler.releasable``); workers generate with the version
+  that released the task; the learner waits for its batch, the workers wait for the learner;
+- async: a budget of ``--max-staleness`` (the demo's 2): up to ``groups_per_step * budget``
+  groups in flight; the learner trains as soon as a step's worth is admitted.
 
-Reported: trained samples per second, learner idle fraction, and observed staleness; the
-speedup is async samples/s over sync samples/s, in the same run with the same seeds.
+Same workers, same in-flight capacity per worker (one group at a time), same tasks (same run
+seed), same judges. Environment time: each sample's sandbox work is real (the task's tests run
+in the sandbox), and on top of it a lognormal time (median ``--env-median-s``, sigma
+``--env-sigma``, capped at 20 s, seeded by the task) stands for long tool runs; a group waits
+for its slowest sample (``rollout.worker.EnvLatency``).
+
+Measured from the run's own streams: ``samples_per_s`` is trained samples (``groups_per_step *
+group_size`` per version) over the time from the learner's commit of version 1 to that of the
+last version (start-up and warm start excluded); ``success_per_min`` is the rise of the
+training samples' success (the final versions' against version 0's, as the demo reports it) per
+minute from version 0's commit to the last version's. ``speedup`` is the median async
+``samples_per_s`` over the median sync one (``--reps`` runs each, interleaved so machine noise
+hits both alike; ``speedup_runs`` pairs them rep by rep). ``sweep``: one run per staleness
+budget in ``--sweep`` (the arms' runs are reused where the budget matches), the trade-off a user
+chooses from.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import queue
-import random
-import threading
+import json
+import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-from rlstream.ops.bench.common import emit, progress
+from rlstream.ops.bench.common import emit, median, progress
 
 
 def register_bench(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("async", help="asynchronous vs synchronous GRPO on a long-tail workload")
-    p.add_argument("--steps", type=int, default=12, help="learner steps per mode")
+    p = sub.add_parser("async", help="asynchronous vs synchronous GRPO on the Kafka pipeline")
+    p.add_argument("--versions", type=int, default=20, help="policy versions per run")
+    p.add_argument("--reps", type=int, default=3, help="runs of each arm")
+    p.add_argument("--max-staleness", type=int, default=2, help="the async arm's budget")
+    p.add_argument("--sweep", default="0,1,2,4,8", help="staleness budgets, one run each")
+    p.add_argument("--workers", type=int, default=2, help="rollout worker processes")
     p.add_argument("--groups-per-step", type=int, default=4)
-    p.add_argument("--group-size", type=int, default=4)
-    p.add_argument("--workers", type=int, default=8, help="rollout threads")
-    p.add_argument("--max-staleness", type=int, default=4)
+    p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--env-median-s", type=float, default=0.3, help="median env time per sample")
     p.add_argument("--env-sigma", type=float, default=1.2, help="lognormal sigma (tail weight)")
+    p.add_argument("--minutes", type=float, default=15.0, help="time cap of one run")
+    p.add_argument("--home", default=None, help="a running local cluster's state directory")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_main)
 
 
-class _Bench:
-    def __init__(self, args: argparse.Namespace) -> None:
-        import torch
-
-        from rlstream.envs import tasks
-        from rlstream.rollout.harness import HarnessConfig
-        from rlstream.rollout.model import PolicyConfig, build_policy
-
-        torch.set_num_threads(1)
-        self.args, self.tasks = args, tasks
-        self.model = build_policy(PolicyConfig(vocab_size=tasks.VOCAB_SIZE))
-        self.harness = HarnessConfig(max_new_tokens=24, max_turns=0)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-3)
-        self.version = 0
-        self.lock = threading.Lock()  # the weights: read by rollouts, written by the learner
-
-    def rollout(self, index: int, rng: random.Random) -> dict[str, Any]:
-        """One real group, then each sample's long-tail env time; returns what the learner needs."""
-        import torch
-
-        from rlstream.rollout.harness import Rollout
-
-        task = self.tasks.sample_task(index)
-        with self.lock:
-            version = self.version
-            samples = Rollout(self.model, self.harness).group(
-                task.prompt, self.args.group_size, torch.Generator().manual_seed(index)
-            )
-        env = [rng.lognormvariate(0, self.args.env_sigma) * self.args.env_median_s for _ in samples]
-        time.sleep(max(env))  # the group is done when its slowest sample is
-        rewards = [float(rng.random() < 0.5) for _ in samples]
-        return {"samples": samples, "rewards": rewards, "version": version}
-
-    def train(self, groups: list[dict[str, Any]]) -> None:
-        from rlstream.trainer import grpo
-
-        seqs, advs = [], []
-        for g in groups:
-            for s, a in zip(g["samples"], grpo.group_advantages(g["rewards"]), strict=True):
-                part = grpo.split_segments(s.token_ids, s.logprobs, s.loss_mask, s.routes)
-                seqs += part
-                advs += [float(a)] * len(part)
-        with self.lock:
-            grpo.grpo_step(
-                self.model, self.optimizer, grpo.make_batch(seqs, advs), grpo.GrpoConfig()
-            )
-            self.version += 1
-
-
-def _run(bench: _Bench, mode: str) -> dict[str, float]:
-    args = bench.args
-    b, steps = args.groups_per_step, args.steps
-    in_flight_cap = b if mode == "sync" else b * max(1, args.max_staleness)
-    todo: queue.Queue[int | None] = queue.Queue()
-    done: queue.Queue[dict[str, Any]] = queue.Queue()
-
-    def worker(seed: int) -> None:
-        rng = random.Random(seed)
-        while (index := todo.get()) is not None:
-            done.put(bench.rollout(index, rng))
-
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(args.workers)]
-    for t in threads:
-        t.start()
-    released, idle, staleness, trained = 0, 0.0, [], 0
-    started = time.perf_counter()
-    while trained < steps:
-        if mode == "sync" or released - trained * b < in_flight_cap:
-            while released - trained * b < in_flight_cap:
-                todo.put(released)
-                released += 1
-        wait0 = time.perf_counter()
-        batch = [done.get() for _ in range(b)]
-        idle += time.perf_counter() - wait0
-        staleness += [bench.version - g["version"] for g in batch]
-        bench.train(batch)
-        trained += 1
-        progress(f"  {mode}: step {trained}/{steps}")
-    wall = time.perf_counter() - started
-    with contextlib.suppress(queue.Empty):
-        while True:  # drop the work no step will use
-            todo.get_nowait()
-    for _ in threads:
-        todo.put(None)
-    for t in threads:  # a thread still in torch at interpreter exit aborts the process
-        t.join()
-    samples = steps * b * args.group_size
-    return {
-        "samples_per_s": samples / wall,
-        "learner_idle_fraction": idle / wall,
-        "wall_s": wall,
-        "mean_staleness": sum(staleness) / len(staleness),
-    }
-
-
 def _main(args: argparse.Namespace) -> int:
-    progress("bench async: same workload, synchronous then asynchronous")
-    sync = _run(_Bench(args), "sync")
-    asyn = _run(_Bench(args), "async")
-    result = {
-        "bench": "async",
-        "speedup": asyn["samples_per_s"] / sync["samples_per_s"],
-        "async_samples_per_s": asyn["samples_per_s"],
-        "sync_samples_per_s": sync["samples_per_s"],
-        "learner_idle_fraction_async": asyn["learner_idle_fraction"],
-        "learner_idle_fraction_sync": sync["learner_idle_fraction"],
-        "mean_staleness_async": asyn["mean_staleness"],
-        "max_staleness": args.max_staleness,
+    if args.versions < 2:
+        raise SystemExit("error: --versions must be >= 2")
+    if args.max_staleness < 1:
+        raise SystemExit("error: --max-staleness (the async arm) must be >= 1; 0 is the sync arm")
+    result = run(args)
+    emit(result, args.json, _lines(result), name="async")
+    return 0
+
+
+@contextlib.contextmanager
+def _cluster(args: argparse.Namespace) -> Iterator[Path]:
+    """The state directory of a running local cluster, or of a temporary one (stopped by pid)."""
+    from rlstream.ops import cluster
+
+    if args.home:
+        yield Path(args.home)
+        return
+    with tempfile.TemporaryDirectory(prefix="rlstream-bench-async-") as tmp:
+        home = Path(tmp) / "cluster"
+        progress("starting a temporary local cluster ...")
+        cluster.up(["trainer"], home=home, log=lambda *_: None)
+        try:
+            yield home
+        finally:
+            cluster.down(home=home, purge=True, log=lambda *_: None)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    budgets = sorted({int(b) for b in args.sweep.split(",") if b.strip()})
+    runs: dict[int, list[dict[str, Any]]] = {}
+    with _cluster(args) as home, tempfile.TemporaryDirectory(prefix="rlstream-async-") as out:
+        for rep in range(args.reps):
+            for budget in (0, args.max_staleness):
+                runs.setdefault(budget, []).append(_one(args, home, Path(out), budget, rep))
+        for budget in budgets:
+            if budget not in runs:
+                runs[budget] = [_one(args, home, Path(out), budget, 0)]
+    sync, fast = runs[0], runs[args.max_staleness]
+    speedup = median([r["samples_per_s"] for r in fast]) / median(
+        [r["samples_per_s"] for r in sync]
+    )
+    return {
+        "pipeline": "kafka",
+        "speedup": speedup,
+        "speedup_runs": [
+            a["samples_per_s"] / s["samples_per_s"] for a, s in zip(fast, sync, strict=True)
+        ],
+        "sync": _summary(sync),
+        "async": _summary(fast),
+        "sweep": [
+            {
+                "max_staleness": b,
+                "samples_per_s": median([r["samples_per_s"] for r in runs[b]]),
+                "success_per_min": median([r["success_per_min"] for r in runs[b]]),
+                "mean_staleness": median([r["mean_staleness"] for r in runs[b]]),
+                "runs": len(runs[b]),
+            }
+            for b in budgets
+        ],
+        "versions": args.versions,
         "workers": args.workers,
-        "steps": args.steps,
         "groups_per_step": args.groups_per_step,
         "group_size": args.group_size,
         "env_median_s": args.env_median_s,
         "env_sigma": args.env_sigma,
+        "max_staleness": args.max_staleness,
+        "reps": args.reps,
     }
+
+
+def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    rates = [r["samples_per_s"] for r in runs]
+    return {
+        "samples_per_s": median(rates),
+        "samples_per_s_min": min(rates),
+        "samples_per_s_max": max(rates),
+        "success_per_min": median([r["success_per_min"] for r in runs]),
+        "runs": runs,
+    }
+
+
+def _one(args: argparse.Namespace, home: Path, out: Path, budget: int, rep: int) -> dict[str, Any]:
+    """One demo run with staleness budget ``budget``; its figures from its streams."""
+    run = f"bench-async-s{budget}-r{rep}-{int(time.time())}"
+    sets = {
+        "max_staleness": budget,
+        "groups_per_step": args.groups_per_step,
+        "group_size": args.group_size,
+        "rollout.env_latency.median_s": args.env_median_s,
+        "rollout.env_latency.sigma": args.env_sigma,
+        "eval.every": 1_000_000,  # the eval role scores version 0 only
+    }
+    cmd = [sys.executable, "-m", "rlstream", "demo", "--json", "--regions", "trainer"]
+    cmd += ["--run", run, "--home", str(home), "--out", str(out)]
+    cmd += ["--max-versions", str(args.versions), "--minutes", str(args.minutes)]
+    cmd += ["--rollout-workers", str(args.workers)]
+    for key, value in sets.items():
+        cmd += ["--set", f"{key}={value}"]
+    progress(f"run {run}: max_staleness={budget}, rep {rep + 1} ...")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.minutes * 60 + 600)
+    if proc.returncode != 0:
+        raise SystemExit(f"error: {run} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    demo = json.loads(proc.stdout.strip().splitlines()[-1])
+    figures = _figures(home, run, demo, args)
+    progress(
+        f"  {figures['versions']} versions, {figures['samples_per_s']:.2f} trained samples/s, "
+        f"success {demo['warm_start_success']:.2f} -> {demo['final_success']:.2f}, "
+        f"mean staleness {figures['mean_staleness']:.2f}"
+    )
+    return figures
+
+
+def _figures(
+    home: Path, run: str, demo: dict[str, Any], args: argparse.Namespace
+) -> dict[str, Any]:
+    from rlstream.ops import cluster
+    from rlstream.producers.settings import KafkaSettings
+
+    settings = KafkaSettings(bootstrap_servers=cluster.load(home).bootstrap("trainer"))
+    commits = _commits_ms(settings, run)
+    last = max(commits)
+    if last < 2:
+        raise SystemExit(f"error: {run} reached version {last} only; raise --minutes")
+    train_s = (commits[last] - commits[1]) / 1000
+    rl_min = (commits[last] - commits[0]) / 60_000
+    samples = (last - 1) * args.groups_per_step * args.group_size
+    staleness = _staleness(settings, run)
+    return {
+        "run": run,
+        "versions": last,
+        "samples_per_s": samples / train_s,
+        "success_per_min": (demo["final_success"] - demo["warm_start_success"]) / rl_min,
+        "warm_start_success": demo["warm_start_success"],
+        "final_success": demo["final_success"],
+        "mean_staleness": sum(staleness) / len(staleness) if staleness else 0.0,
+        "rejected_by_reason": demo["rejected_by_reason"],
+    }
+
+
+def _commits_ms(settings: Any, run: str) -> dict[int, int]:
+    """Version -> when the learner committed it (its manifest's ``created_ms``)."""
+    from rlstream.consumers.read_to_end import read_topic
+    from rlstream.schemas import events, topics
+
+    out: dict[int, int] = {}
+    for msg in read_topic(settings, topics.topic_name(run, "weights.manifests"), name="bench"):
+        rec = events.decode(msg.value() or b"").record
+        out[rec["version"]] = min(out.get(rec["version"], rec["created_ms"]), rec["created_ms"])
+    return out
+
+
+def _staleness(settings: Any, run: str) -> list[int]:
+    """The staleness of every admitted group at its admission."""
+    from rlstream.consumers.read_to_end import read_topic
+    from rlstream.schemas import events, topics
+
+    out = []
+    for msg in read_topic(settings, topics.topic_name(run, "admitted"), name="bench"):
+        rec = events.decode(msg.value() or b"").record
+        if rec.get("part_index", 0) == 0:
+            out.append(int(rec["staleness"]))
+    return out
+
+
+def _lines(r: dict[str, Any]) -> list[str]:
+    s, a = r["sync"], r["async"]
     lines = [
-        f"sync:  {sync['samples_per_s']:.2f} trained samples/s, learner idle {sync['learner_idle_fraction']:.0%}",
-        f"async: {asyn['samples_per_s']:.2f} trained samples/s, learner idle "
-        f"{asyn['learner_idle_fraction']:.0%}, mean staleness {asyn['mean_staleness']:.2f}",
-        f"speedup async/sync: {result['speedup']:.2f}x",
+        f"pipeline over Kafka, {r['workers']} rollout workers, {r['groups_per_step']} groups of "
+        f"{r['group_size']} per step, env time lognormal median {r['env_median_s']} s sigma "
+        f"{r['env_sigma']}, {r['versions']} versions per run, {r['reps']} runs per arm",
+        f"sync (budget 0): {s['samples_per_s']:.2f} trained samples/s "
+        f"({s['samples_per_s_min']:.2f}-{s['samples_per_s_max']:.2f})",
+        f"async (budget {r['max_staleness']}): {a['samples_per_s']:.2f} trained samples/s "
+        f"({a['samples_per_s_min']:.2f}-{a['samples_per_s_max']:.2f})",
+        f"speedup (medians): {r['speedup']:.2f}x; per rep "
+        + ", ".join(f"{x:.2f}x" for x in r["speedup_runs"]),
+        "sweep: max_staleness  samples/s  success/min  mean staleness",
     ]
-    emit(result, args.json, lines, "async")
-    return 0
+    for p in r["sweep"]:
+        lines.append(
+            f"       {p['max_staleness']:>13}  {p['samples_per_s']:>9.2f}  "
+            f"{p['success_per_min']:>11.3f}  {p['mean_staleness']:>14.2f}"
+        )
+    return lines

@@ -28,19 +28,27 @@ CASES = {
         ["with_replay", "without_replay"],
     ),
     "async": (
-        ["--steps", "2", "--groups-per-step", "2", "--group-size", "2", "--workers", "2"],
-        ["speedup"],
+        [
+            *("--versions", "2", "--reps", "1", "--sweep", "0,1", "--max-staleness", "1"),
+            *("--groups-per-step", "2", "--group-size", "2", "--workers", "1"),
+            *("--env-median-s", "0.05", "--minutes", "5"),
+        ],
+        ["speedup", "speedup_runs", "sweep", "pipeline"],
     ),
     "ingest": (["--seconds", "0.5", "--reps", "1", "--concurrency", "2"], ["ratio"]),
 }
 
 
 @pytest.mark.parametrize("bench", sorted(CASES))
-def test_bench_runs_and_keeps_its_result(bench: str, kafka, tmp_path: Path) -> None:
+def test_bench_runs_and_keeps_its_result(
+    bench: str, kafka, cluster_home: Path, tmp_path: Path
+) -> None:
     args, keys = CASES[bench]
     env = {**os.environ, "RLSTREAM_RESULTS": str(tmp_path)}
     if bench in ("bus", "sync", "ingest"):
         args = [*args, "--bootstrap", kafka.bootstrap_servers]
+    if bench == "async":  # the pipeline runs on the session's local cluster
+        args = [*args, "--home", str(cluster_home)]
     cmd = [sys.executable, "-m", "rlstream", "bench", bench, "--json", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
