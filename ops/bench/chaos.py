@@ -38,6 +38,8 @@ import os
 import random
 import re
 import secrets
+import signal
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -76,6 +78,9 @@ def register_bench(sub: argparse._SubParsersAction) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
+    # SIGTERM unwinds like Ctrl-C: the roles, the feedback service and a temporary cluster are
+    # stopped (by pid) on the way out.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     result = run(args)
     emit(result, args.json, _lines(result), name="chaos")
     return 0 if held(result) else 1

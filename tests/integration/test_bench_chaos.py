@@ -1,0 +1,52 @@
+"""``bench chaos`` at a tiny size, on a temporary cluster of its own (its broker is killed): two
+roles and the broker killed with SIGKILL, one round of poison, one of forged manifests, one
+feedback replay; the run must still lose nothing and train nothing twice, and the faults must
+show in what the roles wrote and logged. Success figures at this size mean nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+TINY = [
+    "--tasks", "8", "--rollout-workers", "2", "--chaos-seconds", "20", "--role-kills", "2",
+    "--broker-kills", "1", "--broker-down", "2", "--poison-rounds", "1", "--forged-rounds", "1",
+    "--timeout", "300",
+    "--set", "learner.warm_start.steps=30", "--set", "rollout.harness.max_new_tokens=16",
+    "--set", "group_size=4", "--set", "groups_per_step=2",
+]  # fmt: skip
+
+
+def test_chaos_bench_loses_nothing_and_shows_every_fault(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "RLSTREAM_RESULTS": str(tmp_path),
+        "RLSTREAM_HUNG_TRANSACTION_S": "15",  # a role stuck by the broker restart exits sooner
+    }
+    for var in (
+        "RLSTREAM_BOOTSTRAP",
+        "RLSTREAM_WEIGHTS_SIGNING_KEY",
+        "RLSTREAM_WEIGHTS_VERIFY_KEY",
+    ):
+        env.pop(var, None)
+    cmd = [sys.executable, "-m", "rlstream", "bench", "chaos", "--json", *TINY]
+    cmd += ["--out", str(tmp_path / "runs")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["finished"] and r["groups_released"] == 8 and r["groups_decided"] == 8, r
+    assert r["groups_lost"] == 0 and r["groups_decided_twice"] == 0, r
+    assert r["groups_trained"] > 0 and r["groups_trained_twice"] == 0, r
+    assert r["poison_dead_lettered"] > 0 and r["poison_missed"] == 0 and r["poison_trained"] == 0
+    assert r["forged_refused"] == r["forged_injected"] == 3 and r["genuine_refused"] == 0, r
+    assert r["role_kills"] > 0 and r["role_restarts"] >= r["role_kills"], r
+    assert r["broker_kills"] == 1 and r["roles_given_up"] == 0, r
+    assert r["feedback_stored"] == 1 and r["feedback_replays_refused"] >= 4, r
+    assert json.loads((tmp_path / "bench-chaos.json").read_text())["result"] == r
