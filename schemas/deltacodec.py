@@ -18,7 +18,13 @@ Guarantees:
   ``BaseMismatch``, ``HashMismatch`` or ``ManifestInvalid``.
 - Never partial: ``decode`` builds the new state in new arrays (or in buffers the caller
   explicitly gives up with ``recycle``) and returns it only after every check passed; the
-  base passed in is never written to.
+  base passed in is never written to. ``apply_in_place`` writes the changes into the base's
+  own memory instead (no tensor-sized allocation): it checks everything it can before the
+  first write, and on a later failure puts every written element back before raising.
+- Conditioned on the base: float tensors' changes are coded per bucket of the base's
+  exponent (``exponent`` pieces, ``deltacodec_exponent``), as the receiver holds the base;
+  ``entropy_bound`` and ``conditioned_bound`` (``deltacodec_bound``) say what an order-0
+  coder, and one that sees the base exponents, could at best reach on a given change.
 - Deterministic: the same inputs give byte-identical chunks and manifest.
 
 Manifest fields: ``format``, ``version``, ``base_version`` (None for keyframes), ``kind``
@@ -58,6 +64,8 @@ from .deltacodec_bits import (
     state_hash,
     to_torch,
 )
+from .deltacodec_bound import EntropyBound, conditioned_bound, entropy_bound
+from .deltacodec_exponent import EXPONENT_FIELDS
 from .deltacodec_manifest import (
     FORMAT,
     BaseMismatch,
@@ -75,10 +83,11 @@ from .deltacodec_pieces import (
     ZSTD_LEVEL,
     Changes,
     Piece,
+    Undo,
     decode_piece,
     encode_best,
     find_changes,
-    zigzag,
+    undo_all,
 )
 from .weight_format import (
     CHUNK_HEADER,
@@ -104,7 +113,9 @@ __all__ = [
     "ManifestInvalid",
     "MissingChunk",
     "TensorBits",
+    "apply_in_place",
     "bits_hash",
+    "conditioned_bound",
     "decode",
     "encode_delta",
     "encode_keyframe",
@@ -232,6 +243,7 @@ def _encode_tensor(
     old_h = xxhash.xxh3_128() if base is not None and not base.hash_known else None
     new_h = None if tensor.hash_known else xxhash.xxh3_128()
     n, width = tensor.numel, tensor.width
+    field = EXPONENT_FIELDS.get(tensor.dtype)
     # Range size follows the last ratio seen so that a piece roughly fills a chunk.
     ratio = float(MAX_RANGE_BYTES) if base is not None else 1.0
     pieces: list[Piece] = []
@@ -248,7 +260,7 @@ def _encode_tensor(
         else:
             ch = find_changes(old_r, new_r, old_h, new_h)
             changed += int(ch.pos.size)
-        made = _fit(index, lo, old_r, new_r, ch, budget, cctx)
+        made = _fit(index, lo, old_r, new_r, ch, budget, cctx, field)
         ratio = new_r.nbytes / max(1, sum(p.nbytes for p in made))
         pieces += made
         lo = hi
@@ -267,10 +279,11 @@ def _fit(
     ch: Changes | None,
     budget: int,
     cctx: zstandard.ZstdCompressor,
+    field: tuple[int, int] | None,
 ) -> list[Piece]:
     """Encode a range; split it and retry until every piece fits ``budget`` (terminates:
     a one-element raw piece always fits, as ``budget >= MIN_CHUNK_BYTES - header``)."""
-    piece = encode_best(index, start, old, new, ch, cctx)
+    piece = encode_best(index, start, old, new, ch, cctx, field)
     if piece.nbytes <= budget:
         return [piece]
     n = new.size
@@ -283,7 +296,7 @@ def _fit(
         if a < b:
             sub = ch.window(a, b) if ch is not None else None
             old_s = old[a:b] if old is not None else None
-            out += _fit(index, start + a, old_s, new[a:b], sub, budget, cctx)
+            out += _fit(index, start + a, old_s, new[a:b], sub, budget, cctx, field)
     return out
 
 
@@ -355,12 +368,7 @@ def decode(
     memory is writable and disjoint from ``base``, are overwritten with the new state instead
     of allocating (fresh pages cost more than the decode itself). It is consumed even when
     decoding fails: do not use it afterwards."""
-    validate_manifest(manifest)
-    if len(chunks) < len(manifest["chunks"]) or any(c is None for c in chunks):
-        raise MissingChunk(f"need {len(manifest['chunks'])} chunks, got {_present(chunks)}")
-    if len(chunks) > len(manifest["chunks"]):
-        raise ChunkCorrupt(f"{len(chunks)} chunks given, manifest lists {len(manifest['chunks'])}")
-    pieces = _read_pieces(manifest, [c for c in chunks if c is not None])
+    pieces = _checked_pieces(manifest, chunks)
     bases = _match_base(manifest, base)
     dctx = zstandard.ZstdDecompressor()
     taken = _Spans(base.values() if base is not None else ())
@@ -378,6 +386,83 @@ def decode(
     if state_hash(out) != manifest["state_hash"]:
         raise HashMismatch("decoded state hash differs from the manifest")
     return out
+
+
+def apply_in_place(
+    manifest: Mapping[str, Any],
+    chunks: Sequence[bytes | None],
+    state: Mapping[str, TensorBits],
+) -> dict[str, TensorBits]:
+    """Apply a delta onto the memory of ``state`` (its base) and return the new state, over
+    that same memory: nothing tensor-sized is allocated, and only changed elements are
+    written (each tensor is read once more, to hash it).
+
+    Checked before anything is written, as ``decode`` does: the manifest, the chunks (sizes,
+    checksums, pieces), each base tensor's hash and the base state hash (base hashes not yet
+    cached are computed, a read pass). Refused with ``ValueError``, nothing written, when
+    the delta cannot be applied in place: a keyframe, a tensor without base or of another
+    dtype or shape, a tensor of ``state`` the delta drops, tensors sharing memory, memory
+    that cannot be written. After the first write, any failure (``ChunkCorrupt``,
+    ``HashMismatch``) puts every written element back, so ``state`` holds the base again bit
+    for bit, and raises. On success the ``TensorBits`` of ``state`` no longer describe their
+    memory (their cached hashes are dropped): use the returned state."""
+    pieces = _checked_pieces(manifest, chunks)
+    entries = manifest["tensors"]
+    if manifest["kind"] != "delta" or any(e["base_hash"] is None for e in entries):
+        raise ValueError("only a delta with a base for every tensor is applied in place")
+    if {e["name"] for e in entries} != set(state):
+        raise ValueError("the delta does not name exactly the state's tensors")
+    bases = _match_base(manifest, state)
+    for e in entries:
+        if bases[e["name"]].hash != e["base_hash"]:
+            raise BaseMismatch(f"base tensor {e['name']!r} differs from the delta's base")
+    if state_hash(state) != manifest["base_state_hash"]:
+        raise BaseMismatch("base state hash differs from the delta's base_state_hash")
+    views = _writable(state)
+    dctx = zstandard.ZstdDecompressor()
+    undo: Undo = []
+    out: dict[str, TensorBits] = {}
+    try:
+        for entry, tensor_pieces in zip(entries, pieces, strict=True):
+            bits = views[entry["name"]]
+            out[entry["name"]] = _decode_tensor(entry, tensor_pieces, None, bits, dctx, undo)
+        if state_hash(out) != manifest["state_hash"]:
+            raise HashMismatch("decoded state hash differs from the manifest")
+    except DeltaError:
+        undo_all(undo)
+        raise
+    for t in state.values():
+        t.forget_hash()
+    return out
+
+
+def _writable(state: Mapping[str, TensorBits]) -> dict[str, np.ndarray]:
+    """Writable views of the state's memory; ``ValueError`` unless every tensor's memory may
+    be written and no two tensors share memory."""
+    taken = _Spans(())
+    views: dict[str, np.ndarray] = {}
+    for name, t in state.items():
+        v = t.bits.view()
+        try:
+            v.flags.writeable = True
+        except ValueError as exc:
+            raise ValueError(f"{name!r}: memory that cannot be written") from exc
+        if v.size and not taken.claim(v):
+            raise ValueError(f"{name!r} shares memory with another tensor")
+        views[name] = v
+    return views
+
+
+def _checked_pieces(
+    manifest: Mapping[str, Any], chunks: Sequence[bytes | None]
+) -> list[list[Piece]]:
+    """The manifest validated, the chunk count checked, then ``_read_pieces``."""
+    validate_manifest(manifest)
+    if len(chunks) < len(manifest["chunks"]) or any(c is None for c in chunks):
+        raise MissingChunk(f"need {len(manifest['chunks'])} chunks, got {_present(chunks)}")
+    if len(chunks) > len(manifest["chunks"]):
+        raise ChunkCorrupt(f"{len(chunks)} chunks given, manifest lists {len(manifest['chunks'])}")
+    return _read_pieces(manifest, [c for c in chunks if c is not None])
 
 
 def _present(chunks: Sequence[bytes | None]) -> int:
@@ -486,8 +571,10 @@ def _decode_tensor(
     base: TensorBits | None,
     bits: np.ndarray,
     dctx: zstandard.ZstdDecompressor,
+    undo: Undo | None = None,
 ) -> TensorBits:
-    """Decode one tensor into ``bits``, hashing base and result piece by piece."""
+    """Decode one tensor into ``bits``, hashing base and result piece by piece; with
+    ``undo`` (and no ``base``), ``bits`` holds the verified base and is patched in place."""
     name, shape = entry["name"], tuple(entry["shape"])
     n = bits.size
     old_h = xxhash.xxh3_128() if base is not None and not base.hash_known else None
@@ -496,9 +583,13 @@ def _decode_tensor(
     for p in pieces:
         if p.start != covered or p.stop > n:
             raise ChunkCorrupt(f"{name!r}: pieces do not tile 0..{n} (at {p.start})")
+        out_r = bits[p.start : p.stop]
         base_r = base.bits[p.start : p.stop] if base is not None else None
         try:
-            decode_piece(p, base_r, bits[p.start : p.stop], dctx, old_h, new_h)
+            if undo is None:
+                decode_piece(p, base_r, out_r, dctx, old_h, new_h)
+            else:
+                decode_piece(p, out_r, out_r, dctx, None, new_h, undo)
         except ValueError as exc:
             raise ChunkCorrupt(f"{name!r} elements {p.start}..{p.stop}: {exc}") from exc
         covered = p.stop
@@ -514,58 +605,3 @@ def _decode_tensor(
     out = TensorBits(entry["dtype"], shape, bits)
     out.remember_hash(entry["hash"])
     return out
-
-
-# --- the order-0 entropy bound ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class EntropyBound:
-    """Order-0 entropy bound of a change (see ``entropy_bound``)."""
-
-    raw_bits: int
-    bound_bits: float
-    changed: int
-    numel: int
-
-    @property
-    def ratio(self) -> float:
-        """Best compression ratio (raw / encoded) an order-0 coder could reach."""
-        return self.raw_bits / self.bound_bits if self.bound_bits else math.inf
-
-
-def _entropy(counts: np.ndarray) -> float:
-    """Shannon entropy in bits per symbol of the empirical distribution ``counts``."""
-    p = counts[counts > 0] / counts.sum()
-    return float(-(p * np.log2(p)).sum())
-
-
-def entropy_bound(old: Mapping[str, TensorBits], new: Mapping[str, TensorBits]) -> EntropyBound:
-    """Order-0 entropy bound of the change ``old -> new``.
-
-    Per tensor of ``new`` with N elements of which k changed (bit patterns differ), p = k/N:
-    bits = N * H(p) + k * H_v, where H(p) is the binary entropy of the changed mask as an
-    i.i.d. Bernoulli(p) sequence and H_v the empirical entropy (bits per symbol) of the
-    tensor's value symbols, the zigzag-mapped wrapped integer differences ``new - old`` of
-    the bit patterns of the changed elements. A tensor without a matching base counts its
-    raw bits. The bound is the sum over tensors; ratio bound = raw bits / bound bits. Any
-    coder that treats positions and values as independent symbols drawn from these
-    per-tensor distributions needs at least this many bits (metadata not counted).
-    """
-    raw = bound = 0.0
-    changed = numel = 0
-    for name, t in new.items():
-        b = old.get(name)
-        raw += t.nbytes * 8
-        numel += t.numel
-        if b is None or (b.dtype, b.shape) != (t.dtype, t.shape):
-            bound += t.nbytes * 8
-            changed += t.numel
-            continue
-        idx = np.flatnonzero(b.bits != t.bits)
-        k = int(idx.size)
-        changed += k
-        if k:
-            _, counts = np.unique(zigzag(t.bits[idx] - b.bits[idx]), return_counts=True)
-            bound += t.numel * _entropy(np.array([k, t.numel - k])) + k * _entropy(counts)
-    return EntropyBound(int(raw), bound, changed, numel)

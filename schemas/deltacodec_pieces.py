@@ -14,6 +14,8 @@ Encodings, per piece, the smallest one kept:
   as 2- or 4-bit symbols ``z - 1`` with an escape for larger ones (their residuals in byte
   planes), or as byte planes. Packing matters: ±1 ULP dominates and zstd cannot spend
   under 1 bit per byte-symbol, while four 2-bit symbols per byte can.
+- ``exponent`` (float dtypes): the changes coded conditioned on the base's exponent field,
+  which the decoder holds (``deltacodec_exponent`` documents it); tried beside ``sparse``.
 - ``xor`` / ``diff``: dense fallbacks, byte planes of ``old ^ new`` or of zigzag ``new - old``
   over the whole range.
 - ``planes``: no base (keyframes, new tensors): byte planes of the bits.
@@ -22,8 +24,9 @@ Encodings, per piece, the smallest one kept:
 Every stream is zstd-compressed (single-threaded, low level) or stored, whichever is smaller.
 Wire layout of a piece, little-endian: header ``<IQQBBBxQ`` (tensor index, start, stop,
 encoding, stream count, aux, count), one ``<BI`` (codec, length) per stream, then the stream
-bytes. ``aux`` is the sparse value packing (0 planes, 2 or 4 bits); ``count`` the number of
-changed elements. Decoders raise ``ValueError`` on any inconsistency; the caller turns it
+bytes. ``aux`` is the sparse value packing (0 planes, 2 or 4 bits) or the exponent piece's
+class count; ``count`` the number of changed elements. Encodings are only ever added: a
+decoder reads every piece an earlier encoder wrote (``ENCODINGS`` keeps their numbers). Decoders raise ``ValueError`` on any inconsistency; the caller turns it
 into the codec's own error.
 """
 
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -39,9 +43,9 @@ import zstandard
 
 from .deltacodec_bits import UINT_BY_WIDTH, as_bytes
 
-UNCHANGED, SPARSE, XOR, DIFF, PLANES, RAW = range(6)
-ENCODINGS: Final = ("unchanged", "sparse", "xor", "diff", "planes", "raw")
-NEEDS_BASE: Final = frozenset({UNCHANGED, SPARSE, XOR, DIFF})
+UNCHANGED, SPARSE, XOR, DIFF, PLANES, RAW, EXPONENT = range(7)
+ENCODINGS: Final = ("unchanged", "sparse", "xor", "diff", "planes", "raw", "exponent")
+NEEDS_BASE: Final = frozenset({UNCHANGED, SPARSE, XOR, DIFF, EXPONENT})
 STORED, ZSTD = 0, 1
 PIECE_HEADER: Final = struct.Struct("<IQQBBBxQ")
 STREAM_HEADER: Final = struct.Struct("<BI")
@@ -265,6 +269,11 @@ def encode_positions(pos: np.ndarray) -> np.ndarray:
     gaps[:1] = pos[:1]
     np.subtract(pos[1:], pos[:-1], out=gaps[1:])
     gaps[1:] -= 1
+    return encode_gaps(gaps)
+
+
+def encode_gaps(gaps: np.ndarray) -> np.ndarray:
+    """The byte code of ``encode_positions`` for gaps given directly (non-negative)."""
     big = np.flatnonzero(gaps >= 255)
     code = gaps.astype(np.uint8)
     if not big.size:
@@ -403,11 +412,15 @@ def encode_best(
     new: np.ndarray,
     ch: Changes | None,
     cctx: zstandard.ZstdCompressor,
+    field: tuple[int, int] | None = None,
 ) -> Piece:
     """The smallest encoding of ``new`` (elements ``start..``) given ``old`` and its changes.
     Without a base: ``planes`` or ``raw``. With one: ``unchanged`` when nothing changed, else
-    the smallest of ``sparse`` (changed fraction <= 0.9), ``xor`` and ``diff`` (>= 0.5), and
-    ``raw`` (its size is known without building it)."""
+    the smallest of ``sparse`` and, for a float dtype (its exponent ``field``), ``exponent``
+    (changed fraction <= 0.9), ``xor`` and ``diff`` (>= 0.5), and ``raw`` (its size is known
+    without building it)."""
+    from .deltacodec_exponent import encode_exponent
+
     n = new.size
     stop = start + n
     if old is None or ch is None:
@@ -416,9 +429,13 @@ def encode_best(
         return Piece(tensor, start, stop, UNCHANGED, 0, 0, ())
     else:
         cands = []
-        if ch.pos.size <= SPARSE_MAX_FRACTION * n:
+        k = int(ch.pos.size)
+        if k <= SPARSE_MAX_FRACTION * n:
             cands.append(encode_sparse(tensor, start, stop, ch, cctx))
-        if ch.pos.size >= DENSE_MIN_FRACTION * n:
+            if field is not None:
+                aux, streams = encode_exponent(old, ch.pos, ch.diff, field, cctx)
+                cands.append(Piece(tensor, start, stop, EXPONENT, aux, k, tuple(streams)))
+        if k >= DENSE_MIN_FRACTION * n:
             cands += [encode_dense(tensor, start, old, new, e, cctx) for e in (XOR, DIFF)]
     best = min(cands, key=lambda p: p.nbytes)
     raw_size = PIECE_HEADER.size + STREAM_HEADER.size + new.nbytes
@@ -432,6 +449,20 @@ def encode_best(
 APPLY_BLOCK_BYTES: Final = 256 << 10
 
 
+#: What restores an array written in place: ``(array, positions or None, old values)``.
+Undo = list[tuple[np.ndarray, np.ndarray | None, np.ndarray]]
+
+
+def undo_all(undo: Undo) -> None:
+    """Put back every element recorded in ``undo`` (latest first)."""
+    for array, pos, values in reversed(undo):
+        if pos is None:
+            np.copyto(array, values)
+        else:
+            array[pos] = values
+    undo.clear()
+
+
 def decode_piece(
     piece: Piece,
     base: np.ndarray | None,
@@ -439,18 +470,36 @@ def decode_piece(
     dctx: zstandard.ZstdDecompressor,
     old_hasher: Hasher | None = None,
     new_hasher: Hasher | None = None,
+    undo: Undo | None = None,
 ) -> None:
     """Write the piece's elements into ``out`` (the range's slice of the new tensor), reading
     the same range of ``base``, and feed the hashers with the base and output bytes of the
-    range. Never writes outside ``out``; raises ValueError when the piece is inconsistent
-    with itself or with the tensor."""
+    range. ``out`` may be ``base`` itself (applied in place: each block is hashed as base
+    before it is written, only changed elements are written, and ``undo``, when given,
+    records what restores it). Never writes outside ``out``; raises ValueError when the piece
+    is inconsistent with itself or with the tensor."""
     n, dtype = out.size, out.dtype
     if piece.encoding in NEEDS_BASE and base is None:
         raise ValueError(f"{ENCODINGS[piece.encoding]} piece for a tensor without base")
+    if base is not None and piece.encoding == EXPONENT:
+        from .deltacodec_exponent import decode_exponent
+
+        plan = decode_exponent(piece, n, dtype, dctx)
+        _blocks(base, out, old_hasher, new_hasher, plan.run)
+        if undo is not None and _same(base, out):
+            undo.append((out, plan.done[: plan.ndone], plan.old[: plan.ndone]))
+        plan.finish()
+        return
     if base is not None and piece.encoding in (UNCHANGED, SPARSE):
         pos, deltas = _sparse_changes(piece, n, dtype, dctx)
+        if undo is not None and _same(base, out):
+            undo.append((out, pos, base.take(pos)))
         _apply(base, out, pos, deltas, old_hasher, new_hasher)
         return
+    if old_hasher is not None and base is not None:
+        old_hasher.update(as_bytes(base))
+    if undo is not None:
+        undo.append((out, None, out.copy()))
     if piece.encoding == RAW:
         if len(piece.streams) != 1:
             raise ValueError("raw piece needs one stream")
@@ -465,10 +514,35 @@ def decode_piece(
             np.add(base, unzigzag(x), out=out)
         else:
             np.copyto(out, x)
-    if old_hasher is not None and base is not None:
-        old_hasher.update(as_bytes(base))
     if new_hasher is not None:
         new_hasher.update(as_bytes(out))
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two arrays are the same memory (an in-place apply)."""
+    return bool(a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
+
+
+def _blocks(
+    base: np.ndarray,
+    out: np.ndarray,
+    old_hasher: Hasher | None,
+    new_hasher: Hasher | None,
+    patch: Callable[[np.ndarray, np.ndarray, int, int], None],
+) -> None:
+    """Block by block, while the block is in cache: hash the base, copy it to ``out`` (unless
+    in place), ``patch(base, out, lo, hi)``, hash the output."""
+    inplace = _same(base, out)
+    step = APPLY_BLOCK_BYTES // out.itemsize
+    for s in range(0, out.size, step):
+        o, b = out[s : s + step], base[s : s + step]
+        if old_hasher is not None:
+            old_hasher.update(as_bytes(b))
+        if not inplace:
+            np.copyto(o, b)
+        patch(base, out, s, s + o.size)
+        if new_hasher is not None:
+            new_hasher.update(as_bytes(o))
 
 
 def _sparse_changes(
@@ -504,14 +578,12 @@ def _apply(
     step = APPLY_BLOCK_BYTES // out.itemsize  # a power of two, so pos & (step - 1) is in-block
     rel = pos & (step - 1)
     bounds = [0, *np.searchsorted(pos, np.arange(step, n, step)).tolist(), pos.size]
-    for i, s in enumerate(range(0, n, step)):
-        o, b = out[s : s + step], base[s : s + step]
-        np.copyto(o, b)
-        j0, j1 = bounds[i], bounds[i + 1]
+
+    def patch(b: np.ndarray, o: np.ndarray, lo: int, hi: int) -> None:
+        j0, j1 = bounds[lo // step], bounds[lo // step + 1]
         if j1 > j0:
             p = rel[j0:j1]
-            o[p] = b[p] + deltas[j0:j1]
-        if old_hasher is not None:
-            old_hasher.update(as_bytes(b))
-        if new_hasher is not None:
-            new_hasher.update(as_bytes(o))
+            ob, bb = o[lo:hi], b[lo:hi]
+            ob[p] = bb[p] + deltas[j0:j1]
+
+    _blocks(base, out, old_hasher, new_hasher, patch)
