@@ -5,7 +5,9 @@ Rules, applied in this order when a group is complete or its deadline passed:
 
 1. stale: staleness = learner version now - the oldest behaviour version in the group; a group
    with staleness > ``max_staleness`` is rejected (never silently dropped);
-2. timed out: a group still incomplete ``timeout_s`` after its first record is rejected;
+2. timed out: a group still incomplete ``timeout_s`` after its first record is rejected
+   (complete: all G samples, G named by a trajectory, and each required judge's reward for
+   each; a group seen only through rewards is incomplete);
 3. judge error: a complete group in which a required judge could not score a sample (its
    reward carries ``error``: the sandbox refused, the grader failed or gave no parsable grade)
    is rejected with the first such error, never trained on a made-up score;
@@ -118,7 +120,9 @@ class PendingGroup:
         return True
 
     def complete(self, judges: dict[str, float]) -> bool:
-        if len(self.samples) < self.group_size:
+        # A group first seen through a reward has no size (0) until a trajectory names it: it
+        # waits for its samples, and times out if none ever comes.
+        if not self.samples or len(self.samples) < self.group_size:
             return False
         return all(set(judges) <= set(self.rewards.get(i, {})) for i in self.samples)
 

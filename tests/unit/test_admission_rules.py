@@ -67,6 +67,18 @@ def test_incomplete_group_waits_then_times_out():
     assert verdict is not None and verdict.reason == "timed_out"
 
 
+def test_a_group_seen_only_through_rewards_waits_for_its_samples_then_times_out():
+    # rewards read before their trajectories (after a rewind), or a reward naming a sample no
+    # trajectory ever named: never an empty group admitted, never an error
+    g = PendingGroup("g2", "t2", 0, first_seen_ms=0)
+    g.add_reward({"sample_index": 0, "judge": "tests", "score": 1.0, "passed": True})
+    g.add_reward({"sample_index": 0, "judge": "format", "score": 1.0})
+    for cfg in (CFG, CFG.model_copy(update={"reject_no_signal": False})):
+        assert decide(g, 5_000, 5, cfg) is None
+        verdict = decide(g, 11_000, 5, cfg)
+        assert verdict is not None and verdict.reason == "timed_out"
+
+
 def test_group_without_reward_variance_is_rejected_no_signal():
     verdict = decide(_group([5, 5], [1.0, 1.0]), 0, 5, CFG)
     assert verdict is not None and verdict.reason == "no_signal"
