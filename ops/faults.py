@@ -118,9 +118,12 @@ def inject_poison(
 
     - ``garbage_trajectory`` / ``garbage_reward``: random bytes (no event framing);
     - ``wrong_event``: a well-formed ``task`` event where trajectories belong;
-    - ``unknown_sample``: a well-formed reward for a sample no trajectory ever named;
-    - ``unknown_family``: a well-formed trajectory of a task id of no known family (a role may
-      decide its group, which must then never be trained)."""
+    - ``unknown_sample``: a well-formed reward for a sample no trajectory ever named (admission
+      waits for the sample, then rejects the group as timed out);
+    - ``unknown_family``: a well-formed trajectory of a task id of no known family (its group is
+      rejected: the judges cannot score it).
+
+    Groups of these two may be decided; they must never be trained."""
     names = topics.run_topics(run)
     group = f"{POISON_PREFIX}{tag}"
     reward = _sample_record(settings, names["rewards"], "reward")
@@ -134,7 +137,7 @@ def inject_poison(
             names["rewards"],
             events.encode("reward", {**reward, "group_id": f"{group}-u", "task_id": f"{group}-u"}),
             f"{group}-u",
-            True,
+            False,
         ),
         (
             "unknown_family",
