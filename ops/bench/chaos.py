@@ -58,7 +58,7 @@ _REFUSED = re.compile(r"manifests: refusing the record at offset (\d+): (.*)")
 
 def register_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("chaos", help="a run while roles and the broker are killed, poison, ...")
-    p.add_argument("--tasks", type=int, default=600, help="tasks (groups) the scheduler releases")
+    p.add_argument("--tasks", type=int, default=1000, help="tasks (groups) the scheduler releases")
     p.add_argument("--rollout-workers", type=int, default=2, help="rollout processes")
     p.add_argument("--chaos-seconds", type=float, default=300.0, help="window of the faults")
     p.add_argument("--role-kills", type=int, default=8, help="SIGKILLs of random roles")
