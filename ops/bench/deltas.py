@@ -1,26 +1,46 @@
-"""``rlstream bench deltas``: the weight-delta codec on simulated RL steps, against baselines.
+"""``rlstream bench deltas``: the weight-delta codec on three workloads, against the bounds the
+data allows and against baselines.
 
-Model: ``--params`` bf16 weights in ``--tensors`` equal tensors, from fp32 master weights
-w ~ N(0, 0.01²). One RL step per learning rate: steady-state Adam moments for i.i.d. unit
-gradients (beta1 = 0.9: m ~ N(0, 0.229²); beta2 = 0.999: v ~ 1 ± 0.045), update
-``lr * m / (sqrt(v) + 1e-8)``, new bf16 = round-to-nearest-even(w + update). At lr 1e-6 this
-changes about 1.7% of the bf16 bit patterns, at 1e-5 about 11%.
+Workloads (``--workloads``), each giving one case per learning rate:
+
+- ``synthetic``: ``--params`` bf16 weights in ``--tensors`` equal tensors, from fp32 master
+  weights w ~ N(0, 0.01²); one simulated Adam step per learning rate with steady-state moments
+  for i.i.d. unit gradients (beta1 = 0.9: m ~ N(0, 0.229²); beta2 = 0.999: v ~ 1 ± 0.045),
+  update ``lr * m / (sqrt(v) + 1e-8)``, new bf16 = round-to-nearest-even(w + update).
+- ``adam-real``: a real network trained here, on CPU, with no download: a byte-level causal
+  transformer language model (``--real-layers`` pre-norm blocks of width ``--real-width``, 4
+  heads, GELU MLP of 4x width, learned positions, 128-byte context) pretrained with Adam
+  (lr 1e-3, betas 0.9/0.999, fp32 master weights) for ``--real-seconds`` on next-byte
+  prediction over the Python sources of this package. Then, per learning rate, one more real
+  Adam step (gradient of a fresh batch, the pretraining moments carried over, the case's lr):
+  the bf16 casts of the master weights before and after.
+- ``learner``: the project's own learner: the ``rollout.model.Policy`` warm start of
+  ``trainer.warmstart`` (``--learner-warm-steps`` steps), then ``--learner-steps`` GRPO steps
+  (``trainer.grpo.grpo_step`` on groups sampled from the policy itself and scored in the
+  sandbox, as ``trainer.local_loop`` collects them) with the learner's optimizer (Adam, lr 5e-4,
+  betas 0.9/0.98, ``trainer.learner_step``); each version is what the learner publishes
+  (``learner_step.published_state``, bf16). Its one case covers all consecutive version pairs:
+  bytes, bits and times are summed over them.
 
 Per case, medians over ``--reps`` repetitions, all single-threaded (numpy, zstd threads=0):
 
-- ``encode_gb_per_s``: raw bytes of the new weights / encode time, from fresh tensors (both
-  tensor hashes computed); ``encode_warm_gb_per_s``: base hashes already known (a learner
-  that encoded the previous version has them);
-- ``decode_gb_per_s``: into newly allocated arrays, base hashes computed and verified;
-  ``decode_recycled_gb_per_s``: a double-buffered worker (base hashes known from its own
-  previous decode, output written over the buffers of the version before);
-- ``ratio`` (raw / encoded chunk bytes), the order-0 ``entropy_bound`` ratio of the change
-  (``deltacodec.entropy_bound``) and ``entropy_bound_ratio`` = ratio / bound;
+- ``ratio``: bytes of the new weights / encoded chunk bytes; ``order0_bound_x`` and
+  ``conditioned_bound_x``: the ratios the order-0 bound and the bound conditioned on the base
+  exponent allow (``deltacodec.entropy_bound``, ``deltacodec.conditioned_bound``: empirical
+  entropies of the data, not of the codec's model); ``fraction_of_conditioned_bound`` = ratio
+  / conditioned_bound_x;
+- ``encode_gb_per_s``: bytes of the new weights / encode time, from fresh tensors (both
+  tensor hashes computed); ``encode_warm_gb_per_s``: base hashes already known (a learner that
+  encoded the previous version has them);
+- ``apply_gb_per_s``: ``deltacodec.apply_in_place`` onto a held copy of the base whose hashes
+  are known (a subscriber that applied the version before), as a subscriber's hot path: no
+  tensor-sized allocation, result hashed and verified; ``decode_gb_per_s``: ``decode`` into new
+  arrays, base hashes computed;
 - baselines in the same run: zstd (level 3) of the full new weights and of old XOR new, and
   ``memcpy_gb_per_s`` (``np.copy`` of the same bytes into new memory; ``memcpy_reuse`` into
-  existing memory);
-- ``bit_exact``: every decoded state equals the new state bit for bit (checked outside the
-  timed region).
+  memory already in use);
+- ``bit_exact``: every decoded and applied state equals the new state bit for bit (checked
+  outside the timed region).
 
 Every ``*_gb_per_s`` uses wall-clock medians; ``cpu_time_gb_per_s`` repeats them with this
 process's CPU time, the steadier per-core figure on a machine shared with other work (the
@@ -30,9 +50,11 @@ run also records the load average).
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from rlstream.ops.bench.common import emit, median, progress
@@ -41,13 +63,25 @@ WEIGHT_STD = 0.01
 ADAM_M_STD = 0.229  # sqrt((1 - beta1) / (1 + beta1)) for beta1 = 0.9
 ADAM_V_STD = 0.045  # relative spread of v for beta2 = 0.999
 ADAM_EPS = 1e-8
+WORKLOADS = ("synthetic", "adam-real", "learner")
+CONTEXT = 128  # bytes of context of the adam-real language model
+
+#: One state: tensor name -> (dtype tag, flat bit patterns).
+Arrays = dict[str, tuple[str, Any]]
+Pair = tuple[Arrays, Arrays]
 
 
 def register_bench(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("deltas", help="weight-delta codec on simulated RL steps vs zstd/memcpy")
-    p.add_argument("--params", type=int, default=100_000_000, help="bf16 weights in the model")
-    p.add_argument("--tensors", type=int, default=4, help="tensors the weights are split into")
-    p.add_argument("--lrs", default="1e-6,1e-5", help="comma-separated learning rates")
+    p = sub.add_parser("deltas", help="weight-delta codec on three workloads vs bounds and zstd")
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated workloads")
+    p.add_argument("--params", type=int, default=100_000_000, help="synthetic: bf16 weights")
+    p.add_argument("--tensors", type=int, default=4, help="synthetic: tensors of the weights")
+    p.add_argument("--lrs", default="1e-6,1e-5", help="synthetic, adam-real: learning rates")
+    p.add_argument("--real-width", type=int, default=512, help="adam-real: model width")
+    p.add_argument("--real-layers", type=int, default=4, help="adam-real: transformer blocks")
+    p.add_argument("--real-seconds", type=float, default=60.0, help="adam-real: pretraining")
+    p.add_argument("--learner-warm-steps", type=int, default=300, help="learner: warm start")
+    p.add_argument("--learner-steps", type=int, default=6, help="learner: GRPO steps")
     p.add_argument("--reps", type=int, default=5, help="repetitions per timing (median)")
     p.add_argument("--max-chunk-bytes", type=int, default=900_000, help="codec chunk limit")
     p.add_argument("--seed", type=int, default=0)
@@ -62,31 +96,73 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Measure every learning rate's case; returns ``{"cases": [...], ...}``."""
-    import numpy as np
-
-    rng = np.random.default_rng(args.seed)
-    sizes = _split(args.params, args.tensors)
-    progress(f"deltas: {args.params:,} bf16 params in {len(sizes)} tensors")
-    master = [rng.standard_normal(n, dtype=np.float32) * np.float32(WEIGHT_STD) for n in sizes]
-    old = [_to_bf16(w) for w in master]
+    """Measure every workload's cases; returns ``{"cases": [...], ...}``."""
+    chosen = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    unknown = sorted(set(chosen) - set(WORKLOADS))
+    if unknown:
+        raise SystemExit(f"unknown workloads {unknown}; choose from {list(WORKLOADS)}")
+    lrs = [float(x) for x in args.lrs.split(",")]
+    makers: dict[str, Callable[[], Iterator[tuple[float, list[Pair], str]]]] = {
+        "synthetic": lambda: _synthetic(args, lrs),
+        "adam-real": lambda: _adam_real(args, lrs),
+        "learner": lambda: _learner(args),
+    }
+    _warm_up()
     cases = []
-    for lr in (float(x) for x in args.lrs.split(",")):
-        progress(f"deltas: lr {lr:g}: simulating one Adam step")
-        new = [_to_bf16(_adam_step(w, lr, rng)) for w in master]
-        cases.append(_case(lr, old, new, args))
+    for workload in chosen:
+        for lr, pairs, what in makers[workload]():
+            cases.append({"workload": workload, "lr": lr, "model": what, **_case(pairs, args)})
     return {
         "bench": "deltas",
-        "params": args.params,
-        "tensors": len(sizes),
+        "workloads": chosen,
         "dtype": "bfloat16",
-        "raw_bytes": 2 * args.params,
         "reps": args.reps,
         "max_chunk_bytes": args.max_chunk_bytes,
         "cpu_count": os.cpu_count(),
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "cases": cases,
     }
+
+
+def _warm_up() -> None:
+    """Compile (or load) the codec's numba kernels before anything is timed: a one-time
+    cost of a process, not of a version."""
+    import numpy as np
+
+    from rlstream.schemas import deltacodec as dc
+
+    old = np.arange(4096, dtype=np.uint16)
+    new = old + (np.arange(4096) % 7 == 0).astype(np.uint16)
+    enc = dc.encode_delta(
+        _state({"w": ("bfloat16", old)}),
+        _state({"w": ("bfloat16", new)}),
+        version=1,
+        base_version=0,
+    )
+    dc.apply_in_place(enc.manifest, enc.chunks, _state({"w": ("bfloat16", old.copy())}))
+
+
+# --- workloads --------------------------------------------------------------------------
+
+
+def _synthetic(
+    args: argparse.Namespace, lrs: list[float]
+) -> Iterator[tuple[float, list[Pair], str]]:
+    import numpy as np
+
+    rng = np.random.default_rng(args.seed)
+    sizes = _split(args.params, args.tensors)
+    progress(f"deltas: synthetic: {args.params:,} bf16 params in {len(sizes)} tensors")
+    master = [rng.standard_normal(n, dtype=np.float32) * np.float32(WEIGHT_STD) for n in sizes]
+    old = {f"layer{i}.weight": ("bfloat16", _to_bf16(w)) for i, w in enumerate(master)}
+    what = f"{args.params:,} i.i.d. N(0, 0.01^2) weights, simulated steady-state Adam step"
+    for lr in lrs:
+        progress(f"deltas: synthetic: lr {lr:g}: simulating one Adam step")
+        new = {
+            f"layer{i}.weight": ("bfloat16", _to_bf16(_adam_step(w, lr, rng)))
+            for i, w in enumerate(master)
+        }
+        yield lr, [(old, new)], what
 
 
 def _split(params: int, tensors: int) -> list[int]:
@@ -111,6 +187,162 @@ def _adam_step(w: Any, lr: float, rng: Any) -> Any:
     return w + m
 
 
+def _torch_bf16(module: Any) -> Arrays:
+    """The bf16 casts (round to nearest even) of a module's parameters and float buffers."""
+    import torch
+
+    out: Arrays = {}
+    for name, t in module.state_dict().items():
+        if t.is_floating_point():
+            bits = t.detach().to(torch.bfloat16).contiguous().view(torch.int16).numpy()
+            out[name] = ("bfloat16", bits.view("<u2").reshape(-1).copy())
+    return out
+
+
+def _corpus() -> Any:
+    """The bytes of this package's Python sources, in path order (the language model's text)."""
+    import numpy as np
+
+    root = Path(__file__).resolve().parents[2]
+    files = sorted(
+        p for p in root.rglob("*.py") if ".venv" not in p.parts and "build" not in p.parts
+    )
+    return np.frombuffer(b"\n".join(p.read_bytes() for p in files), dtype=np.uint8)
+
+
+def _byte_lm(width: int, layers: int) -> Any:
+    import torch
+    from torch import nn
+
+    class ByteLM(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(256, width)
+            self.pos = nn.Parameter(torch.randn(CONTEXT, width) * 0.02)
+            block = nn.TransformerEncoderLayer(
+                width,
+                4,
+                4 * width,
+                dropout=0.0,
+                activation="gelu",
+                batch_first=True,
+                norm_first=True,
+            )
+            self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
+            self.norm = nn.LayerNorm(width)
+            self.head = nn.Linear(width, 256, bias=False)
+
+        def forward(self, x: Any) -> Any:
+            n = x.shape[1]
+            mask = nn.Transformer.generate_square_subsequent_mask(n)
+            h = self.blocks(self.embed(x) + self.pos[:n], mask=mask, is_causal=True)
+            return self.head(self.norm(h))
+
+    return ByteLM()
+
+
+def _lm_loss(model: Any, text: Any, gen: Any, batch: int = 16) -> Any:
+    import torch
+    from torch.nn import functional as F
+
+    at = torch.randint(0, len(text) - CONTEXT - 1, (batch,), generator=gen)
+    rows = torch.stack(
+        [torch.from_numpy(text[i : i + CONTEXT + 1].astype("int64")) for i in at.tolist()]
+    )
+    logits = model(rows[:, :-1])
+    return F.cross_entropy(logits.reshape(-1, 256), rows[:, 1:].reshape(-1))
+
+
+def _adam_real(
+    args: argparse.Namespace, lrs: list[float]
+) -> Iterator[tuple[float, list[Pair], str]]:
+    import copy
+
+    import torch
+
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(1)
+    text = _corpus()
+    model = _byte_lm(args.real_width, args.real_layers)
+    params = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.999))
+    gen = torch.Generator().manual_seed(args.seed)
+    progress(
+        f"deltas: adam-real: pretraining a {params:,}-parameter byte LM for {args.real_seconds:g}s"
+    )
+    start, steps, loss = time.perf_counter(), 0, float("nan")
+    while time.perf_counter() - start < args.real_seconds or steps == 0:
+        opt.zero_grad(set_to_none=True)
+        out = _lm_loss(model, text, gen)
+        out.backward()
+        opt.step()
+        steps, loss = steps + 1, out.item()
+    progress(f"deltas: adam-real: {steps} steps, loss {loss:.3f} nats/byte")
+    what = (
+        f"byte-level causal transformer LM, {params:,} params ({args.real_layers} blocks, width"
+        f" {args.real_width}), Adam-pretrained {steps} steps ({args.real_seconds:g}s, loss"
+        f" {loss:.2f} nats/byte) on this package's sources, then one real Adam step"
+    )
+    old = _torch_bf16(model)
+    for lr in lrs:
+        stepped = copy.deepcopy(model)
+        step_opt = torch.optim.Adam(stepped.parameters(), lr=lr, betas=(0.9, 0.999))
+        step_opt.load_state_dict(opt.state_dict())
+        for group in step_opt.param_groups:
+            group["lr"] = lr
+        _lm_loss(stepped, text, torch.Generator().manual_seed(args.seed + 1)).backward()
+        step_opt.step()
+        yield lr, [(old, _torch_bf16(stepped))], what
+
+
+def _learner(args: argparse.Namespace) -> Iterator[tuple[float, list[Pair], str]]:
+    import random
+
+    import torch
+
+    from rlstream.trainer import grpo
+    from rlstream.trainer import local_loop as ll
+    from rlstream.trainer.learner_step import LearnerConfig, published_state
+    from rlstream.trainer.warmstart import WarmStartConfig, warm_start
+
+    torch.set_num_threads(1)
+    torch.manual_seed(args.seed)
+    learner = LearnerConfig()
+    warm = WarmStartConfig(steps=args.learner_warm_steps)
+    cfg = ll.LocalLoopConfig(seed=args.seed, warm_start=warm, lr=learner.lr)
+    progress(f"deltas: learner: warm start ({args.learner_warm_steps} steps)")
+    model = warm_start(learner.policy, warm, None, lambda *_: None)
+    opt = torch.optim.Adam(model.parameters(), lr=learner.lr, betas=(0.9, 0.98))
+    rng, gen, scorer = (
+        random.Random(args.seed),
+        torch.Generator().manual_seed(args.seed),
+        ll.Scorer(1),
+    )
+
+    def publish() -> Arrays:
+        return {k: (t.dtype, t.bits) for k, t in published_state(model, "bfloat16").items()}
+
+    versions = [publish()]
+    try:
+        for step in range(args.learner_steps):
+            seqs, advs, rewards = ll.collect(model, cfg, rng, gen, scorer)
+            grpo.grpo_step(model, opt, grpo.make_batch(seqs, advs), learner.grpo)
+            versions.append(publish())
+            progress(f"deltas: learner: step {step + 1}, success {sum(rewards) / len(rewards):.2f}")
+    finally:
+        scorer.close()
+    params = sum(p.numel() for p in model.parameters())
+    what = (
+        f"the project's Policy ({params:,} params, MoE), warm start {args.learner_warm_steps}"
+        f" steps then {args.learner_steps} GRPO steps of the learner's Adam; consecutive"
+        " published bf16 versions"
+    )
+    yield learner.lr, list(itertools.pairwise(versions)), what
+
+
+# --- measuring --------------------------------------------------------------------------
+
+
 class Timing(NamedTuple):
     """Median seconds of the repetitions: wall clock, and this process's CPU time (on a
     shared machine the CPU time is the steadier per-core figure)."""
@@ -120,105 +352,140 @@ class Timing(NamedTuple):
 
 
 def _timed(
-    fn: Callable[[], Any], reps: int, check: Callable[[Any], bool] | None = None
+    fn: Callable[..., Any],
+    reps: int,
+    check: Callable[[Any], bool] | None = None,
+    setup: Callable[[], Any] | None = None,
 ) -> tuple[Timing, Any, bool]:
-    """Time ``reps`` calls; ``check`` runs on each result outside the timed region."""
+    """Time ``reps`` calls of ``fn`` (given ``setup()``'s result when there is a setup);
+    ``setup`` and ``check`` run outside the timed region."""
     walls, cpus, ok, out = [], [], True, None
     for _ in range(max(1, reps)):
+        prepared = setup() if setup is not None else None
         t0, c0 = time.perf_counter(), time.process_time()
-        out = fn()
+        out = fn() if setup is None else fn(prepared)
         walls.append(time.perf_counter() - t0)
         cpus.append(time.process_time() - c0)
         ok = ok and (check is None or check(out))
     return Timing(median(walls), median(cpus)), out, ok
 
 
-def _state(arrays: list[Any]) -> dict[str, Any]:
+def _state(arrays: Arrays) -> dict[str, Any]:
     """New wrappers each call: no hash cached, as for a state never hashed before."""
     from rlstream.schemas.deltacodec import TensorBits
 
-    return {f"layer{i}.weight": TensorBits.from_numpy(a, "bfloat16") for i, a in enumerate(arrays)}
+    return {k: TensorBits.from_numpy(a, tag) for k, (tag, a) in arrays.items()}
 
 
-def _case(lr: float, old: list[Any], new: list[Any], args: argparse.Namespace) -> dict[str, Any]:
+def _case(pairs: list[Pair], args: argparse.Namespace) -> dict[str, Any]:
     from rlstream.schemas import deltacodec as dc
 
-    raw = sum(a.nbytes for a in new)
-    progress(f"deltas: lr {lr:g}: encode x{args.reps}")
-    enc, t_enc, t_enc_warm = _time_encode(old, new, args)
-    progress(f"deltas: lr {lr:g}: decode x{args.reps}")
-    t_dec, t_dec_rec, exact = _time_decode(enc, old, new, args.reps)
-    progress(f"deltas: lr {lr:g}: entropy bound and baselines")
-    bound = dc.entropy_bound(_state(old), _state(new))
-    ratio = raw / enc.manifest["encoded_bytes"]
-    t_copy, t_copy_reuse = _time_memcpy(new, args.reps)
+    raw = sum(a.nbytes for _, new in pairs for _, a in new.values())
+    progress(f"deltas: {raw / 1e6:.1f} MB x {len(pairs)}: encode x{args.reps}")
+    encs, t_enc, t_enc_warm = _time_encode(pairs, args)
+    progress(f"deltas: decode and apply in place x{args.reps}")
+    t_dec, t_apply, exact = _time_decode(encs, pairs, args.reps)
+    progress("deltas: bounds and baselines")
+    order0 = [dc.entropy_bound(_state(o), _state(n)) for o, n in pairs]
+    cond = [dc.conditioned_bound(_state(o), _state(n)) for o, n in pairs]
+    raw_bits = sum(b.raw_bits for b in order0)
+    encoded = sum(e.manifest["encoded_bytes"] for e in encs)
+    ratio = raw / encoded
+    order0_x = _allows(raw_bits, sum(b.bound_bits for b in order0))
+    cond_x = _allows(raw_bits, sum(b.bound_bits for b in cond))
+    t_copy, t_copy_reuse = _time_memcpy([a for _, n in pairs for _, a in n.values()], args.reps)
     times = {
         "encode": t_enc,
         "encode_warm": t_enc_warm,
         "decode": t_dec,
-        "decode_recycled": t_dec_rec,
+        "apply": t_apply,
         "memcpy": t_copy,
         "memcpy_reuse": t_copy_reuse,
     }
     return {
-        "lr": lr,
-        "changed_fraction": bound.changed / max(1, bound.numel),
+        "params": sum(a.size for _, a in pairs[0][1].values()),
+        "versions": len(pairs),
+        "changed_fraction": sum(b.changed for b in order0) / max(1, sum(b.numel for b in order0)),
         "ratio": ratio,
-        "entropy_bound": bound.ratio,
-        "entropy_bound_ratio": ratio / bound.ratio,
-        "encoded_bytes": enc.manifest["encoded_bytes"],
-        "chunks": len(enc.chunks),
-        "largest_chunk_bytes": max((len(c) for c in enc.chunks), default=0),
-        "encodings": sorted({t["encoding"] for t in enc.manifest["tensors"]}),
+        "order0_bound_x": order0_x,
+        "conditioned_bound_x": cond_x,
+        "fraction_of_conditioned_bound": None if cond_x is None else ratio / cond_x,
+        "encoded_bytes": encoded,
+        "chunks": sum(len(e.chunks) for e in encs),
+        "largest_chunk_bytes": max((len(c) for e in encs for c in e.chunks), default=0),
+        "encodings": sorted(
+            {p[3] for e in encs for t in e.manifest["tensors"] for p in t["pieces"]}
+        ),
         **{f"{k}_gb_per_s": raw / t.wall / 1e9 for k, t in times.items()},
         "cpu_time_gb_per_s": {k: raw / t.cpu / 1e9 for k, t in times.items()},
-        **_zstd_baselines(old, new),
+        **_zstd_baselines(pairs),
         "bit_exact": exact,
     }
 
 
-def _time_encode(
-    old: list[Any], new: list[Any], args: argparse.Namespace
-) -> tuple[Any, Timing, Timing]:
+def _allows(raw_bits: int, bound_bits: float) -> float | None:
+    """The ratio a bound allows; None when nothing changed (any ratio is within it)."""
+    return raw_bits / bound_bits if bound_bits > 0 else None
+
+
+def _time_encode(pairs: list[Pair], args: argparse.Namespace) -> tuple[list[Any], Timing, Timing]:
     """Encode from fresh wrappers (hashes computed) and with the base hashes known."""
     from rlstream.schemas import deltacodec as dc
 
     mk = {"version": 1, "base_version": 0, "max_chunk_bytes": args.max_chunk_bytes}
-    t_cold, enc, _ = _timed(lambda: dc.encode_delta(_state(old), _state(new), **mk), args.reps)
-    warm = _state(old)
-    for t in warm.values():
-        _ = t.hash
-    t_warm, _, _ = _timed(lambda: dc.encode_delta(warm, _state(new), **mk), args.reps)
-    return enc, t_cold, t_warm
+    t_cold, encs, _ = _timed(
+        lambda: [dc.encode_delta(_state(o), _state(n), **mk) for o, n in pairs], args.reps
+    )
+    warm = [_state(o) for o, _ in pairs]
+    for state in warm:
+        for t in state.values():
+            _ = t.hash
+    t_warm, _, _ = _timed(
+        lambda: [
+            dc.encode_delta(w, _state(n), **mk) for w, (_, n) in zip(warm, pairs, strict=True)
+        ],
+        args.reps,
+    )
+    return encs, t_cold, t_warm
 
 
-def _time_decode(
-    enc: Any, old: list[Any], new: list[Any], reps: int
-) -> tuple[Timing, Timing, bool]:
-    """Decode cold (new arrays, base hashes computed) and as a double-buffered worker (base
-    hashes known, output over the previous buffers); checks every result bit for bit."""
+def _time_decode(encs: list[Any], pairs: list[Pair], reps: int) -> tuple[Timing, Timing, bool]:
+    """Decode into new arrays (base hashes computed), and apply in place onto a held copy of
+    the base whose hashes are known (copied outside the timed region); checks every result
+    bit for bit."""
     from rlstream.schemas import deltacodec as dc
 
-    want = _state(new)
+    wants = [_state(n) for _, n in pairs]
 
-    def exact(out: Any) -> bool:
-        return dc.same_state(out, want)
+    def exact(outs: list[Any]) -> bool:
+        return all(dc.same_state(o, w) for o, w in zip(outs, wants, strict=True))
 
-    t_cold, _, ok_cold = _timed(
-        lambda: dc.decode(enc.manifest, enc.chunks, _state(old)), reps, exact
+    t_dec, _, ok_dec = _timed(
+        lambda: [
+            dc.decode(e.manifest, e.chunks, _state(o))
+            for e, (o, _) in zip(encs, pairs, strict=True)
+        ],
+        reps,
+        exact,
     )
-    base = _state(old)
-    for t in base.values():
-        _ = t.hash
-    spare = {k: dc.TensorBits(t.dtype, t.shape, t.bits.copy()) for k, t in base.items()}
+    hashes = [{k: t.hash for k, t in _state(o).items()} for o, _ in pairs]
 
-    def recycled() -> Any:
-        nonlocal spare
-        spare = dc.decode(enc.manifest, enc.chunks, base, recycle=spare)
-        return spare
+    def held() -> list[Any]:
+        out = []
+        for (o, _), known in zip(pairs, hashes, strict=True):
+            state = _state({k: (tag, a.copy()) for k, (tag, a) in o.items()})
+            for k, t in state.items():
+                t.remember_hash(known[k])
+            out.append(state)
+        return out
 
-    t_recycled, _, ok_recycled = _timed(recycled, reps, exact)
-    return t_cold, t_recycled, ok_cold and ok_recycled
+    def apply(states: list[Any]) -> list[Any]:
+        return [
+            dc.apply_in_place(e.manifest, e.chunks, s) for e, s in zip(encs, states, strict=True)
+        ]
+
+    t_apply, _, ok_apply = _timed(apply, reps, exact, setup=held)
+    return t_dec, t_apply, ok_dec and ok_apply
 
 
 def _time_memcpy(arrays: list[Any], reps: int) -> tuple[Timing, Timing]:
@@ -237,17 +504,19 @@ def _time_memcpy(arrays: list[Any], reps: int) -> tuple[Timing, Timing]:
     return t_fresh, t_reuse
 
 
-def _zstd_baselines(old_arrays: list[Any], new_arrays: list[Any]) -> dict[str, float]:
+def _zstd_baselines(pairs: list[Pair]) -> dict[str, float]:
     """zstd level 3, one thread, of the full new weights and of old XOR new."""
     import zstandard
 
     cctx = zstandard.ZstdCompressor(level=3, threads=0)
-    raw = sum(a.nbytes for a in new_arrays)
+    news = [a for _, n in pairs for _, a in n.values()]
+    olds = [o[k][1] for o, n in pairs for k in n]
+    raw = sum(a.nbytes for a in news)
     t0 = time.perf_counter()
-    full = sum(len(cctx.compress(a.data)) for a in new_arrays)
+    full = sum(len(cctx.compress(a.data)) for a in news)
     t_full = time.perf_counter() - t0
     t0 = time.perf_counter()
-    xor = sum(len(cctx.compress((a ^ b).data)) for a, b in zip(old_arrays, new_arrays, strict=True))
+    xor = sum(len(cctx.compress((a ^ b).data)) for a, b in zip(olds, news, strict=True))
     t_xor = time.perf_counter() - t0
     return {
         "zstd_full_ratio": raw / full,
@@ -259,21 +528,28 @@ def _zstd_baselines(old_arrays: list[Any], new_arrays: list[Any]) -> dict[str, f
 
 def _lines(result: dict[str, Any]) -> list[str]:
     head = (
-        f"deltas: {result['params']:,} bf16 params, {result['tensors']} tensors, median of"
-        f" {result['reps']}, {result['cpu_count']} cpus, load {result['load_average']}"
+        f"deltas: median of {result['reps']}, {result['cpu_count']} cpus,"
+        f" load {result['load_average']}"
     )
     lines = [head]
     for c in result["cases"]:
         lines += [
-            f"lr {c['lr']:g}: {c['changed_fraction']:.3%} changed, ratio {c['ratio']:.1f}x"
-            f" (entropy bound {c['entropy_bound']:.1f}x, {c['entropy_bound_ratio']:.3f} of it;"
+            f"{c['workload']} lr {c['lr']:g} ({c['params']:,} params x {c['versions']}):"
+            f" {c['changed_fraction']:.3%} changed, ratio {c['ratio']:.1f}x"
+            f" (order-0 bound {_x(c['order0_bound_x'])}, conditioned bound"
+            f" {_x(c['conditioned_bound_x'])}, {_x(c['fraction_of_conditioned_bound'], '.3f', '')}"
+            " of it;"
             f" zstd full {c['zstd_full_ratio']:.2f}x, zstd xor {c['zstd_xor_ratio']:.1f}x),"
-            f" {c['chunks']} chunks, bit exact: {c['bit_exact']}",
+            f" bit exact: {c['bit_exact']}",
             f"  encode {c['encode_gb_per_s']:.2f} GB/s (warm {c['encode_warm_gb_per_s']:.2f}),"
-            f" decode {c['decode_gb_per_s']:.2f} GB/s (recycled {c['decode_recycled_gb_per_s']:.2f}),"
-            f" memcpy {c['memcpy_gb_per_s']:.2f} GB/s (reuse {c['memcpy_reuse_gb_per_s']:.2f})",
+            f" apply in place {c['apply_gb_per_s']:.2f} GB/s, decode {c['decode_gb_per_s']:.2f}"
+            f" GB/s, memcpy {c['memcpy_gb_per_s']:.2f} GB/s (reuse {c['memcpy_reuse_gb_per_s']:.2f})",
             "  by CPU time: "
             + ", ".join(f"{k} {v:.2f}" for k, v in c["cpu_time_gb_per_s"].items())
             + " GB/s",
         ]
     return lines
+
+
+def _x(value: float | None, fmt: str = ".1f", unit: str = "x") -> str:
+    return "-" if value is None else f"{value:{fmt}}{unit}"

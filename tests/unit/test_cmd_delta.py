@@ -167,17 +167,25 @@ def test_bench_deltas_json_is_the_last_stdout_line(capsys: pytest.CaptureFixture
 
     parser = argparse.ArgumentParser()
     deltas.register_bench(parser.add_subparsers())
-    args = parser.parse_args(["deltas", "--params", "40000", "--reps", "1", "--json"])
+    argv = ["deltas", "--params", "40000", "--reps", "1", "--json", "--workloads", "synthetic"]
+    args = parser.parse_args(argv)
     assert args.func(args) == 0
     out = capsys.readouterr().out.strip().splitlines()
     result = json.loads(out[-1])
-    assert [c["lr"] for c in result["cases"]] == [1e-6, 1e-5]
+    assert [(c["workload"], c["lr"]) for c in result["cases"]] == [
+        ("synthetic", 1e-6),
+        ("synthetic", 1e-5),
+    ]
     for case in result["cases"]:
         assert case["bit_exact"] is True and case["ratio"] > 1
+        assert case["fraction_of_conditioned_bound"] == pytest.approx(
+            case["ratio"] / case["conditioned_bound_x"]
+        )
+        assert case["conditioned_bound_x"] > case["order0_bound_x"]
         for key in (
             "changed_fraction",
-            "entropy_bound_ratio",
             "encode_gb_per_s",
+            "apply_gb_per_s",
             "decode_gb_per_s",
             "memcpy_gb_per_s",
             "zstd_xor_ratio",

@@ -363,7 +363,7 @@ def test_dense_change_uses_a_dense_encoding_and_noise_goes_raw() -> None:
     ("steps", "packing"),
     [([1, -1] * 6 + [2, 300], 2), ([1, -2, 3, -4, 5, -6, 7, 99], 4), ([999], 0)],
 )
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "int64"])
+@pytest.mark.parametrize("dtype", ["uint16", "int32", "int64"])  # no exponent: sparse pieces
 def test_value_packings_round_trip(steps: list[int], packing: int, dtype: str) -> None:
     rng = np.random.default_rng(len(steps))
     width = dc.DTYPE_WIDTHS[dtype]
