@@ -5,6 +5,9 @@ role, the streams it reads and writes; ``plan`` turns it into Kafka ACL grants f
 
 - read a stream: READ on its topic ``rl.RUN.STREAM`` (literal);
 - write a stream: WRITE on its topic (literal);
+- prune a stream (the learner's weight chunks, deleted by keyframe count): DELETE on its topic
+  (literal), which DeleteRecords needs; Kafka has no narrower grant, so it would also let that
+  role delete that one topic;
 - every role: DESCRIBE and DESCRIBE_CONFIGS on the run's topics (prefix ``rl.RUN.``) and the
   cluster topics, so a starting role can check the topics exist (``ensure_run_topics``), READ
   on ``rl.schemas`` (decoders) and, if it writes anything, WRITE on it (writers announce their
@@ -36,7 +39,7 @@ from rlstream.schemas import topics
 
 Resource = Literal["topic", "group", "transactional_id"]
 Pattern = Literal["literal", "prefixed"]
-Operation = Literal["read", "write", "describe", "describe_configs"]
+Operation = Literal["read", "write", "delete", "describe", "describe_configs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +56,8 @@ class RoleAccess:
     """True when several groups share the suffix as a prefix (one judge group per rubric)."""
     transactional: bool = True
     """Whether it writes in transactions (ids ``rlstream.RUN.<role>`` or ``...<role>.*``)."""
+    prunes: tuple[str, ...] = ()
+    """Streams whose old records it deletes (``DeleteRecords``)."""
 
 
 #: What each role reads and writes (see each role's module); keep in step with the roles.
@@ -83,6 +88,7 @@ ACCESS: dict[str, RoleAccess] = {
         reads=("admitted", "weights.manifests", "weights.chunks"),
         writes=("weights.manifests", "weights.chunks", "dlq"),
         group="learner",
+        prunes=("weights.chunks",),  # chunks no kept keyframe needs (producers.weight_retention)
     ),
     "feedback-rl": RoleAccess(
         reads=("feedback", "served", "trajectories", "weights.manifests", "admitted", "rejected"),
@@ -121,7 +127,7 @@ class Grant:
 
 def _check_access() -> None:
     for role, access in ACCESS.items():
-        unknown = set(access.reads) | set(access.writes)
+        unknown = set(access.reads) | set(access.writes) | set(access.prunes)
         unknown -= set(topics.RUN_STREAMS)
         if unknown:
             raise ValueError(f"role {role!r}: streams {sorted(unknown)} are not in the catalog")
@@ -135,6 +141,8 @@ def _topic_grants(user: str, run: str, access: RoleAccess) -> Iterable[Grant]:
         yield Grant(user, "topic", "literal", topics.topic_name(run, stream), "read")
     for stream in access.writes:
         yield Grant(user, "topic", "literal", topics.topic_name(run, stream), "write")
+    for stream in access.prunes:
+        yield Grant(user, "topic", "literal", topics.topic_name(run, stream), "delete")
     run_prefix = f"{topics.PREFIX}.{topics.validate_name(run)}."
     for op in ("describe", "describe_configs"):
         yield Grant(user, "topic", "prefixed", run_prefix, op)
