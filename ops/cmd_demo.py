@@ -2,7 +2,8 @@
 
 Multi-region by default (``--regions trainer,eu``): the first region (or ``trainer``) trains, the
 others roll out; the rollout workers run outside the trainer region, spread over the rollout
-regions, and every role agrees on the regions through the run config (``regions.*``)."""
+regions, and every role agrees on the regions through the run config (``regions.*``).
+``--secure`` runs one region on the secured local cluster, each role as its own user."""
 
 from __future__ import annotations
 
@@ -37,6 +38,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=".rlstream/runs", help="where logs and the PNG go")
     p.add_argument("--json", action="store_true", help="end with one JSON line")
     p.add_argument("--home", default=None, help="local cluster state directory")
+    p.add_argument(
+        "--secure",
+        action="store_true",
+        help="one region (--regions trainer) on the secured local cluster: the run's users, "
+        "topics and ACLs applied, every role connected as its own user",
+    )
     p.set_defaults(func=_demo)
 
 
@@ -46,10 +53,17 @@ def _demo(args: argparse.Namespace) -> int:
     from rlstream.ops.config import load_run_config
     from rlstream.trainer.learner_step import LearnerConfig, init_model
 
+    names = [r.strip() for r in args.regions.split(",") if r.strip()] or ["trainer"]
+    if args.secure and len(names) > 1:
+        print(
+            f"error: --secure runs one region (MirrorMaker 2 gets no credentials); got "
+            f"--regions {','.join(names)}, use --regions {names[0]}",
+            file=sys.stderr,
+        )
+        return 2
     run = args.run or time.strftime("demo-%Y%m%d-%H%M%S")
     out = Path(args.out) / run
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    names = [r.strip() for r in args.regions.split(",") if r.strip()] or ["trainer"]
     cache = str(Path(args.out) / "warm-start.pt")
     # Every role gets the same overrides; the run manifest records the config they resolve to.
     sets = [
@@ -118,8 +132,14 @@ def _start_regions(args, run, config, regions) -> dict:
     from rlstream.producers.admin import ensure_run_topics
 
     local = [r for r in regions.names if r not in config.regions.clusters]
-    cluster.up(local, home=args.home, trainer=regions.trainer)
-    settings = {r: config.regions.settings(r, args.home) for r in regions.names}
+    secure = True if args.secure else None  # None: a running cluster stays as it was started
+    cluster.up(local, home=args.home, trainer=regions.trainer, secure=secure)
+    settings = {r: config.regions.settings(r, args.home) for r in regions.names}  # admin's
+    if args.secure:
+        from rlstream.ops.cmd_acl import apply
+
+        counts = apply(settings[regions.trainer], run, _home(args))
+        print(f"run {run}: {counts['users']} role users, {counts['acls']} ACLs applied", flush=True)
     for name, region_settings in settings.items():
         ensure_run_topics(region_settings, run, regions=regions, here=name)
     now = int(time.time() * 1000)
@@ -130,17 +150,19 @@ def _start_regions(args, run, config, regions) -> dict:
 
 def _start_roles(args, run, config, regions, settings, logs: Path, extra: list[str]) -> list:
     """Trainer-region roles in the trainer region; rollout workers in the rollout regions."""
+    from functools import partial
+
     from rlstream.ops import demo
 
     home, here = settings[regions.trainer], regions.trainer
+    # secured: each role finds the cluster in the state directory and connects as its own user
+    start = partial(demo.start_role, home=_home(args)) if args.secure else demo.start_role
     roles = [
-        demo.start_role("learner", run, home, logs, extra, region=here),
-        demo.start_role("admission", run, home, logs, extra, region=here),
+        start("learner", run, home, logs, extra, region=here),
+        start("admission", run, home, logs, extra, region=here),
     ]
     roles += [
-        demo.start_role(
-            "judge", run, home, logs, ["--name", name, *extra], f"judge-{name}", region=here
-        )
+        start("judge", run, home, logs, ["--name", name, *extra], f"judge-{name}", region=here)
         for name in config.judges
     ]
     places = regions.rollout or (regions.trainer,)
@@ -148,10 +170,16 @@ def _start_roles(args, run, config, regions, settings, logs: Path, extra: list[s
         where = places[i % len(places)]
         member = ["--member", str(i), *extra]
         name = f"rollout-{where}-{i}"
-        roles.append(demo.start_role("rollout", run, settings[where], logs, member, name, where))
-    roles.append(demo.start_role("scheduler", run, home, logs, extra, region=here))
-    roles.append(demo.start_role("eval", run, home, logs, extra, region=here))
+        roles.append(start("rollout", run, settings[where], logs, member, name, where))
+    roles.append(start("scheduler", run, home, logs, extra, region=here))
+    roles.append(start("eval", run, home, logs, extra, region=here))
     return roles
+
+
+def _home(args) -> Path:
+    from rlstream.ops import cluster
+
+    return Path(args.home) if args.home else cluster.default_home()
 
 
 def _where(settings, regions) -> str:

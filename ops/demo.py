@@ -7,6 +7,10 @@ scheduler in the trainer region and the rollout workers in the rollout regions, 
 streams (local and mirrored), and at the end stops exactly the processes it started (by pid),
 writes a PNG (success rate by policy version, staleness histogram) and returns the summary.
 
+``rlstream demo --secure`` runs one region on the secured local cluster: it applies the run's
+users, topics and ACLs (``rlstream acl apply``), every role connects as its own user, and the
+demo's own readers (progress, held-out eval, run manifest) as ``admin``.
+
 Per region the progress shows the trajectories admitted (samples of admitted groups, by the
 region that generated them) and the weight version the region has applied: for a rollout region
 the newest behaviour version among its trajectories (a worker generates a task with the version
@@ -46,10 +50,20 @@ def start_role(
     extra: list[str],
     name: str = "",
     region: str | None = None,
+    home: Path | str | None = None,
 ) -> RoleProcess:
-    """``rlstream run ROLE`` as a process of its own, in ``region`` (reached at ``settings``)."""
+    """``rlstream run ROLE`` as a process of its own, in ``region`` (reached at ``settings``,
+    with its credentials when it has any).
+
+    With ``home`` (the local cluster's state directory) the role is given no address: it finds
+    ``region`` there and, when the cluster is secured, connects as its own user (``ops.roles``);
+    no ``RLSTREAM_BOOTSTRAP``/``RLSTREAM_KAFKA_*`` is passed on that would make it someone else.
+    """
     name = name or role
     log = logs / f"{name}.log"
+    where = (
+        ["--home", str(home)] if home is not None else ["--bootstrap", settings.bootstrap_servers]
+    )
     cmd = [
         sys.executable,
         "-m",
@@ -58,15 +72,36 @@ def start_role(
         role,
         "--run",
         run,
-        "--bootstrap",
-        settings.bootstrap_servers,
+        *where,
         *(["--region", region] if region else []),
         *extra,
     ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    if home is not None:
+        env = {k: v for k, v in env.items() if not _names_a_cluster(k)}
+    else:
+        env.update(credentials_env(settings))
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     return RoleProcess(name, proc, log)
+
+
+def credentials_env(settings: KafkaSettings) -> dict[str, str]:
+    """The ``RLSTREAM_KAFKA_*`` variables that give a process started with ``--bootstrap``
+    the security settings of ``settings`` (read back by ``KafkaSettings.from_env``)."""
+    fields = ("security_protocol", "sasl_mechanism", "sasl_username", "ssl_ca_location")
+    env = {
+        f"RLSTREAM_KAFKA_{f.upper()}": str(getattr(settings, f))
+        for f in fields
+        if getattr(settings, f) is not None
+    }
+    if settings.sasl_password is not None:
+        env["RLSTREAM_KAFKA_SASL_PASSWORD"] = settings.sasl_password.get_secret_value()
+    return env
+
+
+def _names_a_cluster(variable: str) -> bool:
+    return variable == "RLSTREAM_BOOTSTRAP" or variable.startswith("RLSTREAM_KAFKA_")
 
 
 def stop_roles(roles: list[RoleProcess], timeout: float = 20.0) -> None:
