@@ -16,7 +16,11 @@ pytestmark = pytest.mark.slow
 CASES = {
     "bus": (["--events", "20", "--tokens", "256", "--reps", "1"], ["ratio", "p50_ms"]),
     "deltas": (
-        ["--params", "200000", "--reps", "1", "--lrs", "1e-5"],
+        [
+            *("--params", "200000", "--reps", "1", "--lrs", "1e-5", "--real-seconds", "1"),
+            *("--real-width", "32", "--real-layers", "1"),
+            *("--learner-warm-steps", "2", "--learner-steps", "1"),
+        ],
         ["cases"],
     ),
     "sync": (
