@@ -241,8 +241,11 @@ class Driver:
         )
         try:
             deadline = time.monotonic() + self.args.timeout
+            scheduler = next(r for r in self.roles if r.name == "scheduler")
             while watcher.version < 1:
                 self._alive_or_fail()
+                if scheduler.proc.poll() is not None:
+                    raise RuntimeError("every task was decided before the learner's version 1")
                 if time.monotonic() > deadline:
                     raise TimeoutError("the learner published no version 1")
                 time.sleep(1.0)
