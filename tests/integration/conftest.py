@@ -4,6 +4,12 @@
 runs testcontainers' Kafka (needs a Docker engine); otherwise the project's own launcher starts
 a broker in a temporary state directory and stops exactly that broker, by pid, when the session
 ends. Every test makes its own uniquely named topics and groups.
+
+``RLSTREAM_SECURE=1`` starts that broker secured (``cluster up --secure``: SASL/SCRAM over TLS,
+ACLs enforced) and ``kafka`` is then ``admin``'s settings, so tests that talk to the broker as
+admin run unchanged. Tests marked ``unsecured_only(reason)`` are skipped then: they need a
+plaintext address (kcat, a worker given a bare bootstrap) or several regions (MirrorMaker 2 is
+not secured).
 """
 
 from __future__ import annotations
@@ -19,6 +25,14 @@ import pytest
 from rlstream.producers.settings import KafkaSettings
 
 pytestmark = pytest.mark.integration
+
+SECURE = os.environ.get("RLSTREAM_SECURE") == "1"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "unsecured_only(reason): skipped when RLSTREAM_SECURE=1 secures the broker"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -42,9 +56,15 @@ def kafka(cluster_home: Path) -> Iterator[KafkaSettings]:
         return
     from rlstream.ops import cluster
 
-    state = cluster.up(["trainer"], home=cluster_home, heap="768m", log=lambda *_: None)
     try:
-        settings = KafkaSettings(bootstrap_servers=state.bootstrap("trainer"))
+        state = cluster.up(
+            ["trainer"],
+            home=cluster_home,
+            heap="768m",
+            log=lambda *_: None,
+            secure=True if SECURE else None,
+        )
+        settings = state.settings("trainer")  # admin's SASL/TLS settings when secured
         ensure_cluster_topics(settings)
         yield settings
     finally:
@@ -59,6 +79,10 @@ def geo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     when the session ends."""
     if KafkaSettings.from_env() is not None:
         pytest.skip("needs the local launcher to start several regions")
+    if SECURE:
+        pytest.skip(
+            "RLSTREAM_SECURE: a secured local cluster has one region (MirrorMaker 2 is not secured)"
+        )
     from rlstream.ops import cluster
 
     home = tmp_path_factory.mktemp("geo") / "cluster"
@@ -82,6 +106,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.integration)
+        unsecured = item.get_closest_marker("unsecured_only")
+        if SECURE and unsecured is not None:
+            reason = unsecured.args[0] if unsecured.args else "needs an unsecured broker"
+            item.add_marker(pytest.mark.skip(reason=f"RLSTREAM_SECURE: {reason}"))
 
 
 @pytest.fixture

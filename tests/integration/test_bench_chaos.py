@@ -24,6 +24,7 @@ TINY = [
 ]  # fmt: skip
 
 
+@pytest.mark.unsecured_only("bench chaos starts its own unsecured cluster")
 def test_chaos_bench_loses_nothing_and_shows_every_fault(tmp_path: Path) -> None:
     env = {
         **os.environ,

@@ -43,7 +43,14 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("bench", sorted(CASES))
+#: Benchmarks that reach Kafka by a bare bootstrap address (``async``: roles given one).
+ON_KAFKA = {"bus", "sync", "ingest", "async"}
+UNSECURED = pytest.mark.unsecured_only("the benchmark is given a bare bootstrap, no credentials")
+
+
+@pytest.mark.parametrize(
+    "bench", [pytest.param(b, marks=[UNSECURED] if b in ON_KAFKA else []) for b in sorted(CASES)]
+)
 def test_bench_runs_and_keeps_its_result(
     bench: str, kafka, cluster_home: Path, tmp_path: Path
 ) -> None:

@@ -95,6 +95,7 @@ def test_corrupted_record_goes_to_dead_letter_stream(kafka, unique_run):
     assert headers["rlstream.dlq.reason"] == b"corrupt_body"
 
 
+@pytest.mark.unsecured_only("kcat is given a plaintext address, no SASL/TLS")
 @pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is not installed (make sysdeps)")
 def test_kcat_reads_our_record_and_fastavro_decodes_it_with_the_published_schema(kafka, unique_run):
     topic = f"{unique_run}.interop"

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from helpers import decode_all, make_topics, read_all, task
 
 from rlstream.consumers.consumer import Record, Stopper
@@ -40,6 +41,7 @@ def _start(kafka: KafkaSettings, names: dict[str, str], delay: float) -> subproc
     return proc
 
 
+@pytest.mark.unsecured_only("its worker process is given a bare bootstrap address, no credentials")
 def test_sigkill_mid_batch_then_restart_outputs_each_input_once(kafka, unique_run):
     names = {
         "input": f"{unique_run}.in",

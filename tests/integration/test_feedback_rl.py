@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 import numpy as np
+import pytest
 from helpers import decode_all, read_all
 
 from rlstream.producers.admin import ensure_run_topics
@@ -105,6 +106,7 @@ def feedback(
     return record
 
 
+@pytest.mark.unsecured_only("its worker process is given a bare bootstrap address, no credentials")
 def test_online_groups_exactly_once_across_a_crash(kafka: KafkaSettings, unique_run: str) -> None:
     run = unique_run
     ensure_run_topics(kafka, run)

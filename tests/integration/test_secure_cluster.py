@@ -2,7 +2,8 @@
 
 The module starts its own secured broker (``cluster.up(secure=True)``) in a temporary state
 directory, applies the ACLs of one run as ``admin`` (``rlstream acl apply``), then connects as
-each role's user. It stops exactly that broker, by pid.
+each role's user; the last test runs the role loops themselves, each an ``rlstream run`` process
+connecting as its own user. It stops exactly that broker and those processes, by pid.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, NewTopic
+from helpers import decode_all
 from pydantic import SecretStr
 
 from rlstream.consumers.consumer import make_consumer
@@ -32,6 +34,7 @@ from rlstream.consumers.read_to_end import read_to_end, reader
 from rlstream.ops import acls, cluster
 from rlstream.ops.cluster import security
 from rlstream.ops.cmd_acl import apply
+from rlstream.ops.demo import RoleProcess, start_role, stop_roles
 from rlstream.ops.regions import local_settings
 from rlstream.producers.admin import ensure_run_topics
 from rlstream.producers.producer import EventProducer
@@ -236,3 +239,99 @@ def test_roles_are_denied_what_they_must_not_do(secured: Secured) -> None:
     with pytest.raises(KafkaException) as refused:
         future.result(timeout=15)
     assert refused.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+
+#: A run small enough for a test: one judge, groups of 4, two groups a step, a short warm start,
+#: a keyframe every second version (so the learner prunes chunks at version 4).
+TINY_RUN = """
+group_size = 4
+groups_per_step = 2
+max_staleness = 2
+[scheduler]
+max_tasks = 12
+[learner]
+keyframe_every = 2
+[learner.warm_start]
+steps = 30
+[admission]
+reject_no_signal = false
+judges = { tests = 1.0 }
+[rollout.harness]
+max_new_tokens = 24
+[judges.tests]
+kind = "tests"
+"""
+
+
+def test_the_role_loops_train_each_as_its_own_user(secured: Secured, tmp_path: Path) -> None:
+    """Scheduler, rollout, a judge, admission and learner, each ``rlstream run`` finding the
+    cluster in its state directory (no address, no credentials given): a group is admitted, the
+    learner publishes versions and prunes its weight chunks at the third keyframe, every role
+    within its own ACLs."""
+    run = f"loop{uuid.uuid4().hex[:8]}"
+    admin = secured.user("admin")
+    apply(admin, run, secured.state.home)
+    recipe = tmp_path / "tiny.toml"
+    recipe.write_text(TINY_RUN)
+    extra = ["--config", str(recipe), "--set", f"learner.state_dir={tmp_path / 'learner'}"]
+    extra += ["--set", f"learner.warm_start_cache={tmp_path / 'warm.pt'}"]
+    roles: list[RoleProcess] = []
+    for role, more in [
+        ("learner", []),
+        ("admission", []),
+        ("judge", ["--name", "tests"]),
+        ("rollout", ["--member", "0"]),
+        ("scheduler", []),
+    ]:
+        roles.append(
+            start_role(role, run, admin, tmp_path, [*more, *extra], home=secured.state.home)
+        )
+    try:
+        admitted = _wait_for(lambda: decode_all(admin, topics.topic_name(run, "admitted")), roles)
+        assert admitted[0].record["reason"] in (None, ""), admitted[0].record
+        versions = _wait_for(lambda: _versions(admin, run, least=1), roles)
+        assert max(versions) >= 1 and 0 in versions, versions
+        # version 4 is the third keyframe: the chunks of versions 0 and 1 are deleted
+        pruned = _wait_for(
+            lambda: _low_watermarks(admin, topics.topic_name(run, "weights.chunks")), roles
+        )
+        assert max(pruned) > 0, pruned
+        for r in roles:
+            assert r.proc.poll() is None, f"{r.name} exited: {r.log.read_text()[-2000:]}"
+    finally:
+        stop_roles(roles)
+    denied = [r.name for r in roles if "AUTHORIZATION_FAILED" in r.log.read_text()]
+    assert denied == [], denied  # no role reached for anything its ACLs do not grant
+
+
+def _versions(settings: KafkaSettings, run: str, least: int) -> list[int]:
+    records = decode_all(settings, topics.topic_name(run, "weights.manifests"))
+    versions = sorted({int(d.record["version"]) for d in records})
+    return versions if versions and versions[-1] >= least else []
+
+
+def _low_watermarks(settings: KafkaSettings, topic: str) -> list[int]:
+    """The topic's low watermarks once a record of it was deleted, else []."""
+    consumer = Consumer({**settings.librdkafka(), **QUIET, "group.id": "rlstream.check"})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        marks = [
+            consumer.get_watermark_offsets(TopicPartition(topic, p), 10)[0] for p in partitions
+        ]
+    finally:
+        consumer.close()
+    return marks if any(marks) else []
+
+
+def _wait_for(found, roles: list[RoleProcess], timeout: float = 150.0):
+    """Poll ``found()`` until it returns something; fail early when a role exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = found()
+        if result:
+            return result
+        dead = [r for r in roles if r.proc.poll() is not None and r.name != "scheduler"]
+        assert not dead, f"{dead[0].name} exited: {dead[0].log.read_text()[-2000:]}"
+        time.sleep(2.0)
+    tails = {r.name: r.log.read_text()[-800:] for r in roles}
+    raise AssertionError(f"not within {timeout}s; role logs: {tails}")

@@ -99,6 +99,7 @@ def _feedback(request_id: str, i: int, action: str, choice: int) -> dict[str, An
     }
 
 
+@pytest.mark.unsecured_only("its worker process is given a bare bootstrap address, no credentials")
 @pytest.mark.timeout(240)
 def test_feedback_on_a_served_completion_is_trained_on(
     kafka: KafkaSettings, unique_run: str, tmp_path: Path

@@ -190,6 +190,7 @@ def test_corrupt_chunk_is_refused_then_the_next_keyframe_recovers(kafka, unique_
         assert sub.reports[-1].steps == ((6, "keyframe"),)
 
 
+@pytest.mark.unsecured_only("its worker process is given a bare bootstrap address, no credentials")
 def test_subscriber_killed_mid_apply_restarts_onto_the_newest_version(kafka, unique_run):
     _make_topics(kafka, unique_run)
     learner, pub = Learner(seed=3), _publisher(kafka, unique_run, k=3)
