@@ -15,12 +15,14 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
+TASKS = 6
 TINY = [
-    "--tasks", "8", "--rollout-workers", "2", "--chaos-seconds", "20", "--role-kills", "2",
+    "--tasks", str(TASKS), "--rollout-workers", "1", "--chaos-seconds", "20", "--role-kills", "2",
     "--broker-kills", "1", "--broker-down", "2", "--poison-rounds", "1", "--forged-rounds", "1",
     "--timeout", "300",
-    "--set", "learner.warm_start.steps=30", "--set", "rollout.harness.max_new_tokens=16",
+    "--set", "learner.warm_start.steps=5", "--set", "rollout.harness.max_new_tokens=16",
     "--set", "group_size=4", "--set", "groups_per_step=2",
+    "--set", "admission.reject_no_signal=false",  # a weak policy's groups train too: version 1
 ]  # fmt: skip
 
 
@@ -42,7 +44,7 @@ def test_chaos_bench_loses_nothing_and_shows_every_fault(tmp_path: Path) -> None
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert r["finished"] and r["groups_released"] == 8 and r["groups_decided"] == 8, r
+    assert r["finished"] and r["groups_released"] == r["groups_decided"] == TASKS, r
     assert r["groups_lost"] == 0 and r["groups_decided_twice"] == 0, r
     assert r["groups_trained"] > 0 and r["groups_trained_twice"] == 0, r
     assert r["poison_dead_lettered"] > 0 and r["poison_missed"] == 0 and r["poison_trained"] == 0
