@@ -3,8 +3,9 @@
 ``GeoRun`` starts learner, admission, the ``tests`` judge and the scheduler in the trainer
 region and one rollout worker per rollout region, each ``rlstream run ... --region R`` against
 the session's local multi-region cluster (``geo``). ``ledger`` reads back, from the trainer
-region's streams, what was released (with each task's attempts and regions), decided (admitted
-or rejected) and trained; ``reconcile`` asserts nothing was lost and nothing trained twice.
+region's streams (``rlstream.ops.ledger``), what was released (with each task's attempts and
+regions), decided (admitted or rejected) and trained; ``reconcile`` asserts nothing was lost and
+nothing trained twice.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from helpers import decode_all, read_all
+from helpers import read_all
 
 from rlstream.ops import cluster
 from rlstream.ops.demo import start_role
+from rlstream.ops.ledger import Ledger, read_ledger
 from rlstream.producers.admin import ensure_run_topics
 from rlstream.producers.settings import KafkaSettings
 from rlstream.schemas import topics
@@ -41,19 +43,6 @@ SETTINGS = [
 
 def settings_of(home: Path, region: str) -> KafkaSettings:
     return KafkaSettings(bootstrap_servers=cluster.load(home).bootstrap(region))
-
-
-@dataclass
-class Ledger:
-    """What the trainer region's streams say about a run's groups."""
-
-    released: dict[str, list[tuple[int, str]]]  # task id -> [(attempt, region)] in order
-    decided: dict[str, list[str]]  # group id -> ["admitted"] or [reason], one entry per decision
-    trained: list[str]  # group ids behind every published version's inputs
-
-    @property
-    def reissued(self) -> set[str]:
-        return {t for t, r in self.released.items() if len(r) > 1}
 
 
 @dataclass
@@ -122,17 +111,7 @@ class GeoRun:
         return settings_of(self.home, "trainer")
 
     def ledger(self) -> Ledger:
-        kafka, run = self.home_settings(), self.run
-        released: dict[str, list[tuple[int, str]]] = collections.defaultdict(list)
-        for d in decode_all(kafka, topics.topic_name(run, "tasks")):
-            rec = d.record
-            released[rec["task_id"]].append((rec["attempt"], (rec["tags"] or {}).get("region")))
-        decided: dict[str, list[str]] = collections.defaultdict(list)
-        for stream in ("admitted", "rejected"):
-            for d in decode_all(kafka, topics.topic_name(run, stream)):
-                if d.record["part_index"] == 0:
-                    decided[d.record["group_id"]].append(d.record["reason"] or "admitted")
-        return Ledger(dict(released), dict(decided), trained_groups(kafka, run))
+        return read_ledger(self.home_settings(), self.run)
 
     def decided_count(self) -> int:
         """Groups decided so far (cheaper than ``ledger``)."""
@@ -174,22 +153,6 @@ class GeoRun:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-
-
-def trained_groups(kafka: KafkaSettings, run: str) -> list[str]:
-    """Group ids behind every version's inputs (from the manifests), in version order."""
-    manifests = decode_all(kafka, topics.topic_name(run, "weights.manifests"))
-    by_ref = {}  # read after the manifests: every input they name is there
-    for key, _value, msg in read_all(kafka, topics.topic_name(run, "admitted")):
-        by_ref[(msg.topic(), msg.partition(), msg.offset())] = key.decode()
-    seen, groups = set(), []
-    for d in manifests:
-        if d.record["version"] in seen:
-            continue  # a keyframe and a delta of one version share their inputs
-        seen.add(d.record["version"])
-        refs = {(r["topic"], r["partition"], r["offset"]) for r in d.record["step_inputs"]}
-        groups += sorted({by_ref[r] for r in refs})
-    return groups
 
 
 def end_offsets(settings: KafkaSettings, topic: str) -> int:
