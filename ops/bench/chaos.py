@@ -4,9 +4,10 @@ Setup: the demo's recipe (``ops/recipes/demo.toml``: the ``fx`` family, the tiny
 judges ``tests`` and ``format``), one region, every role its own supervised process
 (``rlstream run ROLE``: learner, admission, both judges, ``--rollout-workers`` rollout workers,
 the scheduler releasing ``--tasks`` tasks), weight manifests signed with a key of the run, and a
-feedback service (``rlstream serve feedback``) with one HMAC key. The cluster is the local one
-at ``--home`` when its trainer region runs (its broker is killed and restarted too), else a
-temporary one started in its own state directory and stopped (by pid) at the end.
+feedback service (``rlstream serve feedback``) with one HMAC key; a role whose transaction hangs
+exits after ``RLSTREAM_HUNG_TRANSACTION_S`` (30 s unless set) and is restarted. The cluster is
+the local one at ``--home`` when its trainer region runs (its broker is killed and restarted
+too), else a temporary one started in its own state directory and stopped (by pid) at the end.
 
 Once the learner has published version 1, the faults of a plan drawn from ``--seed`` happen at
 random times within ``--chaos-seconds`` (``ops.faults``): ``--role-kills`` SIGKILLs of a random
