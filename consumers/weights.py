@@ -101,6 +101,53 @@ _READER = {
 _CLOSED = {KafkaError._PARTITION_EOF, KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE}
 
 State = dict[str, codec.TensorBits]
+#: The delta (codec manifest, chunks) that made the version being served.
+Kept = tuple[Mapping[str, Any], Sequence[bytes | None]]
+
+
+def stage_step(
+    manifest: Mapping[str, Any],
+    chunks: Sequence[bytes | None],
+    base: State | None,
+    spare: State | None = None,
+    kept: Kept | None = None,
+) -> State:
+    """The state after one step of a route. With a ``spare`` (buffers of the version before
+    ``base``, given up by the caller) and ``kept`` (the delta that turned that version into
+    ``base``), a delta is applied in place: the spare is brought to ``base`` with ``kept``,
+    then to the new version (``codec.apply_in_place``: nothing tensor-sized is allocated or
+    copied, and ``base`` is never written). Otherwise, or when that is refused, the step is
+    decoded (into the spare's buffers when given). Raises the codec's errors."""
+    if spare is not None and kept is not None and base is not None:
+        before, before_chunks = kept
+        if (
+            manifest["kind"] == before["kind"] == "delta"
+            and before["state_hash"] == manifest["base_state_hash"]
+            and before["base_state_hash"] == codec.state_hash(spare)
+            and _disjoint(spare, base)
+        ):
+            # a refusal or failure leaves the spare whole (at its version or the base's):
+            # decode() then reports the step's own error, if it has one
+            with contextlib.suppress(ValueError, codec.DeltaError):
+                caught_up = codec.apply_in_place(before, before_chunks, spare)
+                return codec.apply_in_place(manifest, chunks, caught_up)
+    return codec.decode(manifest, chunks, base, recycle=spare)
+
+
+def _disjoint(a: State, b: State) -> bool:
+    """Whether no tensor of ``a`` shares memory with a tensor of ``b`` (address ranges)."""
+    spans = sorted(
+        (t.bits.__array_interface__["data"][0], t.nbytes, side)
+        for side, state in enumerate((a, b))
+        for t in state.values()
+        if t.nbytes
+    )
+    reach = [0, 0]  # the furthest end seen on each side
+    for lo, size, side in spans:
+        if lo < reach[1 - side]:
+            return False
+        reach[side] = max(reach[side], lo + size)
+    return True
 
 
 # --- planning (pure) -------------------------------------------------------------------------
@@ -297,8 +344,9 @@ class WeightSubscriber:
     ``poll`` and the background thread (``start``) are two ways to drive it, never both.
     ``initial`` seeds a worker that already holds a version (its arrays are never written).
     ``recycle=True`` decodes each new version into the buffers of the version replaced at the
-    hand-over before: only for callers that copy the state in ``on_swap`` and keep no
-    reference to a snapshot's arrays afterwards. ``expected`` is the model's tensor table
+    hand-over before (a delta after a delta is applied in place there, ``stage_step``): only
+    for callers that copy the state in ``on_swap`` and keep no reference to a snapshot's
+    arrays afterwards. ``expected`` is the model's tensor table
     (None: learnt from the first version served) and ``max_state_bytes`` the largest state
     accepted (None: half the machine's memory)."""
 
@@ -343,6 +391,7 @@ class WeightSubscriber:
         self._initial = initial  # the caller's arrays: never recycled
         self.recycle = recycle
         self._spare: State | None = None
+        self._kept: Kept | None = None  # the delta that made the version served (recycle)
         group = f"rlstream.{run}.weights-reader.{uuid.uuid4().hex[:8]}"  # never joined
         self._chunk_reader = Consumer({**settings.librdkafka(), **_READER, "group.id": group})
         self._thread: threading.Thread | None = None
@@ -493,13 +542,16 @@ class WeightSubscriber:
             rec = self._manifests[key]
             log.info("weights: applying version %d (%s, %d bytes)", *key, rec["encoded_bytes"])
             spare, self._spare = self._spare, None  # handed to the codec: consumed either way
+            kept, self._kept = self._kept, None
             try:
                 check_bounds(rec, Bounds(self.table, self.max_state_bytes))
                 t1 = time.perf_counter()
                 chunks, got = self._fetch(rec)
                 t2 = time.perf_counter()
                 manifest = codec_manifest(rec, chunks)
-                state = codec.decode(manifest, chunks, state, recycle=spare)
+                state = stage_step(manifest, chunks, state, spare, kept)
+                if self.recycle and len(route.steps) == 1 and manifest["kind"] == "delta":
+                    self._kept = (manifest, chunks)  # brings the version replaced next forward
                 fetch_s, decode_s = fetch_s + t2 - t1, decode_s + time.perf_counter() - t2
                 nbytes += got
             except (codec.DeltaError, MemoryError) as exc:  # out of memory: refused, not a crash
