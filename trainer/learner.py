@@ -186,7 +186,13 @@ class Learner:
             self.log("learner: published version 0 (warm start keyframe)")
             return 0
         last = int(manifest["version"])
-        if not self.checkpoints.load(last, self.model, self.optimizer):
+        if self.checkpoints.load(last, self.model, self.optimizer):
+            pass
+        elif last == 0 and self._is_published(manifest):
+            # The warm start is deterministic: the model built at start is version 0 exactly (its
+            # fp32 master, not only the published bf16), and so is the fresh optimizer.
+            self.log("learner: version 0 rebuilt from the warm start")
+        else:
             self._restore_from_stream(last)
         self.publisher.resume(
             published_state(self.model, self.cfg.publish_dtype),
@@ -196,6 +202,13 @@ class Learner:
         )
         self.log(f"learner: resumed at version {last}")
         return last
+
+    def _is_published(self, manifest: dict[str, Any]) -> bool:
+        """Whether the model as it is now is the state ``manifest`` published."""
+        from rlstream.schemas.deltacodec_bits import state_hash
+
+        state = published_state(self.model, self.cfg.publish_dtype)
+        return bool(state_hash(state) == manifest["state_hash"])
 
     def _restore_from_stream(self, version: int) -> None:
         """No local checkpoint: take the published weights of ``version`` (optimizer restarts)."""
