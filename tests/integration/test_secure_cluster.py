@@ -296,8 +296,9 @@ def test_the_role_loops_train_each_as_its_own_user(secured: Secured, tmp_path: P
             lambda: _low_watermarks(admin, topics.topic_name(run, "weights.chunks")), roles
         )
         assert max(pruned) > 0, pruned
-        for r in roles:
-            assert r.proc.poll() is None, f"{r.name} exited: {r.log.read_text()[-2000:]}"
+        for r in roles:  # the scheduler ends by itself once every task is released and decided
+            done = r.name == "scheduler" and r.proc.poll() == 0
+            assert done or r.proc.poll() is None, f"{r.name} exited: {r.log.read_text()[-2000:]}"
     finally:
         stop_roles(roles)
     denied = [r.name for r in roles if "AUTHORIZATION_FAILED" in r.log.read_text()]
