@@ -21,3 +21,17 @@ def _results_elsewhere(tmp_path_factory: pytest.TempPathFactory, monkeypatch: py
     repository's ``results/`` (which holds measured runs only)."""
     if "RLSTREAM_RESULTS" not in os.environ:
         monkeypatch.setenv("RLSTREAM_RESULTS", str(tmp_path_factory.getbasetemp() / "results"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that leave several brokers running until the session ends go last: those of the
+    multi-region ``geo`` cluster (three brokers, two MirrorMakers) and the demo, which adds a
+    region to the session's cluster. Everything else then runs beside one broker only."""
+
+    def heavy(item: pytest.Item) -> int:
+        fixtures = getattr(item, "fixturenames", ())
+        if "geo" in fixtures:
+            return 2
+        return 1 if item.nodeid.startswith("tests/integration/test_learning.py") else 0
+
+    items.sort(key=heavy)  # stable: the order within each class is kept

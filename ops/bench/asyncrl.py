@@ -153,7 +153,9 @@ def _one(args: argparse.Namespace, home: Path, out: Path, budget: int, rep: int)
         "group_size": args.group_size,
         "rollout.env_latency.median_s": args.env_median_s,
         "rollout.env_latency.sigma": args.env_sigma,
-        "eval.every": 1_000_000,  # the eval role scores version 0 only
+        "eval.every": 1_000_000,  # the eval role scores version 0 only, on a few tasks
+        "eval.eval_tasks": 4,
+        "eval.k": 1,
     }
     cmd = [sys.executable, "-m", "rlstream", "demo", "--json", "--regions", "trainer"]
     cmd += ["--run", run, "--home", str(home), "--out", str(out)]

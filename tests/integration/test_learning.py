@@ -34,6 +34,7 @@ def test_short_demo_run_learns(kafka, cluster_home, unique_run, tmp_path):
         str(tmp_path),
         "--home",
         str(cluster_home),
+        *("--set", "eval.eval_tasks=8", "--set", "eval.k=2"),  # eval is not what this checks
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
