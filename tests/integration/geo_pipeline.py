@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import signal
 import subprocess
 import time
@@ -22,7 +21,7 @@ from typing import Any
 
 from helpers import read_all
 
-from rlstream.ops import cluster
+from rlstream.ops import cluster, faults
 from rlstream.ops.demo import start_role
 from rlstream.ops.ledger import Ledger, read_ledger
 from rlstream.producers.admin import ensure_run_topics
@@ -175,17 +174,6 @@ def end_offsets(settings: KafkaSettings, topic: str) -> int:
 
 
 def kill9(pid: int | None) -> None:
-    """SIGKILL one process we started (by pid) and reap it if it is our child."""
+    """SIGKILL one process we started (by pid) and wait until it is gone."""
     assert pid, "nothing to kill"
-    os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
-        try:
-            if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                return
-        except ChildProcessError:
-            pass
-        stat = Path(f"/proc/{pid}/stat")
-        if stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-            return
-        time.sleep(0.1)
+    faults.kill9(pid)
