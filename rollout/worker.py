@@ -160,9 +160,8 @@ class RolloutWorker:
         that released the task."""
         if self.cfg.max_staleness > 0:
             return
-        need = released_version
         deadline = time.monotonic() + self.cfg.weights_wait_s
-        while self.version < need and time.monotonic() < deadline:
+        while self.version < released_version and time.monotonic() < deadline:
             self.subscriber.poll(0.2)
             self.swap()
 

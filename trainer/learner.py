@@ -45,6 +45,7 @@ from rlstream.producers.producer import EventProducer
 from rlstream.producers.settings import KafkaSettings
 from rlstream.producers.weights import WeightPublisher
 from rlstream.schemas import arrays, topics
+from rlstream.schemas.deltacodec_bits import state_hash
 from rlstream.trainer.grpo import NonFiniteStep
 from rlstream.trainer.learner_step import (
     Checkpoints,
@@ -186,29 +187,24 @@ class Learner:
             self.log("learner: published version 0 (warm start keyframe)")
             return 0
         last = int(manifest["version"])
-        if self.checkpoints.load(last, self.model, self.optimizer):
-            pass
-        elif last == 0 and self._is_published(manifest):
-            # The warm start is deterministic: the model built at start is version 0 exactly (its
-            # fp32 master, not only the published bf16), and so is the fresh optimizer.
-            self.log("learner: version 0 rebuilt from the warm start")
-        else:
-            self._restore_from_stream(last)
+        state = None
+        if not self.checkpoints.load(last, self.model, self.optimizer):
+            # The model as built (the deterministic warm start) may be the published state
+            # exactly (version 0): then its fp32 master is kept, not rebuilt from the bf16.
+            state = published_state(self.model, self.cfg.publish_dtype)
+            if state_hash(state) == manifest["state_hash"]:
+                self.log(f"learner: version {last} rebuilt from the warm start")
+            else:
+                self._restore_from_stream(last)
+                state = None
         self.publisher.resume(
-            published_state(self.model, self.cfg.publish_dtype),
+            state if state is not None else published_state(self.model, self.cfg.publish_dtype),
             last,
             keyframe_version=int(manifest["keyframe_version"]),
             state_hash=manifest["state_hash"],
         )
         self.log(f"learner: resumed at version {last}")
         return last
-
-    def _is_published(self, manifest: dict[str, Any]) -> bool:
-        """Whether the model as it is now is the state ``manifest`` published."""
-        from rlstream.schemas.deltacodec_bits import state_hash
-
-        state = published_state(self.model, self.cfg.publish_dtype)
-        return bool(state_hash(state) == manifest["state_hash"])
 
     def _restore_from_stream(self, version: int) -> None:
         """No local checkpoint: take the published weights of ``version`` (optimizer restarts)."""
