@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 
 from rlstream.consumers.consumer import Record, RoleContext, Stopper
 from rlstream.consumers.feedback_rules import (
@@ -47,7 +47,13 @@ from rlstream.consumers.feedback_rules import (
     window_decisions,
 )
 from rlstream.consumers.read_to_end import read_at, read_to_end, reader
-from rlstream.consumers.served_log import NotServed, ServedLookup, feedback_choice, with_served
+from rlstream.consumers.served_log import (
+    SERVED_FIELDS,
+    NotServed,
+    ServedLookup,
+    feedback_choice,
+    with_served,
+)
 from rlstream.consumers.transactional import Output, TransactionalLoop
 from rlstream.consumers.versions import VersionWatcher
 from rlstream.producers.settings import KafkaSettings
@@ -93,7 +99,6 @@ class FeedbackRL:
         self._staged: list[str] = []
         self.counts: Counter[str] = Counter()
         self.settings = settings
-        self._lookup: Consumer | None = None
         self.served = ServedLookup(settings, run, cfg.served_lookup_ids)
         group = topics.group_id(run, "feedback-rl")
         self.loop = TransactionalLoop(
@@ -150,14 +155,11 @@ class FeedbackRL:
             return value
         if ref is None:
             return self._served_tokens(value, partition)
-        if self._lookup is None:
-            self._lookup = reader(self.settings, "feedback-rl.trajectory-lookup")
-        traj = read_at(self._lookup, ref["topic"], ref["partition"], ref["offset"])
+        traj = read_at(self.served.consumer, ref["topic"], ref["partition"], ref["offset"])
         if traj is None or traj.get("group_id") is None:
             self.counts["trajectory_ref_unreadable"] += 1
             return value
-        fields = (*arrays.TOKEN_FIELDS, "n_layers", "top_k", "prompt_tokens")
-        return {**value, **{k: traj[k] for k in fields}}
+        return {**value, **{k: traj[k] for k in SERVED_FIELDS}}
 
     def _served_tokens(self, value: dict[str, Any], partition: int) -> dict[str, Any]:
         """The served completion of the feedback's request id copied in (see the module)."""
@@ -276,8 +278,6 @@ class FeedbackRL:
         finally:
             if self.watcher is not None:
                 self.watcher.close()
-            if self._lookup is not None:
-                self._lookup.close()
             self.served.close()
 
 
