@@ -298,6 +298,19 @@ class PolicyServer:
 
     def complete(self, req: CompletionRequest) -> dict[str, Any]:
         """Generate, record (see the module rule "Recorded"), then answer."""
+        return self.record_and_answer(req, *self.sample(req))
+
+    def record_and_answer(
+        self, req: CompletionRequest, ctx: ServedContext, choices: Sequence[Served]
+    ) -> dict[str, Any]:
+        """Record what ``sample`` made, then the answer (needs no model: outside the lock)."""
+        texts = [task_family.decode(c.token_ids) for c in choices]
+        self._record(ctx, choices, texts)
+        return self._answer(req, ctx, choices, texts)
+
+    def sample(self, req: CompletionRequest) -> tuple[ServedContext, list[Served]]:
+        """Swap in a newer version if any, then sample the request's choices (under the
+        generation lock: the model is used)."""
         received_ms = int(time.time() * 1000)
         swaps = len(self.swap_ms)
         self._swap()
@@ -307,18 +320,18 @@ class PolicyServer:
         ids = [task_family.BOS, *task_family.encode(req.prompt)]
         fed = ids[-(self.model.cfg.max_seq_len - 1) :]
         seed = req.seed if req.seed is not None else secrets.randbelow(2**31)
+        temperature = max(req.temperature, MIN_TEMPERATURE)
         started_ms = int(time.time() * 1000)
         out = generate(
             self.model,
             torch.tensor([fed] * req.n),
             req.max_tokens,
-            max(req.temperature, MIN_TEMPERATURE),
+            temperature,
             torch.Generator().manual_seed(seed),
             stop_ids=(task_family.EOS,),
             top_n=req.logprobs or 0,
         )
         choices = [served_choice(out, i, fed) for i in range(req.n)]
-        texts = [task_family.decode(c.token_ids) for c in choices]
         ctx = ServedContext(
             run=self.run,
             request_id=f"req-{uuid.uuid4().hex}",
@@ -326,15 +339,14 @@ class PolicyServer:
             policy_version=self.version,
             worker_id=self.worker_id,
             region=self.region,
-            temperature=max(req.temperature, MIN_TEMPERATURE),
+            temperature=temperature,
             settings=sampling_settings(req, seed, len(fed) < len(ids)),
             received_ms=received_ms,
             started_ms=started_ms,
             finished_ms=int(time.time() * 1000),
             swap_ms=int(sum(self.swap_ms[swaps:])),
         )
-        self._record(ctx, choices, texts)
-        return self._answer(req, ctx, choices, texts)
+        return ctx, choices
 
     def _record(self, ctx: ServedContext, choices: Sequence[Served], texts: Sequence[str]) -> None:
         """Write one record per choice (split if large) and wait until the broker has them."""
@@ -420,15 +432,16 @@ def make_app(server: PolicyServer) -> web.Application:
                 f"model {req.model!r} is not served here (serving {server.model_name!r})",
                 "model",
             )
-        async with server.lock:
-            try:
-                result = await asyncio.get_running_loop().run_in_executor(
-                    None, server.complete, req
-                )
-            except (LookupError, NotRecorded) as exc:
-                return web.json_response(
-                    {"error": {"message": str(exc)}}, status=503, headers={"Retry-After": "2"}
-                )
+        loop = asyncio.get_running_loop()
+        try:
+            async with server.lock:  # the model: one generation at a time
+                made = await loop.run_in_executor(None, server.sample, req)
+            # recording waits on the broker, not on the model: other requests generate meanwhile
+            result = await loop.run_in_executor(None, server.record_and_answer, req, *made)
+        except (LookupError, NotRecorded) as exc:
+            return web.json_response(
+                {"error": {"message": str(exc)}}, status=503, headers={"Retry-After": "2"}
+            )
         return web.json_response(result)
 
     async def models(request: web.Request) -> web.Response:
