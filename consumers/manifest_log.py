@@ -13,8 +13,8 @@ Rules:
 - with the run's verify key, a record's signature is checked before it is decoded: a forged,
   altered or unsigned manifest is refused, remembered in ``refused`` and never kept
   (``producers.weight_signing``);
-- versions are tied to the learner's epoch (``weight_format.implausible``): per model, a manifest of an
-  epoch older than the newest accepted (a fenced learner, or an old signed manifest replayed),
+- versions are tied to the learner's epoch (``weight_format.VersionTips``): per model, a
+  manifest of an epoch older than the newest accepted (a fenced learner, or an old signed manifest replayed),
   or naming a version more than ``MAX_VERSION_JUMP`` past the newest accepted (a forged
   10^12 that would pin workers and make admission call everything stale) is refused like a
   bad signature: remembered in ``refused``, never kept;
@@ -49,7 +49,7 @@ from rlstream.producers import metrics
 from rlstream.producers.settings import KafkaSettings
 from rlstream.producers.weight_signing import Refused, Verifier
 from rlstream.schemas import events, topics
-from rlstream.schemas.weight_format import implausible
+from rlstream.schemas.weight_format import VersionTips
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class ManifestLog(Mapping[Key, dict[str, Any]]):
             log.info("manifests of %s are not verified: no verify key", topic)
         self.refused: collections.deque[tuple[int, int, str]] = collections.deque(maxlen=100)
         self.newest: int | None = None
-        self._tip: dict[str, tuple[int, int]] = {}  # model -> newest (version, epoch) accepted
+        self._tips = VersionTips()
         self._refusals = metrics.weight_refusals()
         self._records: dict[Key, dict[str, Any]] = {}
         self._next: dict[int, int] = {}  # partition -> offset after the last record read
@@ -254,12 +254,10 @@ class ManifestLog(Mapping[Key, dict[str, Any]]):
             return None
         key = (int(rec["version"]), str(rec["kind"]))
         epoch = int(rec.get("learner_epoch", 0))
-        newest, newest_epoch = self._tip.get(rec["model"], (None, 0))
-        why = implausible(key[0], epoch, newest, newest_epoch)
+        why = self._tips.admit(rec["model"], key[0], epoch)
         if why is not None:
             self._refuse(msg, rec["model"], *why)
             return None
-        self._tip[rec["model"]] = (max(key[0], newest or 0), epoch)
         self._records[key] = rec  # a republished version replaces the older record
         self.newest = key[0] if self.newest is None else max(self.newest, key[0])
         return key

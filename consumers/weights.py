@@ -27,8 +27,8 @@ callback. The records and how they map to the codec are the wire format
   refused, or a newer one is known while none of it is), so a follower that steps through
   versions one by one (the eval role) can skip it;
 - bounded memory: manifests older than both the current version and the second-newest keyframe
-  are forgotten (no route starts there any more); ``failures``, ``deferred`` and ``reports``
-  keep the latest ``HISTORY`` entries;
+  are forgotten (no route starts there any more); ``failures`` and ``reports`` keep the latest
+  ``HISTORY`` entries, ``deferred`` the latest 64;
 - in a rollout region (``source``, the trainer region) it reads MirrorMaker's copies: the
   manifests from ``SOURCE.rl.RUN.weights.manifests`` and each manifest's chunks from
   ``SOURCE.`` + the chunk topic the manifest names; it never reaches another region's cluster.
@@ -124,30 +124,14 @@ def stage_step(
             manifest["kind"] == before["kind"] == "delta"
             and before["state_hash"] == manifest["base_state_hash"]
             and before["base_state_hash"] == codec.state_hash(spare)
-            and _disjoint(spare, base)
         ):
-            # a refusal or failure leaves the spare whole (at its version or the base's):
-            # decode() then reports the step's own error, if it has one
+            # a refusal (the spare sharing memory with the base included) or a failure leaves
+            # the spare whole (at its version or the base's): decode() then reports the step's
+            # own error, if it has one
             with contextlib.suppress(ValueError, codec.DeltaError):
-                caught_up = codec.apply_in_place(before, before_chunks, spare)
-                return codec.apply_in_place(manifest, chunks, caught_up)
+                caught_up = codec.apply_in_place(before, before_chunks, spare, keep=base)
+                return codec.apply_in_place(manifest, chunks, caught_up, keep=base)
     return codec.decode(manifest, chunks, base, recycle=spare)
-
-
-def _disjoint(a: State, b: State) -> bool:
-    """Whether no tensor of ``a`` shares memory with a tensor of ``b`` (address ranges)."""
-    spans = sorted(
-        (t.bits.__array_interface__["data"][0], t.nbytes, side)
-        for side, state in enumerate((a, b))
-        for t in state.values()
-        if t.nbytes
-    )
-    reach = [0, 0]  # the furthest end seen on each side
-    for lo, size, side in spans:
-        if lo < reach[1 - side]:
-            return False
-        reach[side] = max(reach[side], lo + size)
-    return True
 
 
 # --- planning (pure) -------------------------------------------------------------------------
@@ -556,7 +540,7 @@ class WeightSubscriber:
                 nbytes += got
             except (codec.DeltaError, MemoryError) as exc:  # out of memory: refused, not a crash
                 crossing = self.source is not None and isinstance(exc, codec.MissingChunk)
-                self._refuse(key, f"{type(exc).__name__}: {exc}", later=crossing)
+                self._refuse(key, exc, later=crossing)
                 return None
         assert state is not None
         return state, fetch_s, decode_s, nbytes
@@ -574,8 +558,10 @@ class WeightSubscriber:
             self._spare = replaced.state
         return swap_ms
 
-    def _refuse(self, key: Key, reason: str, later: bool = False) -> None:
+    def _refuse(self, key: Key, exc: Exception, later: bool = False) -> None:
         """Exclude ``key`` from routes: for good, or (``later``) for ``RETRY_S`` only."""
+        kind = type(exc).__name__
+        reason = f"{kind}: {exc}"
         if later:
             log.info(
                 "weights: version %d (%s) not all crossed yet, again in %.0fs: %s",
@@ -591,7 +577,7 @@ class WeightSubscriber:
         )
         self.failures.append(Failure(key[0], key[1], reason))
         self._bad[key] = reason
-        self._refused.labels(self.model, reason.split(":", 1)[0]).inc()
+        self._refused.labels(self.model, kind).inc()
 
     def _skip(self) -> set[Key]:
         now = time.monotonic()

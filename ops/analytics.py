@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlstream.schemas import topics
-from rlstream.schemas.weight_format import implausible
+from rlstream.schemas.weight_format import VersionTips
 
 #: Streams the charts show: every stream of a run (catalog order).
 CHART_STREAMS = topics.RUN_STREAMS
@@ -225,7 +225,7 @@ class RunAnalytics:
     dead_letters: collections.Counter[str] = field(default_factory=collections.Counter)
     weights_refused: collections.Counter[str] = field(default_factory=collections.Counter)
     """Manifests not folded, by kind (``epoch``, ``version``)."""
-    weight_tips: dict[str, tuple[int, int]] = field(default_factory=dict)
+    weight_tips: VersionTips = field(default_factory=VersionTips)
     """model -> newest (version, learner epoch) folded."""
     undecodable: collections.Counter[str] = field(default_factory=collections.Counter)
     lag: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -315,12 +315,10 @@ class RunAnalytics:
 
     def _manifest(self, topic: str, rec: Mapping[str, Any], ts_ms: int | None) -> None:
         version, epoch = int(rec["version"]), int(rec.get("learner_epoch", 0))
-        newest, newest_epoch = self.weight_tips.get(rec["model"], (None, 0))
-        why = implausible(version, epoch, newest, newest_epoch)
+        why = self.weight_tips.admit(rec["model"], version, epoch)
         if why is not None:
             self.weights_refused[why[0]] += 1
             return
-        self.weight_tips[rec["model"]] = (max(version, newest or 0), epoch)
         self.version = max(self.version, version)
         chunks = len(rec.get("chunks") or [])
         self.manifests[version] = Manifest(

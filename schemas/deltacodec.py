@@ -131,9 +131,6 @@ __all__ = [
 DEFAULT_MAX_CHUNK_BYTES: Final = 900_000
 #: Smallest chunk limit accepted: one element stored raw must always fit in a chunk.
 MIN_CHUNK_BYTES: Final = 256
-# Elements are encoded in ranges of at most ``MAX_RANGE_BYTES`` raw bytes before any splitting,
-# which bounds the encoder's temporary memory (changed positions are int64) per range, and lets
-# a decoder refuse a piece claiming more (``weight_format.check_piece``).
 
 
 @dataclass(frozen=True)
@@ -245,6 +242,8 @@ def _encode_tensor(
     n, width = tensor.numel, tensor.width
     field = EXPONENT_FIELDS.get(tensor.dtype)
     # Range size follows the last ratio seen so that a piece roughly fills a chunk.
+    # Ranges of at most MAX_RANGE_BYTES raw bytes bound the encoder's temporary memory (changed
+    # positions are int64) and let a decoder refuse a piece claiming more (check_piece).
     ratio = float(MAX_RANGE_BYTES) if base is not None else 1.0
     pieces: list[Piece] = []
     changed, lo = 0, 0
@@ -392,6 +391,7 @@ def apply_in_place(
     manifest: Mapping[str, Any],
     chunks: Sequence[bytes | None],
     state: Mapping[str, TensorBits],
+    keep: Mapping[str, TensorBits] | None = None,
 ) -> dict[str, TensorBits]:
     """Apply a delta onto the memory of ``state`` (its base) and return the new state, over
     that same memory: nothing tensor-sized is allocated, and only changed elements are
@@ -401,8 +401,8 @@ def apply_in_place(
     checksums, pieces), each base tensor's hash and the base state hash (base hashes not yet
     cached are computed, a read pass). Refused with ``ValueError``, nothing written, when
     the delta cannot be applied in place: a keyframe, a tensor without base or of another
-    dtype or shape, a tensor of ``state`` the delta drops, tensors sharing memory, memory
-    that cannot be written. After the first write, any failure (``ChunkCorrupt``,
+    dtype or shape, a tensor of ``state`` the delta drops, tensors sharing memory (with each
+    other or with ``keep``, a state the caller still uses), memory that cannot be written. After the first write, any failure (``ChunkCorrupt``,
     ``HashMismatch``) puts every written element back, so ``state`` holds the base again bit
     for bit, and raises. On success the ``TensorBits`` of ``state`` no longer describe their
     memory (their cached hashes are dropped): use the returned state."""
@@ -418,7 +418,7 @@ def apply_in_place(
             raise BaseMismatch(f"base tensor {e['name']!r} differs from the delta's base")
     if state_hash(state) != manifest["base_state_hash"]:
         raise BaseMismatch("base state hash differs from the delta's base_state_hash")
-    views = _writable(state)
+    views = _writable(state, keep or {})
     dctx = zstandard.ZstdDecompressor()
     undo: Undo = []
     out: dict[str, TensorBits] = {}
@@ -436,10 +436,12 @@ def apply_in_place(
     return out
 
 
-def _writable(state: Mapping[str, TensorBits]) -> dict[str, np.ndarray]:
+def _writable(
+    state: Mapping[str, TensorBits], keep: Mapping[str, TensorBits]
+) -> dict[str, np.ndarray]:
     """Writable views of the state's memory; ``ValueError`` unless every tensor's memory may
-    be written and no two tensors share memory."""
-    taken = _Spans(())
+    be written and no two tensors share memory, with each other or with ``keep``."""
+    taken = _Spans(keep.values())
     views: dict[str, np.ndarray] = {}
     for name, t in state.items():
         v = t.bits.view()

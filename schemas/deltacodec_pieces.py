@@ -24,8 +24,8 @@ Encodings, per piece, the smallest one kept:
 Every stream is zstd-compressed (single-threaded, low level) or stored, whichever is smaller.
 Wire layout of a piece, little-endian: header ``<IQQBBBxQ`` (tensor index, start, stop,
 encoding, stream count, aux, count), one ``<BI`` (codec, length) per stream, then the stream
-bytes. ``aux`` is the sparse value packing (0 planes, 2 or 4 bits) or the exponent piece's
-class count; ``count`` the number of changed elements. Encodings are only ever added: a
+bytes. ``aux`` is the sparse value packing (0 planes, 2 or 4 bits; always 0 for the exponent
+piece); ``count`` the number of changed elements. Encodings are only ever added: a
 decoder reads every piece an earlier encoder wrote (``ENCODINGS`` keeps their numbers). Decoders raise ``ValueError`` on any inconsistency; the caller turns it
 into the codec's own error.
 """
@@ -269,11 +269,6 @@ def encode_positions(pos: np.ndarray) -> np.ndarray:
     gaps[:1] = pos[:1]
     np.subtract(pos[1:], pos[:-1], out=gaps[1:])
     gaps[1:] -= 1
-    return encode_gaps(gaps)
-
-
-def encode_gaps(gaps: np.ndarray) -> np.ndarray:
-    """The byte code of ``encode_positions`` for gaps given directly (non-negative)."""
     big = np.flatnonzero(gaps >= 255)
     code = gaps.astype(np.uint8)
     if not big.size:

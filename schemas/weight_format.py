@@ -260,6 +260,23 @@ def implausible(
     return None
 
 
+class VersionTips:
+    """Per model, the newest version and learner epoch accepted so far: what ``implausible``
+    judges a manifest against. Every reader of manifests keeps one."""
+
+    def __init__(self) -> None:
+        self._tips: dict[str, tuple[int, int]] = {}
+
+    def admit(self, model: str, version: int, epoch: int) -> tuple[str, str] | None:
+        """``(kind, reason)`` when the manifest is refused (see ``implausible``); else None,
+        and the model's tip moves to it."""
+        newest, newest_epoch = self._tips.get(model, (None, 0))
+        why = implausible(version, epoch, newest, newest_epoch)
+        if why is None:
+            self._tips[model] = (max(version, newest or 0), epoch)
+        return why
+
+
 def default_max_state_bytes() -> int:
     """Half of this machine's physical memory (64 GiB where it cannot be read): the largest
     state a reader without the model's tensor table accepts."""
