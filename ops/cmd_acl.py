@@ -74,14 +74,13 @@ def apply(admin_settings: Any, run: str, home: Path, timeout: float = 30.0) -> d
     principal (a super user); returns how many of each were applied."""
     from rlstream.ops import acls
     from rlstream.ops.cluster import security
-    from rlstream.producers.admin import admin_client, ensure_cluster_topics, ensure_run_topics
+    from rlstream.producers.admin import admin_client, ensure_run_topics
 
     grants = acls.plan(run)
     security.ensure_secrets(home, acls.PRINCIPALS)
     admin = admin_client(admin_settings)
     _upsert_users(admin, {u: security.password(home, u) for u in acls.PRINCIPALS}, timeout)
-    report = ensure_run_topics(admin_settings, run)
-    ensure_cluster_topics(admin_settings)
+    report = ensure_run_topics(admin_settings, run)  # rl.schemas and rl.runs included
     for future in admin.create_acls(
         [_binding(g) for g in grants], request_timeout=timeout
     ).values():

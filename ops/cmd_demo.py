@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import threading
 import time
@@ -86,7 +85,7 @@ def _demo(args: argparse.Namespace) -> int:
     learner_cfg = config.role("learner")
     assert isinstance(learner_cfg, LearnerConfig)
     init_model(learner_cfg, lambda line: print(f"  {line}", flush=True))
-    _sign_weights(out)
+    demo.sign_weights(out)
     roles = _start_roles(args, run, config, regions, settings, out / "logs", extra)
     progress, tally, stopper = demo.RunAnalytics(run), demo.RegionTally(), Stopper().install()
     follower = threading.Thread(
@@ -233,13 +232,3 @@ def _watch(args, roles, progress, stopper, started, regions) -> None:
             return
         if elapsed > args.minutes * 60 or progress.version >= args.max_versions:
             return
-
-
-def _sign_weights(out: Path) -> None:
-    """A signing key for the run: the learner signs every weight manifest, and every role that
-    reads manifests (the roles inherit this environment) refuses one that does not verify."""
-    from rlstream.producers import weight_signing
-
-    key_file, public_hex = weight_signing.generate(out / "learner")
-    os.environ[weight_signing.SIGNING_KEY_ENV] = str(key_file)
-    os.environ[weight_signing.VERIFY_KEY_ENV] = public_hex

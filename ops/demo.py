@@ -104,6 +104,18 @@ def _names_a_cluster(variable: str) -> bool:
     return variable == "RLSTREAM_BOOTSTRAP" or variable.startswith("RLSTREAM_KAFKA_")
 
 
+def sign_weights(out: Path) -> Path:
+    """A signing key for the run (kept under ``out``; returns its file): the learner signs every
+    weight manifest, and every role that reads manifests (the roles inherit this environment)
+    refuses one that does not verify."""
+    from rlstream.producers import weight_signing
+
+    key_file, public_hex = weight_signing.generate(out / "learner")
+    os.environ[weight_signing.SIGNING_KEY_ENV] = str(key_file)
+    os.environ[weight_signing.VERIFY_KEY_ENV] = public_hex
+    return key_file
+
+
 def stop_roles(roles: list[RoleProcess], timeout: float = 20.0) -> None:
     """SIGTERM each role we started (by pid), wait, then SIGKILL what is left."""
     for r in roles:

@@ -68,15 +68,20 @@ class Ledger:
 
 def read_ledger(settings: KafkaSettings, run: str, timeout: float = 60.0) -> Ledger:
     """The ledger of ``run`` from its streams in the region ``settings`` reaches."""
+    manifests = accepted_manifests(settings, run, timeout)  # first: their inputs are read after
     released: dict[str, list[tuple[int, str | None]]] = collections.defaultdict(list)
     for rec, _ in _records(settings, topics.topic_name(run, "tasks"), "task", timeout):
         released[rec["task_id"]].append((rec["attempt"], (rec["tags"] or {}).get("region")))
     decided: dict[str, list[str]] = collections.defaultdict(list)
+    by_ref: dict[tuple[str, int, int], str] = {}
     for stream in ("admitted", "rejected"):
-        for rec, _ in _records(settings, topics.topic_name(run, stream), "admission", timeout):
+        topic = topics.topic_name(run, stream)
+        for rec, (partition, offset) in _records(settings, topic, "admission", timeout):
+            if stream == "admitted":
+                by_ref[(topic, partition, offset)] = rec["group_id"]
             if rec["part_index"] == 0:
                 decided[rec["group_id"]].append(rec["reason"] or "admitted")
-    return Ledger(dict(released), dict(decided), trained_groups(settings, run, timeout))
+    return Ledger(dict(released), dict(decided), _trained(manifests, by_ref))
 
 
 def trained_groups(settings: KafkaSettings, run: str, timeout: float = 60.0) -> list[str]:
@@ -88,6 +93,10 @@ def trained_groups(settings: KafkaSettings, run: str, timeout: float = 60.0) -> 
         settings, topics.topic_name(run, "admitted"), name="ledger", timeout=timeout
     ):
         by_ref[(msg.topic(), msg.partition(), msg.offset())] = (msg.key() or b"").decode()
+    return _trained(manifests, by_ref)
+
+
+def _trained(manifests: list[dict[str, Any]], by_ref: dict[Any, str]) -> list[str]:
     seen, groups = set(), []
     for rec in manifests:
         if rec["version"] in seen:

@@ -188,7 +188,7 @@ class Driver:
         progress(f"run {self.run_name}: logs in {self.logs}")
         progress("warm start (cached) ...")
         init_model(self.config.role("learner"), lambda line: progress(f"  {line}"))
-        self.key_file = self._sign_weights()
+        self.key_file = demo.sign_weights(self.out)
         os.environ.setdefault("RLSTREAM_HUNG_TRANSACTION_S", "30")  # roles stuck by the broker
         self.roles = self._start_roles()
         key = secrets.token_hex(16).encode()
@@ -202,14 +202,6 @@ class Driver:
         finally:
             self.feedback.stop()
             demo.stop_roles(self.roles)
-
-    def _sign_weights(self) -> Path:
-        from rlstream.producers import weight_signing
-
-        key_file, public_hex = weight_signing.generate(self.out / "learner")
-        os.environ[weight_signing.SIGNING_KEY_ENV] = str(key_file)
-        os.environ[weight_signing.VERIFY_KEY_ENV] = public_hex
-        return key_file
 
     def _start_roles(self) -> list[Any]:
         from rlstream.ops.demo import start_role

@@ -160,9 +160,9 @@ def _write_config(region: Region) -> None:
     region.dir.mkdir(parents=True, exist_ok=True)
     region.log.parent.mkdir(parents=True, exist_ok=True)
     if region.secure:  # it holds the admin password of the inter-broker link
-        region.properties.touch(mode=0o600)
-        region.properties.chmod(0o600)
-    region.properties.write_text(_properties(region))
+        security.write_private(region.properties, _properties(region).encode())
+    else:
+        region.properties.write_text(_properties(region))
     (region.dir / "log4j2.properties").write_text(LOG4J2.format(log=region.log))
 
 

@@ -51,7 +51,7 @@ def ca_file(home: Path) -> Path:
     return secrets_dir(home) / "ca.pem"
 
 
-def _write_private(path: Path, data: bytes) -> None:
+def write_private(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` readable by its owner only (0600 from creation on)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as out:
@@ -67,13 +67,13 @@ def ensure_secrets(home: Path, users: tuple[str, ...] = ()) -> None:
     os.chmod(folder, 0o700)
     if not (folder / "ca.pem").exists() or not (folder / "broker.pem").exists():
         ca_pem, broker_pem = _certificates()
-        _write_private(folder / "ca.pem", ca_pem)
-        _write_private(folder / "broker.pem", broker_pem)
+        write_private(folder / "ca.pem", ca_pem)
+        write_private(folder / "broker.pem", broker_pem)
     creds = credentials(home)
     missing = [u for u in (ADMIN, *users) if u not in creds]
-    if missing or not (folder / "credentials.json").exists():
+    if missing:  # admin is missing when no credentials were written yet
         creds.update({u: secrets.token_urlsafe(24) for u in missing})
-        _write_private(folder / "credentials.json", json.dumps(creds, indent=2).encode())
+        write_private(folder / "credentials.json", json.dumps(creds, indent=2).encode())
 
 
 def credentials(home: Path) -> dict[str, str]:

@@ -21,7 +21,7 @@ from typing import Any
 
 from helpers import read_all
 
-from rlstream.ops import cluster, faults
+from rlstream.ops import cluster
 from rlstream.ops.demo import start_role
 from rlstream.ops.ledger import Ledger, read_ledger
 from rlstream.producers.admin import ensure_run_topics
@@ -171,9 +171,3 @@ def end_offsets(settings: KafkaSettings, topic: str) -> int:
         return 0
     finally:
         consumer.close()
-
-
-def kill9(pid: int | None) -> None:
-    """SIGKILL one process we started (by pid) and wait until it is gone."""
-    assert pid, "nothing to kill"
-    faults.kill9(pid)

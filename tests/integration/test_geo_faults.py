@@ -17,11 +17,10 @@ import collections
 import time
 
 import pytest
-from geo_pipeline import GeoRun, kill9, settings_of
+from geo_pipeline import GeoRun, settings_of
 from helpers import decode_all
 
-from rlstream.ops import cluster
-from rlstream.ops.cluster import broker
+from rlstream.ops import cluster, faults
 from rlstream.schemas import topics
 
 pytestmark = pytest.mark.slow
@@ -47,7 +46,7 @@ def test_a_mirrormaker_outage_delays_the_backlog_and_copies_it_once(geo, tmp, un
     try:
         run.start()
         run.wait(lambda: run.arrived("eu") > 0, 240, "the first trajectories from eu")
-        kill9(cluster.load(geo.home).mirrors["eu"].pid)
+        faults.kill9(cluster.load(geo.home).mirrors["eu"].pid)
         eu, home = settings_of(geo.home, "eu"), run.home_settings()
         local = topics.topic_name(run.run, "trajectories")
 
@@ -76,13 +75,8 @@ def test_the_trainer_broker_restarted_every_role_resumes_by_itself(
         run.start()
         run.wait(lambda: run.decided_count() >= 2, 240, "the first groups")
         before = cluster.load(geo.home)
-        kill9(before.regions["trainer"].pid)
-        time.sleep(5)
         # the broker alone comes back (as a supervisor would restart it), on its data and ports
-        port = before.regions["trainer"].broker_port
-        broker.start(before.regions["trainer"], heap="384m")
-        before.save()
-        assert before.regions["trainer"].broker_port == port
+        faults.restart_broker(geo.home, "trainer", "384m", down_s=5)
         run.wait(lambda: run.decided_count() >= run.tasks, 300, "every group decided")
         ledger = run.reconcile()
         assert len(ledger.trained) >= 2
@@ -108,8 +102,8 @@ def test_a_dark_region_is_worked_around_and_its_late_copies_are_trained_never(ge
         run.start()
         run.wait(lambda: run.arrived("eu") > 0, 240, "the first trajectories from eu")
         state = cluster.load(geo.home)
-        kill9(state.mirrors["eu"].pid)
-        kill9(state.regions["eu"].pid)
+        faults.kill9(state.mirrors["eu"].pid)
+        faults.kill9(state.regions["eu"].pid)
         run.wait(lambda: run.ledger().reissued, 120, "a group re-issued away from eu")
         run.wait(lambda: run.decided_count() >= run.tasks, 300, "every group decided without eu")
         _restore(geo)  # eu returns: its worker resumes, its late copies cross

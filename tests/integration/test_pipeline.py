@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import decode_all, read_all
+from helpers import decode_all
 
 from rlstream.ops.demo import start_role
 from rlstream.producers.admin import ensure_run_topics
@@ -143,16 +143,9 @@ def test_roles_killed_and_restarted_lose_nothing_and_train_nothing_twice(
 
 def _trained_groups(kafka, run: str) -> tuple[list[str], int]:
     """Group ids behind every step's inputs (from the manifests), and how many there are."""
-    by_ref = {}
-    for key, _value, msg in read_all(kafka, topics.topic_name(run, "admitted")):
-        by_ref[(msg.topic(), msg.partition(), msg.offset())] = key.decode()
-    seen_versions, groups = set(), []
-    for d in decode_all(kafka, topics.topic_name(run, "weights.manifests")):
-        if d.record["version"] in seen_versions:
-            continue  # a keyframe and a delta of one version share their inputs
-        seen_versions.add(d.record["version"])
-        refs = {(r["topic"], r["partition"], r["offset"]) for r in d.record["step_inputs"]}
-        groups += sorted({by_ref[r] for r in refs})
+    from rlstream.ops.ledger import trained_groups
+
+    groups = trained_groups(kafka, run)
     return groups, len(groups)
 
 
