@@ -26,7 +26,8 @@ keyframes of those versions amortised (what a fleet with late joiners costs);
 (level 3) of the XOR of the bf16 bits with the previous version's, and zstd of the full bits at
 the same keyframe versions, computed in the same run on the same bits;
 ``follower_wire_ratio``: model bytes / chunk payload bytes a live subscriber fetched (deltas
-only), over versions 1.. (``follower_zstd_xor_ratio``: the competitor's deltas alone) (``wire_ratio_with_bootstrap`` counts version 0 too);
+only), over versions 1.. (``follower_zstd_xor_ratio``: the competitor's deltas alone;
+``wire_ratio_with_bootstrap`` counts version 0 too);
 ``pause_ms_p50``/``_max``; ``publish_seconds_p50``;
 ``late_join_seconds``/``_bytes``; ``bit_exact``: every subscriber's state, hashed afresh from
 its bits, equals the learner's state hash at every version.
