@@ -42,7 +42,12 @@ def _samples(settings, topic: str) -> list[tuple[str, int]]:
 
 
 def test_a_mirrormaker_outage_delays_the_backlog_and_copies_it_once(geo, tmp, unique_run):
-    run = GeoRun(geo.home, unique_run, tmp, ["eu"], 24, ["scheduler.reissue_after_s=300"])
+    # each group takes at least 2 s in eu, so when the link dies after the first trajectories
+    # crossed, eu still holds released tasks whose trajectories pile up behind the outage
+    slow_env = ["rollout.env_latency.median_s=2", "rollout.env_latency.sigma=0"]
+    run = GeoRun(
+        geo.home, unique_run, tmp, ["eu"], 16, ["scheduler.reissue_after_s=300", *slow_env]
+    )
     try:
         run.start()
         run.wait(lambda: run.arrived("eu") > 0, 240, "the first trajectories from eu")
