@@ -24,7 +24,6 @@ from rlstream.ops import cluster, faults
 from rlstream.schemas import topics
 
 pytestmark = pytest.mark.slow
-TASKS = 10
 QUIET = {"log": lambda *_: None}
 
 
@@ -75,7 +74,7 @@ def test_the_trainer_broker_restarted_every_role_resumes_by_itself(
     geo, tmp, unique_run, monkeypatch
 ):
     monkeypatch.setenv("RLSTREAM_HUNG_TRANSACTION_S", "30")  # a role stuck after the restart
-    run = GeoRun(geo.home, unique_run, tmp, ["eu"], 24, ["scheduler.reissue_after_s=300"])
+    run = GeoRun(geo.home, unique_run, tmp, ["eu"], 16, ["scheduler.reissue_after_s=300"])
     try:
         run.start()
         run.wait(lambda: run.decided_count() >= 2, 240, "the first groups")
@@ -100,7 +99,7 @@ def test_a_dark_region_is_worked_around_and_its_late_copies_are_trained_never(ge
         unique_run,
         tmp,
         ["eu", "us"],
-        24,
+        16,
         ["scheduler.reissue_after_s=20", "admission.timeout_s=120"],
     )
     try:
