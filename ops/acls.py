@@ -23,6 +23,28 @@ role, the streams it reads and writes; ``plan`` turns it into Kafka ACL grants f
 Nothing else is allowed: no topic creation or deletion, no ACL or configuration change, no
 other role's group or transactional ids. Topics are created by ``admin`` (``acl apply``).
 
+MirrorMaker 2: each link between the trainer region and a rollout region REGION runs as its own
+principal ``mirrormaker-REGION`` (``mirror_user``), which exists on both clusters of its link and
+nowhere else. ``mirror_grants`` plans, per cluster of the link, what its MirrorMaker needs for
+the flows the catalog derives (``topics.mirror_regex``); SRC is the region a flow copies from:
+
+- on SRC: READ and DESCRIBE_CONFIGS (its configs are copied) on each stream that flows out of
+  SRC, literal: ``rl.RUN.STREAM`` for the run's streams, ``rl.schemas`` and ``rl.runs`` when
+  they flow; READ on ``heartbeats`` (MirrorMaker copies every heartbeats topic); CREATE, READ
+  and WRITE on its offset-syncs topic ``mm2-offset-syncs.DST.internal``;
+- on DST: CREATE, WRITE, ALTER (partitions), ALTER_CONFIGS and DESCRIBE_CONFIGS (config sync) on
+  each remote copy ``SRC.TOPIC``, literal, and ``SRC.heartbeats`` (no checkpoints topic: no group
+  offsets are translated, ``ops.cluster.mirror``);
+  CREATE and WRITE on ``heartbeats``; CREATE, READ, WRITE and DESCRIBE_CONFIGS on the internal
+  topics of its Connect worker ``mm2-{offsets,status,configs}.SRC.internal``; READ on the
+  worker's group ``SRC-mm2``; WRITE on the transactional ids of exactly-once source support:
+  the tasks' ``SRC-mm2-CONNECTOR-TASK`` (prefix ``SRC-mm2-``) and the worker's
+  ``connect-cluster-SRC-mm2``.
+
+The run-independent grants (``run`` None) are written by ``cluster up`` before a link starts,
+a run's by ``acl apply --run RUN``. A MirrorMaker may read nothing that does not flow (admitted,
+rejected, feedback ...), write no local topic, and touch no other link's copies or groups.
+
 Guarantees:
 - ``plan`` is deterministic (sorted, no duplicates) and names only the run's own topics, groups
   and transactional ids (plus the two cluster topics and the ``rlstream.`` group lookups);
@@ -39,7 +61,9 @@ from rlstream.schemas import topics
 
 Resource = Literal["topic", "group", "transactional_id"]
 Pattern = Literal["literal", "prefixed"]
-Operation = Literal["read", "write", "delete", "describe", "describe_configs"]
+Operation = Literal[
+    "read", "write", "create", "delete", "alter", "alter_configs", "describe", "describe_configs"
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +200,90 @@ def role_grants(run: str, role: str) -> list[Grant]:
 def plan(run: str, roles: Iterable[str] = PRINCIPALS) -> list[Grant]:
     """Every role's ACLs for ``run``, sorted and without duplicates."""
     return sorted({g for role in roles for g in role_grants(run, role)})
+
+
+MIRROR_USER_PREFIX = "mirrormaker"
+HEARTBEATS = "heartbeats"
+"""MirrorMaker 2's heartbeats topic (on every cluster of a link; copied as ``SRC.heartbeats``)."""
+
+
+def mirror_user(region: str) -> str:
+    """The principal of the MirrorMaker 2 of the link between the trainer region and ``region``."""
+    return f"{MIRROR_USER_PREFIX}-{topics.validate_name(region, 'region')}"
+
+
+def mirror_grants(trainer: str, region: str, on: str, run: str | None = None) -> list[Grant]:
+    """The ACLs, on the cluster of region ``on`` (``trainer`` or ``region``), of the MirrorMaker
+    of the link between ``trainer`` and rollout region ``region``: the run-independent ones when
+    ``run`` is None, else those of the run's streams (see the module rules), sorted."""
+    topics.validate_name(trainer, "region")
+    if trainer == region or on not in (trainer, region):
+        raise ValueError(
+            f"a link joins the trainer region {trainer!r} and another region; "
+            f"{on!r} is not one of ({trainer!r}, {region!r})"
+        )
+    user = mirror_user(region)
+    other = region if on == trainer else trainer
+    outgoing: topics.Mirror = "outward" if on == trainer else "inward"
+    incoming: topics.Mirror = "inward" if on == trainer else "outward"
+    grants = {
+        *_mirror_source_grants(user, other, _flowing(outgoing, run), run is None),
+        *_mirror_target_grants(user, other, _flowing(incoming, run), run is None),
+    }
+    return sorted(grants)
+
+
+def _flowing(direction: topics.Mirror, run: str | None) -> list[str]:
+    """The topics of the streams that flow ``direction``: the run's, or the cluster-wide ones."""
+    specs = [s for s in topics.STREAMS.values() if s.mirror == direction]
+    if run is None:
+        return [topics.cluster_topic(s.stream) for s in specs if s.cluster_wide]
+    return [topics.topic_name(run, s.stream) for s in specs if not s.cluster_wide]
+
+
+def _mirror_source_grants(user: str, dst: str, flowing: list[str], fixed: bool) -> Iterable[Grant]:
+    """On a flow's source cluster: read what flows to ``dst``, keep its offset syncs."""
+    copied = [*flowing, HEARTBEATS] if fixed else flowing
+    for name in copied:
+        yield Grant(user, "topic", "literal", name, "read")
+        yield Grant(user, "topic", "literal", name, "describe_configs")
+    if fixed:
+        syncs = f"mm2-offset-syncs.{dst}.internal"
+        for op in ("create", "read", "write"):
+            yield Grant(user, "topic", "literal", syncs, op)
+
+
+_COPY_OPS: tuple[Operation, ...] = ("create", "write", "alter", "alter_configs", "describe_configs")
+"""On a remote copy: create it, write it, keep its partitions and configs in step."""
+_INTERNAL_OPS: tuple[Operation, ...] = ("create", "read", "write", "describe_configs")
+"""On a Connect internal topic: create it, read it back, write it, check its cleanup policy."""
+
+
+def _mirror_target_grants(user: str, src: str, flowing: list[str], fixed: bool) -> Iterable[Grant]:
+    """On a flow's target cluster: create and write the copies from ``src``; when ``fixed``,
+    also the heartbeats, the Connect worker's topics, group and transactional ids."""
+    copies = [topics.remote_topic(src, t) for t in flowing]
+    if fixed:
+        copies.append(f"{src}.{HEARTBEATS}")
+    for name in copies:
+        for op in _COPY_OPS:
+            yield Grant(user, "topic", "literal", name, op)
+    if not fixed:
+        return
+    yield Grant(user, "topic", "literal", HEARTBEATS, "create")
+    yield Grant(user, "topic", "literal", HEARTBEATS, "write")
+    for name in _connect_topics(src):
+        for op in _INTERNAL_OPS:
+            yield Grant(user, "topic", "literal", name, op)
+    worker_group = f"{src}-mm2"  # MirrorMakerConfig's default group.id of the herder
+    yield Grant(user, "group", "literal", worker_group, "read")
+    yield Grant(user, "transactional_id", "prefixed", f"{worker_group}-", "write")
+    yield Grant(user, "transactional_id", "literal", f"connect-cluster-{worker_group}", "write")
+
+
+def _connect_topics(src: str) -> tuple[str, ...]:
+    """The internal topics of the Connect worker that writes the copies from ``src``."""
+    return tuple(f"mm2-{kind}.{src}.internal" for kind in ("offsets", "status", "configs"))
 
 
 def allowed(grants: Iterable[Grant], user: str, resource: Resource, name: str, op: str) -> bool:

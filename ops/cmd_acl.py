@@ -4,7 +4,10 @@
 transactional ids); it needs no broker. ``apply`` makes a secured cluster ready for the run, as
 ``admin``: it creates one SCRAM-SHA-512 user per role (passwords generated once and kept in the
 state directory's ``secrets/credentials.json``, mode 0600, never printed), the run's topics and
-the cluster topics (roles may not create topics), then the ACLs.
+the cluster topics (roles may not create topics), then the ACLs, in the region ``--region``
+names (default the trainer region). On the local cluster (no ``--bootstrap``) it also grants
+each secured MirrorMaker 2 link the run's streams on both of its clusters
+(``ops.acls.mirror_grants``), whatever ``--region``.
 
 Rules:
 - ``apply`` is idempotent: Kafka keeps one copy of an ACL created twice, a user's credential
@@ -21,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rlstream.ops.kafka_env import add_kafka_args, settings_from_args
+from rlstream.producers.settings import KafkaSettings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -57,14 +61,18 @@ def _apply(args: argparse.Namespace) -> int:
     from rlstream.ops import cluster
 
     home = Path(args.home) if args.home else cluster.default_home()
+    local = KafkaSettings.from_env(args.bootstrap) is None
     try:
         counts = apply(settings_from_args(args), args.run, home)
+        links = cluster.authorize_links(cluster.load(home), args.run) if local else 0
     except (KafkaException, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(
         f"run {args.run}: {counts['users']} role users, {counts['topics']} topics checked, "
-        f"{counts['acls']} ACLs applied; credentials in {home / 'secrets'}"
+        f"{counts['acls']} ACLs applied"
+        + (f", {links} MirrorMaker 2 ACLs on the local links" if links else "")
+        + f"; credentials in {home / 'secrets'}"
     )
     return 0
 
@@ -74,50 +82,10 @@ def apply(admin_settings: Any, run: str, home: Path, timeout: float = 30.0) -> d
     principal (a super user); returns how many of each were applied."""
     from rlstream.ops import acls
     from rlstream.ops.cluster import security
-    from rlstream.producers.admin import admin_client, ensure_run_topics
+    from rlstream.producers.admin import ensure_run_topics
 
     grants = acls.plan(run)
-    security.ensure_secrets(home, acls.PRINCIPALS)
-    admin = admin_client(admin_settings)
-    _upsert_users(admin, {u: security.password(home, u) for u in acls.PRINCIPALS}, timeout)
+    security.authorize(admin_settings, home, acls.PRINCIPALS, grants, timeout)
     report = ensure_run_topics(admin_settings, run)  # rl.schemas and rl.runs included
-    for future in admin.create_acls(
-        [_binding(g) for g in grants], request_timeout=timeout
-    ).values():
-        future.result()
     topics = len(report.created) + len(report.unchanged) + len(report.drift)
     return {"users": len(acls.PRINCIPALS), "topics": topics, "acls": len(grants)}
-
-
-def _upsert_users(admin: Any, passwords: dict[str, str], timeout: float) -> None:
-    from confluent_kafka.admin import (
-        ScramCredentialInfo,
-        ScramMechanism,
-        UserScramCredentialUpsertion,
-    )
-
-    info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192)
-    upserts = [UserScramCredentialUpsertion(u, info, p.encode()) for u, p in passwords.items()]
-    for future in admin.alter_user_scram_credentials(upserts, request_timeout=timeout).values():
-        future.result()
-
-
-def _binding(grant: Any) -> Any:
-    """The confluent_kafka ``AclBinding`` of an ``acls.Grant`` (ALLOW, any host)."""
-    from confluent_kafka.admin import (
-        AclBinding,
-        AclOperation,
-        AclPermissionType,
-        ResourcePatternType,
-        ResourceType,
-    )
-
-    return AclBinding(
-        ResourceType[grant.resource.upper()],
-        grant.name,
-        ResourcePatternType[grant.pattern.upper()],
-        f"User:{grant.principal}",
-        "*",
-        AclOperation[grant.operation.upper()],
-        AclPermissionType.ALLOW,
-    )

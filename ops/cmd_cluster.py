@@ -39,8 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--secure",
         action="store_true",
         default=None,
-        help="one secured region: SASL/SCRAM-SHA-512 over TLS, ACLs enforced (then `rlstream acl "
-        "apply --run RUN` for the role users and their ACLs); kept by later starts",
+        help="secured regions: SASL/SCRAM-SHA-512 over TLS, ACLs enforced, each MirrorMaker 2 link "
+        "as its own user with least-privilege ACLs (then `rlstream acl apply --run RUN` for the "
+        "role users, their ACLs and the run's streams on the links); kept by later starts",
     )
     up.set_defaults(func=_up)
 
@@ -78,7 +79,10 @@ def _up(args: argparse.Namespace) -> int:
             secured = "\tsecured (SASL_SSL, SCRAM-SHA-512)" if region.secure else ""
             print(f"{name}\t{region.bootstrap}\t{role}{secured}")
     if any(r.secure for r in state.regions.values()):
-        print(f"credentials (0600, user admin and one per role): {state.home / 'secrets'}")
+        print(
+            "credentials (0600, user admin, one per role and one per link): "
+            f"{state.home / 'secrets'}"
+        )
     print(f"state and logs: {state.home}")
     return 0
 

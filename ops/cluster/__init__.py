@@ -7,8 +7,11 @@ derived from the stream catalog (``mirror.link_flows``); a link whose process di
 by the next ``up``. ``down`` stops exactly the processes ``up`` recorded, by pid. All state lives
 in one directory (``--home``, ``$RLSTREAM_HOME``, default ``~/.local/state/rlstream/cluster``)
 holding ``cluster.json``, each region's config, data and logs, and each link's MirrorMaker's.
-``up(secure=True)`` starts a single secured region (``ops.cluster.security``: SASL/SCRAM over
-TLS, ACLs enforced); whether a region is secured is decided at its first start and kept.
+``up(secure=True)`` starts every region secured (``ops.cluster.security``: SASL/SCRAM over TLS,
+ACLs enforced); whether a region is secured is decided at its first start and kept, and a cluster
+is secured everywhere or nowhere. A secured link's MirrorMaker 2 connects to both of its clusters
+as its own user (``acls.mirror_user``), created there with its run-independent ACLs before it
+starts; ``authorize_links(cluster, run)`` (``acl apply``) adds the ACLs of a run's streams.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ __all__ = [
     "Cluster",
     "Flow",
     "SetupError",
+    "authorize_links",
     "default_home",
     "down",
     "link_flows",
@@ -128,8 +132,8 @@ def up(
     secure: bool | None = None,
 ) -> Cluster:
     """Start (or reuse) a broker per region, then one MirrorMaker 2 per rollout region's link
-    (unless ``mirror_links`` is False); ``secure`` True for a single secured region, None to
-    keep each existing region as it was started (a new one unsecured)."""
+    (unless ``mirror_links`` is False); ``secure`` True for secured regions, None to keep the
+    cluster as it was started (a new cluster unsecured)."""
     home = Path(home or default_home())
     names = regions or [DEFAULT_REGION]
     with _locked(home):
@@ -158,19 +162,22 @@ def up(
 
 
 def _check_secure(cluster: Cluster, names: list[str], secure: bool | None) -> bool:
-    """Whether the regions start secured; refuses what a secured cluster cannot be: several
-    regions (MirrorMaker 2 is not given credentials), or a region started the other way."""
+    """Whether the regions start secured; refuses a region started the other way: a cluster
+    is secured everywhere or nowhere (a link joins two clusters alike)."""
     if secure is None:
         secure = any(r.secure for r in cluster.regions.values())
-    if secure and len(set(names) | set(cluster.regions)) > 1:
-        raise SetupError("a secured local cluster has one region (MirrorMaker 2 is not secured)")
-    for name in names:
-        region = cluster.regions.get(name)
-        if region is not None and region.secure != secure:
+    for name, region in cluster.regions.items():
+        if region.secure != secure:
             have, want = ("secured", "unsecured") if region.secure else ("unsecured", "secured")
+            hint = "start it as it was, or `rlstream cluster down --purge` first"
+            if name in names:
+                raise SetupError(
+                    f"region {name} at {cluster.home} was started {have}; it cannot restart "
+                    f"{want}. {hint.capitalize()}"
+                )
             raise SetupError(
-                f"region {name} at {cluster.home} was started {have}; it cannot restart {want}. "
-                f"Start it as it was, or `rlstream cluster down --purge` first"
+                f"the cluster at {cluster.home} is {have} (region {name}); a region cannot join "
+                f"it {want}: {hint}"
             )
     return secure
 
@@ -184,7 +191,8 @@ def _create_cluster_topics(cluster: Cluster, regions: list[str]) -> None:
 
 
 def _ensure_link(cluster: Cluster, region: str, log) -> None:
-    """The MirrorMaker 2 of ``region``'s link, started unless it runs with the same flows."""
+    """The MirrorMaker 2 of ``region``'s link, started unless it runs with the same flows; on a
+    secured cluster its user and run-independent ACLs are written first."""
     flows = link_flows(cluster.trainer, region)
     wanted = [str(f) for f in flows]
     current = cluster.mirrors.get(region)
@@ -193,10 +201,45 @@ def _ensure_link(cluster: Cluster, region: str, log) -> None:
         return
     if current:
         mirror.stop(current)
+    user = None
+    if cluster.regions[region].secure:
+        user = _authorize_link(cluster, region, run=None)
     log(f"mirror {region}: starting MirrorMaker 2 ({cluster.trainer} <-> {region}) ...")
-    started = mirror.start(cluster.home, flows, cluster.regions, name=region)
+    started = mirror.start(cluster.home, flows, cluster.regions, name=region, user=user)
     cluster.mirrors[region] = started
     log(f"mirror {region}: running (pid {started.pid}, log {started.log})")
+
+
+def _authorize_link(cluster: Cluster, region: str, run: str | None) -> str:
+    """Write the link user of ``region`` and its ACLs (``acls.mirror_grants``) into both
+    clusters of the link, as admin; returns the user."""
+    from rlstream.ops import acls
+    from rlstream.ops.cluster import security
+
+    user = acls.mirror_user(region)
+    for on in (cluster.trainer, region):
+        grants = acls.mirror_grants(cluster.trainer, region, on, run)
+        security.authorize(cluster.settings(on), cluster.home, [user], grants)
+    return user
+
+
+def authorize_links(cluster: Cluster, run: str) -> int:
+    """Give every secured link whose two regions are running the ACLs of ``run``'s streams, on
+    both of its clusters; returns how many ACLs were written. A link added (or a region that
+    was down) later gets them from the next ``acl apply --run RUN``."""
+    from rlstream.ops import acls
+
+    count = 0
+    running = set(cluster.running_regions())
+    for region in cluster.rollout_regions():
+        if not cluster.regions[region].secure or not {region, cluster.trainer} <= running:
+            continue
+        _authorize_link(cluster, region, run)
+        count += sum(
+            len(acls.mirror_grants(cluster.trainer, region, on, run))
+            for on in (cluster.trainer, region)
+        )
+    return count
 
 
 def stop_mirror(region: str, home: Path | None = None) -> None:

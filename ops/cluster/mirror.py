@@ -15,6 +15,9 @@ Guarantees:
   mid-copy neither loses nor duplicates what it copied when it restarts;
 - one process per link: a rollout region going dark (its broker and its MirrorMaker) leaves the
   other links running;
+- on a secured cluster it connects to each cluster as its link's user (``acls.mirror_user``)
+  over SASL_SSL (``security.mirror_client_properties``), within the ACLs ``acls.mirror_grants``
+  plans; its properties file then holds that user's password and is 0600;
 - topic lists are refreshed every two seconds (the MirrorMaker default is ten minutes) so the
   topics a run creates are mirrored promptly.
 """
@@ -27,7 +30,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rlstream.ops.cluster import artifacts, procs
+from rlstream.ops.cluster import artifacts, procs, security
 from rlstream.ops.cluster.broker import LOG4J2, Region
 
 MARKER = "org.apache.kafka.connect.mirror.MirrorMaker"
@@ -96,8 +99,9 @@ class Mirror:
         return asdict(self)
 
 
-def mm2_properties(flows: list[Flow], regions: dict[str, Region]) -> str:
-    """The MirrorMaker 2 config: one replication per (src, dst), its topic regexes or-ed."""
+def mm2_properties(flows: list[Flow], regions: dict[str, Region], user: str | None = None) -> str:
+    """The MirrorMaker 2 config: one replication per (src, dst), its topic regexes or-ed; a
+    secured region is reached as ``user``."""
     names = sorted({f.src for f in flows} | {f.dst for f in flows})
     missing = [n for n in names if n not in regions]
     if missing:
@@ -106,6 +110,11 @@ def mm2_properties(flows: list[Flow], regions: dict[str, Region]) -> str:
         )
     lines = [f"clusters = {', '.join(names)}"]
     lines += [f"{n}.bootstrap.servers = {regions[n].bootstrap}" for n in names]
+    for n in names:
+        if regions[n].secure:
+            if user is None:
+                raise ValueError(f"region {n} is secured: MirrorMaker 2 needs a user")
+            lines += security.mirror_client_properties(Path(regions[n].home), n, user)
     pairs: dict[tuple[str, str], list[str]] = {}
     for flow in flows:
         pairs.setdefault((flow.src, flow.dst), []).append(flow.regex)
@@ -150,11 +159,16 @@ def start(
     heap: str = "384m",
     timeout: float = 120.0,
     name: str = "mirror",
+    user: str | None = None,
 ) -> Mirror:
     mirror = Mirror(home=str(home), name=name, flows=[str(f) for f in flows])
     mirror.dir.mkdir(parents=True, exist_ok=True)
     mirror.log.parent.mkdir(parents=True, exist_ok=True)
-    mirror.properties.write_text(mm2_properties(flows, regions))
+    text = mm2_properties(flows, regions, user)
+    if user is not None:  # it holds the user's password
+        security.write_private(mirror.properties, text.encode())
+    else:
+        mirror.properties.write_text(text)
     (mirror.dir / "log4j2.properties").write_text(
         LOG4J2.format(log=mirror.log).replace(
             "logger.apache.level = warn", "logger.apache.level = info"

@@ -11,8 +11,13 @@ Listeners of a secured region:
   what an ACL allows (``ops.acls`` plans them per role, ``rlstream acl apply`` writes them).
 
 Principals: ``admin`` (a super user: ``cluster up``, ``acl apply``, the operator's tools), the
-broker itself (``User:CN=rlstream-broker``, super user, for the controller link), and one user
-per role (``ops.acls.PRINCIPALS``), which has no right at all until ``acl apply`` grants it some.
+broker itself (``User:CN=rlstream-broker``, super user, for the controller link), one user per
+role (``ops.acls.PRINCIPALS``), which has no right at all until ``acl apply`` grants it some, and
+one per MirrorMaker 2 link (``ops.acls.mirror_user``), created with its ACLs on both clusters of
+its link by ``cluster up`` before the link starts (``authorize``).
+
+Every region of a local cluster shares the one CA and ``credentials.json``; a user's SCRAM
+credential is written into each cluster it must reach (the admin's at each region's format).
 
 Rules:
 - secrets live in ``HOME/secrets`` (directory 0700, every file 0600): the CA and broker key and
@@ -21,7 +26,9 @@ Rules:
   the inter-broker link, is 0600 too;
 - nothing here prints or logs a password; ``KafkaSettings`` keeps it as a ``SecretStr``;
 - the admin user's SCRAM credential is written into the metadata at format time
-  (``StorageTool format --add-scram``), the role users' by ``acl apply`` (Admin API).
+  (``StorageTool format --add-scram``), the other users' by ``authorize`` (Admin API);
+- a MirrorMaker's ``mm2.properties`` holds its user's password in ``sasl.jaas.config`` (which
+  Connect logs as ``[hidden]``) and is 0600 (``mirror_client_properties``).
 """
 
 from __future__ import annotations
@@ -31,7 +38,9 @@ import ipaddress
 import json
 import os
 import secrets
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from rlstream.producers.settings import KafkaSettings
 
@@ -104,6 +113,81 @@ def client_settings(home: Path, bootstrap: str, user: str = ADMIN) -> KafkaSetti
         sasl_username=user,
         sasl_password=password(home, user),
         ssl_ca_location=str(ca_file(home)),
+    )
+
+
+def mirror_client_properties(home: Path, alias: str, user: str) -> list[str]:
+    """MirrorMaker 2's per-cluster client overrides (``ALIAS.security.protocol`` ...), which its
+    Connect worker, connectors and their producers, consumers and admin clients all take up."""
+    jaas = (
+        "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        f'username="{user}" password="{password(home, user)}";'
+    )
+    return [
+        f"{alias}.security.protocol = {PROTOCOL}",
+        f"{alias}.sasl.mechanism = {MECHANISM}",
+        f"{alias}.sasl.jaas.config = {jaas}",
+        f"{alias}.ssl.truststore.type = PEM",
+        f"{alias}.ssl.truststore.location = {ca_file(home)}",
+    ]
+
+
+def authorize(
+    admin_settings: KafkaSettings,
+    home: Path,
+    users: Iterable[str],
+    grants: Iterable[Any],
+    timeout: float = 30.0,
+) -> None:
+    """As ``admin_settings``'s super user, create (or set again, to the same password) the SCRAM
+    credential of each of ``users`` (generated once in ``home``) and the ALLOW ACLs of
+    ``grants`` (``ops.acls.Grant``) in the cluster it reaches. Kafka keeps one copy of an ACL
+    created twice, so this is idempotent."""
+    from rlstream.producers.admin import admin_client
+
+    users = tuple(users)
+    ensure_secrets(home, users)
+    admin = admin_client(admin_settings)
+    _upsert_users(admin, {u: password(home, u) for u in users}, timeout)
+    bindings = [_binding(g) for g in grants]
+    if bindings:
+        for future in admin.create_acls(bindings, request_timeout=timeout).values():
+            future.result()
+
+
+def _upsert_users(admin: Any, passwords: dict[str, str], timeout: float) -> None:
+    from confluent_kafka.admin import (
+        ScramCredentialInfo,
+        ScramMechanism,
+        UserScramCredentialUpsertion,
+    )
+
+    info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192)
+    upserts = [UserScramCredentialUpsertion(u, info, p.encode()) for u, p in passwords.items()]
+    if not upserts:
+        return
+    for future in admin.alter_user_scram_credentials(upserts, request_timeout=timeout).values():
+        future.result()
+
+
+def _binding(grant: Any) -> Any:
+    """The confluent_kafka ``AclBinding`` of an ``acls.Grant`` (ALLOW, any host)."""
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    return AclBinding(
+        ResourceType[grant.resource.upper()],
+        grant.name,
+        ResourcePatternType[grant.pattern.upper()],
+        f"User:{grant.principal}",
+        "*",
+        AclOperation[grant.operation.upper()],
+        AclPermissionType.ALLOW,
     )
 
 

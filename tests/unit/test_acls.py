@@ -139,3 +139,77 @@ def test_summary_lists_topics_group_and_ids() -> None:
     assert rollout["writes"] == ["rl.r1.trajectories", "rl.r1.dlq"]
     assert rollout["group"] == ["rlstream.r1.rollout"]
     assert rollout["transactional_ids"] == ["rlstream.r1.rollout", "rlstream.r1.rollout.*"]
+
+
+def _link(run: str | None = RUN) -> dict[str, list[acls.Grant]]:
+    """The grants of the link trainer <-> eu on each of its two clusters (fixed and run's)."""
+    return {
+        on: acls.mirror_grants("trainer", "eu", on) + acls.mirror_grants("trainer", "eu", on, run)
+        for on in ("trainer", "eu")
+    }
+
+
+@pytest.mark.parametrize("stream", topics.RUN_STREAMS)
+def test_a_link_reads_exactly_the_streams_that_flow(stream: str) -> None:
+    """On the trainer region it reads the outward streams, in the rollout region the inward
+    ones, and it writes each as the copy ``SRC.TOPIC`` on the other side only."""
+    user, name, link = acls.mirror_user("eu"), topics.topic_name(RUN, stream), _link()
+    direction = topics.STREAMS[stream].mirror
+    assert acls.allowed(link["trainer"], user, "topic", name, "read") == (direction == "outward")
+    assert acls.allowed(link["eu"], user, "topic", name, "read") == (direction == "inward")
+    copy_in_eu = acls.allowed(link["eu"], user, "topic", f"trainer.{name}", "write")
+    copy_home = acls.allowed(link["trainer"], user, "topic", f"eu.{name}", "write")
+    assert copy_in_eu == (direction == "outward") and copy_home == (direction == "inward")
+    for on in ("trainer", "eu"):  # never a local stream, never created by it
+        assert not acls.allowed(link[on], user, "topic", name, "write")
+        assert not acls.allowed(link[on], user, "topic", name, "create")
+
+
+def test_a_link_writes_only_copies_and_its_own_internal_topics() -> None:
+    for on, grants in _link().items():
+        src = "eu" if on == "trainer" else "trainer"
+        for g in grants:
+            assert g.principal == acls.mirror_user("eu")
+            if g.resource == "topic" and g.operation in ("write", "create", "alter"):
+                own = g.name.startswith(f"{src}.") or g.name == acls.HEARTBEATS
+                own |= g.name.startswith("mm2-") and g.name.endswith(".internal")
+                assert own and g.pattern == "literal", g
+    created = {g.name for g in _link()["eu"] if g.operation == "create"}
+    assert {"trainer.rl.schemas", "trainer.rl.runs"} <= created  # the cluster topics flow out
+
+
+def test_a_link_owns_its_worker_group_and_transactional_ids() -> None:
+    """Exactly-once MirrorMaker 2: the tasks' ids ``SRC-mm2-CONNECTOR-TASK`` and the worker's
+    ``connect-cluster-SRC-mm2`` (Connect's defaults for the herder group ``SRC-mm2``)."""
+    user, link = acls.mirror_user("eu"), _link()
+    eu, home = link["eu"], link["trainer"]
+    assert acls.allowed(eu, user, "group", "trainer-mm2", "read")
+    assert acls.allowed(
+        eu, user, "transactional_id", "trainer-mm2-MirrorSourceConnector-0", "write"
+    )
+    assert acls.allowed(eu, user, "transactional_id", "connect-cluster-trainer-mm2", "write")
+    assert acls.allowed(home, user, "transactional_id", "eu-mm2-MirrorSourceConnector-1", "write")
+    assert not acls.allowed(home, user, "group", "us-mm2", "read")  # another link's worker
+    assert not acls.allowed(
+        home, user, "transactional_id", "us-mm2-MirrorSourceConnector-0", "write"
+    )
+    for grants in link.values():  # nothing of the roles'
+        assert not any(g.name.startswith(topics.GROUP_PREFIX) for g in grants)
+        assert not any(g.resource == "topic" and g.operation == "delete" for g in grants)
+
+
+def test_two_links_share_no_copy() -> None:
+    eu = acls.mirror_grants("trainer", "eu", "trainer", RUN)
+    us = acls.mirror_grants("trainer", "us", "trainer", RUN)
+    written = {(g.name, g.operation) for g in eu if g.operation == "write"}
+    assert written and not written & {(g.name, g.operation) for g in us}
+    assert acls.mirror_user("us") == "mirrormaker-us"
+
+
+def test_a_link_joins_the_trainer_region_and_another() -> None:
+    with pytest.raises(ValueError, match="link"):
+        acls.mirror_grants("trainer", "eu", "us")
+    with pytest.raises(ValueError, match="link"):
+        acls.mirror_grants("trainer", "trainer", "trainer")
+    with pytest.raises(ValueError, match="invalid region"):
+        acls.mirror_user("e.u")

@@ -1,0 +1,141 @@
+"""A secured multi-region cluster: MirrorMaker 2 copies committed records across a link as its
+own user, within the ACLs ``ops.acls.mirror_grants`` plans, and every cluster refuses a client
+that does not authenticate.
+
+The module starts its own secured ``trainer`` and ``eu`` regions and their link
+(``cluster.up(secure=True)``) in a temporary state directory, applies one run's ACLs (``rlstream
+acl apply``: the roles', and the run's streams on the link), and stops exactly those brokers and
+that MirrorMaker, by pid. Its fixture is named ``geo`` so that ``tests/conftest.py`` runs it
+last, with the other tests that keep several brokers alive.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from rlstream.consumers.read_to_end import partitions_of, read_to_end, reader
+from rlstream.ops import acls, cluster
+from rlstream.ops.cmd_acl import apply
+from rlstream.producers.producer import EventProducer
+from rlstream.producers.settings import KafkaSettings
+from rlstream.schemas import topics
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+QUIET = {"log_level": 0}
+MIRROR = acls.mirror_user("eu")
+
+
+@dataclass
+class SecuredLink:
+    state: cluster.Cluster
+    run: str
+
+
+@pytest.fixture(scope="module")
+def geo() -> Iterator[SecuredLink]:
+    if KafkaSettings.from_env() is not None:
+        pytest.skip("needs the local launcher to start secured regions")
+    with tempfile.TemporaryDirectory(prefix="rlstream-secure-geo-") as tmp:
+        home = Path(tmp) / "cluster"
+        try:
+            state = cluster.up(["trainer", "eu"], home=home, heap="384m", secure=True, log=_quiet)
+            run = f"sgeo{uuid.uuid4().hex[:8]}"
+            apply(state.settings("trainer"), run, home)
+            cluster.authorize_links(state, run)
+            yield SecuredLink(state, run)
+        finally:
+            cluster.down(home=home, purge=True, log=_quiet)
+
+
+def _quiet(*_: object) -> None:
+    pass
+
+
+def _refused(settings: KafkaSettings) -> bool:
+    admin = AdminClient({**settings.librdkafka(), **QUIET})
+    try:
+        admin.list_topics(timeout=5)
+    except KafkaException:
+        return True
+    return False
+
+
+def _values(settings: KafkaSettings, topic: str, timeout: float = 60.0) -> list[bytes]:
+    """The committed values of ``topic`` once it exists and holds a record, else []."""
+    consumer = reader(settings, "check")
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            parts = partitions_of(consumer, topic)
+            if parts:
+                starts = [TopicPartition(topic, p, 0) for p in parts]
+                values = [m.value() or b"" for m in read_to_end(consumer, starts, timeout=20)]
+                if values:
+                    return values
+            time.sleep(1.0)
+    finally:
+        consumer.close()
+    return []
+
+
+def test_the_link_copies_committed_records_only_as_its_own_user(geo: SecuredLink) -> None:
+    """The learner's user publishes a manifest in an aborted transaction, then one in a committed
+    transaction, in the trainer region; eu's copy holds the committed one only, and the
+    MirrorMaker's log shows no refusal."""
+    state, run = geo.state, geo.run
+    topic = topics.topic_name(run, "weights.manifests")
+    learner = EventProducer.transactional(
+        state.settings("trainer", "learner"), f"rlstream.{run}.learner.0"
+    )
+    with pytest.raises(RuntimeError), learner.transaction():
+        learner.produce_raw(topic, b"aborted", b"m")
+        learner.flush(15)
+        raise RuntimeError("roll the publish back")
+    with learner.transaction():
+        learner.produce_raw(topic, b"committed", b"m")
+    learner.close()
+    copy = topics.remote_topic("trainer", topic)
+    assert _values(state.settings("eu"), copy) == [b"committed"]
+    log = state.mirrors["eu"].log.read_text(errors="replace")
+    assert "AuthorizationException" not in log and "AUTHORIZATION_FAILED" not in log
+
+
+def test_both_regions_refuse_an_unauthenticated_client(geo: SecuredLink) -> None:
+    for region in ("trainer", "eu"):
+        bootstrap = geo.state.bootstrap(region)
+        assert _refused(KafkaSettings(bootstrap_servers=bootstrap)), region
+        assert not _refused(geo.state.settings(region, MIRROR)), region
+
+
+def test_the_link_user_is_denied_what_does_not_flow(geo: SecuredLink) -> None:
+    """The link's user may not read a stream that stays home, write a local stream or create a
+    topic of a run."""
+    state, run = geo.state, geo.run
+    mirror = state.settings("trainer", MIRROR)
+    consumer = reader(mirror, f"{run}.peek")
+    admitted = topics.topic_name(run, "admitted")
+    meta = consumer.list_topics(admitted, timeout=10).topics[admitted]
+    consumer.close()
+    assert meta.error is not None and meta.error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    errors: list[KafkaError | None] = []
+    producer = Producer({**mirror.librdkafka(), **QUIET, "message.timeout.ms": "10000"})
+    producer.produce(
+        topics.topic_name(run, "tasks"), b"forged", on_delivery=lambda e, _m: errors.append(e)
+    )
+    producer.flush(15)
+    assert [e.code() if e else None for e in errors] == [KafkaError.TOPIC_AUTHORIZATION_FAILED]
+    admin = AdminClient({**state.settings("eu", MIRROR).librdkafka(), **QUIET})
+    name = topics.topic_name(run, "tasks")  # a local topic of the rollout region
+    with pytest.raises(KafkaException) as refused:
+        admin.create_topics([NewTopic(name, 1, 1)])[name].result(timeout=15)
+    assert refused.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
