@@ -9,7 +9,8 @@ Rules:
 
 - a log reads ``weights.manifests`` (the run's, or its MirrorMaker copy in a rollout region,
   ``of_run(..., source=REGION)``, or the topic given) from the beginning with a reader of its own: no consumer group, no commits, committed
-  records only;
+  records only (the manifest's transaction is what makes a version exist: its chunks are
+  written before, outside it, and a chunk no committed manifest names is never applied);
 - with the run's verify key, a record's signature is checked before it is decoded: a forged,
   altered or unsigned manifest is refused, remembered in ``refused`` and never kept
   (``producers.weight_signing``);

@@ -40,7 +40,12 @@ callback. The records and how they map to the codec are the wire format
   are absent or belong to another cluster (a MirrorMaker copy keeps the topic's data but not
   its offsets), the partitions are scanned from the previous manifest's time instead (a copy
   keeps its records' timestamps). Chunks are matched by key and checksum, so a wrong position
-  can only cost time, never correctness.
+  can only cost time, never correctness;
+- only committed manifests are followed, so only chunks a committed manifest names are ever
+  applied: the publisher writes chunks outside its transaction (``producers.weights``), and
+  the chunks of a version whose manifest never committed (orphans) are visible to this
+  ``read_committed`` reader but never asked for; one sharing a key with a wanted chunk is told
+  apart by its checksum.
 
 ``ceiling`` (None: no limit) caps the versions it moves to: a follower that must see given
 versions one by one (the eval role) raises it step by step instead of jumping to the newest.

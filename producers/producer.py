@@ -7,6 +7,9 @@ acknowledged.
 
 It is the one owner of Kafka transactions: every transactional writer (the exactly-once loop,
 feedback-rl, the learner, the weight publisher) writes inside ``with producer.transaction()``.
+A producer made by ``connect`` or ``transactional`` knows its settings: ``non_transactional``
+makes a plain (idempotent, acks=all) producer with the same settings and credentials, for
+records that must be durable before a transaction opens rather than inside it (weight chunks).
 Rules of a transaction:
 
 - it begins on entry and commits on a clean exit, together with the consumer offsets handed to
@@ -151,10 +154,14 @@ class EventProducer:
         self._serializers: dict[str, Any] = {}
         self._announced: set[bytes] = set()
         self._errors: list[str] = []
+        # how it was made (``connect``/``transactional``), for ``non_transactional``
+        self._origin: tuple[KafkaSettings, dict[str, str]] | None = None
 
     @classmethod
     def connect(cls, settings: KafkaSettings, **overrides: str) -> EventProducer:
-        return cls(make_producer(settings, **overrides))
+        out = cls(make_producer(settings, **overrides))
+        out._origin = (settings, overrides)
+        return out
 
     @classmethod
     def transactional(
@@ -164,7 +171,21 @@ class EventProducer:
         id and aborts the transaction it left open."""
         producer = make_producer(settings, transactional_id=transactional_id, **overrides)
         retry_retriable(lambda: producer.init_transactions(timeout), "init transactions")
-        return cls(producer)
+        out = cls(producer)
+        out._origin = (settings, overrides)
+        return out
+
+    def non_transactional(self) -> EventProducer:
+        """A new non-transactional producer with this one's settings, credentials, overrides
+        (less the transactional ones) and schema store: idempotent and acks=all like every
+        rlstream producer, its records visible once acknowledged, never fenced or aborted."""
+        if self._origin is None:
+            raise ValueError("made without settings (not by connect or transactional)")
+        settings, overrides = self._origin
+        plain = {k: v for k, v in overrides.items() if not k.startswith("transaction")}
+        out = EventProducer(make_producer(settings, **plain), self.store)
+        out._origin = (settings, plain)
+        return out
 
     @contextlib.contextmanager
     def transaction(self, timeout: float = 60.0) -> Iterator[Transaction]:
@@ -204,9 +225,10 @@ class EventProducer:
         key: str | bytes | None = None,
         headers: Headers | None = None,
         on_delivery: DeliveryCallback | None = None,
+        partition: int | None = None,
     ) -> None:
         """Produce already-encoded bytes (None: a tombstone), waiting for queue space when the
-        local buffer is full.
+        local buffer is full; to ``partition``, or (None) the one the key hashes to.
 
         With ``on_delivery`` the caller handles the record's delivery report (and its failure)
         itself; ``flush`` then does not report it."""
@@ -216,12 +238,20 @@ class EventProducer:
                     topic,
                     value,
                     key,
+                    partition=-1 if partition is None else partition,  # -1: by the key
                     headers=list(headers or []),
                     on_delivery=on_delivery or self._on_delivery,
                 )
                 return
             except BufferError:
                 self._producer.poll(0.1)
+
+    def partitions(self, topic: str, timeout: float = 10.0) -> int:
+        """How many partitions ``topic`` has (from the cluster's metadata)."""
+        meta = self._producer.list_topics(topic, timeout=timeout).topics[topic]
+        if meta.error is not None:
+            raise KafkaException(meta.error)
+        return len(meta.partitions)
 
     def _serializer(self, event: str) -> Any:
         if event not in self._serializers:

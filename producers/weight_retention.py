@@ -7,6 +7,15 @@ first kept chunk (or, where no kept chunk lies, up to the last dropped one). Man
 deleted: they are small and are the run's record. Chunks whose position is unknown make the rule
 delete nothing.
 
+Orphan chunks (written by a publish whose manifest never committed: an aborted transaction, a
+learner that crashed between its chunks and its manifest, a fenced one; see
+``producers.weights``) are named by no manifest and never applied; they go with the versions
+around them: a cut at a kept chunk's offset deletes every orphan written before it in that
+partition. The publisher spreads chunks round-robin over the partitions, so the oldest kept
+keyframe, when it has at least as many chunks as the topic has partitions, has a chunk in every
+partition, and every orphan older than it is deleted by the prune that drops the versions before
+it; an orphan newer than the oldest kept keyframe stays until a later prune cuts past it.
+
 ``prune`` applies the rule with the admin client; the learner calls it (through
 ``WeightPublisher.prune``) whenever a new keyframe lands. This is the only way chunks go: the
 chunk topic has no time retention, so a run paused for longer than any age limit still has the

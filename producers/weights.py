@@ -1,19 +1,41 @@
 """Weight publication: every policy version as chunks plus a manifest.
 
 The learner calls ``WeightPublisher.publish_version`` with the new state (``TensorBits`` by
-name) and the consumer offsets of the admitted records that formed the step. In one transaction
-of the producer (``EventProducer.transaction``) the publisher encodes the state with the delta
-codec and produces
+name) and the consumer offsets of the admitted records that formed the step. The publisher
+encodes the state with the delta codec, then
 
-1. every chunk of the version (``WeightChunk`` events on ``weights.chunks``, key
-   MODEL/VERSION/INDEX), waits until the broker has acknowledged them, so that the manifest can
-   name each chunk's log position (``ChunkRef.ref``), then
-2. the ``WeightManifest`` (on ``weights.manifests``, key MODEL) last,
+1. writes every chunk of the version (``WeightChunk`` events on ``weights.chunks``, key
+   MODEL/VERSION/INDEX) with its *chunk producer*: an idempotent (acks=all), non-transactional
+   producer with the same settings and credentials as the transactional one
+   (``EventProducer.non_transactional``), and waits until the broker has acknowledged every
+   chunk, so that the manifest can name each chunk's log position (``ChunkRef.ref``); only
+   then
+2. opens one short transaction (``EventProducer.transaction``) that holds the
+   ``WeightManifest`` (on ``weights.manifests``, key MODEL) and the consumer offsets, and
+   commits it: the manifest and the offsets become visible together or not at all.
 
-and commits them with the offsets: chunks, manifest and offsets become visible together or not
-at all, so a manifest never points at missing data and a crashed learner resumes from the last
-published version. (``publish`` is the same without the transaction, for a caller that holds
-one open.)
+So a version's size is not bound by a transaction's timeout: writing tens of GB of chunks takes
+as long as it takes, and the transaction that makes the version exist holds one or two small
+manifests and the offsets. A manifest never points at missing
+data (its chunks were acknowledged before it was produced), and a crashed learner resumes from
+the last committed version.
+
+The rule that keeps chunks outside the transaction safe: **a chunk that no committed manifest
+names is never applied**. Subscribers follow committed manifests only
+(``consumers.manifest_log`` reads ``read_committed``) and fetch exactly the chunks a manifest
+names, matched by key and checksum (``consumers.weights``); so the chunks of a publish whose
+transaction aborted, of a learner that crashed between its chunks and its manifest, or of a
+fenced (zombie) learner (its chunk producer is not fenced, its manifest's transaction is) are
+orphans: readable, never applied. Retention deletes them with the older versions: chunks are
+spread round-robin over the chunk topic's partitions (by index, continuing where the previous
+version ended), so a keyframe of at least as many chunks as there are partitions lies after
+every older orphan in every partition, and the prune that drops the versions before that
+keyframe cuts past the orphans too (``producers.weight_retention``). Nothing transactional
+writes the chunk topic, so it never holds back a ``read_committed`` reader's last stable offset.
+
+``publish`` is the same inside a transaction the caller holds open: the chunks are written (and
+acknowledged) at once, the manifest inside the caller's transaction; when that aborts, call
+``rollback``, and the chunks are orphans.
 
 Rules (pure, unit-tested):
 
@@ -23,6 +45,9 @@ Rules (pure, unit-tested):
   as a *delta* against it, so at a keyframe version both exist (delta first). Workers that
   follow live never download a keyframe; new or lost workers start from one.
 - ``keyframe_version`` of a manifest is the newest keyframe at or before its version.
+- partitions (``chunk_partitions``): the chunks of a publish go round-robin over the chunk
+  topic's partitions, starting where the previous publish's chunks ended: an even spread (a
+  one-chunk delta too), and a version of at least as many chunks as partitions touches all.
 - ``learner_epoch`` of a manifest is the publisher's ``epoch``: the learner's incarnation (one
   more than the newest epoch among the run's manifests, set by the learner when it starts), so
   readers can refuse a manifest of an older incarnation (``consumers.manifest_log``).
@@ -78,6 +103,16 @@ def publish_kinds(
     return (("delta",) if has_base else ()) + (("keyframe",) if keyframe else ())
 
 
+def chunk_partitions(start: int, count: int, partitions: int) -> list[int]:
+    """Partitions of ``count`` chunks written from partition ``start`` on, round-robin.
+
+    Rule: chunk ``i`` goes to ``(start + i) % partitions``; the next publish starts at
+    ``(start + count) % partitions``."""
+    if partitions < 1:
+        raise ValueError(f"a topic has at least one partition, got {partitions}")
+    return [(start + i) % partitions for i in range(count)]
+
+
 # --- the publisher ---------------------------------------------------------------------------
 
 
@@ -88,6 +123,20 @@ class _Published:
     version: int
     state: State
     keyframe_version: int | None
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """A version whose chunks are written and acknowledged, and its manifests, not produced."""
+
+    version: int
+    state: State
+    kinds: tuple[str, ...]
+    encoded: list[codec.Encoded]
+    records: list[dict[str, Any]]
+    keyframe_version: int
+    started: float  # perf_counter when the publish began
+    encode_s: float
 
 
 @dataclass(frozen=True)
@@ -126,7 +175,9 @@ class PublishStats:
 class WeightPublisher:
     """Publishes policy versions of one model as chunks + manifest (see the module docstring).
 
-    ``producer`` must wrap a transactional producer whose ``init_transactions`` has been called.
+    ``producer`` must wrap a transactional producer whose ``init_transactions`` has been called;
+    it writes the manifests. ``chunk_producer`` writes the chunks (None: a non-transactional
+    producer made from ``producer``'s settings, ``EventProducer.non_transactional``).
     Not thread-safe: one learner thread publishes."""
 
     def __init__(
@@ -143,9 +194,11 @@ class WeightPublisher:
         fault_hook: FaultHook | None = None,
         signer: Signer | None = None,
         epoch: int = 0,
+        chunk_producer: EventProducer | None = None,
     ) -> None:
         publish_kinds(0, keyframe_every, False)  # validates keyframe_every
         self.producer, self.run, self.model = producer, run, model
+        self.chunk_producer = chunk_producer or producer.non_transactional()
         self.chunk_topic = chunk_topic or topics.topic_name(run, "weights.chunks")
         self.manifest_topic = manifest_topic or topics.topic_name(run, "weights.manifests")
         self.keyframe_every, self.max_chunk_bytes = keyframe_every, max_chunk_bytes
@@ -160,7 +213,9 @@ class WeightPublisher:
         self._last: _Published | None = None
         self._floor = -1  # versions at or below it were published (or resumed from)
         self._undo: tuple[_Published | None, int] | None = None  # what rollback restores
-        self._serialize_chunk = events.serializer("weight_chunk", producer.store)
+        self._next_partition = 0  # where the next publish's first chunk goes
+        self._chunk_partitions: int | None = None  # the chunk topic's, read once
+        self._serialize_chunk = events.serializer("weight_chunk", self.chunk_producer.store)
         self._serialize_manifest = events.serializer("weight_manifest", producer.store)
         self._chunk_limit = topics.STREAMS["weights.chunks"].max_value_bytes
         self._manifest_limit = topics.STREAMS["weights.manifests"].max_value_bytes
@@ -198,9 +253,23 @@ class WeightPublisher:
         stats: Mapping[str, float] | None = None,
         force_keyframe: bool = False,
     ) -> dict[str, Any]:
-        """Publish ``version`` inside the caller's open transaction; returns its manifest record
-        (the keyframe's when the version has both). Call ``rollback`` if the transaction aborts.
-        The caller must not mutate ``state`` afterwards: it is the next delta's base."""
+        """Publish ``version`` with its manifest inside the caller's open transaction; returns
+        its manifest record (the keyframe's when the version has both). The chunks are written
+        and acknowledged at once, outside any transaction: if the caller's transaction aborts,
+        they are orphans no reader applies; call ``rollback`` then. The caller must not mutate
+        ``state`` afterwards: it is the next delta's base."""
+        staged = self._stage(state, version, step_inputs, stats, force_keyframe)
+        return self._finish(staged)
+
+    def _stage(
+        self,
+        state: State,
+        version: int,
+        step_inputs: Sequence[Mapping[str, Any]],
+        stats: Mapping[str, float] | None,
+        force_keyframe: bool,
+    ) -> _Staged:
+        """Encode ``version``, write its chunks and wait for them; its manifests, unproduced."""
         last = self._last
         if version <= self._floor:
             raise ValueError(f"version {version} is not after the last published {self._floor}")
@@ -210,7 +279,7 @@ class WeightPublisher:
         t0 = time.perf_counter()
         encoded = [self._encode(kind, state, version) for kind in kinds]
         encode_s = time.perf_counter() - t0
-        created_ms = int(time.time() * 1000)
+        created_ms = int(time.time() * 1000)  # before the chunks: readers scan from this time
         refs = self._produce_chunks(version, kinds, encoded)
         keyframe_version = version if "keyframe" in kinds else _keyframe_of(last)
         record = functools.partial(
@@ -226,14 +295,22 @@ class WeightPublisher:
             learner_epoch=self.epoch,
         )
         records = [record(e.manifest, refs=refs[k]) for k, e in zip(kinds, encoded, strict=True)]
-        for rec in records:
+        return _Staged(version, state, kinds, encoded, records, keyframe_version, t0, encode_s)
+
+    def _finish(self, staged: _Staged) -> dict[str, Any]:
+        """Produce the manifests of ``staged`` (in the open transaction) and take the version
+        as the next delta's base."""
+        for rec in staged.records:
             self._produce_manifest(rec)
-        self._undo = (last, self._floor)
-        self._last, self._floor = _Published(version, state, keyframe_version), version
-        self.history += [{k: v for k, v in r.items() if k != "tensors"} for r in records]
-        produce_s = time.perf_counter() - t0 - encode_s
-        self.last_stats = PublishStats.of(version, kinds, encoded, encode_s, produce_s)
-        return records[-1]
+        self._undo = (self._last, self._floor)
+        self._last = _Published(staged.version, staged.state, staged.keyframe_version)
+        self._floor = staged.version
+        self.history += [{k: v for k, v in r.items() if k != "tensors"} for r in staged.records]
+        produce_s = time.perf_counter() - staged.started - staged.encode_s
+        self.last_stats = PublishStats.of(
+            staged.version, staged.kinds, staged.encoded, staged.encode_s, produce_s
+        )
+        return staged.records[-1]
 
     def rollback(self) -> None:
         """Forget the last ``publish`` (its transaction was aborted): the next delta is computed
@@ -256,18 +333,15 @@ class WeightPublisher:
         group_metadata: object | None = None,
         timeout: float = 60.0,
     ) -> dict[str, Any]:
-        """``publish`` in a transaction of its own, committed with the consumer ``offsets`` (of
-        the group ``group_metadata`` names) that formed the version, if any. On any failure the
-        transaction is aborted, the publish rolled back, and the error raised."""
+        """Write the chunks of ``version`` (as long as they take, no transaction open), then
+        commit its manifest in a transaction of its own with the consumer ``offsets`` (of the
+        group ``group_metadata`` names) that formed the version, if any. ``timeout`` bounds each
+        call of that transaction. On any failure the transaction is aborted, the publish rolled
+        back (its chunks, if written, are orphans), and the error raised."""
+        staged = self._stage(state, version, step_inputs, stats, force_keyframe)
         try:
             with self.producer.transaction(timeout) as txn:
-                rec = self.publish(
-                    state,
-                    version,
-                    step_inputs=step_inputs,
-                    stats=stats,
-                    force_keyframe=force_keyframe,
-                )
+                rec = self._finish(staged)
                 txn.send_offsets(offsets, group_metadata)
         except BaseException:
             if self._last is not None and self._last.version == version:
@@ -284,6 +358,10 @@ class WeightPublisher:
             oldest = keyframes[-keep_keyframes]
             self.history = [m for m in self.history if m["version"] >= oldest]
         return out
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Wait for the chunk producer's records (there are none after a publish returned)."""
+        self.chunk_producer.wait(timeout)
 
     # --- internals ---------------------------------------------------------------------------
 
@@ -304,28 +382,43 @@ class WeightPublisher:
     def _produce_chunks(
         self, version: int, kinds: Sequence[str], encoded: Sequence[codec.Encoded]
     ) -> dict[str, dict[int, Ref]]:
-        """Produce every chunk, then wait for the broker's acknowledgements: their positions go
-        into the manifest, and a failed chunk must fail the publish before the manifest exists."""
-        serialize = self._serialize_chunk
-        self.producer.announce_schema(self.producer.store.current("weight_chunk")[0])
+        """Write every chunk with the chunk producer, round-robin over the partitions, then wait
+        for the broker's acknowledgements: their positions go into the manifest, and a failed
+        chunk must fail the publish before the manifest exists."""
+        out = self.chunk_producer
+        out.announce_schema(out.store.current("weight_chunk")[0])
+        count = sum(len(e.chunks) for e in encoded)
+        where = iter(chunk_partitions(self._next_partition, count, self._partitions()))
+        self._next_partition = (self._next_partition + count) % self._partitions()
         refs: dict[str, dict[int, Ref]] = {kind: {} for kind in kinds}
         errors: list[str] = []
         for kind, enc in zip(kinds, encoded, strict=True):
             for index, payload in enumerate(enc.chunks):
                 payload = self._maybe_fault(version, kind, index, payload)
                 rec = chunk_record(enc.manifest, index, payload, run=self.run, model=self.model)
-                value = serialize(rec, None)
+                value = self._serialize_chunk(rec, None)
                 if len(value) > self._chunk_limit:
                     raise ValueError(f"chunk record of {len(value)} bytes > {self._chunk_limit}")
                 key = topics.record_key("weights.chunks", rec)
                 on_delivery = _on_ref(refs[kind], index, errors)
-                self.producer.produce_raw(self.chunk_topic, value, key, on_delivery=on_delivery)
-        remaining = self.producer.wait(self.flush_timeout)
-        missing = sum(len(e.chunks) for e in encoded) - sum(len(r) for r in refs.values())
-        if errors or remaining or missing:
+                part = next(where)
+                out.produce_raw(
+                    self.chunk_topic, value, key, on_delivery=on_delivery, partition=part
+                )
+        try:
+            out.flush(self.flush_timeout)  # the chunks, and the schema record before them
+        except DeliveryError as exc:
+            errors.append(str(exc))
+        missing = count - sum(len(r) for r in refs.values())
+        if errors or missing:
             detail = "; ".join(errors[:3]) or f"{missing} chunk(s) unacknowledged"
             raise DeliveryError(f"weight chunks of version {version} not written: {detail}")
         return refs
+
+    def _partitions(self) -> int:
+        if self._chunk_partitions is None:
+            self._chunk_partitions = self.chunk_producer.partitions(self.chunk_topic)
+        return self._chunk_partitions
 
     def _maybe_fault(self, version: int, kind: str, index: int, payload: bytes) -> bytes:
         return (

@@ -458,7 +458,8 @@ def chunk_record(
 def chunk_keys(record: Mapping[str, Any]) -> dict[bytes, tuple[int, str]]:
     """``record key -> (index, checksum)`` of every chunk a ``WeightManifest`` names.
 
-    The keyframe and the delta of one version share chunk keys: a chunk record is one of this
+    The keyframe and the delta of one version share chunk keys, and so may an orphan chunk
+    (written by a publish whose manifest never committed): a chunk record is one of this
     manifest's only if its checksum (and version) match as well."""
     model, version = record["model"], record["version"]
     return {

@@ -1,9 +1,12 @@
 """The learner role: admitted groups in, one policy version per ``groups_per_step`` groups out.
 
 Guarantees:
-- exactly once: a step's weight chunks, its manifest and the consumer offsets of the admitted
+- exactly once: a step's version (its manifest) and the consumer offsets of the admitted
   records that formed it commit in ONE Kafka transaction; records read but not yet trained are
-  not committed, so after a crash the learner resumes from its last published version;
+  not committed, so after a crash the learner resumes from its last published version. The
+  version's chunks are written and acknowledged before that transaction opens, outside it
+  (``producers.weights``), so the transaction stays short whatever the model's size; chunks of
+  a version whose transaction never committed are orphans no reader applies;
 - reproducible: the manifest records which admitted records (topic, partition, offset) formed
   the step, in training order; on CPU, the same initial weights, seed and inputs in that order
   give bit-identical versions (``rlstream replay`` checks the state hashes);
@@ -229,8 +232,9 @@ class Learner:
     ) -> None:
         state = published_state(self.model, self.cfg.publish_dtype)
         refs = [{"topic": t, "partition": p, "offset": o} for item in used for t, p, o in item.refs]
-        # On any failure nothing of this version became visible: the learner exits and,
-        # restarted, resumes from the last committed version and re-reads these inputs.
+        # On any failure no manifest of this version became visible (its chunks, if written,
+        # are orphans): the learner exits and, restarted, resumes from the last committed
+        # version and re-reads these inputs.
         self.publisher.publish_version(
             state,
             version,
@@ -238,7 +242,6 @@ class Learner:
             stats=stats,
             offsets=offsets or (),
             group_metadata=self.consumer.group_metadata() if offsets else None,
-            timeout=120,
         )
 
     def poll(self) -> None:
@@ -360,6 +363,7 @@ class Learner:
     def close(self) -> None:
         self.consumer.close()
         self.producer.wait(10)
+        self.publisher.close(10)
 
 
 def run_role(ctx: RoleContext) -> int:

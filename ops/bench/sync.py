@@ -9,8 +9,9 @@ with fp32 master weights w ~ N(0, 0.01²); each step adds an Adam-like update
 bits are the fp32 bits rounded to nearest even. At ``--lr 1e-6`` about 1.7% of the bf16 bit
 patterns change per step. Version 0 is a keyframe; keyframes every ``--keyframe-every``.
 
-Each version: the learner publishes it (``WeightPublisher.publish_version``: encode, chunks,
-manifest, commit) and reports the commit time; each subscriber follows in a background
+Each version: the learner publishes it (``WeightPublisher.publish_version``: encode, the
+chunks written and acknowledged outside any transaction, then the manifest in one short
+transaction) and reports the commit time; each subscriber follows in a background
 thread (``WeightSubscriber.start``) and hands each verified version to a simulated inference
 engine that generates in short steps under a lock and swaps by copying the new bits into its
 own buffers under that lock (``on_swap``): that copy is the pause generation sees. The next

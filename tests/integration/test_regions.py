@@ -4,8 +4,10 @@ In the trainer region a weight publish is aborted between two committed ones; in
 region a rollout transaction is aborted between two committed ones. MirrorMaker 2 (flows derived
 from the catalog, reading ``read_committed``, writing with exactly-once support) carries the
 rest: the rollout region's weight subscriber, reading the mirrored names, applies exactly the
-committed versions bit-exactly, and neither aborted record exists in the other region's copy,
-even read ``read_uncommitted``.
+committed versions bit-exactly, and neither the aborted manifest nor the aborted trajectory
+exists in the other region's copy, even read ``read_uncommitted``. The aborted publish's chunks
+were written outside its transaction (``producers.weights``): they are orphans, and they cross
+like every chunk, named by no manifest on either side and applied by no subscriber.
 """
 
 from __future__ import annotations
@@ -56,8 +58,8 @@ def test_only_committed_weights_and_trajectories_cross_regions(geo, unique_run):
     for name in REGIONS.names:
         ensure_run_topics(_settings(geo, name), run, regions=REGIONS, here=name)
 
-    # trainer region: v0 committed, v1 aborted after its chunks and manifest were written, v1
-    # committed again from another state
+    # trainer region: v0 committed, v1 aborted after its chunks (outside the transaction) and
+    # its manifest (inside) were written, v1 committed again from another state
     learner = Learner(seed=3)
     producer = EventProducer.transactional(home, f"rlstream.{run}.learner", timeout=30)
     pub = WeightPublisher(producer, run, MODEL, keyframe_every=4, max_chunk_bytes=CHUNK)
@@ -102,11 +104,22 @@ def test_only_committed_weights_and_trajectories_cross_regions(geo, unique_run):
     ], "an aborted manifest crossed"
     aborted_hash = codec.state_hash(doomed)
     assert aborted_hash not in {m["state_hash"] for m in every}
-    chunks = _records(eu, REGIONS.topic(run, "weights.chunks", "eu"), committed_only=False)
-    committed = _records(home, topics.topic_name(run, "weights.chunks"), committed_only=True)
-    assert sorted((c["version"], c["index"], c["checksum"]) for c in chunks) == sorted(
-        (c["version"], c["index"], c["checksum"]) for c in committed
-    ), "the mirrored chunks are not exactly the committed ones"
+    home_chunks = _records(home, topics.topic_name(run, "weights.chunks"), committed_only=True)
+    named = {
+        (m["version"], c["index"], c["checksum"])
+        for m in _records(home, topics.topic_name(run, "weights.manifests"), committed_only=True)
+        for c in m["chunks"]
+    }
+    written = sorted((c["version"], c["index"], c["checksum"]) for c in home_chunks)
+    orphans = [c for c in written if c not in named]
+    assert orphans and {v for v, _, _ in orphans} == {1}, "the aborted publish left no chunks"
+
+    def chunks_crossed() -> bool:
+        eu_chunks = _records(eu, REGIONS.topic(run, "weights.chunks", "eu"), committed_only=False)
+        return sorted((c["version"], c["index"], c["checksum"]) for c in eu_chunks) == written
+
+    # every chunk record crosses, the orphans too: the chunk topic holds no transactions
+    _wait_for(chunks_crossed, 60, "the mirrored chunks to be exactly the trainer region's")
 
     home_copy = topics.remote_topic("eu", out)
 

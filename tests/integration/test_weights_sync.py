@@ -1,5 +1,6 @@
-"""Weight sync on a real broker: a publisher writes versions as chunks + manifest in Kafka
-transactions; subscribers follow live, join late, refuse corrupt data, survive SIGKILL and
+"""Weight sync on a real broker: a publisher writes versions as chunks (acknowledged first,
+outside any transaction) + a manifest (in a Kafka transaction); subscribers follow live, join
+late, ignore the orphan chunks of an aborted publish, refuse corrupt data, survive SIGKILL and
 keep working after retention pruned old chunks, always ending bit-exact on the newest version.
 
 Run as a script (``python test_weights_sync.py worker ...``) this file is the subscriber
@@ -20,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import read_all
 
 from rlstream.consumers.manifest_log import read_manifests
 from rlstream.consumers.versions import VersionWatcher
@@ -148,11 +150,18 @@ def test_an_aborted_publish_is_invisible_and_rollback_rebases_the_next_delta(kaf
     _make_topics(kafka, unique_run)
     learner, pub = Learner(seed=5), _publisher(kafka, unique_run, k=4)
     _publish(pub, learner, range(2))
+    doomed = Learner(seed=99).states[0]
     with pytest.raises(_Abandoned), pub.producer.transaction(30):
-        pub.publish(Learner(seed=99).states[0], 2)  # a version that never commits
-        raise _Abandoned  # the transaction aborts
+        pub.publish(doomed, 2)  # a version that never commits: its chunks are written now
+        raise _Abandoned  # the manifest's transaction aborts
     pub.rollback()
+    chunk_topic = topics.topic_name(unique_run, "weights.chunks")
+    written = {events.decode(v).record["version"] for _, v, _ in read_all(kafka, chunk_topic)}
+    assert written == {0, 1, 2}  # the orphans of 2: a read_committed reader sees them
     _publish(pub, learner, range(2, 4))
+    manifests = read_manifests(kafka, unique_run, MODEL)
+    assert [m["version"] for m in manifests] == [0, 1, 2, 3]
+    assert codec.state_hash(doomed) not in {m["state_hash"] for m in manifests}
     with _subscriber(kafka, unique_run) as sub:
         sub.wait_for(3, timeout=20)
         _assert_on(sub, learner, 3)

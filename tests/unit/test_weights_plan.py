@@ -1,6 +1,7 @@
 """Pure rules of weight sync: which kinds a version is published as, the Avro manifest mapping
 (codec manifest -> WeightManifest -> codec manifest decodes bit-exactly), the catch-up route
-(chain of deltas vs keyframe + deltas), fetch windows and the retention rule."""
+(chain of deltas vs keyframe + deltas), fetch windows, where chunks go and the retention rule
+(orphan chunks included)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from rlstream.consumers.weights import Link, Route, fetch_windows, plan_route
 from rlstream.producers.weight_retention import retention_cutoffs
-from rlstream.producers.weights import publish_kinds
+from rlstream.producers.weights import chunk_partitions, publish_kinds
 from rlstream.schemas import deltacodec as codec
 from rlstream.schemas import events
 from rlstream.schemas.weight_format import codec_manifest, manifest_record, tensor_spans
@@ -248,3 +249,57 @@ def test_retention_cuts_past_dropped_chunks_where_no_kept_chunk_lies_and_nothing
     assert retention_cutoffs(log) == {("t", 0): 1, ("t", 2): 2}
     unknown = [*log[:3], {**log[3], "chunks": [{**log[3]["chunks"][0], "ref": None}]}]
     assert retention_cutoffs(unknown) == {}
+
+
+# --- chunk partitions and orphans ------------------------------------------------------------
+
+
+def test_chunks_go_round_robin_from_where_the_previous_publish_ended() -> None:
+    assert chunk_partitions(0, 8, 6) == [0, 1, 2, 3, 4, 5, 0, 1]
+    assert chunk_partitions(2, 1, 6) == [2]  # a one-chunk delta takes the next partition
+    assert chunk_partitions(5, 3, 6) == [5, 0, 1]
+    assert chunk_partitions(0, 0, 6) == []
+    with pytest.raises(ValueError):
+        chunk_partitions(0, 1, 0)
+
+
+class _Topic:
+    """A chunk topic of ``parts`` partitions written as the publisher does: round-robin,
+    continuing where the previous publish ended."""
+
+    def __init__(self, parts: int) -> None:
+        self.parts, self.start = parts, 0
+        self.ends = dict.fromkeys(range(parts), 0)
+
+    def write(self, count: int) -> list[tuple[int, int]]:
+        refs = []
+        for p in chunk_partitions(self.start, count, self.parts):
+            refs.append((p, self.ends[p]))
+            self.ends[p] += 1
+        self.start = (self.start + count) % self.parts
+        return refs
+
+
+def test_orphans_go_with_the_versions_before_the_oldest_kept_keyframe() -> None:
+    # keyframes (8 chunks, more than the 6 partitions) at 0, 3, 6, 9; one-chunk deltas; the
+    # publishes of 2 and 4 abort once: their chunks are written, no manifest names them
+    topic, log, orphans = _Topic(6), [], {}
+    for v in range(10):
+        if v in (2, 4):
+            orphans[v] = topic.write(1 if v == 2 else 2)
+        if v:
+            log.append(_manifest(v, "delta", topic.write(1)))
+        if v % 3 == 0:
+            log.append(_manifest(v, "keyframe", topic.write(8)))
+
+    def deleted(cuts: dict[tuple[str, int], int], ref: tuple[int, int]) -> bool:
+        return ref[1] < cuts.get(("t", ref[0]), 0)
+
+    upto_7 = [m for m in log if m["version"] <= 7]
+    cuts = retention_cutoffs(upto_7, keep_keyframes=2)  # kept: from keyframe 3 on
+    assert all(deleted(cuts, r) for r in orphans[2])  # older than keyframe 3: gone with 0..2
+    assert not any(deleted(cuts, r) for r in orphans[4])  # after it: kept for now
+    cuts = retention_cutoffs(log, keep_keyframes=2)  # keyframe 9 landed: kept from 6 on
+    assert all(deleted(cuts, r) for r in orphans[2] + orphans[4])
+    kept = [c["ref"] for m in log if m["version"] >= 6 for c in m["chunks"]]
+    assert not any(deleted(cuts, (r["partition"], r["offset"])) for r in kept)
