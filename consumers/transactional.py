@@ -16,11 +16,24 @@ it calls ``on_commit``, so state that must only count once committed (admission'
 groups) can be staged during processing and made permanent there.
 
 Poison records never stop the role. A processor refuses one record it cannot accept by raising
-``Refused`` (dead-lettered as ``invalid_record``). Any other exception from the processor aborts
+``Refused`` (dead-lettered as ``invalid_record``). Any other exception from the processor fails
 the batch (state is reset through ``on_abort``) and the loop re-reads the batch one record per
 transaction; the record whose processing raises is then dead-lettered as ``processing_error``,
 with the exception, and skipped whenever it is read again by this process. Fatal Kafka errors
 (fenced) still end the role.
+
+A batch is processed, its dead letters included, before its transaction begins, so a processor
+that raises never aborts a transaction: there is nothing to undo on the broker. (Aborting right
+after producing is what librdkafka gets wrong: when the coordinator answered the partition's
+registration with CONCURRENT_TRANSACTIONS because the previous commit was still completing,
+librdkafka still sends EndTxn(abort) for the transaction the coordinator never opened, gets
+INVALID_TXN_STATE, and the producer is dead for good.)
+
+``close`` never raises: a role ends cleanly whatever state its producer is in. It waits for the
+producer's deliveries before closing the consumer, so the member's writes are settled before its
+partitions pass to another member. It never commits: a transaction still open at close (only
+after a Kafka error escaped it) is aborted by the broker, when the restarted member's
+``init_transactions`` fences this one or when ``transaction.timeout.ms`` passes.
 """
 
 from __future__ import annotations
@@ -156,14 +169,16 @@ class TransactionalLoop:
         started = time.monotonic()
         self._passed(records)
         try:
-            done = self.commit(lambda: self.produce(self._process_batch(records)), records)
+            letters, outputs = self._process_batch(records)
         except KafkaException:
-            raise  # fatal (fenced): the role must exit
+            raise  # a Kafka failure is no poison record: the role exits and is restarted
         except Exception as exc:
             self._failed(records, exc)
             return 0
-        if not done:
+        if not self.commit(lambda: self._send(letters + outputs), records):
             return 0
+        self.stats.dead_letters += len(letters)
+        self.stats.outputs += len(outputs)
         self.stats.batches += 1
         self.stats.records += len(records)
         self.stats.last_batch_s = time.monotonic() - started
@@ -197,15 +212,18 @@ class TransactionalLoop:
 
     def produce(self, outputs: list[Output]) -> None:
         """Produce ``outputs`` into the open transaction (call it inside ``commit``)."""
+        self._send(outputs)
+        self.stats.outputs += len(outputs)
+
+    def _send(self, outputs: list[Output]) -> None:
         for out in outputs:
             if out.event is None:
                 self.producer.produce_raw(out.topic, out.value, out.key, out.headers)
             else:
                 self.producer.produce(out.topic, out.event, out.value, out.key, out.headers)
-        self.stats.outputs += len(outputs)
 
     def _failed(self, records: list[Record], exc: Exception) -> None:
-        """The processor raised (the transaction was aborted): reset, and find the poison."""
+        """The processor raised (no transaction was begun): reset, and find the poison."""
         self.stats.aborts += 1
         self.consumer.rewind()
         if self.on_abort:
@@ -242,40 +260,47 @@ class TransactionalLoop:
             if tp in self._isolate and rec.offset > self._isolate[tp]:
                 del self._isolate[tp]
 
-    def _process_batch(self, records: list[Record]) -> list[Output]:
-        """The batch's outputs; undecodable, refused and poison records are dead-lettered on the
-        way."""
-        good = []
+    def _process_batch(self, records: list[Record]) -> tuple[list[Output], list[Output]]:
+        """The batch's dead letters (undecodable, refused and poison records) and outputs."""
+        letters, good = [], []
         for rec in records:
             poison = self._poison.get((*rec.topic_partition, rec.offset))
             if rec.event is None:
-                self._dead_letter(rec, rec.reason or "other", rec.error or "")
+                letters.append(self._dead_letter(rec, rec.reason or "other", rec.error or ""))
             elif poison is not None:
-                self._dead_letter(rec, "processing_error", poison)
+                letters.append(self._dead_letter(rec, "processing_error", poison))
             else:
                 good.append(rec)
         try:
             outputs = list(self.process(good)) if good else []
         except Refused as refused:
             # Refusal of one record: dead-letter it and re-run the rest of the batch.
-            self._dead_letter(refused.record, "invalid_record", refused.reason)
+            letters.append(self._dead_letter(refused.record, "invalid_record", refused.reason))
             rest = [r for r in good if r is not refused.record]
             outputs = list(self.process(rest)) if rest else []
-        return outputs
+        return letters, outputs
 
-    def _dead_letter(self, rec: Record, reason: str, error: str) -> None:
-        letter = dead_letter(rec.message, reason, error, self.group_id)
-        self.producer.produce(
+    def _dead_letter(self, rec: Record, reason: str, error: str) -> Output:
+        return Output(
             self.dlq_topic,
             "dead_letter",
-            letter,
+            dead_letter(rec.message, reason, error, self.group_id),
             rec.message.topic(),
             dead_letter_headers(rec.message, reason, error),
         )
-        self.stats.dead_letters += 1
 
     def close(self) -> None:
+        """Wait for the producer's deliveries, then leave the group; never raises (see the
+        module docstring)."""
+        try:
+            queued = self.producer.wait(10)
+            if queued:
+                log.warning("closing with %d record(s) undelivered", queued)
+        except KafkaException as exc:
+            # e.g. a fatal error (fenced, or librdkafka's INVALID_TXN_STATE): whatever it left
+            # open is never committed; the error that ended the role, if any, is already raised
+            log.warning("producer closed in an error state: %s", exc.args[0])
         try:
             self.consumer.close()
-        finally:
-            self.producer.wait(10)
+        except (KafkaException, RuntimeError) as exc:
+            log.warning("consumer closed with an error: %s", exc)
