@@ -10,6 +10,11 @@ other regions skip it, committing past it); ``attempt`` counts its releases. Rul
   there, so a dead region stops eating the staleness budget), and the task is released again,
   same task and group id, ``attempt + 1``, to the next live region. With no live region left, it
   waits until one is live again;
+- one target region: there is no other region to prefer, and darkening the only one would stop
+  every release, so an overdue group is released again (``attempt + 1``) to that same region,
+  which stays live: new tasks go on, paced by the in-flight budget as always. The copy is keyed
+  by the same task id, so it follows the first release in the tasks partition, and its
+  trajectories and rewards follow the first copy's in theirs;
 - the group id never changes, so admission decides a group once whichever copy arrives first,
   and a region that comes back late only adds copies admission ignores: nothing is lost (every
   released group is re-issued until decided) and nothing is trained twice;
@@ -110,10 +115,14 @@ class Ledger:
         ]
 
     def reissue(self, release: Release, now_ms: int) -> dict[str, Any] | None:
-        """Mark ``release``'s region dark and return the task to release again elsewhere (None
-        while no other region is live: it stays overdue and is retried)."""
-        self.dark_until[release.region] = now_ms + self.reissue_after_ms
-        region = self.place(now_ms, avoid=release.region)
+        """The task to release again: elsewhere, ``release``'s region marked dark (None while no
+        other region is live: it stays overdue and is retried); with one target region, to that
+        region, left live (see the module rules)."""
+        if len(self.targets) == 1:
+            region: str | None = self.targets[0]
+        else:
+            self.dark_until[release.region] = now_ms + self.reissue_after_ms
+            region = self.place(now_ms, avoid=release.region)
         if region is None:
             return None
         tags = {**(release.record.get("tags") or {}), REGION_TAG: region}

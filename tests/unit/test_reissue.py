@@ -3,7 +3,8 @@
 Properties asserted: tasks spread round-robin over live target regions; an undecided group is
 re-issued once overdue, with the same group id, a higher attempt and another region, and its
 region gets no new task while dark; decided groups are never re-issued; with no live region left
-a group waits; the ledger rebuilt from the tasks stream equals the one that wrote it.
+a group waits; with a single target region an overdue group goes back to it and releases to it go
+on; the ledger rebuilt from the tasks stream equals the one that wrote it.
 """
 
 from __future__ import annotations
@@ -53,16 +54,40 @@ def test_an_overdue_group_goes_to_another_region_with_the_same_group_id() -> Non
     assert ledger.released == 4, "a re-issue is not a new release (pacing counts groups)"
 
 
-def test_decided_groups_are_never_reissued_and_a_lone_dark_region_waits() -> None:
-    ledger = Ledger(("eu",), 10 * SECOND)
-    _release(ledger, "a", 0)
-    _release(ledger, "b", 0)
+def test_decided_groups_are_never_reissued_and_with_no_live_region_a_group_waits() -> None:
+    ledger = Ledger(("eu", "us"), 10 * SECOND)
+    _release(ledger, "a", 0)  # eu
+    _release(ledger, "b", 0)  # us
     ledger.decide("a")
     overdue = ledger.overdue(11 * SECOND)
     assert [r.task_id for r in overdue] == ["b"]
+    ledger.dark_until["eu"] = 30 * SECOND  # eu went dark meanwhile
     assert ledger.reissue(overdue[0], 11 * SECOND) is None  # nowhere else to go
-    assert ledger.place(12 * SECOND) is None
+    assert ledger.live(12 * SECOND) == [] and ledger.place(12 * SECOND) is None
     assert [r.task_id for r in ledger.overdue(12 * SECOND)] == ["b"]  # still overdue: retried
+
+
+def test_one_region_reissues_to_itself_and_keeps_releasing() -> None:
+    ledger = Ledger(("trainer",), 10 * SECOND)
+    for task_id in ("a", "b", "c"):
+        _release(ledger, task_id, 0)
+    ledger.decide("a")
+    overdue = ledger.overdue(11 * SECOND)
+    assert sorted(r.task_id for r in overdue) == ["b", "c"]
+    again = ledger.reissue(ledger.releases["b"], 11 * SECOND)
+    assert again is not None
+    assert again["task_id"] == "b" and again["attempt"] == 1 and target_of(again) == "trainer"
+    assert again["created_ms"] == 11 * SECOND and again["tags"]["split"] == "train"
+    ledger.release(again, 11 * SECOND)
+    assert ledger.live(11 * SECOND) == ["trainer"]  # not dark: releases go on at once
+    assert _release(ledger, "d", 11 * SECOND) == "trainer"
+    assert ledger.released == 4, "a re-issue is not a new release (pacing counts groups)"
+    assert ledger.in_flight() == 3  # b (once, whichever copy), c, d: the budget still applies
+    assert [r.task_id for r in ledger.overdue(12 * SECOND)] == ["c"]  # b's clock restarted
+    twice = ledger.reissue(ledger.releases["b"], 22 * SECOND)
+    assert twice is not None and twice["attempt"] == 2  # undecided again: attempt counts on
+    ledger.decide("b")
+    assert "b" not in [r.task_id for r in ledger.overdue(60 * SECOND)]
 
 
 def test_replay_rebuilds_the_ledger_from_the_tasks_stream() -> None:
