@@ -17,7 +17,12 @@ Rules, applied in this order when a group is complete or its deadline passed:
    (weighted sum over judges).
 
 Duplicates (a sample re-published after a rollout worker crashed, a reward re-sent) are
-ignored: the first record of each (sample) and (sample, judge) wins.
+ignored: the first record of each (sample) and (sample, judge) wins. A reward counts for the
+sample whose trajectory record it names (its ``trajectory`` position): when a group is re-issued
+to the region that already rolled it out, both copies share one pending group, and a reward of
+the other copy's sample is dropped, never paired with this one's. A reward read before its
+sample waits beside the group until the sample arrives (rewards or samples without a position,
+as in unit tests, always match).
 
 Decided groups are remembered in a ``DecidedSet`` bounded by ``max_decided`` ids (the oldest
 decision is forgotten first). Forgetting is safe because a copy that arrives after that many
@@ -88,6 +93,10 @@ class DecidedSet:
         return self
 
 
+#: Rewards that may wait for one sample (judges x copies; more is a flood, dropped).
+MAX_EARLY_REWARDS = 16
+
+
 @dataclass
 class PendingGroup:
     """What admission has seen of one group so far."""
@@ -103,17 +112,36 @@ class PendingGroup:
     refs: list[dict[str, Any]] = field(
         default_factory=list
     )  # input positions (topic/partition/offset)
+    early: dict[int, list[dict[str, Any]]] = field(
+        default_factory=dict
+    )  # idx -> rewards read before their sample (a few per judge and copy)
 
     def add_sample(self, trajectory: dict[str, Any]) -> bool:
-        """Record a sample; False if this sample index was already seen (a duplicate)."""
+        """Record a sample; False if this sample index was already seen (a duplicate). Rewards
+        that waited for it are paired now when they name it, dropped when they name another
+        copy's sample."""
         index = int(trajectory["sample_index"])
         if index in self.samples:
             return False
         self.samples[index] = trajectory
+        for reward in self.early.pop(index, []):
+            self.add_reward(reward)
         return True
 
     def add_reward(self, reward: dict[str, Any]) -> bool:
-        per_sample = self.rewards.setdefault(int(reward["sample_index"]), {})
+        """Pair a reward with its sample; False for a duplicate or a reward of another copy's
+        sample. A reward whose sample is not known yet waits (True)."""
+        index = int(reward["sample_index"])
+        sample = self.samples.get(index)
+        if sample is None:
+            waiting = self.early.setdefault(index, [])
+            if len(waiting) >= MAX_EARLY_REWARDS:
+                return False
+            waiting.append(reward)
+            return True
+        if not _names(reward.get("trajectory"), sample.get("_ref")):
+            return False
+        per_sample = self.rewards.setdefault(index, {})
         if reward["judge"] in per_sample:
             return False
         per_sample[reward["judge"]] = reward
@@ -125,6 +153,18 @@ class PendingGroup:
         if not self.samples or len(self.samples) < self.group_size:
             return False
         return all(set(judges) <= set(self.rewards.get(i, {})) for i in self.samples)
+
+
+def _names(ref: dict[str, Any] | None, position: dict[str, Any] | None) -> bool:
+    """True when a reward's trajectory ``ref`` names the record at ``position``, or cannot be
+    compared with it: either is unknown, or they lie in different topics (a reward judged in a
+    rollout region names its region's log, whose offsets are not those of the copy here)."""
+    if not ref or not position or ref.get("topic") != position.get("topic"):
+        return True
+    return bool(
+        ref.get("partition") == position.get("partition")
+        and ref.get("offset") == position.get("offset")
+    )
 
 
 @dataclass(frozen=True)

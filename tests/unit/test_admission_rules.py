@@ -110,3 +110,32 @@ def test_a_budget_of_zero_releases_a_batch_only_when_the_learner_waits_for_it():
     assert sync(5, 5, 4, 0) == 0  # ... which completed it
     assert sync(9, 9, 7, 1) == 1  # after a step: 3 held, 1 lacking
     assert sync(0, 0, 0, -1) == 4  # before the first version is known
+
+
+def _ref(offset: int) -> dict:
+    return {"topic": "rl.r.trajectories", "partition": 0, "offset": offset}
+
+
+def test_a_reward_pairs_only_with_the_sample_it_names():
+    # a group re-issued to the region that rolled it out: both copies share one pending group;
+    # copy B's reward for sample 0 arrives first, then copy A's sample 0 and its reward
+    g = PendingGroup("g3", "t3", 1, first_seen_ms=0)
+    b_reward = {"sample_index": 0, "judge": "tests", "score": 0.0, "trajectory": _ref(7)}
+    a_reward = {"sample_index": 0, "judge": "tests", "score": 1.0, "trajectory": _ref(3)}
+    assert g.add_reward(b_reward)  # waits for its sample
+    assert g.add_sample({"sample_index": 0, "policy_version": 1, "_ref": _ref(3)})
+    assert g.rewards == {}  # B's reward names another record: dropped, never paired
+    assert g.add_reward(a_reward)
+    assert g.rewards[0]["tests"]["score"] == 1.0
+    assert not g.add_reward({**b_reward, "score": 0.5})  # B's again, now that A's sample is known
+
+
+def test_a_reward_from_another_regions_log_is_paired_by_index():
+    # judged in a rollout region: it names that region's log, not the copy admission reads
+    g = PendingGroup("g4", "t4", 1, first_seen_ms=0)
+    g.add_sample({"sample_index": 0, "policy_version": 1, "_ref": _ref(3)})
+    elsewhere = {"topic": "rl.r.trajectories-in-eu", "partition": 0, "offset": 99}
+    assert g.add_reward(
+        {"sample_index": 0, "judge": "tests", "score": 1.0, "trajectory": elsewhere}
+    )
+    assert g.rewards[0]["tests"]["score"] == 1.0
