@@ -19,7 +19,8 @@ Rules of a transaction:
   committed state and tries again;
 - a retriable error of a transactional call (init, offsets, commit, abort: a timeout, a
   coordinator moving) is retried with exponential backoff and jitter, up to ``RETRIES`` times;
-- any other exception aborts it as well and propagates;
+- any other exception, a non-fatal Kafka error included, aborts it as well (a failed abort is
+  logged) and propagates;
 - a fatal error (fenced by a newer instance of the same transactional id) propagates as the
   ``KafkaException`` it is: the role must exit.
 """
@@ -197,15 +198,25 @@ class EventProducer:
                 retry_retriable(lambda: self._producer.commit_transaction(timeout), "commit")
         except KafkaException as exc:
             err = exc.args[0]
+            if err.fatal():
+                raise  # e.g. fenced by a newer instance: the role must exit
             if not err.txn_requires_abort():
-                raise  # fatal, e.g. fenced by a newer instance: the role must exit
+                self._abort_quietly(timeout)  # never leave the transaction open behind an error
+                raise
             log.warning("transaction aborted: %s", err.str())
             retry_retriable(lambda: self._producer.abort_transaction(timeout), "abort")
             raise TransactionAborted(err.str()) from exc
         except BaseException:
-            with contextlib.suppress(KafkaException):  # the error that matters is the first
-                self._producer.abort_transaction(timeout)
+            self._abort_quietly(timeout)
             raise
+
+    def _abort_quietly(self, timeout: float) -> None:
+        """Abort the open transaction after another error, which is the one raised; a failed
+        abort is logged (a fatal one shows again at the producer's next call)."""
+        try:
+            self._producer.abort_transaction(timeout)
+        except KafkaException as exc:
+            log.warning("abort after an error failed: %s", exc.args[0].str())
 
     def produce(
         self,

@@ -51,3 +51,42 @@ def test_fatal_and_abortable_errors_are_not_retried(error: KafkaError) -> None:
     with pytest.raises(KafkaException):
         p.retry_retriable(call, "commit")
     assert len(calls) == 1
+
+
+class _TxnClient:
+    """The calls ``EventProducer.transaction`` makes on the wrapped client, recorded."""
+
+    def __init__(self, commit_error: KafkaError | None = None) -> None:
+        self.calls: list[str] = []
+        self.commit_error = commit_error
+
+    def begin_transaction(self) -> None:
+        self.calls.append("begin")
+
+    def commit_transaction(self, _timeout: float) -> None:
+        self.calls.append("commit")
+        if self.commit_error is not None:
+            raise KafkaException(self.commit_error)
+
+    def abort_transaction(self, _timeout: float) -> None:
+        self.calls.append("abort")
+        raise KafkaException(KafkaError(KafkaError._STATE, "abort failed too"))
+
+
+@pytest.mark.parametrize(
+    ("commit_error", "aborted"),
+    [
+        (KafkaError(KafkaError._FENCED, "fenced", fatal=True), False),  # the role must exit
+        (KafkaError(KafkaError._MSG_TIMED_OUT, "not delivered"), True),  # never left open
+    ],
+)
+def test_a_failed_commit_leaves_no_transaction_open_unless_fatal(
+    commit_error: KafkaError, aborted: bool
+) -> None:
+    client = _TxnClient(commit_error)
+    producer = p.EventProducer.__new__(p.EventProducer)
+    producer._producer = client  # type: ignore[assignment]
+    with pytest.raises(KafkaException) as raised, producer.transaction():
+        pass
+    assert raised.value.args[0].code() == commit_error.code()  # the first error, not the abort's
+    assert client.calls == ["begin", "commit", *(["abort"] if aborted else [])]
