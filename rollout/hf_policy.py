@@ -1,0 +1,323 @@
+"""A Hugging Face transformers causal LM as the rlstream policy, with MoE router replay.
+
+``HFPolicy`` wraps a transformers causal LM (Qwen3-MoE first) and keeps the contract of
+:class:`rlstream.rollout.model.Policy`, so ``generate``, ``sequence_logprobs``, the harness and
+GRPO take it unchanged. Rules this module guarantees:
+
+- ``forward(tokens, forced_routes=None, cache=None)`` returns ``(logits, routes)``: logits float32
+  ``[B, T, V]``, routes int64 ``[B, T, L, K]`` with ``L`` the model's MoE blocks in layer order.
+  Without ``forced_routes`` the routes are each block's own router top-k, and the output is
+  exactly that of the unwrapped model (the same router and experts modules run on the same
+  inputs).
+- Router replay: with ``forced_routes`` every MoE block sends each token to exactly those experts.
+  Their gate weights are the router's softmax (float32) gathered at the forced experts and, when
+  the config's ``norm_topk_prob`` is set (it is in Qwen3-MoE checkpoints), divided by their sum:
+  the formula of transformers' ``Qwen3MoeTopKRouter`` with the forced experts in place of its
+  top-k, so forcing a block's own routes reproduces the free output bit for bit. The router keeps
+  its gradient through the gathered softmax; experts run through the block's own experts module,
+  which processes only (token, chosen expert) pairs, so an expert that did not process a token
+  gets no gradient from it.
+- The MoE blocks are swapped for :class:`ReplayMoeBlock`, a subclass that keeps the original
+  ``gate`` and ``experts`` submodules: ``state_dict()`` keys are transformers' own names and
+  ``save_hf`` writes an ordinary HF directory that ``AutoModelForCausalLM.from_pretrained`` loads
+  unchanged. (transformers 5 holds experts fused in memory, ``mlp.experts.gate_up_proj``
+  ``[E, 2I, H]`` and ``mlp.experts.down_proj`` ``[E, H, I]``; ``save_pretrained`` writes the
+  per-expert checkpoint names, and loading fuses them again.)
+- ``cache`` is a :class:`rlstream.rollout.model.KVCache`: per decoder layer keys/values
+  ``[B, kv_heads, T, head_dim]`` (rotary positions applied), ``length`` positions filled, extended
+  in place; ``KVCache.select`` works on it as it does for ``Policy``.
+- ``char_tokenizer()`` is a tokenizers-backed HF tokenizer whose ids equal
+  :func:`rlstream.envs.tasks.encode` for every string, saved and reloaded with the model.
+- Like ``Policy`` (``last_router_probs``), an instance runs one forward at a time: the forced
+  routes and the recorded routes sit on its blocks for the duration of a forward.
+- Nothing is downloaded: models are built from a config or loaded from a local directory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+from torch import Tensor, nn
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+    Qwen3MoeConfig,
+)
+from transformers.cache_utils import DynamicCache
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+from rlstream.envs import tasks
+from rlstream.rollout.model import KVCache
+
+# ---------------------------------------------------------------- tokenizer
+
+_SPECIALS = {"<pad>": tasks.PAD, "<s>": tasks.BOS, "</s>": tasks.EOS}
+
+
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    """The demo's char-level tokenizer as an HF tokenizer: ids equal ``tasks.encode``.
+
+    Rules: each tag is one added (non-special) token; every other character is one token, and a
+    character outside printable ASCII and newline is ``?`` (the word-level model's unknown
+    token). PAD/BOS/EOS (``<pad>``, ``<s>``, ``</s>``) and fillers up to ``VOCAB_SIZE`` are special
+    tokens that text never produces (``split_special_tokens``: ``"<s>"`` in text is three
+    characters, as ``encode`` reads it) and that ``decode(..., skip_special_tokens=True)`` drops,
+    as ``tasks.decode`` does. No BOS/EOS is added on encoding.
+    """
+    vocab = dict(_SPECIALS)
+    vocab.update({tag: tasks.RUN + i for i, tag in enumerate(tasks.TAGS)})
+    vocab.update(
+        {tasks.decode([i]): i for i in range(tasks.RUN + len(tasks.TAGS), tasks.VOCAB_SIZE)}
+    )
+    vocab = {k: v for k, v in vocab.items() if k}  # ids past the characters decode to ""
+    fillers = [f"<|unused{i}|>" for i in range(len(vocab), tasks.VOCAB_SIZE)]
+    vocab.update({f: len(vocab) + i for i, f in enumerate(fillers)})
+    if sorted(vocab.values()) != list(range(len(vocab))):
+        raise AssertionError("char vocabulary ids are not contiguous")
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="?"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in tasks.TAGS])
+    specials = [*_SPECIALS, *fillers]
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        split_special_tokens=True,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+# ---------------------------------------------------------------- config
+
+
+def tiny_qwen3_moe_config(
+    n_layers: int = 2,
+    d_model: int = 64,
+    n_heads: int = 4,
+    n_kv_heads: int = 2,
+    n_experts: int = 8,
+    top_k: int = 2,
+    d_expert: int = 32,
+    max_seq_len: int = 256,
+    vocab_size: int = tasks.VOCAB_SIZE,
+) -> Qwen3MoeConfig:
+    """A small Qwen3-MoE config for the CPU demo: every layer sparse, tied embeddings."""
+    return Qwen3MoeConfig(
+        vocab_size=vocab_size,
+        hidden_size=d_model,
+        intermediate_size=4 * d_model,  # dense MLP width, unused while every layer is sparse
+        moe_intermediate_size=d_expert,
+        num_hidden_layers=n_layers,
+        num_attention_heads=n_heads,
+        num_key_value_heads=n_kv_heads,
+        num_experts=n_experts,
+        num_experts_per_tok=top_k,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        max_position_embeddings=max_seq_len,
+        tie_word_embeddings=True,
+        pad_token_id=tasks.PAD,
+        bos_token_id=tasks.BOS,
+        eos_token_id=tasks.EOS,
+    )
+
+
+# ---------------------------------------------------------------- router replay
+
+
+class ReplayMoeBlock(Qwen3MoeSparseMoeBlock):
+    """Qwen3-MoE sparse block that records its routes and can be forced to given experts.
+
+    It owns the original block's ``gate`` (router) and ``experts`` modules under the same names.
+    ``forced`` (``[B, T, K]``, set by :class:`HFPolicy` around one forward) replaces the router's
+    top-k; ``routes`` ``[B, T, K]`` and ``probs`` ``[B, T, E]`` (float32 router softmax) hold the
+    last forward's choice until the policy collects them.
+    """
+
+    def __init__(self, block: Qwen3MoeSparseMoeBlock) -> None:
+        nn.Module.__init__(self)  # adopt the block's submodules instead of building new ones
+        self.experts = block.experts
+        self.gate = block.gate
+        self.forced: Tensor | None = None
+        self.routes: Tensor | None = None
+        self.probs: Tensor | None = None
+
+    def forward(self, hidden_states: Tensor) -> Tensor:
+        b, t, d = hidden_states.shape
+        flat = hidden_states.reshape(-1, d)
+        probs = F.linear(flat, self.gate.weight).softmax(dim=-1, dtype=torch.float32)
+        _, weights, routes = self.gate(flat)  # always run: transformers' router hooks see it
+        if self.forced is not None:
+            routes = self.forced.reshape(b * t, -1).long()
+            chosen = probs.gather(-1, routes)
+            if self.gate.norm_topk_prob:
+                chosen = chosen / chosen.sum(dim=-1, keepdim=True)
+            weights = chosen.to(hidden_states.dtype)
+        out = self.experts(flat, routes, weights)
+        self.routes, self.probs = routes.view(b, t, -1), probs.view(b, t, -1)
+        return out.reshape(b, t, d)
+
+
+def _install_replay(lm: nn.Module) -> list[ReplayMoeBlock]:
+    """Swap every sparse MoE block of ``lm`` for a ``ReplayMoeBlock``; the blocks in order."""
+    blocks: list[ReplayMoeBlock] = []
+    for name, module in list(lm.named_modules()):
+        if isinstance(module, ReplayMoeBlock):
+            blocks.append(module)
+        elif isinstance(module, Qwen3MoeSparseMoeBlock):
+            parent, _, child = name.rpartition(".")
+            blocks.append(ReplayMoeBlock(module))
+            setattr(lm.get_submodule(parent), child, blocks[-1])
+    return blocks
+
+
+# ---------------------------------------------------------------- the policy
+
+
+@dataclass(frozen=True)
+class PolicyShape:
+    """What callers read from ``model.cfg`` (the fields ``PolicyConfig`` shares)."""
+
+    vocab_size: int
+    max_seq_len: int
+    d_model: int
+    n_layers: int  # MoE blocks: the L of routes [B, T, L, K]
+    n_experts: int
+    top_k: int
+
+
+class HFPolicy(nn.Module):
+    """A transformers causal LM behind the ``Policy`` contract (see the module docstring).
+
+    Its children are the wrapped model's children (``model``, ``lm_head``), so its parameter
+    names are transformers' own. The wrapped model stays reachable as ``hf`` for saving; wrapping
+    swaps its MoE blocks in place (free-routing behaviour unchanged). Raises ``ValueError`` for a
+    model without a replayable MoE block (Qwen3-MoE's is the one supported so far).
+    """
+
+    hf: PreTrainedModel
+
+    def __init__(self, lm: PreTrainedModel) -> None:
+        super().__init__()
+        blocks = _install_replay(lm)
+        if not blocks:
+            raise ValueError(f"{type(lm).__name__} has no MoE block this adapter can replay")
+        for name, child in lm.named_children():
+            self.add_module(name, child)
+        object.__setattr__(self, "hf", lm)  # not registered: its children already are
+        self._blocks = blocks  # a plain list: the blocks are registered through `model`
+        config = lm.config
+        self.cfg = PolicyShape(
+            vocab_size=config.vocab_size,
+            max_seq_len=config.max_position_embeddings,
+            d_model=config.hidden_size,
+            n_layers=len(blocks),
+            n_experts=blocks[0].gate.num_experts,
+            top_k=blocks[0].gate.top_k,
+        )
+        self.n_decoder_layers = int(config.num_hidden_layers)
+        self.last_router_probs: list[Tensor] = []
+
+    @property
+    def config(self) -> Any:
+        return self.hf.config
+
+    def forward(
+        self, tokens: Tensor, forced_routes: Tensor | None = None, cache: KVCache | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Logits ``[B, T, V]`` (float32) and routes ``[B, T, L, K]`` for ``tokens`` ``[B, T]``.
+
+        With ``cache`` the tokens continue the cached sequence (positions start at
+        ``cache.length``) and the cache is extended in place.
+        """
+        b, t = tokens.shape
+        past = cache.length if cache is not None else 0
+        if past + t > self.cfg.max_seq_len:
+            raise ValueError(f"sequence of {past + t} tokens exceeds max_seq_len")
+        self._check_forced(forced_routes, b, t)
+        hf_cache = self._to_hf_cache(cache) if cache is not None else None
+        for i, block in enumerate(self._blocks):
+            block.forced = forced_routes[:, :, i] if forced_routes is not None else None
+        try:
+            # cache goes by position: transformers 5 renamed the keyword (past_key_values, cache)
+            out = self.hf(tokens, None, None, hf_cache, use_cache=hf_cache is not None)
+            routes = torch.stack([blk.routes for blk in self._blocks], dim=2)  # type: ignore[misc]
+            self.last_router_probs = [blk.probs for blk in self._blocks]  # type: ignore[misc]
+        finally:
+            for block in self._blocks:  # no tensors left on modules: deepcopy must work
+                block.forced = block.routes = block.probs = None
+        if cache is not None and hf_cache is not None:
+            for i, (keys, values, _) in enumerate(hf_cache):
+                cache.keys[i], cache.values[i] = keys, values
+            cache.length = past + t
+        return out.logits.float(), routes
+
+    def _check_forced(self, forced: Tensor | None, b: int, t: int) -> None:
+        if forced is None:
+            return
+        want = (b, t, self.cfg.n_layers, self.cfg.top_k)
+        if tuple(forced.shape) != want:
+            raise ValueError(f"forced_routes must have shape {want}, got {tuple(forced.shape)}")
+        if forced.numel() and (int(forced.min()) < 0 or int(forced.max()) >= self.cfg.n_experts):
+            raise ValueError(f"forced expert ids must lie in [0, {self.cfg.n_experts})")
+
+    def _to_hf_cache(self, cache: KVCache) -> DynamicCache:
+        """A transformers cache holding ``cache``'s keys/values (one list entry per layer)."""
+        for entries in (cache.keys, cache.values):
+            entries.extend([None] * (self.n_decoder_layers - len(entries)))
+        hf_cache = DynamicCache(config=self.hf.config)
+        for i, (k, v) in enumerate(zip(cache.keys, cache.values, strict=True)):
+            if k is not None and v is not None:
+                hf_cache.update(k, v, i)
+        return hf_cache
+
+    def load_balance_loss(self) -> Tensor:
+        """Switch-style auxiliary loss of the last forward: E * sum_e(load_e * prob_e).
+
+        The formula of ``Policy.load_balance_loss`` (load normalised by top_k, so it is
+        transformers' ``load_balancing_loss_func`` divided by top_k).
+        """
+        total = torch.zeros(())
+        for probs in self.last_router_probs:
+            e = probs.shape[-1]
+            top = probs.topk(self.cfg.top_k, dim=-1).indices
+            load = F.one_hot(top, e).float().sum(dim=-2).mean(dim=(0, 1)) / self.cfg.top_k
+            total = total + e * (load * probs.mean(dim=(0, 1))).sum()
+        return total / max(len(self.last_router_probs), 1)
+
+
+def build_hf_policy(config: Qwen3MoeConfig, seed: int = 0) -> HFPolicy:
+    """A freshly initialised policy from ``config`` (weights depend only on config and seed)."""
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        lm = AutoModelForCausalLM.from_config(config)
+    finally:
+        torch.random.set_rng_state(state)
+    return HFPolicy(lm)
+
+
+def save_hf(policy: HFPolicy, tokenizer: PreTrainedTokenizerBase, path: str | Path) -> None:
+    """Write ``policy`` and ``tokenizer`` as an ordinary HF directory (config.json,
+    model.safetensors, tokenizer files) that ``from_pretrained`` loads without this module."""
+    policy.hf.save_pretrained(str(path))
+    tokenizer.save_pretrained(str(path))
+
+
+def load_hf(path: str | Path) -> tuple[HFPolicy, PreTrainedTokenizerBase]:
+    """The policy and tokenizer of a local HF directory (never a hub download)."""
+    lm = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    return HFPolicy(lm), tokenizer
