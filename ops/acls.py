@@ -1,17 +1,28 @@
 """Least-privilege ACLs per role, planned from the stream catalog: pure, no broker needed.
 
-Every role of ``ops.roles.ROLES`` is its own principal (``User:ROLE``). ``ACCESS`` states, per
-role, the streams it reads and writes; ``plan`` turns it into Kafka ACL grants for one run:
+Every role of ``ops.roles.ROLES`` is its own principal (``User:ROLE``), and so is each network
+service of ``rlstream serve`` (``SERVICES``: ``feedback-ingest``, ``policy-server``). ``ACCESS``
+states, per principal, the streams it reads and writes; ``plan`` turns it into Kafka ACL grants
+for one run in one region's cluster (``here``, of the run's ``topics.Regions``; by default the
+single-region run):
 
-- read a stream: READ on its topic ``rl.RUN.STREAM`` (literal);
-- write a stream: WRITE on its topic (literal);
+- where it runs: every principal in the trainer region; in a rollout region only those whose
+  every output flows home (``inward``, or the region's own dead letters): rollout workers and
+  judges (``roles_in``). Any other role there would write what never reaches the trainer
+  region, so its user gets nothing there (and is not even created);
+- read a stream: READ on each copy of it that a role in ``here`` reads (``Regions.sources``),
+  literal: ``rl.RUN.STREAM`` locally, ``SRC.rl.RUN.STREAM`` for MirrorMaker's copy from SRC (a
+  rollout worker in ``eu`` reads ``trainer.rl.RUN.tasks``, never ``rl.RUN.tasks``; admission at
+  home reads ``rl.RUN.rewards`` and ``eu.rl.RUN.rewards``);
+- write a stream: WRITE on its local topic (literal); a copy is written by MirrorMaker only;
 - prune a stream (the learner's weight chunks, deleted by keyframe count): DELETE on its topic
   (literal), which DeleteRecords needs; Kafka has no narrower grant, so it would also let that
   role delete that one topic;
-- every role: DESCRIBE and DESCRIBE_CONFIGS on the run's topics (prefix ``rl.RUN.``) and the
-  cluster topics, so a starting role can check the topics exist (``ensure_run_topics``), READ
-  on ``rl.schemas`` (decoders) and, if it writes anything, WRITE on it (writers announce their
-  schema there);
+- every principal: DESCRIBE and DESCRIBE_CONFIGS on the run's topics (prefix ``rl.RUN.``), the
+  cluster topics and each copy region ``here`` receives (``Regions.copies``, literal), so a
+  starting role can check the topics exist (``ensure_run_topics``); READ on ``rl.schemas`` and
+  on the copies of it ``here`` receives (decoders: the writer schemas of the records they read)
+  and, if it writes anything, WRITE on ``rl.schemas`` (writers announce their schema there);
 - its consumer group ``rlstream.RUN.ROLE`` (the judge's ``rlstream.RUN.judge.NAME``, a prefix):
   READ, which lets it join, commit and commit offsets inside a transaction;
 - its transactional ids ``rlstream.RUN.ROLE`` and ``rlstream.RUN.ROLE.*``: WRITE (which implies
@@ -46,8 +57,9 @@ a run's by ``acl apply --run RUN``. A MirrorMaker may read nothing that does not
 rejected, feedback ...), write no local topic, and touch no other link's copies or groups.
 
 Guarantees:
-- ``plan`` is deterministic (sorted, no duplicates) and names only the run's own topics, groups
-  and transactional ids (plus the two cluster topics and the ``rlstream.`` group lookups);
+- ``plan`` is deterministic (sorted, no duplicates) and names only the run's own topics (and
+  their copies in ``here``), groups and transactional ids (plus the cluster topics and the
+  ``rlstream.`` group lookups);
 - a stream in ``ACCESS`` that the catalog does not declare is refused at import time.
 """
 
@@ -124,10 +136,26 @@ ACCESS: dict[str, RoleAccess] = {
         writes=("evals",),
         group=None,
     ),
+    # the network services of `rlstream serve` (ops.cmd_serve), each its own principal too
+    "feedback-ingest": RoleAccess(  # producers.feedback_http; its durable dedupe reads back
+        reads=("feedback",),
+        writes=("feedback",),
+        group=None,
+        transactional=False,
+    ),
+    "policy-server": RoleAccess(  # rollout.serve: weights, releases (evals), records served
+        reads=("weights.manifests", "weights.chunks", "evals"),
+        writes=("served",),
+        group=None,
+        transactional=False,
+    ),
 }
 
+SERVICES: tuple[str, ...] = ("feedback-ingest", "policy-server")
+"""The principals of ``rlstream serve feedback`` and ``rlstream serve policy``."""
+
 PRINCIPALS: tuple[str, ...] = tuple(ACCESS)
-"""The SCRAM user names of the roles (one per role)."""
+"""The SCRAM user names of the roles and services (one each)."""
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -155,24 +183,57 @@ def _check_access() -> None:
         unknown -= set(topics.RUN_STREAMS)
         if unknown:
             raise ValueError(f"role {role!r}: streams {sorted(unknown)} are not in the catalog")
+    if not set(SERVICES) <= set(ACCESS):
+        raise ValueError(f"services {SERVICES} must each have an ACCESS entry")
 
 
 _check_access()
 
+SINGLE_REGION = topics.Regions()
+"""The default topology: one region, ``trainer``, where every stream is local."""
 
-def _topic_grants(user: str, run: str, access: RoleAccess) -> Iterable[Grant]:
+
+def _runs_remotely(access: RoleAccess) -> bool:
+    """Whether a role may run in a rollout region: everything it writes flows home (or is the
+    region's own dead letters)."""
+    outputs = [s for s in access.writes if s != "dlq"]
+    return bool(outputs) and all(topics.STREAMS[s].mirror == "inward" for s in outputs)
+
+
+def roles_in(regions: topics.Regions = SINGLE_REGION, here: str | None = None) -> tuple[str, ...]:
+    """The principals that may run in region ``here`` (default the trainer region): all of them
+    in the trainer region, in a rollout region those whose output flows home."""
+    here = regions.check(here or regions.trainer)
+    if here == regions.trainer:
+        return PRINCIPALS
+    return tuple(r for r in PRINCIPALS if _runs_remotely(ACCESS[r]))
+
+
+def _read_topics(run: str, stream: str, regions: topics.Regions, here: str) -> list[str]:
+    """The topics of ``stream`` a role in ``here`` reads: local, or MirrorMaker's copies."""
+    name = topics.topic_name(run, stream)
+    return [topics.remote_topic(source, name) for source in regions.sources(stream, here)]
+
+
+def _topic_grants(
+    user: str, run: str, access: RoleAccess, regions: topics.Regions, here: str
+) -> Iterable[Grant]:
     for stream in access.reads:
-        yield Grant(user, "topic", "literal", topics.topic_name(run, stream), "read")
+        for name in _read_topics(run, stream, regions, here):
+            yield Grant(user, "topic", "literal", name, "read")
     for stream in access.writes:
         yield Grant(user, "topic", "literal", topics.topic_name(run, stream), "write")
     for stream in access.prunes:
         yield Grant(user, "topic", "literal", topics.topic_name(run, stream), "delete")
     run_prefix = f"{topics.PREFIX}.{topics.validate_name(run)}."
+    copies = [topics.remote_topic(s, topics.topic_name(run, c)) for s, c in regions.copies(here)]
     for op in ("describe", "describe_configs"):
         yield Grant(user, "topic", "prefixed", run_prefix, op)
-        yield Grant(user, "topic", "literal", topics.SCHEMAS_TOPIC, op)
-        yield Grant(user, "topic", "literal", topics.RUNS_TOPIC, op)
-    yield Grant(user, "topic", "literal", topics.SCHEMAS_TOPIC, "read")
+        for name in (topics.SCHEMAS_TOPIC, topics.RUNS_TOPIC, *copies):
+            yield Grant(user, "topic", "literal", name, op)
+    for name in _read_topics(run, "schemas", regions, here):  # the copies of rl.schemas
+        yield Grant(user, "topic", "literal", name, "read")
+    yield Grant(user, "topic", "literal", topics.SCHEMAS_TOPIC, "read")  # and the local one
     if access.writes:
         yield Grant(user, "topic", "literal", topics.SCHEMAS_TOPIC, "write")
 
@@ -188,18 +249,37 @@ def _group_grants(user: str, run: str, role: str, access: RoleAccess) -> Iterabl
         yield Grant(user, "transactional_id", "prefixed", f"{txn}.", "write")
 
 
-def role_grants(run: str, role: str) -> list[Grant]:
-    """The ACLs of ``role`` in ``run`` (see the module rules), sorted."""
+def role_grants(
+    run: str, role: str, regions: topics.Regions = SINGLE_REGION, here: str | None = None
+) -> list[Grant]:
+    """The ACLs of ``role`` in ``run`` on the cluster of region ``here`` (default the trainer
+    region) of ``regions`` (see the module rules), sorted."""
     if role not in ACCESS:
         raise ValueError(f"unknown role {role!r}; roles: {', '.join(ACCESS)}")
+    here = regions.check(here or regions.trainer)
+    if role not in roles_in(regions, here):
+        raise ValueError(
+            f"role {role!r} does not run in rollout region {here!r} (only {roles_in(regions, here)}"
+            ": what it writes would not flow home)"
+        )
     access = ACCESS[role]
-    grants = {*_topic_grants(role, run, access), *_group_grants(role, run, role, access)}
+    grants = {
+        *_topic_grants(role, run, access, regions, here),
+        *_group_grants(role, run, role, access),
+    }
     return sorted(grants)
 
 
-def plan(run: str, roles: Iterable[str] = PRINCIPALS) -> list[Grant]:
-    """Every role's ACLs for ``run``, sorted and without duplicates."""
-    return sorted({g for role in roles for g in role_grants(run, role)})
+def plan(
+    run: str,
+    roles: Iterable[str] | None = None,
+    regions: topics.Regions = SINGLE_REGION,
+    here: str | None = None,
+) -> list[Grant]:
+    """The ACLs, sorted and without duplicates, of ``roles`` (default every principal that runs
+    in ``here``: ``roles_in``) for ``run`` on the cluster of region ``here`` of ``regions``."""
+    chosen = roles_in(regions, here) if roles is None else tuple(roles)
+    return sorted({g for role in chosen for g in role_grants(run, role, regions, here)})
 
 
 MIRROR_USER_PREFIX = "mirrormaker"
@@ -298,13 +378,17 @@ def allowed(grants: Iterable[Grant], user: str, resource: Resource, name: str, o
     return False
 
 
-def summary(run: str) -> dict[str, dict[str, list[str]]]:
-    """Per role: the topics it reads and writes, its group and its transactional ids."""
+def summary(
+    run: str, regions: topics.Regions = SINGLE_REGION, here: str | None = None
+) -> dict[str, dict[str, list[str]]]:
+    """Per principal that runs in ``here``: the topics it reads and writes there, its group and
+    its transactional ids."""
     out: dict[str, dict[str, list[str]]] = {}
-    for role, access in ACCESS.items():
-        grants = role_grants(run, role)
+    here = regions.check(here or regions.trainer)
+    for role in roles_in(regions, here):
+        access, grants = ACCESS[role], role_grants(run, role, regions, here)
         out[role] = {
-            "reads": [topics.topic_name(run, s) for s in access.reads],
+            "reads": [t for s in access.reads for t in _read_topics(run, s, regions, here)],
             "writes": [topics.topic_name(run, s) for s in access.writes],
             "group": [
                 g.shown_name for g in grants if g.resource == "group" and g.operation == "read"

@@ -3,7 +3,9 @@
 Multi-region by default (``--regions trainer,eu``): the first region (or ``trainer``) trains, the
 others roll out; the rollout workers run outside the trainer region, spread over the rollout
 regions, and every role agrees on the regions through the run config (``regions.*``).
-``--secure`` runs one region on the secured local cluster, each role as its own user."""
+``--secure`` runs on the secured local cluster: the run's users, topics and ACLs are applied in
+every region (each region's own plan, ``rlstream acl apply --region R``) and on every link, and
+each role connects as its own user, a rollout worker in a rollout region too."""
 
 from __future__ import annotations
 
@@ -40,8 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--secure",
         action="store_true",
-        help="one region (--regions trainer) on the secured local cluster: the run's users, "
-        "topics and ACLs applied, every role connected as its own user",
+        help="on the secured local cluster (SASL/SCRAM over TLS, ACLs enforced, secured "
+        "MirrorMaker 2 links): the run's users, topics and ACLs applied in every region, every "
+        "role connected as its own user",
     )
     p.set_defaults(func=_demo)
 
@@ -53,13 +56,6 @@ def _demo(args: argparse.Namespace) -> int:
     from rlstream.trainer.learner_step import LearnerConfig, init_model
 
     names = [r.strip() for r in args.regions.split(",") if r.strip()] or ["trainer"]
-    if args.secure and len(names) > 1:
-        print(
-            f"error: --secure runs one region (MirrorMaker 2 gets no credentials); got "
-            f"--regions {','.join(names)}, use --regions {names[0]}",
-            file=sys.stderr,
-        )
-        return 2
     run = args.run or time.strftime("demo-%Y%m%d-%H%M%S")
     out = Path(args.out) / run
     (out / "logs").mkdir(parents=True, exist_ok=True)
@@ -135,16 +131,29 @@ def _start_regions(args, run, config, regions) -> dict:
     cluster.up(local, home=args.home, trainer=regions.trainer, secure=secure)
     settings = {r: config.regions.settings(r, args.home) for r in regions.names}  # admin's
     if args.secure:
-        from rlstream.ops.cmd_acl import apply
-
-        counts = apply(settings[regions.trainer], run, _home(args))
-        print(f"run {run}: {counts['users']} role users, {counts['acls']} ACLs applied", flush=True)
+        _authorize(run, regions, settings, _home(args))
     for name, region_settings in settings.items():
         ensure_run_topics(region_settings, run, regions=regions, here=name)
     now = int(time.time() * 1000)
     home = settings[regions.trainer]
     demo.record_run_manifest(home, run, config, "running", now, list(regions.names))
     return settings
+
+
+def _authorize(run: str, regions, settings: dict, home: Path) -> None:
+    """As admin: each region's users, topics and ACLs for the run, then the links' ACLs."""
+    from rlstream.ops import cluster
+    from rlstream.ops.cmd_acl import apply
+
+    for name in regions.names:
+        counts = apply(settings[name], run, home, regions, name)
+        print(
+            f"run {run}, region {name}: {counts['users']} users, {counts['acls']} ACLs applied",
+            flush=True,
+        )
+    links = cluster.authorize_links(cluster.load(home), run)
+    if links:
+        print(f"run {run}: {links} MirrorMaker 2 ACLs on the links", flush=True)
 
 
 def _start_roles(args, run, config, regions, settings, logs: Path, extra: list[str]) -> list:

@@ -9,6 +9,12 @@ service starts.
 
 ``--config`` means what it means for ``rlstream run ROLE``: the run recipe. feedback-ingest does
 not need the recipe; its own settings (credentials, limits) come from ``--service-config``.
+
+Kafka is found as a role finds it (``ops.roles``): ``--bootstrap`` / ``RLSTREAM_BOOTSTRAP`` with
+the ``RLSTREAM_KAFKA_*`` credentials as given, else the local cluster's region, where on a secured
+cluster each service connects as its own user (``service_settings``: ``feedback-ingest``,
+``policy-server``), never as ``admin``; ``rlstream acl apply --run RUN`` creates those users and
+their least-privilege ACLs (``ops.acls``) with the run's topics, which the services cannot create.
 """
 
 from __future__ import annotations
@@ -17,9 +23,15 @@ import argparse
 import sys
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlstream.ops.kafka_env import add_kafka_args
+
+if TYPE_CHECKING:
+    from rlstream.producers.settings import KafkaSettings
+
+FEEDBACK_USER = "feedback-ingest"
+POLICY_USER = "policy-server"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -76,12 +88,11 @@ def _serve_feedback(args: argparse.Namespace) -> int:
         cfg = feedback_service_config(args)
     except ValidationError as exc:
         raise SystemExit(f"error: invalid feedback service config: {exc}") from None
-    from rlstream.ops.kafka_env import settings_from_args
     from rlstream.producers.admin import admin_client, apply_topics, run_topic_wants
     from rlstream.producers.feedback_http import serve
     from rlstream.schemas import topics
 
-    settings = settings_from_args(args)
+    settings = service_settings(args, FEEDBACK_USER)
     try:
         apply_topics(admin_client(settings), run_topic_wants(cfg.run), timeout=10)
     except Exception as exc:  # Kafka down: serve anyway; writes answer 503 until it is back
@@ -140,15 +151,14 @@ def _register_policy(ssub: argparse._SubParsersAction) -> None:
 
 def _serve_policy(args: argparse.Namespace) -> int:
     from rlstream.ops.config import load_run_config
-    from rlstream.ops.kafka_env import settings_from_args
     from rlstream.producers import aio
     from rlstream.producers.admin import admin_client, apply_topics, run_topic_wants
     from rlstream.rollout.serve import PolicyServer, make_app
     from rlstream.schemas import topics
 
     config = load_run_config(args.config, args.set)
-    settings = settings_from_args(args)
-    try:  # a run started before the served stream existed gets it here
+    settings = service_settings(args, POLICY_USER)
+    try:  # a run started before the served stream existed gets it here (not as its own user)
         apply_topics(admin_client(settings), run_topic_wants(args.run), timeout=10)
     except Exception as exc:  # Kafka down: serve anyway; completions answer 503 until it is back
         print(f"warning: could not check the run's topics: {exc}", file=sys.stderr)
@@ -174,6 +184,21 @@ def _serve_policy(args: argparse.Namespace) -> int:
     finally:
         server.close()
     return 0
+
+
+def service_settings(args: argparse.Namespace, user: str) -> KafkaSettings:
+    """How the service ``user`` reaches Kafka (see the module docstring): the given bootstrap and
+    credentials, else the local cluster's ``--region`` (default the trainer region), as ``user``
+    when it is secured."""
+    from rlstream.ops.cluster import DEFAULT_REGION
+    from rlstream.ops.regions import local_settings
+    from rlstream.producers.settings import KafkaSettings
+
+    given = KafkaSettings.from_env(getattr(args, "bootstrap", None))
+    if given is not None:
+        return given
+    region = getattr(args, "region", None) or DEFAULT_REGION
+    return local_settings(region, getattr(args, "home", None), user=user)
 
 
 def durable_dedupe(cfg: Any, settings: Any) -> Any:

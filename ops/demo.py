@@ -7,9 +7,11 @@ scheduler in the trainer region and the rollout workers in the rollout regions, 
 streams (local and mirrored), and at the end stops exactly the processes it started (by pid),
 writes a PNG (success rate by policy version, staleness histogram) and returns the summary.
 
-``rlstream demo --secure`` runs one region on the secured local cluster: it applies the run's
-users, topics and ACLs (``rlstream acl apply``), every role connects as its own user, and the
-demo's own readers (progress, held-out eval, run manifest) as ``admin``.
+``rlstream demo --secure`` runs on the secured local cluster (every region and MirrorMaker 2 link
+secured): it applies the run's users, topics and ACLs in each region (``rlstream acl apply
+--region R``, each region's own plan) and on each link, every role connects as its own user in
+its region (a rollout worker in ``eu`` as ``rollout``, reading the trainer region's copies), and
+the demo's own readers (progress, held-out eval, run manifest) as ``admin``.
 
 Per region the progress shows the trajectories admitted (samples of admitted groups, by the
 region that generated them) and the weight version the region has applied: for a rollout region

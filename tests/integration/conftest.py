@@ -8,8 +8,8 @@ ends. Every test makes its own uniquely named topics and groups.
 ``RLSTREAM_SECURE=1`` starts that broker secured (``cluster up --secure``: SASL/SCRAM over TLS,
 ACLs enforced) and ``kafka`` is then ``admin``'s settings, so tests that talk to the broker as
 admin run unchanged. Tests marked ``unsecured_only(reason)`` are skipped then: they need a
-plaintext address (kcat, a worker given a bare bootstrap) or several regions (MirrorMaker 2 is
-not secured).
+plaintext address (kcat, a worker given a bare bootstrap). The ``geo`` fixture's regions are
+unsecured; secured regions and links have their own tests (``test_secure_geo``).
 """
 
 from __future__ import annotations
@@ -81,7 +81,8 @@ def geo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         pytest.skip("needs the local launcher to start several regions")
     if SECURE:
         pytest.skip(
-            "RLSTREAM_SECURE: a secured local cluster has one region (MirrorMaker 2 is not secured)"
+            "RLSTREAM_SECURE: the geo tests reach their regions with bare bootstraps; secured "
+            "regions and MirrorMaker 2 links are covered by test_secure_geo"
         )
     from rlstream.ops import cluster
 

@@ -8,6 +8,7 @@ connecting as its own user. It stops exactly that broker and those processes, by
 
 from __future__ import annotations
 
+import argparse
 import stat
 import tempfile
 import time
@@ -30,10 +31,12 @@ from helpers import decode_all
 from pydantic import SecretStr
 
 from rlstream.consumers.consumer import make_consumer
+from rlstream.consumers.feedback_seen import FeedbackIdLog
 from rlstream.consumers.read_to_end import read_to_end, reader
 from rlstream.ops import acls, cluster
 from rlstream.ops.cluster import security
 from rlstream.ops.cmd_acl import apply
+from rlstream.ops.cmd_serve import FEEDBACK_USER, POLICY_USER, service_settings
 from rlstream.ops.demo import RoleProcess, start_role, stop_roles
 from rlstream.ops.regions import local_settings
 from rlstream.producers.admin import ensure_run_topics
@@ -239,6 +242,40 @@ def test_roles_are_denied_what_they_must_not_do(secured: Secured) -> None:
     with pytest.raises(KafkaException) as refused:
         future.result(timeout=15)
     assert refused.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+
+def test_the_serve_services_run_as_their_own_users_within_their_acls(secured: Secured) -> None:
+    """``serve feedback`` and ``serve policy`` find the secured cluster as a role does and
+    connect as ``feedback-ingest`` and ``policy-server``: the feedback service stores feedback
+    and its durable dedupe reads it back, but may read no trajectory and write no admission;
+    the policy server reads the weights but may write no admission, read no trajectory, nor
+    take a role's transactional id."""
+    run = secured.run
+    where = argparse.Namespace(bootstrap=None, region=None, home=str(secured.state.home))
+    feedback, policy = service_settings(where, FEEDBACK_USER), service_settings(where, POLICY_USER)
+    assert (feedback.sasl_username, policy.sasl_username) == ("feedback-ingest", "policy-server")
+    producer = Producer({**feedback.librdkafka(), **QUIET, "message.timeout.ms": "10000"})
+    producer.produce(secured.topic("feedback"), b"fb", b"req-1", headers={"feedback_id": b"fb-1"})
+    assert producer.flush(15) == 0
+    with FeedbackIdLog(feedback, run, window_s=3600, max_ids=100) as seen:
+        assert "fb-1" in seen
+    for service, denied in ((feedback, ("admitted", "served")), (policy, ("admitted", "feedback"))):
+        errors = _write_errors(service, [secured.topic(s) for s in denied])
+        codes = [e.code() if e else None for e in errors.values()]
+        assert codes == [KafkaError.TOPIC_AUTHORIZATION_FAILED] * 2, (service.sasl_username, errors)
+    assert _write_errors(policy, [secured.topic("served")]) == {secured.topic("served"): None}
+    for service in (feedback, policy):
+        consumer = reader(service, f"{run}.peek")
+        with pytest.raises(RuntimeError, match=r"[Aa]uthoriz"):
+            list(read_to_end(consumer, _partitions(secured.topic("trajectories")), timeout=15))
+        consumer.close()
+    consumer = reader(policy, f"{run}.weights-check")
+    manifests = [TopicPartition(secured.topic("weights.manifests"), 0, 0)]
+    list(read_to_end(consumer, manifests, timeout=15))  # allowed: no authorization error
+    consumer.close()
+    with pytest.raises(KafkaException) as fenced:
+        EventProducer.transactional(policy, rollout_txn(run), 15)
+    assert fenced.value.args[0].code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
 
 
 #: A run small enough for a test: one judge, groups of 4, two groups a step, a short warm start,

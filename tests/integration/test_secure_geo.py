@@ -1,11 +1,12 @@
 """A secured multi-region cluster: MirrorMaker 2 copies committed records across a link as its
-own user, within the ACLs ``ops.acls.mirror_grants`` plans, and every cluster refuses a client
-that does not authenticate.
+own user, within the ACLs ``ops.acls.mirror_grants`` plans; a rollout worker's user in the
+rollout region reads the trainer region's copies and its trajectories cross home; every cluster
+refuses a client that does not authenticate.
 
 The module starts its own secured ``trainer`` and ``eu`` regions and their link
-(``cluster.up(secure=True)``) in a temporary state directory, applies one run's ACLs (``rlstream
-acl apply``: the roles', and the run's streams on the link), and stops exactly those brokers and
-that MirrorMaker, by pid. Its fixture is named ``geo`` so that ``tests/conftest.py`` runs it
+(``cluster.up(secure=True)``) in a temporary state directory, applies one run's ACLs in both
+regions (``rlstream acl apply --regions trainer,eu [--region eu]``: the roles' that run there,
+and the run's streams on the link), and stops exactly those brokers and that MirrorMaker, by pid. Its fixture is named ``geo`` so that ``tests/conftest.py`` runs it
 last, with the other tests that keep several brokers alive.
 """
 
@@ -22,6 +23,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from rlstream.consumers.consumer import make_consumer
 from rlstream.consumers.read_to_end import partitions_of, read_to_end, reader
 from rlstream.ops import acls, cluster
 from rlstream.ops.cmd_acl import apply
@@ -33,6 +35,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 QUIET = {"log_level": 0}
 MIRROR = acls.mirror_user("eu")
+REGIONS = topics.Regions("trainer", ("eu",))
 
 
 @dataclass
@@ -50,7 +53,8 @@ def geo() -> Iterator[SecuredLink]:
         try:
             state = cluster.up(["trainer", "eu"], home=home, heap="384m", secure=True, log=_quiet)
             run = f"sgeo{uuid.uuid4().hex[:8]}"
-            apply(state.settings("trainer"), run, home)
+            for here in REGIONS.names:
+                apply(state.settings(here), run, home, REGIONS, here)
             cluster.authorize_links(state, run)
             yield SecuredLink(state, run)
         finally:
@@ -139,3 +143,64 @@ def test_the_link_user_is_denied_what_does_not_flow(geo: SecuredLink) -> None:
     with pytest.raises(KafkaException) as refused:
         admin.create_topics([NewTopic(name, 1, 1)])[name].result(timeout=15)
     assert refused.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+
+def test_a_rollout_worker_in_eu_works_on_the_copies_as_its_own_user(geo: SecuredLink) -> None:
+    """The scheduler's user releases a task at home; in eu the rollout user consumes its copy
+    ``trainer.rl.RUN.tasks`` in the rollout group and writes a trajectory with the task's offset
+    in one transaction, as its loop does; admission's user reads it home as
+    ``eu.rl.RUN.trajectories``. The local ``rl.RUN.tasks`` of eu (nobody writes it) is not
+    readable there, and a role that does not run in eu has no user there."""
+    state, run = geo.state, geo.run
+    tasks = topics.topic_name(run, "tasks")
+    scheduler = Producer({**state.settings("trainer", "scheduler").librdkafka(), **QUIET})
+    scheduler.produce(tasks, b"task", b"t1")
+    assert scheduler.flush(15) == 0
+    eu = state.settings("eu", "rollout")
+    worker = make_consumer(eu, topics.group_id(run, "rollout"), log_level="0")
+    worker.subscribe([REGIONS.pattern(run, "tasks", "eu")])
+    task = _first(worker)
+    assert (task.topic(), task.value()) == (f"trainer.{tasks}", b"task")
+    producer = EventProducer.transactional(eu, f"rlstream.{run}.rollout.eu.0")
+    with producer.transaction() as txn:
+        producer.produce_raw(topics.topic_name(run, "trajectories"), b"trajectory", b"g1")
+        offsets = [TopicPartition(task.topic(), task.partition(), task.offset() + 1)]
+        txn.send_offsets(offsets, worker.consumer_group_metadata())
+    producer.close()
+    worker.close()
+    home = topics.remote_topic("eu", topics.topic_name(run, "trajectories"))
+    assert _values(state.settings("trainer", "admission"), home) == [b"trajectory"]
+    assert _read_error(eu, tasks) == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert _refused(state.settings("eu", "learner"))
+
+
+def _read_error(settings: KafkaSettings, topic: str, timeout: float = 20.0) -> int | None:
+    """The error code of fetching partition 0 of ``topic`` (None: readable, if empty)."""
+    consumer = reader(settings, "peek")
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            err = msg.error()
+            if err is None or err.code() == KafkaError._PARTITION_EOF:
+                return None
+            return int(err.code())
+    finally:
+        consumer.close()
+    return None
+
+
+def _first(consumer, timeout: float = 60.0):
+    """The first record ``consumer`` polls (a copy may take a MirrorMaker refresh to arrive)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is None:
+            continue
+        if msg.error() is not None:
+            raise KafkaException(msg.error())
+        return msg
+    raise AssertionError(f"no record within {timeout}s")

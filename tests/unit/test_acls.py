@@ -19,8 +19,8 @@ WRITERS = {
     "rejected": {"admission", "feedback-rl"},
     "weights.manifests": {"learner"},
     "weights.chunks": {"learner"},
-    "feedback": set(),  # the feedback endpoint runs as admin, it is no role
-    "served": set(),  # so does the policy server (`serve policy`)
+    "feedback": {"feedback-ingest"},  # `serve feedback`, a service with its own user
+    "served": {"policy-server"},  # `serve policy`, likewise
     "evals": {"eval"},
     "dlq": {"rollout", "judge", "admission", "learner", "feedback-rl"},
 }
@@ -50,8 +50,9 @@ def grants() -> list[acls.Grant]:
     return acls.plan(RUN)
 
 
-def test_one_principal_per_role() -> None:
-    assert set(acls.PRINCIPALS) == set(ROLES)
+def test_one_principal_per_role_and_service() -> None:
+    assert set(acls.PRINCIPALS) == set(ROLES) | {"feedback-ingest", "policy-server"}
+    assert set(acls.SERVICES) == {"feedback-ingest", "policy-server"}
 
 
 @pytest.mark.parametrize("stream", topics.RUN_STREAMS)
@@ -139,6 +140,112 @@ def test_summary_lists_topics_group_and_ids() -> None:
     assert rollout["writes"] == ["rl.r1.trajectories", "rl.r1.dlq"]
     assert rollout["group"] == ["rlstream.r1.rollout"]
     assert rollout["transactional_ids"] == ["rlstream.r1.rollout", "rlstream.r1.rollout.*"]
+
+
+EU = topics.Regions("trainer", ("eu",))
+GEO = topics.Regions("trainer", ("eu", "us"))
+
+
+def test_only_roles_whose_output_flows_home_run_in_a_rollout_region() -> None:
+    assert acls.roles_in(EU, "eu") == ("rollout", "judge")
+    assert acls.roles_in(EU, "trainer") == acls.PRINCIPALS == acls.roles_in()
+    assert {g.principal for g in acls.plan(RUN, regions=EU, here="eu")} == {"rollout", "judge"}
+    for role in ("scheduler", "learner", "admission", "eval", "policy-server"):
+        with pytest.raises(ValueError, match="does not run in rollout region"):
+            acls.role_grants(RUN, role, EU, "eu")
+    with pytest.raises(ValueError, match="not one of the run's regions"):
+        acls.plan(RUN, regions=EU, here="us")
+
+
+def test_a_rollout_worker_in_a_rollout_region_reads_the_trainer_regions_copies() -> None:
+    """In eu the worker reads ``trainer.rl.RUN.tasks`` and the weight copies, never the local
+    topic of an outward stream (nothing writes it there), and writes its trajectories locally,
+    where MirrorMaker takes them home."""
+    grants = acls.plan(RUN, regions=EU, here="eu")
+
+    def may(op: str, name: str) -> bool:
+        return acls.allowed(grants, "rollout", "topic", name, op)
+
+    for stream in ("tasks", "weights.manifests", "weights.chunks"):
+        name = topics.topic_name(RUN, stream)
+        assert may("read", f"trainer.{name}") and not may("read", name), stream
+    trajectories = topics.topic_name(RUN, "trajectories")
+    assert may("write", trajectories) and not may("write", f"trainer.{trajectories}")
+    assert not may("read", f"trainer.{topics.topic_name(RUN, 'evals')}")
+    assert not any(may("write", f"trainer.{topics.topic_name(RUN, s)}") for s in topics.STREAMS)
+    assert may("read", "trainer.rl.schemas") and may("write", "rl.schemas")
+    assert not may("read", "trainer.rl.runs") and may("describe", "trainer.rl.runs")
+    assert acls.allowed(grants, "rollout", "group", topics.group_id(RUN, "rollout"), "read")
+    txn = f"rlstream.{RUN}.rollout.eu.0"
+    assert acls.allowed(grants, "rollout", "transactional_id", txn, "write")
+
+
+@pytest.mark.parametrize("here", GEO.names)
+@pytest.mark.parametrize("stream", topics.RUN_STREAMS)
+def test_a_role_reads_exactly_the_copies_its_region_accepts(here: str, stream: str) -> None:
+    """Per region and stream: every role that reads the stream may read each copy
+    ``Regions.sources`` names and no other copy of it; no role reads a copy of a stream it does
+    not read; a copy is never written."""
+    grants = acls.plan(RUN, regions=GEO, here=here)
+    name = topics.topic_name(RUN, stream)
+    every_copy = {name, *(f"{r}.{name}" for r in GEO.names)}
+    accepted = {topics.remote_topic(s, name) for s in GEO.sources(stream, here)}
+    for role in acls.roles_in(GEO, here):
+        read = {t for t in every_copy if acls.allowed(grants, role, "topic", t, "read")}
+        assert read == (accepted if stream in acls.ACCESS[role].reads else set()), role
+        written = {t for t in every_copy if acls.allowed(grants, role, "topic", t, "write")}
+        assert written <= {name}, role
+
+
+def test_at_home_roles_read_every_rollout_regions_copies_of_the_inward_streams() -> None:
+    grants = acls.plan(RUN, regions=GEO, here="trainer")
+    for region in ("eu", "us"):
+        for stream in ("trajectories", "rewards"):
+            copy = f"{region}.{topics.topic_name(RUN, stream)}"
+            assert acls.allowed(grants, "admission", "topic", copy, "read"), copy
+            assert acls.allowed(grants, "learner", "topic", copy, "describe"), copy
+            assert not acls.allowed(grants, "learner", "topic", copy, "read"), copy
+        assert acls.allowed(grants, "judge", "topic", f"{region}.rl.{RUN}.trajectories", "read")
+    assert not any(g.name.startswith("trainer.") for g in grants)  # nothing copied home from home
+
+
+def test_a_region_describes_exactly_the_copies_it_receives() -> None:
+    """So ``ensure_run_topics(..., regions, here)`` finds every copy it checks and creates
+    none; no copy of another run, no other region's."""
+    for here in GEO.names:
+        grants = acls.plan(RUN, regions=GEO, here=here)
+        copies = {topics.remote_topic(s, topics.topic_name(RUN, c)) for s, c in GEO.copies(here)}
+        described = {
+            g.name
+            for g in grants
+            if g.resource == "topic" and g.operation == "describe" and not g.name.startswith("rl.")
+        }
+        assert described == copies, here
+
+
+def test_the_services_are_least_privileged(grants: list[acls.Grant]) -> None:
+    """``serve feedback`` writes the feedback stream and reads it back (its durable dedupe);
+    ``serve policy`` reads weights and releases and records what it served; neither joins a
+    group or writes in a transaction."""
+
+    def streams(user: str, op: str) -> set[str]:
+        return {
+            s
+            for s in topics.RUN_STREAMS
+            if acls.allowed(grants, user, "topic", topics.topic_name(RUN, s), op)
+        }
+
+    assert streams("feedback-ingest", "read") == streams("feedback-ingest", "write") == {"feedback"}
+    assert streams("policy-server", "write") == {"served"}
+    assert streams("policy-server", "read") == {"weights.manifests", "weights.chunks", "evals"}
+    for service in acls.SERVICES:
+        assert acls.allowed(grants, service, "topic", "rl.schemas", "write")  # announces schemas
+        assert not [g for g in grants if g.principal == service and g.operation == "delete"]
+        assert not [
+            g
+            for g in grants
+            if g.principal == service and g.resource != "topic" and g.operation != "describe"
+        ]
 
 
 def _link(run: str | None = RUN) -> dict[str, list[acls.Grant]]:
