@@ -226,6 +226,7 @@ def admitted_samples(group: PendingGroup, cfg: AdmissionConfig) -> list[dict[str
                 "policy_version": int(traj["policy_version"]),
                 "prompt_tokens": int(traj["prompt_tokens"]),
                 **{k: traj[k] for k in (*arrays.TOKEN_FIELDS, "n_layers", "top_k", "temperature")},
+                "expert_bytes": arrays.record_expert_bytes(traj),
                 "rewards": scores,
                 "reward": total_reward(rewards, cfg.judges)
                 if set(cfg.judges) <= set(rewards)

@@ -14,8 +14,10 @@ Rules and guarantees:
 - Every token of a sample is processed by the model exactly once, and its arrays are aligned
   position by position: ``token_ids`` (int32), ``logprobs`` (float32, the behaviour logprob for
   generated tokens, 0 elsewhere), ``loss_mask`` (uint8, 1 exactly for tokens the policy
-  generated; prompt, observations and summaries are 0) and ``routes`` (uint8 ``[T, L, K]``,
-  the experts that processed each token, for router replay).
+  generated; prompt, observations and summaries are 0) and ``routes`` (``[T, L, K]``, the
+  experts that processed each token, for router replay) as uint8 for a policy of at most 256
+  experts, uint16 for more (``schemas.arrays.expert_bytes_for``: the width follows the policy,
+  so it is the same for every sample of a run); an id is never wrapped to fit.
 - Continuations reuse the KV cache of the earlier turns, so the recorded routes are the ones that
   actually produced the later tokens.
 - Context overflow: when the next observation plus a full turn would not fit the model window,
@@ -44,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rlstream.envs import sandbox, tasks
 from rlstream.envs.tools import Environment, Workspace, code_only
 from rlstream.rollout.model import Generation, KVCache, Policy, generate, inference_copy
+from rlstream.schemas import arrays
 
 GenerateFn = Callable[..., Generation]
 
@@ -103,7 +106,7 @@ class Sample:
     token_ids: np.ndarray
     logprobs: np.ndarray
     loss_mask: np.ndarray
-    routes: np.ndarray
+    routes: np.ndarray  # uint8 or uint16 by the policy's expert count (see the module rules)
     segments: list[Segment]
     completion: str
     turns: int
@@ -150,8 +153,9 @@ class _Row:
         self.seg_start = len(self.tokens)
 
 
-def _routes(gen: Generation, row: int, n: int, offset: int = 0) -> np.ndarray:
-    return gen.routes[row, offset : offset + n].to(torch.uint8).numpy()
+def _routes(gen: Generation, row: int, n: int, offset: int, expert_bytes: int) -> np.ndarray:
+    """Routes of ``n`` fed tokens from ``offset`` as expert ids ``expert_bytes`` wide (checked)."""
+    return arrays.expert_ids(gen.routes[row, offset : offset + n].numpy(), expert_bytes)
 
 
 def _observation(text: str, cfg: HarnessConfig) -> str:
@@ -190,6 +194,7 @@ class Rollout:
         )
         self.generate_fn = generate_fn
         self.window = model.cfg.max_seq_len
+        self.expert_bytes = arrays.expert_bytes_for(model.cfg.n_experts)
         self.env = code_only()
 
     def group(
@@ -213,7 +218,7 @@ class Rollout:
         samples = []
         for b in range(group_size):
             row = _Row(workspace=self.env.workspace())
-            row.feed(ids, _routes(gen, b, len(ids)))
+            row.feed(ids, _routes(gen, b, len(ids), 0, self.expert_bytes))
             row.seg_prompt = len(ids)
             row.timings["generate_s"] += first_s
             self._finish(row, gen, b, prompt, generator)
@@ -240,7 +245,8 @@ class Rollout:
         while True:
             n = int(gen.lengths[b])
             new = gen.tokens[b, :n].tolist()
-            row.emit(new, gen.logprobs[b, :n].tolist(), _routes(gen, b, n, gen.prompt_len))
+            routes = _routes(gen, b, n, gen.prompt_len, self.expert_bytes)
+            row.emit(new, gen.logprobs[b, :n].tolist(), routes)
             if not new or new[-1] != tasks.RUN_END:
                 row.close("final" if new and new[-1] == tasks.EOS else "truncated")
                 return
@@ -260,7 +266,7 @@ class Rollout:
             gen, b = self._generate(context, generator, cache), 0
             row.timings["generate_s"] += time.perf_counter() - started
             fed = context.shape[1]
-            row.feed(context[0].tolist(), _routes(gen, 0, fed))
+            row.feed(context[0].tolist(), _routes(gen, 0, fed, 0, self.expert_bytes))
             if cache is None:
                 row.seg_prompt = len(row.tokens)
 
@@ -293,7 +299,7 @@ class Rollout:
             token_ids=np.asarray(row.tokens, dtype=np.int32),
             logprobs=np.asarray(row.logprobs, dtype=np.float32),
             loss_mask=np.asarray(row.mask, dtype=np.uint8),
-            routes=np.concatenate(row.routes, axis=0).astype(np.uint8),
+            routes=np.concatenate(row.routes, axis=0),
             segments=row.segments,
             completion=text,
             turns=row.turns,

@@ -45,7 +45,10 @@ class PolicyConfig(BaseModel):
         default=2, ge=1, le=48, description="Transformer blocks, each with an MoE FFN."
     )
     n_experts: int = Field(
-        default=4, ge=2, le=255, description="Experts per MoE layer (fit in uint8)."
+        default=4,
+        ge=2,
+        le=65536,
+        description="Experts per MoE layer (ids are recorded as uint8 up to 256, else uint16).",
     )
     top_k: int = Field(default=2, ge=1, le=8, description="Experts each token is routed to.")
     d_expert: int = Field(

@@ -101,14 +101,21 @@ class Served:
     token_ids: list[int]
     logprobs: list[float]
     routes: np.ndarray
-    """uint8 ``[len(prompt_ids) + len(token_ids), n_layers, top_k]``."""
+    """``[len(prompt_ids) + len(token_ids), n_layers, top_k]`` expert ids, uint8 or uint16 (the
+    policy's width, ``schemas.arrays.expert_bytes_for``)."""
     stopped: bool
     top_ids: list[list[int]] | None = None
     top_logprobs: list[list[float]] | None = None
 
 
-def served_choice(out: Generation, row: int, prompt_ids: list[int]) -> Served:
-    """Row ``row`` of a batch generated after ``prompt_ids``, cut at its length."""
+def served_choice(
+    out: Generation, row: int, prompt_ids: list[int], expert_bytes: int = 1
+) -> Served:
+    """Row ``row`` of a batch generated after ``prompt_ids``, cut at its length.
+
+    Routes are kept as expert ids ``expert_bytes`` wide, the width of the policy that generated
+    them; an id that does not fit is ``ArrayError``, never wrapped.
+    """
     n = int(out.lengths[row])
     fed = len(prompt_ids) + n
     tops = None
@@ -118,7 +125,7 @@ def served_choice(out: Generation, row: int, prompt_ids: list[int]) -> Served:
         prompt_ids=list(prompt_ids),
         token_ids=out.tokens[row, :n].tolist(),
         logprobs=out.logprobs[row, :n].tolist(),
-        routes=out.routes[row, :fed].to(torch.uint8).numpy(),
+        routes=arrays.expert_ids(out.routes[row, :fed].numpy(), expert_bytes),
         stopped=bool(out.stopped[row]),
         top_ids=tops[0] if tops else None,
         top_logprobs=tops[1] if tops else None,
@@ -199,6 +206,7 @@ def served_record(
             [0.0] * p + choice.logprobs,
             mask,
             choice.routes,
+            choice.routes.dtype.itemsize,
         ),
         "prompt_tokens": p,
         "completion": text,
@@ -331,7 +339,8 @@ class PolicyServer:
             stop_ids=(task_family.EOS,),
             top_n=req.logprobs or 0,
         )
-        choices = [served_choice(out, i, fed) for i in range(req.n)]
+        width = arrays.expert_bytes_for(self.model.cfg.n_experts)
+        choices = [served_choice(out, i, fed, width) for i in range(req.n)]
         ctx = ServedContext(
             run=self.run,
             request_id=f"req-{uuid.uuid4().hex}",

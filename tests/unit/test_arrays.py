@@ -264,3 +264,135 @@ def test_size_bound_is_an_upper_bound(n_tokens: int) -> None:
     assert len(E.encode("trajectory", record)) <= A.message_size_bound(record)
     group = decision([sample(0, n_tokens), sample(1, 3)])
     assert len(E.encode("admission", group)) <= A.message_size_bound(group)
+
+
+# --- expert id width (expert_bytes) -------------------------------------------------------------
+
+N_EXPERTS = 384  # Composer 2's base: ids do not fit uint8
+
+
+def wide_trajectory(
+    n_tokens: int, layers: int = 4, top_k: int = 8, seed: int = 0
+) -> dict[str, Any]:
+    """A trajectory of a 384-expert policy: routes recorded 2 bytes wide, ids up to 383."""
+    rng = np.random.default_rng(seed)
+    routes = rng.integers(0, N_EXPERTS, (n_tokens, layers, top_k))
+    routes.reshape(-1)[: min(routes.size, 2)] = [N_EXPERTS - 1, 256]  # the edges that wrap in uint8
+    record = trajectory(n_tokens, layers, top_k, seed)
+    record.update(
+        A.pack_tokens(
+            A.unpack_tokens(record).token_ids,
+            A.unpack_tokens(record).logprobs,
+            A.unpack_tokens(record).loss_mask,
+            routes,
+            expert_bytes=A.expert_bytes_for(N_EXPERTS),
+        )
+    )
+    return record
+
+
+def test_expert_width_follows_the_policys_expert_count() -> None:
+    assert [A.expert_bytes_for(n) for n in (2, 255, 256, 257, 384, 65_536)] == [1, 1, 1, 2, 2, 2]
+    with pytest.raises(A.ArrayError, match="must fit 2 bytes"):
+        A.expert_bytes_for(65_537)
+    with pytest.raises(A.ArrayError, match="expert_bytes must be one of"):
+        A.expert_dtype(3)
+
+
+def test_384_expert_routes_round_trip_through_pack_and_unpack() -> None:
+    rng = np.random.default_rng(4)
+    routes = rng.integers(0, N_EXPERTS, (50, 3, 8))
+    routes[0, 0, 0], routes[-1, -1, -1] = N_EXPERTS - 1, 256
+    fields = A.pack_tokens(
+        np.arange(50), np.zeros(50), np.ones(50, np.uint8), routes, expert_bytes=2
+    )
+    assert fields["expert_bytes"] == 2 and len(fields["routed_experts"]) == 50 * 3 * 8 * 2
+    assert fields["routed_experts"] == routes.astype("<u2").tobytes()  # little-endian uint16
+    got = A.unpack_tokens(fields)
+    assert got.routed_experts.dtype == np.dtype("<u2") and got.expert_bytes == 2
+    assert np.array_equal(got.routed_experts, routes)
+    assert got.bytes_per_token == 9 + 3 * 8 * 2
+    # a uint16 array (what the harness hands over) carries its width without being told
+    assert (
+        A.pack_tokens(np.arange(50), np.zeros(50), np.ones(50, np.uint8), routes.astype(np.uint16))
+        == fields
+    )
+    # width 1 stays the default and keeps its exact old bytes
+    narrow = A.pack_tokens([1], [0.0], [1], np.full((1, 1, 2), 255))
+    assert (narrow["expert_bytes"], narrow["routed_experts"]) == (1, b"\xff\xff")
+
+
+def test_ids_that_do_not_fit_the_width_are_refused() -> None:
+    with pytest.raises(
+        A.ArrayError, match=r"expert_bytes=1: values in \[0, 256\] do not fit uint8"
+    ):
+        A.pack_tokens([1], [0.0], [1], np.array([[[0, 256]]]))
+    with pytest.raises(A.ArrayError, match=r"expert_bytes=1: .* do not fit uint8"):
+        A.pack_tokens([1], [0.0], [1], np.array([[[383, 1]]], np.uint16), expert_bytes=1)
+    with pytest.raises(A.ArrayError, match=r"expert_bytes=2: values in \[0, 65536\] do not fit"):
+        A.pack_tokens([1], [0.0], [1], np.array([[[0, 65_536]]]), expert_bytes=2)
+    with pytest.raises(A.ArrayError, match=r"values in \[-1, 3\] do not fit"):
+        A.pack_tokens([1], [0.0], [1], np.array([[[-1, 3]]]), expert_bytes=2)
+    with pytest.raises(A.ArrayError, match="expert_bytes must be one of"):
+        A.pack_tokens([1], [0.0], [1], np.array([[[0, 1]]]), expert_bytes=4)
+    with pytest.raises(A.ArrayError, match="do not fit uint8"):
+        A.expert_ids(np.array([300]), 1)  # what the harness and the server call: never wraps
+
+
+def test_unpack_tokens_refuses_a_width_the_bytes_do_not_match() -> None:
+    fields = A.pack_tokens([1, 2], [0.0] * 2, [1] * 2, np.full((2, 2, 2), 300), expert_bytes=2)
+    with pytest.raises(A.ArrayError, match="disagree"):
+        A.unpack_tokens({**fields, "expert_bytes": 1})  # the width dropped by a careless copy
+    with pytest.raises(A.ArrayError, match="expert_bytes must be one of"):
+        A.unpack_tokens({**fields, "expert_bytes": 3})
+    old = {k: v for k, v in fields.items() if k != "expert_bytes"}
+    old.update(routed_experts=b"\x07" * 8)  # a record from before the field: uint8
+    assert A.unpack_tokens(old).routed_experts.dtype == np.uint8
+    assert A.unpack_tokens(old).expert_bytes == 1
+
+
+def test_384_expert_trajectory_splits_and_joins_exactly() -> None:
+    record = wide_trajectory(3000)
+    whole = E.encode("trajectory", record)
+    segments = A.split_segments(record, 60_000)
+    encoded = _encoded("trajectory", segments)
+    assert len(segments) > 2 and all(len(d) <= 60_000 for d in encoded)
+    decoded = [E.decode(d).record for d in encoded]
+    assert {d["expert_bytes"] for d in decoded} == {2}
+    for piece in decoded:  # each segment is a valid record of its own token range
+        assert A.unpack_tokens(piece).routed_experts.dtype == np.dtype("<u2")
+    random.Random(5).shuffle(decoded)
+    joined = A.join_segments(decoded)
+    assert E.encode("trajectory", joined) == whole
+    assert np.array_equal(
+        A.unpack_tokens(joined).routed_experts, A.unpack_tokens(record).routed_experts
+    )
+    assert int(A.unpack_tokens(joined).routed_experts.max()) == N_EXPERTS - 1
+    reassembler = A.trajectory_reassembler()
+    done = [j for seg in decoded if (j := reassembler.add(seg)) is not None]
+    assert len(done) == 1 and E.encode("trajectory", done[0]) == whole
+
+
+def test_384_expert_group_splits_into_parts_and_joins_exactly() -> None:
+    def wide_sample(index: int, n_tokens: int) -> dict[str, Any]:
+        rec = wide_trajectory(n_tokens, seed=index)
+        keep = ("sample_index", "policy_version", "prompt_tokens", *A.ARRAY_FIELDS)
+        return {**{k: rec[k] for k in keep}, "rewards": {}, "reward": 0.5, "passed": True}
+
+    record = decision([wide_sample(i, n) for i, n in enumerate([200, 1800, 40, 700])])
+    whole = E.encode("admission", record)
+    parts = A.split_group(record, 40_000)
+    assert len(parts) > 2 and all(len(d) <= 40_000 for d in _encoded("admission", parts))
+    sliced = [s for p in parts for s in p["samples"] if s.get("token_offset", 0)]
+    assert sliced and all(s["expert_bytes"] == 2 for s in sliced)
+    assert all(A.unpack_tokens(s).expert_bytes == 2 for p in parts for s in p["samples"])
+    assert E.encode("admission", A.join_group(list(reversed(parts)))) == whole
+
+
+def test_slices_of_different_widths_do_not_join() -> None:
+    segments = A.split_segments(wide_trajectory(3000), 60_000)
+    narrow = A.split_segments(trajectory(3000, layers=4, top_k=8), 60_000)
+    mixed = [*segments[:-1], {**narrow[-1], "segment_count": len(segments)}]
+    mixed[-1]["segment_index"] = len(segments) - 1
+    with pytest.raises(A.ArrayError, match="expert_bytes"):
+        A.join_segments(mixed)

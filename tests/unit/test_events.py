@@ -324,6 +324,36 @@ def test_arrays_survive_the_codec_zero_copy() -> None:
     assert np.shares_memory(arrays.token_ids, np.frombuffer(record["token_ids"], np.uint8))
 
 
+def _wide_tokens(n: int, layers: int = 3, top_k: int = 8, seed: int = 0) -> dict[str, Any]:
+    """Token fields of a 384-expert policy: expert ids up to 383, 2 bytes wide."""
+    rng = np.random.default_rng(seed)
+    routes = rng.integers(0, 384, (n, layers, top_k))
+    routes[0, 0, :2] = [383, 256]
+    return A.pack_tokens(
+        rng.integers(0, 151_000, n), np.zeros(n, np.float32), np.arange(n) >= 2, routes, 2
+    )
+
+
+@pytest.mark.parametrize("event", ["trajectory", "admission", "feedback"])
+def test_384_expert_routes_survive_the_codec(event: str) -> None:
+    record = dict(EXAMPLES[event])
+    if event == "admission":
+        samples = record["samples"]
+        record["samples"] = [{**s, **_wide_tokens(40 + i, seed=i)} for i, s in enumerate(samples)]
+        carriers = record["samples"]
+    else:
+        record.update(_wide_tokens(300))
+        carriers = [record]
+    decoded = E.decode(E.encode(event, record), expect=event).record
+    assert decoded == record
+    got = decoded["samples"] if event == "admission" else [decoded]
+    for want, have in zip(carriers, got, strict=True):
+        assert have["expert_bytes"] == 2
+        routes = A.unpack_tokens(have).routed_experts
+        assert routes.dtype == np.dtype("<u2") and int(routes.max()) == 383
+        assert np.array_equal(routes, A.unpack_tokens(want).routed_experts)
+
+
 def test_numpy_scalars_are_valid_values() -> None:
     reward = {
         **EXAMPLES["reward"],

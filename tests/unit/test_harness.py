@@ -28,6 +28,8 @@ from rlstream.rollout.model import (
     build_policy,
     sequence_logprobs,
 )
+from rlstream.schemas import arrays
+from rlstream.schemas import events as E
 
 SMALL = PolicyConfig(vocab_size=tasks.VOCAB_SIZE, d_model=32, n_heads=4, d_expert=32)
 
@@ -80,7 +82,8 @@ def _check_aligned(s: Sample, model: Policy) -> None:
     """Arrays aligned; each segment replays to its recorded logprobs (fp32 inference)."""
     t = len(s.token_ids)
     assert s.token_ids.dtype == np.int32 and s.logprobs.dtype == np.float32
-    assert s.loss_mask.dtype == np.uint8 and s.routes.dtype == np.uint8
+    assert s.loss_mask.dtype == np.uint8
+    assert s.routes.dtype == arrays.expert_dtype(arrays.expert_bytes_for(model.cfg.n_experts))
     assert s.logprobs.shape == s.loss_mask.shape == (t,)
     assert s.routes.shape == (t, model.cfg.n_layers, model.cfg.top_k)
     assert np.all(s.logprobs[s.loss_mask == 0] == 0)
@@ -252,3 +255,52 @@ def test_a_prompt_that_leaves_no_room_is_refused_clearly() -> None:
     model = build_policy(SMALL.model_copy(update={"max_seq_len": 32}))
     with pytest.raises(PromptTooLong, match="prompt of 41 tokens leaves no room"):
         Rollout(model, HarnessConfig()).group("x" * 40, 2, torch.Generator().manual_seed(0))
+
+
+WIDE = PolicyConfig(
+    vocab_size=tasks.VOCAB_SIZE, d_model=16, n_heads=2, n_experts=300, top_k=2, d_expert=8, seed=3
+)
+"""More experts than uint8 holds: the harness must record routes 2 bytes wide."""
+
+
+def test_a_policy_with_more_than_256_experts_records_uint16_routes() -> None:
+    model = build_policy(WIDE)
+    with torch.no_grad():
+        _, direct = model(torch.tensor([[tasks.BOS, *tasks.encode(PROMPT)]]))
+    assert int(direct.max()) >= 256, "the test needs ids that a uint8 cast would wrap"
+    run_call = [tasks.RUN, *tasks.encode("print(6*7)"), tasks.RUN_END]
+    answer = [*tasks.encode("x=x+1;return x"), tasks.EOS]
+    scripted_samples = Rollout(
+        model, HarnessConfig(max_new_tokens=32), scripted([run_call, answer])
+    ).group(PROMPT, 1, torch.Generator().manual_seed(0))
+    sampled = rollout_group(model, PROMPT, 2, HarnessConfig(max_new_tokens=8))
+    for s in [*scripted_samples, *sampled]:
+        _check_aligned(s, model)  # uint16 routes that replay to the recorded logprobs
+        assert s.routes.dtype == np.uint16 and int(s.routes.max()) < WIDE.n_experts
+        prompt = len(direct[0])
+        assert np.array_equal(s.routes[:prompt], direct[0].numpy()), "ids kept, never wrapped"
+        # the worker packs Sample.routes as is: the record is width 2 and decodes to the same ids
+        fields = arrays.pack_tokens(s.token_ids, s.logprobs, s.loss_mask, s.routes)
+        assert fields["expert_bytes"] == 2
+        record = {**_trajectory_shell(), **fields, "prompt_tokens": prompt}
+        decoded = E.decode(E.encode("trajectory", record), expect="trajectory").record
+        assert decoded["expert_bytes"] == 2
+        assert np.array_equal(arrays.unpack_tokens(decoded).routed_experts, s.routes)
+    assert scripted_samples[0].turns == 1
+
+
+def test_a_policy_with_256_experts_still_records_uint8_routes() -> None:
+    model = build_policy(WIDE.model_copy(update={"n_experts": 256}))
+    (s,) = rollout_group(model, PROMPT, 1, HarnessConfig(max_new_tokens=4))
+    assert s.routes.dtype == np.uint8
+    assert arrays.pack_tokens(s.token_ids, s.logprobs, s.loss_mask, s.routes)["expert_bytes"] == 1
+
+
+def _trajectory_shell() -> dict[str, object]:
+    return {
+        "run": "r", "group_id": "g", "task_id": "t", "sample_index": 0, "group_size": 1,
+        "policy_version": 0, "model": "m", "worker_id": "w", "region": "local",
+        "completion": "", "turns": [],
+        "outcome": {"status": "completed", "tool_calls": 0, "summarised": False},
+        "timings": {"queued_ms": 0, "started_ms": 0, "finished_ms": 0, "generate_ms": 0, "env_ms": 0},
+    }  # fmt: skip

@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import fastavro
+import numpy as np
 import pytest
 
+from rlstream.schemas import arrays as A
 from rlstream.schemas import events as E
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -226,6 +228,28 @@ def test_evolution_rules_hold_for_a_simulated_release() -> None:
     with pytest.raises(E.DecodeError) as info:
         E.deserializer(store)(data, None)
     assert info.value.reason == "incompatible_schema"
+
+
+ROUTE_CARRIERS = ("trajectory", "admission", "feedback")
+
+
+@pytest.mark.parametrize("event", ROUTE_CARRIERS)
+def test_routes_written_before_expert_bytes_read_as_uint8(event: str) -> None:
+    """A v4 writer had no ``expert_bytes``: its routes are uint8 and must still read so."""
+    schema = E.load_event_schemas(E.HISTORY_DIR / "v4")[event]
+    parsed = fastavro.parse_schema(schema)
+    record = example(parsed, parsed["__named_schemas"], True)
+    routes = np.array([[[0, 255], [128, 7]], [[200, 1], [3, 254]], [[9, 8], [250, 251]]], np.uint8)
+    fields = A.pack_tokens([5, 6, 7], [0.0, -0.5, -0.25], [0, 1, 1], routes)
+    assert fields.pop("expert_bytes") == 1  # a v4 record has the same bytes, without the field
+    carriers = record["samples"] if event == "admission" else [record]
+    for carrier in carriers:
+        carrier.update(fields)
+    decoded = E.decode(write_with(schema, record), expect=event).record
+    for carrier in decoded["samples"] if event == "admission" else [decoded]:
+        assert carrier["expert_bytes"] == 1
+        got = A.unpack_tokens(carrier).routed_experts
+        assert got.dtype == np.uint8 and np.array_equal(got, routes)
 
 
 def write_golden() -> None:
