@@ -5,7 +5,9 @@ others roll out; the rollout workers run outside the trainer region, spread over
 regions, and every role agrees on the regions through the run config (``regions.*``).
 ``--secure`` runs on the secured local cluster: the run's users, topics and ACLs are applied in
 every region (each region's own plan, ``rlstream acl apply --region R``) and on every link, and
-each role connects as its own user, a rollout worker in a rollout region too."""
+each role connects as its own user, a rollout worker in a rollout region too. Without
+``--secure`` on a cluster started secured, the roles connect as ``admin`` and the links are still
+given the run's streams."""
 
 from __future__ import annotations
 
@@ -128,10 +130,12 @@ def _start_regions(args, run, config, regions) -> dict:
 
     local = [r for r in regions.names if r not in config.regions.clusters]
     secure = True if args.secure else None  # None: a running cluster stays as it was started
-    cluster.up(local, home=args.home, trainer=regions.trainer, secure=secure)
+    state = cluster.up(local, home=args.home, trainer=regions.trainer, secure=secure)
     settings = {r: config.regions.settings(r, args.home) for r in regions.names}  # admin's
     if args.secure:
         _authorize(run, regions, settings, _home(args))
+    else:  # roles connect as admin; a secured cluster's links still need the run's streams
+        cluster.authorize_links(state, run)
     for name, region_settings in settings.items():
         ensure_run_topics(region_settings, run, regions=regions, here=name)
     now = int(time.time() * 1000)

@@ -14,7 +14,6 @@ from rlstream.producers.settings import KafkaSettings
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.unsecured_only("the demo's two regions cannot run on the secured one-region cluster")
 def test_short_demo_run_learns(kafka, cluster_home, unique_run, tmp_path):
     if KafkaSettings.from_env() is not None:
         pytest.skip("the demo runs on the local launcher's cluster")
