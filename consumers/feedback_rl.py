@@ -256,6 +256,7 @@ class FeedbackRL:
         outputs = self._close_due(now)
         if not self.loop.commit(lambda: self.loop.produce(outputs), records=[]):
             return 0  # aborted: the loop rewound and reset the windows (``_reset``)
+        self.loop.stats.outputs += len(outputs)
         self._settle()
         return len(outputs)
 

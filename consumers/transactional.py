@@ -175,7 +175,7 @@ class TransactionalLoop:
         except Exception as exc:
             self._failed(records, exc)
             return 0
-        if not self.commit(lambda: self._send(letters + outputs), records):
+        if not self.commit(lambda: self.produce(letters + outputs), records):
             return 0
         self.stats.dead_letters += len(letters)
         self.stats.outputs += len(outputs)
@@ -207,15 +207,12 @@ class TransactionalLoop:
         """Run ``process([])`` in a transaction of its own (outputs only, no offsets)."""
         self._last_tick = time.monotonic()
         outputs = list(self.process([]))
-        if outputs:
-            self.commit(lambda: self.produce(outputs))
+        if outputs and self.commit(lambda: self.produce(outputs)):
+            self.stats.outputs += len(outputs)
 
     def produce(self, outputs: list[Output]) -> None:
-        """Produce ``outputs`` into the open transaction (call it inside ``commit``)."""
-        self._send(outputs)
-        self.stats.outputs += len(outputs)
-
-    def _send(self, outputs: list[Output]) -> None:
+        """Produce ``outputs`` into the open transaction (call it inside ``commit``); the caller
+        counts them in ``stats`` once the transaction committed."""
         for out in outputs:
             if out.event is None:
                 self.producer.produce_raw(out.topic, out.value, out.key, out.headers)
