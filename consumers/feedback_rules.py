@@ -241,6 +241,7 @@ class ClassWindow:
             "routed_experts": rec.get("routed_experts") or b"",
             "n_layers": int(rec.get("n_layers") or 0),
             "top_k": int(rec.get("top_k") or 0),
+            "expert_bytes": arrays.record_expert_bytes(rec),
             "temperature": float(rec.get("temperature") or 1.0),
             "rewards": {"feedback": reward, "baseline": baseline},
             "reward": reward - baseline,

@@ -73,7 +73,7 @@ def feedback_choice(feedback: dict[str, Any]) -> int:
     return int(raw)
 
 
-SERVED_FIELDS = (*arrays.TOKEN_FIELDS, "n_layers", "top_k", "prompt_tokens", "temperature")
+SERVED_FIELDS = (*arrays.ARRAY_FIELDS, "prompt_tokens", "temperature")
 """What a served completion gives the feedback that names it (with its version and model)."""
 
 

@@ -69,17 +69,25 @@ def _follow(consumer: Consumer, assigned: list[TopicPartition]) -> Iterator[Mess
             yield msg
 
 
-def jsonable(value: Any, field: str = "", full: bool = True) -> Any:
-    """A JSON-friendly copy of a decoded record: array fields as numbers, other bytes base64."""
+def jsonable(
+    value: Any, field: str = "", full: bool = True, dtypes: dict[str, np.dtype[Any]] | None = None
+) -> Any:
+    """A JSON-friendly copy of a decoded record: array fields as numbers (expert ids at the
+    record's ``expert_bytes`` width), other bytes base64."""
+    dtypes = _ARRAY_DTYPES if dtypes is None else dtypes
     if isinstance(value, dict):
-        return {k: jsonable(v, k, full) for k, v in value.items()}
+        if value.get("expert_bytes") is not None:
+            width = arrays.record_expert_bytes(value)
+            dtypes = {**dtypes, "routed_experts": arrays.expert_dtype(width)}
+        return {k: jsonable(v, k, full, dtypes) for k, v in value.items()}
     if isinstance(value, list):
-        return [jsonable(v, field, full) for v in value]
+        return [jsonable(v, field, full, dtypes) for v in value]
     if isinstance(value, bytes):
-        if field in _ARRAY_DTYPES and len(value) % _ARRAY_DTYPES[field].itemsize == 0:
-            numbers = np.frombuffer(value, _ARRAY_DTYPES[field])
+        dtype = dtypes.get(field)
+        if dtype is not None and len(value) % dtype.itemsize == 0:
+            numbers = np.frombuffer(value, dtype)
             if not full and numbers.size > 16:
-                return f"<{numbers.size} x {_ARRAY_DTYPES[field].name}: {numbers[:8].tolist()} ...>"
+                return f"<{numbers.size} x {dtype.name}: {numbers[:8].tolist()} ...>"
             return numbers.tolist()
         text = base64.b64encode(value).decode()
         return text if full or len(text) <= 64 else f"<{len(value)} bytes>"

@@ -98,3 +98,26 @@ def test_the_policy_server_records_routes_at_the_policys_width() -> None:
         fed = len(prompt) + int(out.lengths[row])
         got = arrays.unpack_tokens(decoded).routed_experts
         assert np.array_equal(got, out.routes[row, :fed].numpy())
+
+
+def test_feedback_on_a_wide_served_completion_keeps_its_width() -> None:
+    from rlstream.consumers.feedback_rl import FeedbackRLConfig
+    from rlstream.consumers.feedback_rules import ClassWindow, Item
+    from rlstream.consumers.served_log import SERVED_FIELDS
+    from rlstream.consumers.tap import jsonable
+
+    assert "expert_bytes" in SERVED_FIELDS  # copied from the served record onto the feedback
+    routes = np.array([[[299, 3]], [[256, 0]]])  # 2 tokens, 1 layer, top 2
+    packed = arrays.pack_tokens(
+        np.array([5, 6], dtype=arrays.TOKEN_DTYPE),
+        np.zeros(2, dtype=arrays.LOGPROB_DTYPE),
+        np.ones(2, dtype=arrays.MASK_DTYPE),
+        arrays.expert_ids(routes, 2),
+        expert_bytes=2,
+    )
+    assert jsonable(packed)["routed_experts"] == [299, 3, 256, 0]  # not byte pairs
+    record = {"policy_version": 1, "action": "accepted", **packed}
+    window = ClassWindow("r", "w", "tab", 1, 0, FeedbackRLConfig())
+    sample = window.sample(0, Item(record, {}), 1.0, 0.0)
+    assert sample["expert_bytes"] == 2
+    assert int(arrays.unpack_tokens(sample).routed_experts.max()) == 299
