@@ -19,7 +19,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
-from rlstream.consumers.read_to_end import read_topic
+from rlstream.consumers.read_to_end import read_topic, reader
 from rlstream.producers.settings import KafkaSettings
 from rlstream.schemas import events, topics
 
@@ -234,14 +234,37 @@ def next_offsets(records: Iterable[Record]) -> list[TopicPartition]:
 def load_schema_topic(
     settings: KafkaSettings, store: events.SchemaStore, timeout: float = 30.0
 ) -> int:
-    """Read every writer schema in ``rl.schemas`` into ``store``; returns how many were read.
+    """Read every writer schema in ``rl.schemas`` and in its mirrored copies
+    (``REGION.rl.schemas``, in a rollout region the trainer region's) into ``store``; returns
+    how many records were read.
 
-    This is how a consumer decodes records written by code it has never seen.
-    """
+    This is how a consumer decodes records written by code it has never seen, wherever that
+    code ran: schemas are keyed by fingerprint, so every copy is as good as the original. Only
+    copies this client may see are listed (the broker filters metadata by ACL)."""
     count = 0
-    for msg in read_topic(settings, topics.SCHEMAS_TOPIC, name="schema-reader", timeout=timeout):
-        value = msg.value()
-        if value is not None:
-            store.add_record(msg.key() or b"", value)
-            count += 1
+    for topic in schema_topics(settings):
+        for msg in read_topic(settings, topic, name="schema-reader", timeout=timeout):
+            value = msg.value()
+            if value is not None:
+                store.add_record(msg.key() or b"", value)
+                count += 1
     return count
+
+
+def schema_topics(settings: KafkaSettings, timeout: float = 10.0) -> list[str]:
+    """``rl.schemas`` and the mirrored copies of it on the cluster (copies sorted by name)."""
+    consumer = reader(settings, "schema-topics")
+    try:
+        names = consumer.list_topics(timeout=timeout).topics
+    finally:
+        consumer.close()
+    copies = sorted(t for t in names if _is_schema_copy(t))
+    return [topics.SCHEMAS_TOPIC, *copies]
+
+
+def _is_schema_copy(topic: str) -> bool:
+    try:
+        name = topics.parse_topic(topic)
+    except ValueError:
+        return False
+    return name.region is not None and name.stream == "schemas"

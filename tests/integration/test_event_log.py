@@ -15,7 +15,7 @@ import pytest
 from helpers import decode_all, make_topics, read_all, task
 from test_events import examples
 
-from rlstream.consumers.consumer import Stopper, load_schema_topic
+from rlstream.consumers.consumer import Stopper, load_schema_topic, schema_topics
 from rlstream.consumers.transactional import Output, TransactionalLoop
 from rlstream.producers.producer import EventProducer
 from rlstream.schemas import events, topics
@@ -60,6 +60,24 @@ def test_record_from_unseen_writer_schema_is_decoded_via_rl_schemas(kafka, uniqu
     decoded = events.deserializer(fresh)(read_all(kafka, topic)[0][1])
     assert decoded.event == "task" and decoded.record["task_id"] == "t-new"
     assert "priority_v99" not in decoded.record  # read with today's reader schema
+
+
+def test_a_writer_schema_known_only_to_a_mirrored_copy_of_rl_schemas_is_found(kafka, unique_run):
+    # a rollout region: the trainer region's writer schemas arrive as REGION.rl.schemas
+    copy = topics.remote_topic(unique_run, topics.SCHEMAS_TOPIC)
+    make_topics(kafka, copy, partitions=1)
+    writer = events.SchemaStore()
+    schema = _evolved_task_schema()
+    schema["fields"].append(
+        {"name": f"only_in_{unique_run.replace('-', '_')}", "type": "int", "default": 0}
+    )
+    fp = writer.add(json.dumps(schema))
+    with EventProducer.connect(kafka) as producer:
+        producer.produce_raw(copy, writer.canonical(fp).encode(), fp.hex())
+    fresh = events.SchemaStore()
+    assert copy in schema_topics(kafka)
+    load_schema_topic(kafka, fresh)
+    assert fp in fresh
 
 
 def _avro_body(schema: dict, record: dict) -> bytes:
