@@ -11,6 +11,7 @@ Rules:
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 from collections.abc import Callable, Iterable
@@ -22,6 +23,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Top
 from rlstream.consumers.read_to_end import read_topic, reader
 from rlstream.producers.settings import KafkaSettings
 from rlstream.schemas import events, topics
+
+log = logging.getLogger(__name__)
 
 CONSUMER_DEFAULTS = {
     "enable.auto.commit": "false",
@@ -238,16 +241,25 @@ def load_schema_topic(
     (``REGION.rl.schemas``, in a rollout region the trainer region's) into ``store``; returns
     how many records were read.
 
-    This is how a consumer decodes records written by code it has never seen, wherever that
-    code ran: schemas are keyed by fingerprint, so every copy is as good as the original. Only
+    A record that is no usable schema (not UTF-8, not an Avro schema, a key that is not its
+    fingerprint) is skipped with a warning: it cannot describe any record, and a reader must not
+    stop on it. This is how a consumer decodes records written by code it has never seen,
+    wherever that code ran: schemas are keyed by fingerprint, so every copy is as good as the original. Only
     copies this client may see are listed (the broker filters metadata by ACL)."""
     count = 0
     for topic in schema_topics(settings):
         for msg in read_topic(settings, topic, name="schema-reader", timeout=timeout):
             value = msg.value()
-            if value is not None:
+            if value is None:
+                continue
+            try:
                 store.add_record(msg.key() or b"", value)
-                count += 1
+            except (events.EventError, UnicodeDecodeError) as exc:
+                # garbage in the schema log never stops a reader: skipped, said once per record
+                where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
+                log.warning("skipped an unusable writer schema at %s: %s", where, exc)
+                continue
+            count += 1
     return count
 
 

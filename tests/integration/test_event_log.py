@@ -80,6 +80,25 @@ def test_a_writer_schema_known_only_to_a_mirrored_copy_of_rl_schemas_is_found(ka
     assert fp in fresh
 
 
+def test_garbage_in_the_schema_log_is_skipped_and_the_rest_still_read(kafka, unique_run):
+    copy = topics.remote_topic(f"{unique_run}-g", topics.SCHEMAS_TOPIC)
+    make_topics(kafka, copy, partitions=1)
+    writer = events.SchemaStore()
+    schema = _evolved_task_schema()
+    schema["fields"].append({"name": "after_garbage", "type": "int", "default": 0})
+    fp = writer.add(json.dumps(schema))
+    with EventProducer.connect(kafka) as producer:
+        producer.produce_raw(copy, b"\xff\xfe not utf-8", "00")
+        producer.produce_raw(copy, b"not a schema", "00")
+        producer.produce_raw(
+            copy, writer.canonical(fp).encode(), "ab" * 8
+        )  # key not its fingerprint
+        producer.produce_raw(copy, writer.canonical(fp).encode(), fp.hex())
+    fresh = events.SchemaStore()
+    load_schema_topic(kafka, fresh)  # never raises
+    assert fp in fresh
+
+
 def _avro_body(schema: dict, record: dict) -> bytes:
     buf = io.BytesIO()
     fastavro.schemaless_writer(buf, fastavro.parse_schema(schema), record)
