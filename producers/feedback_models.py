@@ -391,11 +391,17 @@ def hash_user(user_id: str, salt: bytes) -> str:
 def _token_fields(event: FeedbackEvent) -> dict[str, Any]:
     if event.token_ids is None:
         return {}
-    mask: Any = event.loss_mask
-    if mask is None:  # the validator guarantees prompt_tokens then: completion tokens are trained
-        mask = np.arange(len(event.token_ids)) >= (event.prompt_tokens or 0)
+    # The validated lists go straight into the wire dtypes (ids already lie in int32, mask
+    # bits in 0/1): no int64/float64 arrays in between, nothing for pack_tokens to re-cast.
+    t = len(event.token_ids)
+    tokens = np.fromiter(event.token_ids, arrays.TOKEN_DTYPE, t)
+    logprobs = np.fromiter(event.logprobs or [], arrays.LOGPROB_DTYPE)
+    if event.loss_mask is not None:
+        mask = np.fromiter(event.loss_mask, arrays.MASK_DTYPE, len(event.loss_mask))
+    else:  # the validator guarantees prompt_tokens then: completion tokens are trained
+        mask = (np.arange(t) >= (event.prompt_tokens or 0)).astype(arrays.MASK_DTYPE)
     experts = event.routed_experts if event.routed_experts else None
-    return arrays.pack_tokens(event.token_ids, event.logprobs or [], mask, experts)
+    return arrays.pack_tokens(tokens, logprobs, mask, experts)
 
 
 def to_record(event: FeedbackEvent, run: str, received_ms: int, salt: bytes) -> dict[str, Any]:
