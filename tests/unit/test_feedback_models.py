@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import functools
 import json
+import threading
 import time
 from typing import Any
 
@@ -27,7 +28,12 @@ from rlstream.consumers.feedback_rules import (
 from rlstream.producers import feedback_auth as fa
 from rlstream.producers import feedback_models as fm
 from rlstream.producers.feedback_dedupe import IdempotencyLRU
-from rlstream.producers.feedback_http import Delivery, FeedbackService, Unavailable
+from rlstream.producers.feedback_http import (
+    INLINE_PARSE_BYTES,
+    Delivery,
+    FeedbackService,
+    Unavailable,
+)
 from rlstream.producers.feedback_openapi import openapi_document
 from rlstream.schemas import arrays, events
 
@@ -320,6 +326,32 @@ def test_http_stores_once_and_answers_duplicates() -> None:
     assert sorted(stored) == ["fb-1", "fb-2", "fb-3"]
     assert 'rlstream_feedback_events_total{outcome="stored"} 3' in metrics
     assert "rlstream_feedback_request_seconds_count 8" in metrics
+
+
+def test_a_large_body_is_parsed_off_the_event_loop_and_a_small_one_on_it() -> None:
+    cfg = fm.FeedbackServiceConfig(run="r1", tokens=["tok"])
+    small = event(feedback_id="fb-small")
+    large = event(feedback_id="fb-large", prompt="x" * (INLINE_PARSE_BYTES + 1))
+    threads: list[str] = []
+
+    async def main() -> list[int]:
+        service = FeedbackService(cfg, MemorySink(), environ={fm.SALT_ENV: "s"})
+        decode = service._decode
+
+        def spy(body: bytes, key: str | None) -> Any:
+            threads.append(threading.current_thread().name)
+            return decode(body, key)
+
+        service._decode = spy  # type: ignore[method-assign]
+        async with TestClient(TestServer(service.application())) as client:
+            answers = [
+                await client.post("/v1/feedback", json=b, headers=AUTH) for b in (small, large)
+            ]
+            return [r.status for r in answers]
+
+    loop_thread = threading.current_thread().name
+    assert asyncio.run(main()) == [202, 202]
+    assert threads[0] == loop_thread and threads[1].startswith("feedback-parse")
 
 
 def test_http_answers_503_with_retry_after_when_kafka_fails() -> None:
