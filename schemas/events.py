@@ -320,11 +320,16 @@ def _primitive_problem(datum: Any, kind: str, path: str) -> str | None:
         )
     elif kind in _INT_RANGE:
         low, high = _INT_RANGE[kind]
-        ok = isinstance(datum, numbers.Integral) and not isinstance(datum, bool)
+        # type() first: the ABC check is the slow path (numpy integers, other Integrals)
+        ok = type(datum) is int or (
+            isinstance(datum, numbers.Integral) and not isinstance(datum, bool)
+        )
         if ok and not low <= int(datum) <= high:
             return f"{path}: {datum} is out of range for Avro {kind}"
     elif kind in ("float", "double"):
-        ok = isinstance(datum, numbers.Real) and not isinstance(datum, bool)
+        ok = type(datum) in (float, int) or (
+            isinstance(datum, numbers.Real) and not isinstance(datum, bool)
+        )
     elif kind == "bytes":
         ok = isinstance(datum, bytes | bytearray | memoryview)
     elif kind == "string":
@@ -336,11 +341,22 @@ def _primitive_problem(datum: Any, kind: str, path: str) -> str | None:
     return f"{path}: expected {kind}, got {type(datum).__name__} {_short.repr(datum)}"
 
 
+_FIELD_NAMES: dict[int, tuple[Any, frozenset[str]]] = {}
+
+
+def _field_names(fields: list[Mapping[str, Any]]) -> frozenset[str]:
+    """The names of a record schema's ``fields``, computed once per parsed schema."""
+    hit = _FIELD_NAMES.get(id(fields))
+    if hit is None or hit[0] is not fields:  # the list itself is kept, so its id is never reused
+        hit = _FIELD_NAMES[id(fields)] = (fields, frozenset(f["name"] for f in fields))
+    return hit[1]
+
+
 def _record_problem(datum: Any, schema: Mapping[str, Any], named: Any, path: str) -> str | None:
     if not isinstance(datum, Mapping):
         return f"{path}: expected a {schema['name']} record (a mapping), got {type(datum).__name__}"
     fields = schema["fields"]
-    unknown = set(datum) - {f["name"] for f in fields}
+    unknown = set(datum) - _field_names(fields)
     if unknown:
         return f"{path}: unknown field(s) {sorted(map(str, unknown))} for {schema['name']}"
     for field in fields:
@@ -356,10 +372,18 @@ def _record_problem(datum: Any, schema: Mapping[str, Any], named: Any, path: str
 
 
 def _union_problem(datum: Any, branches: list[Any], named: Any, path: str) -> str | None:
-    problems = [_problem(datum, branch, named, path) for branch in branches]
-    if any(p is None for p in problems):
+    """None at the first branch ``datum`` conforms to; a message is built only when none does
+    (validation runs on every record written, so the common case must stay cheap)."""
+    if datum is None and "null" in branches:
         return None
-    real = [p for b, p in zip(branches, problems, strict=True) if b != "null"]
+    real = []
+    for branch in branches:
+        if branch == "null":
+            continue  # datum is not None here, or "null" is absent
+        problem = _problem(datum, branch, named, path)
+        if problem is None:
+            return None
+        real.append(problem)
     if datum is not None and len(real) == 1:
         return real[0]
     return f"{path}: {_short.repr(datum)} matches none of {_describe(branches)}"
