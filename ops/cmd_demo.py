@@ -117,6 +117,7 @@ def _demo(args: argparse.Namespace) -> int:
     demo.record_run_manifest(home, run, config, "finished", now, list(regions.names))
     result = demo.summary(run, progress, wall, png, regions, tally)
     result.update(demo.eval_summary(home, run, config.model))
+    result.update(demo.final_model(home, run, config, progress.version, out))
     _print_summary(run, result, wall, png, out)
     if args.json:
         print(demo.dumps(result))
@@ -223,6 +224,8 @@ def _print_summary(run: str, result: dict, wall: float, png: Path, out: Path) ->
             f"  region {name} ({role}): {r['trajectories_admitted']} trajectories admitted, "
             f"weights v{r['weights_version']}"
         )
+    if result.get("model_dir"):
+        print(f"final policy v{result['final_version']} (HF): {result['model_dir']}")
     print(f"plot: {png}\nlogs: {out / 'logs'}\nstop the cluster with `rlstream cluster down`")
 
 

@@ -48,7 +48,7 @@ class RunConfig(BaseModel):
     max_staleness: int = Field(2, ge=0, description="Staleness budget (versions).")
     policy: PolicyConfig = Field(
         default_factory=lambda: PolicyConfig(vocab_size=task_family.VOCAB_SIZE),
-        description="Policy shape, shared by learner and rollout.",
+        description="Policy architecture and shape, shared by every role that holds the model.",
     )
     tasks: task_family.TaskConfig = Field(
         default_factory=task_family.TaskConfig, description="Task family difficulty, shared."

@@ -62,7 +62,7 @@ from rlstream.envs.fx import with_fx_options
 from rlstream.producers.producer import EventProducer
 from rlstream.producers.settings import KafkaSettings
 from rlstream.rollout.harness import HarnessConfig, Rollout
-from rlstream.rollout.model import Policy, PolicyConfig, build_policy, generate
+from rlstream.rollout.model import PolicyConfig, PolicyModel, build_policy, generate
 from rlstream.schemas import topics
 from rlstream.schemas.deltacodec import to_torch
 
@@ -240,7 +240,7 @@ class Figures:
     errors: int
 
 
-def evaluate(model: Policy, held: list[FamilyTask], cfg: EvalConfig, version: int) -> Figures:
+def evaluate(model: PolicyModel, held: list[FamilyTask], cfg: EvalConfig, version: int) -> Figures:
     """Score ``model`` on ``held`` (see the module docstring for the figures)."""
     specs = with_fx_options(cfg.families, cfg.tasks)
     sampled = Rollout(model, cfg.harness.model_copy(update={"temperature": 1.0}))

@@ -45,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rlstream.envs import sandbox, tasks
 from rlstream.envs.tools import Environment, Workspace, code_only
-from rlstream.rollout.model import Generation, KVCache, Policy, generate, inference_copy
+from rlstream.rollout.model import Generation, KVCache, PolicyModel, generate, inference_copy
 from rlstream.schemas import arrays
 
 GenerateFn = Callable[..., Generation]
@@ -185,7 +185,7 @@ class Rollout:
     """Rolls out groups of samples for prompts with one policy."""
 
     def __init__(
-        self, model: Policy, cfg: HarnessConfig, generate_fn: GenerateFn = generate
+        self, model: PolicyModel, cfg: HarnessConfig, generate_fn: GenerateFn = generate
     ) -> None:
         self.cfg = cfg
         dtype = torch.bfloat16 if cfg.inference_dtype == "bfloat16" else torch.float32
@@ -311,7 +311,7 @@ class Rollout:
 
 
 def rollout_group(
-    model: Policy,
+    model: PolicyModel,
     prompt: str,
     group_size: int,
     cfg: HarnessConfig | None = None,

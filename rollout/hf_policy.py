@@ -30,11 +30,18 @@ GRPO take it unchanged. Rules this module guarantees:
   :func:`rlstream.envs.tasks.encode` for every string, saved and reloaded with the model.
 - Like ``Policy`` (``last_router_probs``), an instance runs one forward at a time: the forced
   routes and the recorded routes sit on its blocks for the duration of a forward.
+- Tied weights are held once: ``state_dict()`` leaves out every parameter that is another
+  parameter under a second name (Qwen3-MoE's ``lm_head.weight`` is ``model.embed_tokens.weight``
+  when ``tie_word_embeddings``), so published states, deltas and checkpoints carry the tensor
+  once and the state hash counts it once; ``load_state_dict`` accepts a state without those keys
+  (or with them) and is strict about every other key. ``save_hf`` writes what transformers
+  writes (it ties the head again on loading).
 - Nothing is downloaded: models are built from a config or loaded from a local directory.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,7 +62,7 @@ from transformers.cache_utils import DynamicCache
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
 from rlstream.envs import tasks
-from rlstream.rollout.model import KVCache
+from rlstream.rollout.model import KVCache, PolicyConfig
 
 # ---------------------------------------------------------------- tokenizer
 
@@ -229,6 +236,30 @@ class HFPolicy(nn.Module):
         )
         self.n_decoder_layers = int(config.num_hidden_layers)
         self.last_router_probs: list[Tensor] = []
+        every = dict(self.named_parameters(remove_duplicate=False))
+        self.tied_keys = frozenset(every) - frozenset(dict(self.named_parameters()))
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        """``nn.Module.state_dict`` without the tied duplicates (``tied_keys``)."""
+        state = super().state_dict(*args, **kwargs)
+        prefix = kwargs.get("prefix", "")
+        for key in self.tied_keys:
+            state.pop(prefix + key, None)
+        return state
+
+    def load_state_dict(
+        self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
+    ) -> Any:
+        """``nn.Module.load_state_dict``, where a missing tied duplicate is no error (loading the
+        tensor under its first name loads both)."""
+        result = super().load_state_dict(state_dict, strict=False, assign=assign)
+        result.missing_keys[:] = [k for k in result.missing_keys if k not in self.tied_keys]
+        if strict and (result.missing_keys or result.unexpected_keys):
+            raise RuntimeError(
+                f"error loading state into {type(self).__name__}: missing keys "
+                f"{result.missing_keys}, unexpected keys {result.unexpected_keys}"
+            )
+        return result
 
     @property
     def config(self) -> Any:
@@ -309,11 +340,49 @@ def build_hf_policy(config: Qwen3MoeConfig, seed: int = 0) -> HFPolicy:
     return HFPolicy(lm)
 
 
+def policy_from_config(cfg: PolicyConfig) -> HFPolicy:
+    """The policy ``build_policy`` makes for ``cfg.architecture == "qwen3_moe"``: the local
+    ``cfg.hf_dir`` as float32 (the learner's master precision), or else a tiny Qwen3-MoE of the
+    config's shape (key/value heads = ``n_heads``), initialised from ``cfg.seed``."""
+    if cfg.architecture != "qwen3_moe":
+        raise ValueError(f"not an HF architecture: {cfg.architecture}")
+    if cfg.hf_dir is not None:
+        policy, _ = load_hf(cfg.hf_dir)
+        return policy.float()
+    config = tiny_qwen3_moe_config(
+        n_layers=cfg.n_layers,
+        d_model=cfg.d_model,
+        n_heads=cfg.n_heads,
+        n_kv_heads=cfg.n_heads,
+        n_experts=cfg.n_experts,
+        top_k=cfg.top_k,
+        d_expert=cfg.d_expert,
+        max_seq_len=cfg.max_seq_len,
+        vocab_size=cfg.vocab_size,
+    )
+    return build_hf_policy(config, cfg.seed)
+
+
 def save_hf(policy: HFPolicy, tokenizer: PreTrainedTokenizerBase, path: str | Path) -> None:
     """Write ``policy`` and ``tokenizer`` as an ordinary HF directory (config.json,
     model.safetensors, tokenizer files) that ``from_pretrained`` loads without this module."""
     policy.hf.save_pretrained(str(path))
     tokenizer.save_pretrained(str(path))
+
+
+def save_state_hf(cfg: PolicyConfig, state: Mapping[str, Tensor], path: str | Path) -> None:
+    """Write the policy of ``cfg`` holding exactly ``state`` (a published state: tied duplicates
+    left out, all of one dtype) as an HF directory, in that dtype, so the saved tensors have the
+    state's bits. The tokenizer is ``cfg.hf_dir``'s, else :func:`char_tokenizer`."""
+    policy = policy_from_config(cfg)
+    dtypes = {t.dtype for t in state.values()}
+    if len(dtypes) != 1:
+        raise ValueError(f"a published state has one dtype, got {sorted(map(str, dtypes))}")
+    policy = policy.to(dtypes.pop())
+    with torch.no_grad():
+        policy.load_state_dict(state)
+    tokenizer = load_hf(cfg.hf_dir)[1] if cfg.hf_dir is not None else char_tokenizer()
+    save_hf(policy, tokenizer, path)
 
 
 def load_hf(path: str | Path) -> tuple[HFPolicy, PreTrainedTokenizerBase]:

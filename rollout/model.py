@@ -16,6 +16,10 @@ Rules this module guarantees:
   learner runs fp32: numerics then differ, and router replay is what keeps the experts identical.
 - Deterministic on CPU given the seed (weights) and the ``torch.Generator`` (sampling).
 - ``state_dict()`` holds plain tensors only (the weight-delta codec ships them).
+- ``build_policy`` is the one factory every role uses: ``PolicyConfig.architecture`` picks this
+  module's ``Policy`` or a transformers model behind the same contract
+  (:class:`rlstream.rollout.hf_policy.HFPolicy`); ``generate``, ``sequence_logprobs``,
+  ``clone_policy`` and ``inference_copy`` take either (``PolicyModel``).
 """
 
 from __future__ import annotations
@@ -23,17 +27,33 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, TypeAlias, TypeVar
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from rlstream.rollout.hf_policy import HFPolicy
 
 
 class PolicyConfig(BaseModel):
-    """Shape of the policy network."""
+    """Architecture and shape of the policy network."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    architecture: Literal["rlstream-moe", "qwen3_moe"] = Field(
+        default="rlstream-moe",
+        description="`rlstream-moe`: this module's homemade MoE; `qwen3_moe`: a transformers "
+        "Qwen3-MoE causal LM (rollout.hf_policy) built from the shape fields below, or loaded "
+        "from `hf_dir`.",
+    )
+    hf_dir: str | None = Field(
+        default=None,
+        description="Local HF directory to load (qwen3_moe only); its config then decides the "
+        "shape and the shape fields below are not used. Never downloaded.",
+    )
 
     vocab_size: int = Field(default=128, ge=2, le=65536, description="Token vocabulary size.")
     max_seq_len: int = Field(default=256, ge=8, le=8192, description="Context window in tokens.")
@@ -55,6 +75,12 @@ class PolicyConfig(BaseModel):
         default=128, ge=4, le=16384, description="Hidden width of one expert MLP."
     )
     seed: int = Field(default=0, ge=0, description="Seed of the weight initialisation.")
+
+    @model_validator(mode="after")
+    def _hf_dir_needs_hf(self) -> PolicyConfig:
+        if self.hf_dir is not None and self.architecture == "rlstream-moe":
+            raise ValueError("hf_dir needs an HF architecture (policy.architecture=qwen3_moe)")
+        return self
 
 
 @dataclass
@@ -206,12 +232,23 @@ class Policy(nn.Module):
         return total / max(len(self.last_router_probs), 1)
 
 
-def build_policy(cfg: PolicyConfig) -> Policy:
-    """A freshly initialised policy (weights depend only on ``cfg``)."""
-    return Policy(cfg)
+PolicyModel: TypeAlias = "Policy | HFPolicy"
+"""Either architecture: both keep this module's contract (forward, routes, cache, load balance)."""
+
+PolicyT = TypeVar("PolicyT", bound="Policy | HFPolicy")
 
 
-def clone_policy(model: Policy) -> Policy:
+def build_policy(cfg: PolicyConfig) -> PolicyModel:
+    """A policy of ``cfg.architecture``: freshly initialised (weights depend only on ``cfg``), or,
+    for an HF architecture with ``hf_dir``, that directory's weights (as float32)."""
+    if cfg.architecture == "rlstream-moe":
+        return Policy(cfg)
+    from rlstream.rollout.hf_policy import policy_from_config  # transformers imports slowly
+
+    return policy_from_config(cfg)
+
+
+def clone_policy(model: PolicyT) -> PolicyT:
     """A deep copy of ``model`` (weights and config; not the last forward's router state)."""
     saved, model.last_router_probs = model.last_router_probs, []
     try:
@@ -220,11 +257,12 @@ def clone_policy(model: Policy) -> Policy:
         model.last_router_probs = saved
 
 
-def inference_copy(model: Policy, dtype: torch.dtype) -> Policy:
+def inference_copy(model: PolicyT, dtype: torch.dtype) -> PolicyT:
     """A detached copy of ``model`` in ``dtype`` for rollout inference (bf16 at scale)."""
     dup = clone_policy(model)
     dup.requires_grad_(False)
-    return dup.to(dtype).eval()
+    dup.to(dtype).eval()  # in place: Module.to and eval return the module itself
+    return dup
 
 
 @dataclass
@@ -251,7 +289,7 @@ class Generation:
 
 @torch.no_grad()
 def generate(
-    model: Policy,
+    model: PolicyModel,
     prompt_tokens: Tensor,
     max_new: int,
     temperature: float = 1.0,
@@ -317,7 +355,10 @@ def generate(
 
 
 def sequence_logprobs(
-    model: Policy, tokens: Tensor, forced_routes: Tensor | None = None, temperature: float = 1.0
+    model: PolicyModel,
+    tokens: Tensor,
+    forced_routes: Tensor | None = None,
+    temperature: float = 1.0,
 ) -> tuple[Tensor, Tensor]:
     """Logprob of each token given its prefix, ``[B, T]`` (position 0 gets 0), and the routes.
 

@@ -24,7 +24,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
-from rlstream.rollout.model import Policy, sequence_logprobs
+from rlstream.rollout.model import PolicyModel, sequence_logprobs
 
 
 class GrpoConfig(BaseModel):
@@ -175,7 +175,7 @@ class NonFiniteStep(ArithmeticError):
 
 
 def grpo_step(
-    model: Policy, optimizer: torch.optim.Optimizer, batch: GrpoBatch, cfg: GrpoConfig
+    model: PolicyModel, optimizer: torch.optim.Optimizer, batch: GrpoBatch, cfg: GrpoConfig
 ) -> dict[str, float]:
     """One GRPO update on ``batch``; returns statistics of the step.
 

@@ -19,7 +19,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlstream.envs import tasks as task_family
-from rlstream.rollout.model import Policy, PolicyConfig
+from rlstream.rollout.model import PolicyConfig, PolicyModel
 from rlstream.schemas import arrays
 from rlstream.schemas.deltacodec import from_torch
 from rlstream.trainer import grpo as rules
@@ -98,7 +98,10 @@ def group_sequences(
 
 
 def train_step(
-    model: Policy, optimizer: torch.optim.Optimizer, inputs: list[StepInput], cfg: LearnerConfig
+    model: PolicyModel,
+    optimizer: torch.optim.Optimizer,
+    inputs: list[StepInput],
+    cfg: LearnerConfig,
 ) -> dict[str, float]:
     """One GRPO step on the groups of ``inputs`` (in order); returns its statistics."""
     seqs: list[rules.TrainSequence] = []
@@ -120,7 +123,7 @@ def train_step(
     return stats
 
 
-def published_state(model: Policy, dtype: str) -> dict[str, Any]:
+def published_state(model: PolicyModel, dtype: str) -> dict[str, Any]:
     """The codec's view of the weights to publish (``dtype`` cast of the fp32 master)."""
     torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
     # clone(): from_torch is zero-copy, and the published state must not move with training.
@@ -129,7 +132,9 @@ def published_state(model: Policy, dtype: str) -> dict[str, Any]:
     )
 
 
-def init_model(cfg: LearnerConfig, log_fn: Any = print) -> tuple[Policy, torch.optim.Optimizer]:
+def init_model(
+    cfg: LearnerConfig, log_fn: Any = print
+) -> tuple[PolicyModel, torch.optim.Optimizer]:
     """The version-0 policy (warm start, deterministic given the configs) and its optimizer."""
     torch.manual_seed(cfg.seed)
     model = warm_start(cfg.policy, cfg.warm_start, cfg.warm_start_cache, log_fn)
@@ -144,7 +149,7 @@ class Checkpoints:
         self.dir = Path(directory) / run
         self.dir.mkdir(parents=True, exist_ok=True)
 
-    def save(self, version: int, model: Policy, optimizer: torch.optim.Optimizer) -> None:
+    def save(self, version: int, model: PolicyModel, optimizer: torch.optim.Optimizer) -> None:
         path = self.dir / f"v{version:08d}.pt"
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         torch.save(
@@ -155,7 +160,7 @@ class Checkpoints:
         for old in sorted(self.dir.glob("v*.pt"))[:-3]:
             old.unlink(missing_ok=True)
 
-    def load(self, version: int, model: Policy, optimizer: torch.optim.Optimizer) -> bool:
+    def load(self, version: int, model: PolicyModel, optimizer: torch.optim.Optimizer) -> bool:
         path = self.dir / f"v{version:08d}.pt"
         if not path.exists():
             return False

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rlstream.envs import tasks
 from rlstream.rollout.harness import HarnessConfig, Rollout, Sample
-from rlstream.rollout.model import Policy, PolicyConfig, clone_policy
+from rlstream.rollout.model import PolicyConfig, PolicyModel, clone_policy
 from rlstream.trainer import grpo
 from rlstream.trainer.grpo import GrpoConfig
 from rlstream.trainer.warmstart import WarmStartConfig, warm_start
@@ -94,7 +94,7 @@ class Scorer:
         self.pool.shutdown()
 
 
-def evaluate(model: Policy, cfg: LocalLoopConfig, scorer: Scorer) -> float:
+def evaluate(model: PolicyModel, cfg: LocalLoopConfig, scorer: Scorer) -> float:
     """Mean success on the held-out set: ``eval_samples`` samples per task at a fixed seed."""
     rollout = Rollout(model, cfg.harness)
     gen = _generator(cfg.seed + 1_000_003)
@@ -111,7 +111,7 @@ def _generator(seed: int) -> torch.Generator:
 
 
 def collect(
-    behaviour: Policy,
+    behaviour: PolicyModel,
     cfg: LocalLoopConfig,
     rng: random.Random,
     gen: torch.Generator,

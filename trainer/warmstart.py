@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlstream.envs import tasks
-from rlstream.rollout.model import Policy, PolicyConfig, build_policy
+from rlstream.rollout.model import PolicyConfig, PolicyModel, build_policy
 
 
 class WarmStartConfig(BaseModel):
@@ -84,7 +84,7 @@ def warm_start(
     cfg: WarmStartConfig | None = None,
     cache_path: str | None = None,
     log: Callable[[str], None] | None = None,
-) -> Policy:
+) -> PolicyModel:
     """A policy trained on demonstrations (or loaded from ``cache_path`` when the key matches)."""
     cfg = cfg or WarmStartConfig()
     model = build_policy(policy_cfg)
@@ -103,7 +103,7 @@ def warm_start(
     return model
 
 
-def _train(model: Policy, cfg: WarmStartConfig, log: Callable[[str], None] | None) -> None:
+def _train(model: PolicyModel, cfg: WarmStartConfig, log: Callable[[str], None] | None) -> None:
     rng = random.Random(cfg.seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98))
     started = time.perf_counter()

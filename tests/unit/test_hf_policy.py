@@ -15,14 +15,20 @@ from rlstream.rollout.hf_policy import (
     char_tokenizer,
     load_hf,
     save_hf,
+    save_state_hf,
     tiny_qwen3_moe_config,
 )
 from rlstream.rollout.model import (
     KVCache,
+    Policy,
+    PolicyConfig,
+    build_policy,
     generate,
     inference_copy,
     sequence_logprobs,
 )
+from rlstream.schemas.deltacodec_bits import from_torch, state_hash, to_torch
+from rlstream.trainer.learner_step import published_state
 
 CONFIG = tiny_qwen3_moe_config(max_seq_len=64)
 TEXTS = [
@@ -81,7 +87,8 @@ def test_forward_shapes_and_names(policy: HFPolicy) -> None:
     assert (cfg.n_layers, cfg.top_k, cfg.n_experts) == (2, 2, CONFIG.num_experts)
     assert (cfg.max_seq_len, cfg.vocab_size) == (64, tasks.VOCAB_SIZE)
     plain = Qwen3MoeForCausalLM(CONFIG)
-    assert list(policy.state_dict()) == list(plain.state_dict())
+    # transformers' own names, the tied head held once (as the embedding)
+    assert list(policy.state_dict()) == [k for k in plain.state_dict() if k != "lm_head.weight"]
     with pytest.raises(ValueError, match="max_seq_len"):
         policy(_tokens(1, 65))
 
@@ -89,7 +96,7 @@ def test_forward_shapes_and_names(policy: HFPolicy) -> None:
 def test_free_routes_are_the_routers_own_top_k(policy: HFPolicy) -> None:
     """Compared against transformers' own router-logit capture on an unwrapped copy."""
     plain = Qwen3MoeForCausalLM(CONFIG)
-    plain.load_state_dict(policy.state_dict())
+    plain.load_state_dict(policy.hf.state_dict())  # both tied names
     x = _tokens(2, 12, seed=1)
     out = plain(x, output_router_logits=True)
     logits, routes = policy(x)
@@ -218,3 +225,81 @@ def test_dense_layers_keep_cache_and_route_only_moe_layers() -> None:
     whole = torch.cat([prompt, gen.tokens], 1)
     _, routes = policy(whole[:, :-1])
     assert torch.equal(routes, gen.routes[:, : whole.shape[1] - 1])
+
+
+# ---------------------------------------------------------------- behind build_policy
+
+HF_CFG = PolicyConfig(
+    architecture="qwen3_moe", vocab_size=tasks.VOCAB_SIZE, max_seq_len=64, d_expert=32
+)
+
+
+def test_build_policy_makes_the_configured_qwen3_moe_from_the_seed() -> None:
+    policy = build_policy(HF_CFG)
+    assert isinstance(policy, HFPolicy) and type(policy.hf) is Qwen3MoeForCausalLM
+    config = policy.config
+    assert (config.hidden_size, config.num_attention_heads, config.num_hidden_layers) == (
+        HF_CFG.d_model,
+        HF_CFG.n_heads,
+        HF_CFG.n_layers,
+    )
+    assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size) == (
+        HF_CFG.n_experts,
+        HF_CFG.top_k,
+        HF_CFG.d_expert,
+    )
+    assert policy.cfg.max_seq_len == 64 and policy.cfg.vocab_size == tasks.VOCAB_SIZE
+    state, again = policy.state_dict(), build_policy(HF_CFG).state_dict()
+    assert all(torch.equal(state[k], again[k]) for k in state)
+    other = build_policy(HF_CFG.model_copy(update={"seed": 1})).state_dict()
+    assert not torch.equal(state["model.embed_tokens.weight"], other["model.embed_tokens.weight"])
+    assert isinstance(build_policy(PolicyConfig(vocab_size=tasks.VOCAB_SIZE)), Policy)
+
+
+def test_build_policy_loads_hf_dir_as_float32(tmp_path: Path) -> None:
+    source = build_policy(HF_CFG.model_copy(update={"seed": 3}))
+    save_hf(inference_copy(source, torch.bfloat16), char_tokenizer(), tmp_path)
+    loaded = build_policy(HF_CFG.model_copy(update={"hf_dir": str(tmp_path)}))
+    want = inference_copy(source, torch.bfloat16).state_dict()
+    got = loaded.state_dict()
+    assert list(got) == list(want)
+    assert all(
+        v.dtype == torch.float32 and torch.equal(v.bfloat16(), want[k]) for k, v in got.items()
+    )
+    with pytest.raises(ValueError, match="hf_dir"):
+        PolicyConfig(hf_dir=str(tmp_path))
+
+
+def test_tied_embedding_is_held_once_and_restored_from_it(policy: HFPolicy) -> None:
+    """The published state carries the tied head once; loading it sets both names."""
+    assert policy.tied_keys == {"lm_head.weight"}
+    state = policy.state_dict()
+    assert "lm_head.weight" not in state and "model.embed_tokens.weight" in state
+    fresh = build_hf_policy(CONFIG, seed=5)
+    fresh.load_state_dict(state)
+    assert fresh.lm_head.weight is fresh.model.embed_tokens.weight
+    assert torch.equal(fresh.lm_head.weight, policy.lm_head.weight)
+    assert all(
+        torch.equal(a, b) for a, b in zip(fresh.parameters(), policy.parameters(), strict=True)
+    )
+    fresh.load_state_dict({**state, "lm_head.weight": state["model.embed_tokens.weight"]})
+    missing = dict(state)
+    del missing["model.norm.weight"]
+    with pytest.raises(RuntimeError, match=r"model\.norm\.weight"):
+        fresh.load_state_dict(missing)
+    assert fresh.load_state_dict(missing, strict=False).missing_keys == ["model.norm.weight"]
+
+
+def test_published_state_written_as_hf_dir_hashes_to_the_state_hash(tmp_path: Path) -> None:
+    """What the demo writes as ``model_dir``: ``from_pretrained`` loads it unchanged and its
+    weights are the published state's bits (same state hash as the manifest's)."""
+    model = build_policy(HF_CFG)
+    state = published_state(model, "bfloat16")
+    save_state_hf(HF_CFG, to_torch(state), tmp_path)
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path, local_files_only=True)
+    assert type(plain) is Qwen3MoeForCausalLM
+    assert plain.lm_head.weight is plain.model.embed_tokens.weight
+    loaded = {k: v for k, v in plain.state_dict().items() if k != "lm_head.weight"}
+    assert state_hash(from_torch({k: v.bfloat16() for k, v in loaded.items()})) == state_hash(state)
+    tok = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
+    assert tok.encode(TEXTS[0]) == tasks.encode(TEXTS[0])
