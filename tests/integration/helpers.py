@@ -6,7 +6,14 @@ import time
 import uuid
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
 from rlstream.producers.admin import TopicWant, admin_client, apply_topics
 from rlstream.producers.settings import KafkaSettings
@@ -66,3 +73,17 @@ def read_all(
 
 def decode_all(settings: KafkaSettings, topic: str) -> list[events.Decoded]:
     return [events.decode(v) for _, v, _ in read_all(settings, topic)]
+
+
+def first_record(consumer: Consumer, timeout: float = 30.0) -> Message:
+    """The first record ``consumer`` polls within ``timeout`` (a MirrorMaker copy may take a
+    refresh to arrive); a consumer error is raised, no record is an AssertionError."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is None:
+            continue
+        if msg.error() is not None:
+            raise KafkaException(msg.error())
+        return msg
+    raise AssertionError(f"no record within {timeout}s")

@@ -27,7 +27,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, NewTopic
-from helpers import decode_all
+from helpers import decode_all, first_record
 from pydantic import SecretStr
 
 from rlstream.consumers.consumer import make_consumer
@@ -157,7 +157,7 @@ def test_rollout_writes_in_a_transaction_and_the_learner_reads_admitted(secured:
     # in one transaction, as its loop does
     rollout = make_consumer(secured.user("rollout"), topics.group_id(run, "rollout"), log_level="0")
     rollout.subscribe([topics.topic_pattern(run, "tasks")])
-    task = _first(rollout)
+    task = first_record(rollout)
     producer = EventProducer.transactional(secured.user("rollout"), f"{rollout_txn(run)}")
     with producer.transaction() as txn:
         producer.produce_raw(secured.topic("trajectories"), b"trajectory", b"g1")
@@ -172,7 +172,7 @@ def test_rollout_writes_in_a_transaction_and_the_learner_reads_admitted(secured:
         admission.produce_raw(secured.topic("admitted"), b"admitted-group", b"g1")
     learner = make_consumer(secured.user("learner"), topics.group_id(run, "learner"), log_level="0")
     learner.subscribe([topics.topic_pattern(run, "admitted")])
-    got = _first(learner)
+    got = first_record(learner)
     assert got.value() == b"admitted-group"
     learner.commit(message=got, asynchronous=False)
     learner.close()
@@ -189,18 +189,6 @@ def _partitions(topic: str, count: int = topics.DEFAULT_GROUP_PARTITIONS) -> lis
 
 def rollout_txn(run: str) -> str:
     return f"rlstream.{run}.rollout.trainer.0"
-
-
-def _first(consumer: Consumer, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        msg = consumer.poll(0.5)
-        if msg is None:
-            continue
-        if msg.error() is not None:
-            raise KafkaException(msg.error())
-        return msg
-    raise AssertionError(f"no record within {timeout}s")
 
 
 def test_writes_are_enforced_exactly_as_planned(secured: Secured) -> None:
@@ -228,7 +216,7 @@ def test_roles_are_denied_what_they_must_not_do(secured: Secured) -> None:
     thief = make_consumer(secured.user("rollout"), topics.group_id(run, "learner"), log_level="0")
     thief.subscribe([topics.topic_pattern(run, "tasks")])
     with pytest.raises(KafkaException) as denied:
-        _first(thief, timeout=20)
+        first_record(thief, timeout=20)
     assert denied.value.args[0].code() == KafkaError.GROUP_AUTHORIZATION_FAILED
     thief.close()
     with pytest.raises(KafkaException) as fenced:

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from helpers import first_record
 
 from rlstream.consumers.consumer import make_consumer
 from rlstream.consumers.read_to_end import partitions_of, read_to_end, reader
@@ -159,7 +160,7 @@ def test_a_rollout_worker_in_eu_works_on_the_copies_as_its_own_user(geo: Secured
     eu = state.settings("eu", "rollout")
     worker = make_consumer(eu, topics.group_id(run, "rollout"), log_level="0")
     worker.subscribe([REGIONS.pattern(run, "tasks", "eu")])
-    task = _first(worker)
+    task = first_record(worker, timeout=60)
     assert (task.topic(), task.value()) == (f"trainer.{tasks}", b"task")
     producer = EventProducer.transactional(eu, f"rlstream.{run}.rollout.eu.0")
     with producer.transaction() as txn:
@@ -191,16 +192,3 @@ def _read_error(settings: KafkaSettings, topic: str, timeout: float = 20.0) -> i
     finally:
         consumer.close()
     return None
-
-
-def _first(consumer, timeout: float = 60.0):
-    """The first record ``consumer`` polls (a copy may take a MirrorMaker refresh to arrive)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        msg = consumer.poll(0.5)
-        if msg is None:
-            continue
-        if msg.error() is not None:
-            raise KafkaException(msg.error())
-        return msg
-    raise AssertionError(f"no record within {timeout}s")
