@@ -349,6 +349,8 @@ def policy_from_config(cfg: PolicyConfig) -> HFPolicy:
     if cfg.hf_dir is not None:
         policy, _ = load_hf(cfg.hf_dir)
         return policy.float()
+    if cfg.d_model % cfg.n_heads or cfg.top_k > cfg.n_experts:
+        raise ValueError("n_heads must divide d_model and top_k must not exceed n_experts")
     config = tiny_qwen3_moe_config(
         n_layers=cfg.n_layers,
         d_model=cfg.d_model,

@@ -44,10 +44,10 @@ class PolicyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     architecture: Literal["rlstream-moe", "qwen3_moe"] = Field(
-        default="rlstream-moe",
-        description="`rlstream-moe`: this module's homemade MoE; `qwen3_moe`: a transformers "
-        "Qwen3-MoE causal LM (rollout.hf_policy) built from the shape fields below, or loaded "
-        "from `hf_dir`.",
+        default="qwen3_moe",
+        description="`qwen3_moe`: a transformers Qwen3-MoE causal LM (rollout.hf_policy) built "
+        "from the shape fields below, or loaded from `hf_dir`; `rlstream-moe`: this module's "
+        "homemade MoE (kept for comparison, to be removed).",
     )
     hf_dir: str | None = Field(
         default=None,

@@ -253,7 +253,9 @@ def test_build_policy_makes_the_configured_qwen3_moe_from_the_seed() -> None:
     assert all(torch.equal(state[k], again[k]) for k in state)
     other = build_policy(HF_CFG.model_copy(update={"seed": 1})).state_dict()
     assert not torch.equal(state["model.embed_tokens.weight"], other["model.embed_tokens.weight"])
-    assert isinstance(build_policy(PolicyConfig(vocab_size=tasks.VOCAB_SIZE)), Policy)
+    assert isinstance(build_policy(PolicyConfig(vocab_size=tasks.VOCAB_SIZE)), HFPolicy)  # default
+    homemade = PolicyConfig(architecture="rlstream-moe", vocab_size=tasks.VOCAB_SIZE)
+    assert isinstance(build_policy(homemade), Policy)
 
 
 def test_build_policy_loads_hf_dir_as_float32(tmp_path: Path) -> None:
@@ -267,7 +269,7 @@ def test_build_policy_loads_hf_dir_as_float32(tmp_path: Path) -> None:
         v.dtype == torch.float32 and torch.equal(v.bfloat16(), want[k]) for k, v in got.items()
     )
     with pytest.raises(ValueError, match="hf_dir"):
-        PolicyConfig(hf_dir=str(tmp_path))
+        PolicyConfig(architecture="rlstream-moe", hf_dir=str(tmp_path))
 
 
 def test_tied_embedding_is_held_once_and_restored_from_it(policy: HFPolicy) -> None:

@@ -15,7 +15,15 @@ from rlstream.rollout.model import (
     sequence_logprobs,
 )
 
-CFG = PolicyConfig(vocab_size=32, max_seq_len=48, d_model=32, n_heads=4, n_layers=2, d_expert=32)
+CFG = PolicyConfig(
+    architecture="rlstream-moe",
+    vocab_size=32,
+    max_seq_len=48,
+    d_model=32,
+    n_heads=4,
+    n_layers=2,
+    d_expert=32,
+)
 
 
 @pytest.fixture(autouse=True)
