@@ -7,7 +7,11 @@
 - ``inspect D`` lists per tensor the changed fraction, encoding and sizes, and checks the
   chunk checksums.
 
-State files are torch state dicts (``.pt``) or numpy archives (``.npz``), chosen by extension.
+State files are torch state dicts (``.pt``), numpy archives (``.npz``), safetensors files
+(``.safetensors``) or Hugging Face model directories (every ``*.safetensors`` in the directory,
+shards included), chosen by extension. ``apply --out DIR`` writes ``DIR/model.safetensors`` and,
+when ``--old`` is a directory, copies its other files (``config.json``, tokenizer files) beside
+it, so DIR is a model directory ``from_pretrained`` loads.
 numpy has no bfloat16/float8: in ``.npz`` files those tensors are stored as their bit
 patterns (uint16/uint8) and an entry ``__rlstream_dtypes__`` (JSON ``{name: dtype}``) restores
 the tag. D is the single-file container of ``rlstream.schemas.deltacodec_file``.
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import zipfile
 from pathlib import Path
@@ -41,8 +46,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     sub = parser.add_subparsers(dest="delta_action", metavar="ACTION")
     enc = sub.add_parser("encode", help="write the delta (or keyframe) from --old to --new")
-    enc.add_argument("--old", type=Path, help="base state (.pt/.npz); omit with --keyframe")
-    enc.add_argument("--new", type=Path, required=True, help="new state (.pt/.npz)")
+    enc.add_argument(
+        "--old", type=Path, help="base state (.pt/.npz/.safetensors/HF dir); omit with --keyframe"
+    )
+    enc.add_argument(
+        "--new", type=Path, required=True, help="new state (.pt/.npz/.safetensors/HF dir)"
+    )
     enc.add_argument("--out", type=Path, required=True, help="delta file to write")
     enc.add_argument("--keyframe", action="store_true", help="full snapshot, no base")
     enc.add_argument("--base-version", type=int, default=0, help="version of --old")
@@ -50,9 +59,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     enc.add_argument("--max-chunk-bytes", type=int, default=900_000, help="chunk size limit")
     enc.set_defaults(func=_encode)
     app = sub.add_parser("apply", help="decode --delta against --old, verify, write --out")
-    app.add_argument("--old", type=Path, help="base state (.pt/.npz); not needed for keyframes")
+    app.add_argument(
+        "--old",
+        type=Path,
+        help="base state (.pt/.npz/.safetensors/HF dir); not needed for keyframes",
+    )
     app.add_argument("--delta", type=Path, required=True, help="delta file")
-    app.add_argument("--out", type=Path, required=True, help="state file to write (.pt/.npz)")
+    app.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="state to write (.pt/.npz/.safetensors, or a directory)",
+    )
     app.set_defaults(func=_apply)
     ins = sub.add_parser("inspect", help="per-tensor changes, encodings and sizes of a delta")
     ins.add_argument("delta", type=Path, help="delta file")
@@ -129,7 +147,7 @@ def _apply_action(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.delta} is a delta: --old (its base state) is required")
     base = load_state(args.old) if args.old is not None and kind == "delta" else None
     state = deltacodec.decode(enc.manifest, enc.chunks, base)
-    save_state(args.out, state)
+    save_state(args.out, state, like=args.old)
     print(
         f"wrote {args.out}: v{enc.manifest['version']}, {len(state)} tensors,"
         f" verified (state hash {enc.manifest['state_hash']})"
@@ -204,11 +222,25 @@ def _read(path: Path) -> bytes:
 
 
 def load_state(path: Path) -> dict[str, Any]:
-    """A ``.pt`` state dict or ``.npz`` archive as ``{name: TensorBits}``."""
+    """A ``.pt`` state dict, ``.npz`` archive, ``.safetensors`` file or HF model directory as
+    ``{name: TensorBits}``."""
     from rlstream.schemas.deltacodec import TensorBits, from_torch
 
+    if path.is_dir():
+        shards = sorted(path.glob("*.safetensors"))
+        if not shards:
+            raise UsageError(f"{path}: a directory without *.safetensors files")
+        state: dict[str, Any] = {}
+        for shard in shards:
+            part = _load_safetensors(shard)
+            if state.keys() & part.keys():
+                raise UsageError(f"{shard}: repeats tensors of another shard")
+            state.update(part)
+        return state
     if not path.is_file():
         raise UsageError(f"{path}: no such file")
+    if path.suffix == ".safetensors":
+        return _load_safetensors(path)
     if path.suffix == ".pt":
         import torch
 
@@ -232,14 +264,43 @@ def load_state(path: Path) -> dict[str, Any]:
             return {k: TensorBits.from_numpy(a, tags.get(k)) for k, a in arrays.items()}
         except ValueError as exc:
             raise UsageError(f"{path}: {exc}") from exc
-    raise UsageError(f"{path}: unknown state format (use .pt or .npz)")
+    raise UsageError(f"{path}: unknown state format (use .pt, .npz, .safetensors or a directory)")
 
 
-def save_state(path: Path, state: dict[str, Any]) -> None:
-    """Write ``{name: TensorBits}`` as ``.pt`` or ``.npz`` (by extension)."""
+def _load_safetensors(path: Path) -> dict[str, Any]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from rlstream.schemas.deltacodec import from_torch
+
+    try:
+        return from_torch(load_file(str(path), device="cpu"))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise UsageError(f"{path}: not a safetensors file ({exc})") from exc
+
+
+def save_state(path: Path, state: dict[str, Any], like: Path | None = None) -> None:
+    """Write ``{name: TensorBits}`` as ``.pt``, ``.npz`` or ``.safetensors`` (by extension), or
+    as ``path/model.safetensors`` when ``path`` has no extension or is a directory (with the
+    other files of the directory ``like``, when it is one: config, tokenizer)."""
     from rlstream.schemas.deltacodec import BITS_ONLY_DTYPES, to_torch
 
-    if path.suffix == ".pt":
+    if path.is_dir() or not path.suffix:
+        path.mkdir(parents=True, exist_ok=True)
+        if like is not None and like.is_dir():
+            for extra in like.iterdir():
+                if (
+                    extra.is_file()
+                    and extra.suffix != ".safetensors"
+                    and extra.name != "model.safetensors.index.json"
+                ):
+                    shutil.copyfile(extra, path / extra.name)
+        path = path / "model.safetensors"
+    if path.suffix == ".safetensors":
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous() for k, v in to_torch(state).items()}, str(path))
+    elif path.suffix == ".pt":
         import torch
 
         torch.save(to_torch(state), path)
@@ -256,4 +317,6 @@ def save_state(path: Path, state: dict[str, Any]) -> None:
                 with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
                     np.lib.format.write_array(f, array, allow_pickle=False)
     else:
-        raise UsageError(f"{path}: unknown state format (use .pt or .npz)")
+        raise UsageError(
+            f"{path}: unknown state format (use .pt, .npz, .safetensors or a directory)"
+        )

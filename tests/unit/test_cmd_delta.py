@@ -1,4 +1,4 @@
-"""``rlstream delta encode|apply|inspect`` on .pt and .npz files.
+"""``rlstream delta encode|apply|inspect`` on .pt, .npz, .safetensors files and HF directories.
 
 Properties asserted: encode then apply reproduces the new state bit for bit through .pt and
 .npz (bf16 included, NaN payloads and -0.0 kept), in any combination of formats; keyframes
@@ -191,3 +191,35 @@ def test_bench_deltas_json_is_the_last_stdout_line(capsys: pytest.CaptureFixture
             "zstd_xor_ratio",
         ):
             assert case[key] > 0
+
+
+def test_hugging_face_directories_round_trip(tmp_path: Path) -> None:
+    """A delta between two HF model directories applies into a directory ``from_pretrained``
+    loads, bit-exact to the new one (bf16 weights as saved, config and tokenizer copied)."""
+    transformers = pytest.importorskip("transformers")
+    from rlstream.rollout import hf_policy
+
+    old = hf_policy.build_hf_policy(hf_policy.tiny_qwen3_moe_config(), seed=1).to(torch.bfloat16)
+    new = hf_policy.build_hf_policy(hf_policy.tiny_qwen3_moe_config(), seed=1).to(torch.bfloat16)
+    with torch.no_grad():
+        first = next(p for p in new.parameters() if p.ndim == 2)
+        first.view(-1)[::7] += 0.125
+    tokenizer = hf_policy.char_tokenizer()
+    hf_policy.save_hf(old, tokenizer, tmp_path / "old")
+    hf_policy.save_hf(new, tokenizer, tmp_path / "new")
+    delta, out = tmp_path / "v1.rld", tmp_path / "applied"
+    assert (
+        _run(
+            "delta", "encode", "--old", tmp_path / "old", "--new", tmp_path / "new", "--out", delta
+        )
+        == 0
+    )
+    assert _run("delta", "apply", "--old", tmp_path / "old", "--delta", delta, "--out", out) == 0
+    assert dc.same_state(cmd_delta.load_state(out), cmd_delta.load_state(tmp_path / "new"))
+    assert (out / "config.json").exists() and (out / "tokenizer.json").exists()
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(out)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "new")
+    for (name, a), (_, b) in zip(
+        loaded.state_dict().items(), ref.state_dict().items(), strict=True
+    ):
+        assert torch.equal(a, b), name
