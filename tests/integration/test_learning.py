@@ -44,3 +44,11 @@ def test_short_demo_run_learns(kafka, cluster_home, unique_run, tmp_path):
         result["groups_admitted"] > 0
         and (tmp_path / unique_run / "success_by_version.png").exists()
     )
+    # the final policy is an ordinary HF directory holding exactly the learner's final weights
+    import transformers
+
+    from rlstream.schemas import deltacodec
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(result["model_dir"])
+    state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}  # tied
+    assert deltacodec.state_hash(deltacodec.from_torch(state)) == result["final_state_hash"]
