@@ -145,6 +145,13 @@ def _register_policy(ssub: argparse._SubParsersAction) -> None:
         help="serve the newest version the eval role released (held-out release rule), "
         "never a newer unreleased one",
     )
+    p.add_argument(
+        "--weights",
+        choices=("kafka", "push"),
+        default="kafka",
+        help="kafka: follow the run's weight stream (default); push: serve only versions "
+        "pushed to POST /update_weights_from_disk (the rollout worker's openai engine)",
+    )
     add_kafka_args(p)
     p.set_defaults(func=_serve_policy)
 
@@ -170,8 +177,11 @@ def _serve_policy(args: argparse.Namespace) -> int:
         released_only=args.released_only,
         log=lambda line: print(line, file=sys.stderr, flush=True),
         region=args.region or "trainer",
+        weights=args.weights,
     )
     following = "released versions only" if args.released_only else "the newest version"
+    if args.weights == "push":
+        following = "pushed versions only (POST /update_weights_from_disk)"
     print(
         f"policy server for run {args.run} on http://{args.host}:{args.port}/v1/completions "
         f"(model {config.model!r}, following {following}; "

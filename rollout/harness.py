@@ -26,6 +26,9 @@ Rules and guarantees:
   summarise itself). Segments are half-open ranges of the flat arrays; each is a self-contained
   context the learner replays on its own.
 - The G samples of a group share one prompt and their first turn is generated as one batch.
+- Generation goes through an engine (:mod:`rlstream.rollout.engines`; default the in-process
+  ``torch`` one). An engine that reports no routes (an ``openai`` server without them) gives
+  routes of shape ``[T, 0, 0]``: the trajectory then records none.
 - Every call is recorded in ``Sample.tool_calls`` (tool, input, status, output as the policy saw
   it, isolation, time) and counts toward ``max_turns``, failed or not; ``tool_errors`` counts
   the calls that failed or were refused.
@@ -35,7 +38,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -45,10 +47,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rlstream.envs import sandbox, tasks
 from rlstream.envs.tools import Environment, Workspace, code_only
-from rlstream.rollout.model import Generation, KVCache, PolicyModel, generate, inference_copy
+from rlstream.rollout.engines import Engine, GenerateFn, Prior, TorchEngine
+from rlstream.rollout.model import Generation, PolicyModel, generate, inference_copy
 from rlstream.schemas import arrays
-
-GenerateFn = Callable[..., Generation]
 
 
 class PromptTooLong(ValueError):
@@ -185,14 +186,22 @@ class Rollout:
     """Rolls out groups of samples for prompts with one policy."""
 
     def __init__(
-        self, model: PolicyModel, cfg: HarnessConfig, generate_fn: GenerateFn = generate
+        self,
+        model: PolicyModel,
+        cfg: HarnessConfig,
+        generate_fn: GenerateFn = generate,
+        engine: Engine | None = None,
     ) -> None:
+        """``engine`` None: the ``torch`` engine on ``model`` (in ``cfg.inference_dtype``) with
+        ``generate_fn``; otherwise ``model`` gives only the shape (window, expert width)."""
         self.cfg = cfg
-        dtype = torch.bfloat16 if cfg.inference_dtype == "bfloat16" else torch.float32
-        self.model = (
-            model if next(model.parameters()).dtype == dtype else inference_copy(model, dtype)
-        )
-        self.generate_fn = generate_fn
+        self.model = model
+        if engine is None:
+            dtype = torch.bfloat16 if cfg.inference_dtype == "bfloat16" else torch.float32
+            if next(model.parameters()).dtype != dtype:
+                self.model = inference_copy(model, dtype)
+            engine = TorchEngine(self.model, generate_fn)
+        self.engine = engine
         self.window = model.cfg.max_seq_len
         self.expert_bytes = arrays.expert_bytes_for(model.cfg.n_experts)
         self.env = code_only()
@@ -226,16 +235,15 @@ class Rollout:
         return samples
 
     def _generate(
-        self, context: torch.Tensor, generator: torch.Generator, cache: KVCache | None
+        self, context: torch.Tensor, generator: torch.Generator, prior: Prior | None
     ) -> Generation:
-        return self.generate_fn(
-            self.model,
+        return self.engine.generate(
             context,
             max_new=self.cfg.max_new_tokens,
             temperature=self.cfg.temperature,
             generator=generator,
             stop_ids=(tasks.EOS, tasks.RUN_END),
-            cache=cache,
+            prior=prior,
         )
 
     def _finish(
@@ -253,21 +261,21 @@ class Rollout:
             obs = self._tool_turn(row)
             used = len(row.tokens) - row.seg_start
             if used + len(obs) + self.cfg.max_new_tokens <= self.window:
-                cache = gen.cache.select(b, used)
+                prior: Prior | None = Prior(gen, b, row.tokens[row.seg_start :])
                 context = torch.tensor([obs])
             elif len(row.segments) + 1 < self.cfg.max_segments:
                 row.close("compacted")
                 ids = [tasks.BOS, *tasks.encode(_compaction_prompt(prompt, row, self.cfg))]
-                cache, context = None, torch.tensor([ids])
+                prior, context = None, torch.tensor([ids])
             else:
                 row.close("truncated")
                 return
             started = time.perf_counter()
-            gen, b = self._generate(context, generator, cache), 0
+            gen, b = self._generate(context, generator, prior), 0
             row.timings["generate_s"] += time.perf_counter() - started
             fed = context.shape[1]
             row.feed(context[0].tolist(), _routes(gen, 0, fed, 0, self.expert_bytes))
-            if cache is None:
+            if prior is None:
                 row.seg_prompt = len(row.tokens)
 
     def _tool_turn(self, row: _Row) -> list[int]:

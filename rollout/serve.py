@@ -27,6 +27,22 @@ Weights follow the run's weight stream through a subscriber in a background thre
 version is swapped in between requests (under the generation lock), so a completion is always
 produced by exactly one complete, verified version. Bad requests get a 4xx naming the field.
 
+Pushed weights (``weights="push"``, ``serve policy --weights push``): the server follows no
+weight stream and serves only what is pushed to ``POST /update_weights_from_disk``, the shape of
+SGLang's documented native endpoint (body ``model_path``: a local HF directory, ``weight_version``;
+answer ``success``, ``message``), which is what the rollout worker's ``openai`` engine calls
+(``rollout.engines``). rlstream adds: ``state_hash`` in the body (the loaded state must hash to
+it, else the push is refused and the old version keeps serving) and ``policy_version`` in the
+answer. A push is swapped in under the generation lock, so a completion is still produced by
+exactly one version; ``weight_version`` must be an integer, and an older version than the one
+served is refused.
+
+Rollout requests (what the ``openai`` engine sends; vLLM's OpenAI server reads the same names):
+``prompt`` may be a list of token ids (fed as given, no BOS added); ``stop_token_ids`` stop a
+choice too (kept as its last token); ``return_tokens_as_token_ids`` spells each
+``logprobs.tokens`` entry ``token_id:N``; ``return_routes`` (non-standard) adds each choice's
+``routes``: the experts of every token fed, prompt then generated, ``[T, n_layers, top_k]``.
+
 Released versions only (``released_only``): the server follows the run's eval events
 (``consumers.eval_log.ReleaseFollower``) and serves the newest version the eval role released
 (``rollout.evaluator``: the recipe's release rule held on the held-out set), never a newer
@@ -47,7 +63,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import torch
@@ -63,6 +79,7 @@ from rlstream.producers.settings import KafkaSettings
 from rlstream.rollout.model import Generation, PolicyConfig, build_policy, generate
 from rlstream.schemas import arrays, topics
 from rlstream.schemas.deltacodec import to_torch
+from rlstream.schemas.deltacodec_bits import from_torch, state_hash
 
 MIN_TEMPERATURE = 1e-3
 """A requested temperature of 0 samples at this temperature (and is recorded so)."""
@@ -76,7 +93,7 @@ class CompletionRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str = Field(..., min_length=1, max_length=128)
-    prompt: str = Field(..., max_length=16_384)
+    prompt: str | list[Annotated[int, Field(ge=0, lt=2**31)]] = Field(..., max_length=16_384)
     max_tokens: int = Field(32, ge=1, le=1024)
     temperature: float = Field(1.0, ge=0.0, le=10.0)
     n: int = Field(1, ge=1, le=64)
@@ -87,6 +104,23 @@ class CompletionRequest(BaseModel):
         le=MAX_LOGPROBS,
         description="Return each token's logprob and this many most likely alternatives.",
     )
+    stop_token_ids: list[Annotated[int, Field(ge=0, lt=2**31)]] = Field(
+        default_factory=list, max_length=64, description="Token ids that stop a choice too."
+    )
+    return_tokens_as_token_ids: bool = Field(
+        False, description="Spell logprobs tokens as token_id:N (as vLLM's server does)."
+    )
+    return_routes: bool = Field(False, description="Answer each choice's routed experts.")
+
+
+class UpdateWeightsRequest(BaseModel):
+    """``POST /update_weights_from_disk`` (SGLang's shape, plus ``state_hash``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model_path: str = Field(..., min_length=1, max_length=4096)
+    weight_version: str = Field(..., pattern=r"^[0-9]{1,12}$")
+    state_hash: str | None = Field(None, max_length=256)
 
 
 class NotRecorded(RuntimeError):
@@ -262,6 +296,7 @@ class PolicyServer:
         log: Callable[[str], None] | None = None,
         region: str = "trainer",
         record_timeout_s: float = 10.0,
+        weights: str = "kafka",
     ) -> None:
         self.run, self.model_name, self.region = run, model, region
         self.worker_id = f"serve-{socket.gethostname()}-{os.getpid()}"
@@ -276,18 +311,24 @@ class PolicyServer:
         self.lock = asyncio.Lock()
         self.releases = ReleaseFollower(settings, run, model) if released_only else None
         self.following = "released" if released_only else "newest"
-        self.subscriber = WeightSubscriber(settings, run, model)
-        self._raise_ceiling()
-        self.subscriber.start(interval=0.5)
+        self.subscriber: WeightSubscriber | None = None
+        if weights == "push":
+            self.following = "pushed"
+        else:
+            self.subscriber = WeightSubscriber(settings, run, model)
+            self._raise_ceiling()
+            self.subscriber.start(interval=0.5)
         self.swap_ms: list[float] = []
         self.log = log
 
     def _raise_ceiling(self) -> None:
-        if self.releases is not None:
+        if self.releases is not None and self.subscriber is not None:
             newest = self.releases.newest
             self.subscriber.ceiling = -1 if newest is None else newest
 
     def _swap(self) -> None:
+        if self.subscriber is None:
+            return
         self._raise_ceiling()
         snap = self.subscriber.current()
         if snap is None or snap.version <= self.version:
@@ -303,6 +344,33 @@ class PolicyServer:
             rec = self.releases.record(snap.version) if self.releases is not None else None
             why = f" (released: {rec['release_rule']})" if rec is not None else ""
             self.log(f"serving version {snap.version} of {self.model_name!r}{why}")
+
+    def push(self, req: UpdateWeightsRequest) -> int:
+        """Load the pushed HF directory, check its hash, swap it in (under the generation
+        lock: see the module rule "Pushed weights"); the version now served. ``ValueError``
+        when refused."""
+        from rlstream.rollout.hf_policy import load_hf  # transformers imports slowly
+
+        version = int(req.weight_version)
+        if version < self.version:
+            raise ValueError(f"version {version} is older than the one served ({self.version})")
+        started = time.perf_counter()
+        try:
+            policy, _ = load_hf(req.model_path)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"cannot load {req.model_path}: {exc}") from exc
+        state = {k: v.detach() for k, v in policy.state_dict().items()}
+        if req.state_hash is not None:
+            got = state_hash(from_torch(state))
+            if got != req.state_hash:
+                raise ValueError(f"state hash {got} is not the pushed {req.state_hash}")
+        with torch.no_grad():
+            self.model.load_state_dict(state)
+        self.version = version
+        self.swap_ms.append((time.perf_counter() - started) * 1000)
+        if self.log is not None:
+            self.log(f"serving pushed version {version} of {self.model_name!r}")
+        return version
 
     def complete(self, req: CompletionRequest) -> dict[str, Any]:
         """Generate, record (see the module rule "Recorded"), then answer."""
@@ -325,7 +393,12 @@ class PolicyServer:
         if self.version < 0:
             what = "released by the eval role" if self.releases is not None else "published"
             raise LookupError(f"no policy version has been {what} for this run yet")
-        ids = [task_family.BOS, *task_family.encode(req.prompt)]
+        if isinstance(req.prompt, str):
+            ids = [task_family.BOS, *task_family.encode(req.prompt)]
+        else:
+            ids = list(req.prompt)
+            if any(t >= self.model.cfg.vocab_size for t in ids):
+                raise ValueError(f"prompt: a token id is not below {self.model.cfg.vocab_size}")
         fed = ids[-(self.model.cfg.max_seq_len - 1) :]
         seed = req.seed if req.seed is not None else secrets.randbelow(2**31)
         temperature = max(req.temperature, MIN_TEMPERATURE)
@@ -336,7 +409,7 @@ class PolicyServer:
             req.max_tokens,
             temperature,
             torch.Generator().manual_seed(seed),
-            stop_ids=(task_family.EOS,),
+            stop_ids=(task_family.EOS, *req.stop_token_ids),
             top_n=req.logprobs or 0,
         )
         width = arrays.expert_bytes_for(self.model.cfg.n_experts)
@@ -382,14 +455,17 @@ class PolicyServer:
             logprobs = None
             if req.logprobs is not None:
                 logprobs = choice_logprobs(choice, task_family.decode)
-            body.append(
-                {
-                    "index": i,
-                    "text": text,
-                    "logprobs": logprobs,
-                    "finish_reason": "stop" if choice.stopped else "length",
-                }
-            )
+                if req.return_tokens_as_token_ids:
+                    logprobs["tokens"] = [f"token_id:{t}" for t in choice.token_ids]
+            answer = {
+                "index": i,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": "stop" if choice.stopped else "length",
+            }
+            if req.return_routes:
+                answer["routes"] = choice.routes.tolist()
+            body.append(answer)
         prompt_tokens = len(choices[0].prompt_ids)
         completion_tokens = sum(len(c.token_ids) for c in choices)
         return {
@@ -411,7 +487,8 @@ class PolicyServer:
 
     def close(self) -> None:
         try:
-            self.subscriber.close()
+            if self.subscriber is not None:
+                self.subscriber.close()
             if self.releases is not None:
                 self.releases.close()
         finally:
@@ -451,7 +528,35 @@ def make_app(server: PolicyServer) -> web.Application:
             return web.json_response(
                 {"error": {"message": str(exc)}}, status=503, headers={"Retry-After": "2"}
             )
+        except ValueError as exc:  # e.g. a prompt token id outside the vocabulary
+            return _error(422, str(exc), "prompt")
         return web.json_response(result)
+
+    async def update_weights(request: web.Request) -> web.Response:
+        if server.subscriber is not None:
+            return _error(
+                409,
+                "this server follows the weight stream (start it with --weights "
+                "push to push weights)",
+            )
+        try:
+            req = UpdateWeightsRequest.model_validate(await request.json())
+        except (ValueError, ValidationError) as exc:
+            return _error(422, f"bad update request: {exc}")
+        loop = asyncio.get_running_loop()
+        async with server.lock:  # never while a completion is generated
+            try:
+                version = await loop.run_in_executor(None, server.push, req)
+            except ValueError as exc:
+                body = {"success": False, "message": str(exc), "policy_version": server.version}
+                return web.json_response(body, status=400)
+        body = {
+            "success": True,
+            "message": f"serving version {version}",
+            "num_paused_requests": 0,
+            "policy_version": version,
+        }
+        return web.json_response(body)
 
     async def models(request: web.Request) -> web.Response:
         return web.json_response(
@@ -477,4 +582,5 @@ def make_app(server: PolicyServer) -> web.Application:
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/healthz", healthz)
+    app.router.add_post("/update_weights_from_disk", update_weights)
     return app
