@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
@@ -42,6 +43,10 @@ TOKEN_ID_PREFIX = "token_id:"
 
 class EngineError(RuntimeError):
     """The engine could not generate or take a version (unreachable, refused, inconsistent)."""
+
+
+class Unreachable(EngineError):
+    """No answer at all from the server (refused connection, timeout)."""
 
 
 @dataclass(frozen=True)
@@ -106,8 +111,10 @@ def _post(url: str, body: Mapping[str, Any], timeout: float) -> dict[str, Any]:
             return dict(json.loads(resp.read()))
     except urllib.error.HTTPError as err:
         raise EngineError(f"{url}: HTTP {err.code}: {err.read()[:500]!r}") from err
-    except (urllib.error.URLError, OSError, ValueError) as err:
-        raise EngineError(f"{url}: {err}") from err
+    except (urllib.error.URLError, OSError) as err:
+        raise Unreachable(f"{url}: {err}") from err
+    except ValueError as err:
+        raise EngineError(f"{url}: the answer is not JSON: {err}") from err
 
 
 def token_id(text: str) -> int:
@@ -151,7 +158,8 @@ class OpenAIEngine:
     ``load_format`` left out; answer ``success``, ``message``), the one RL frameworks use to
     reload weights. rlstream adds ``state_hash`` to the body (the server checks what it loaded
     against it) and reads ``policy_version`` from the answer when it is there: a version counts
-    as pushed only when the server answered success (and, if it says, that version). Older
+    as pushed only when the server answered success (and, if it says, that version); an
+    unreachable server is retried for up to ``timeout_s`` (it may still be starting). Older
     version directories are removed; the newest two are kept.
     """
 
@@ -206,7 +214,15 @@ class OpenAIEngine:
             "weight_version": str(version),
             "state_hash": state_hash,
         }
-        answer = _post(f"{self.url.rstrip('/')}{UPDATE_PATH}", body, self.timeout_s)
+        deadline = time.monotonic() + self.timeout_s
+        while True:  # a server still starting (or restarting) is waited for, up to timeout_s
+            try:
+                answer = _post(f"{self.url.rstrip('/')}{UPDATE_PATH}", body, self.timeout_s)
+                break
+            except Unreachable:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
         if not answer.get("success"):
             raise EngineError(f"the server refused version {version}: {answer.get('message')}")
         if int(answer.get("policy_version", version)) != version:

@@ -124,3 +124,36 @@ def test_served_record_is_a_trajectory_keyed_by_the_request_id() -> None:
         assert details["choice"] == str(row) and details["logprobs"] == "3"
         status = "completed" if bool(out.stopped[row]) else "max_tokens"
         assert decoded["outcome"]["status"] == status
+
+
+def test_a_pushed_version_is_served_only_if_it_hashes_to_what_the_caller_says(tmp_path) -> None:
+    from rlstream.producers.settings import KafkaSettings
+    from rlstream.rollout.hf_policy import save_state_hf
+    from rlstream.rollout.serve import PolicyServer, UpdateWeightsRequest
+    from rlstream.schemas.deltacodec_bits import from_torch, state_hash
+
+    nowhere = KafkaSettings(bootstrap_servers="127.0.0.1:1")  # pushing needs no broker
+    server = PolicyServer(nowhere, "r1", "policy", POLICY, weights="push", record_timeout_s=0.1)
+    try:
+        assert server.subscriber is None and server.following == "pushed"
+        new = POLICY.model_copy(update={"seed": 3})
+        state = {k: v.detach().bfloat16() for k, v in build_policy(new).state_dict().items()}
+        save_state_hf(POLICY, state, tmp_path / "v1")
+        good = state_hash(from_torch(state))
+        with pytest.raises(ValueError, match="hash"):
+            server.push(
+                UpdateWeightsRequest(
+                    model_path=str(tmp_path / "v1"), weight_version="1", state_hash="0" * len(good)
+                )
+            )
+        assert server.version == -1
+        req = UpdateWeightsRequest(
+            model_path=str(tmp_path / "v1"), weight_version="1", state_hash=good
+        )
+        assert server.push(req) == 1 and server.version == 1
+        served = {k: v.bfloat16() for k, v in server.model.state_dict().items()}
+        assert state_hash(from_torch(served)) == good
+        with pytest.raises(ValueError, match="older"):
+            server.push(req.model_copy(update={"weight_version": "0"}))
+    finally:
+        server.close()
