@@ -9,7 +9,8 @@ GRPO take it unchanged. Rules this module guarantees:
   Without ``forced_routes`` the routes are each block's own router top-k, and the output is
   exactly that of the unwrapped model (the same router and experts modules run on the same
   inputs).
-- Router replay: with ``forced_routes`` every MoE block sends each token to exactly those experts.
+- Router replay: with ``forced_routes`` every MoE block sends each token to exactly those experts
+  (a token whose forced routes are -1, recorded without routes, keeps the router's own top-k).
   Their gate weights are the router's softmax (float32) gathered at the forced experts and, when
   the config's ``norm_topk_prob`` is set (it is in Qwen3-MoE checkpoints), divided by their sum:
   the formula of transformers' ``Qwen3MoeTopKRouter`` with the forced experts in place of its
@@ -167,7 +168,9 @@ class ReplayMoeBlock(Qwen3MoeSparseMoeBlock):
         probs = F.linear(flat, self.gate.weight).softmax(dim=-1, dtype=torch.float32)
         _, weights, routes = self.gate(flat)  # always run: transformers' router hooks see it
         if self.forced is not None:
-            routes = self.forced.reshape(b * t, -1).long()
+            forced = self.forced.reshape(b * t, -1).long()
+            free = forced[:, :1] < 0  # a token recorded without routes keeps the router's own
+            routes = torch.where(free, routes, forced)
             chosen = probs.gather(-1, routes)
             if self.gate.norm_topk_prob:
                 chosen = chosen / chosen.sum(dim=-1, keepdim=True)
@@ -301,8 +304,8 @@ class HFPolicy(nn.Module):
         want = (b, t, self.cfg.n_layers, self.cfg.top_k)
         if tuple(forced.shape) != want:
             raise ValueError(f"forced_routes must have shape {want}, got {tuple(forced.shape)}")
-        if forced.numel() and (int(forced.min()) < 0 or int(forced.max()) >= self.cfg.n_experts):
-            raise ValueError(f"forced expert ids must lie in [0, {self.cfg.n_experts})")
+        if forced.numel() and (int(forced.min()) < -1 or int(forced.max()) >= self.cfg.n_experts):
+            raise ValueError(f"forced expert ids must lie in [0, {self.cfg.n_experts}) or be -1")
 
     def _to_hf_cache(self, cache: KVCache) -> DynamicCache:
         """A transformers cache holding ``cache``'s keys/values (one list entry per layer)."""

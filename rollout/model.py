@@ -7,7 +7,8 @@ Rules this module guarantees:
 - Router replay: with ``forced_routes`` the layer uses exactly those experts; the gate weights are
   the router's softmax restricted to them and renormalised (the same formula as free routing), and
   only the chosen experts' outputs are gathered, so no gradient reaches an expert that did not
-  process the token.
+  process the token. A token whose forced routes are -1 (recorded without routes) is routed by
+  the router itself.
 - ``generate`` samples a batch (the G samples of a group share one prompt) with a KV cache and
   records, for every token fed through the model (prompt and generated), the experts used, and for
   every generated token its behaviour logprob (float32, under the sampling temperature) and, when
@@ -149,7 +150,10 @@ class MoE(nn.Module):
         zero gradient from tokens it did not process.
         """
         probs = self.router(x).float().softmax(dim=-1)
-        routes = probs.topk(self.top_k, dim=-1).indices if forced is None else forced.long()
+        routes = probs.topk(self.top_k, dim=-1).indices
+        if forced is not None:  # -1: a token recorded without routes keeps the router's own
+            forced = forced.long()
+            routes = torch.where(forced[..., :1] < 0, routes, forced)
         gates = probs.gather(-1, routes)
         gates = (gates / gates.sum(dim=-1, keepdim=True)).to(x.dtype)
         b, t, d = x.shape

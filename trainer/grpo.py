@@ -148,12 +148,18 @@ def make_batch(
     """Stack ``sequences`` (each with its sample's advantage) into a right-padded batch.
 
     Rule: padding has token ``pad_id``, mask 0, logprob 0 and routes ``0..K-1`` (any valid
-    experts: right padding never influences earlier positions under causal attention).
+    experts: right padding never influences earlier positions under causal attention). A
+    sequence recorded without routes (an inference engine that does not report them) gets routes
+    -1: the learner's forward routes those tokens freely; a batch in which no sequence has routes
+    has routes of 0 layers and is not replayed.
     """
     if len(sequences) != len(advantages) or not sequences:
         raise ValueError("need one advantage per sequence, and at least one sequence")
     width = max(len(s.token_ids) for s in sequences)
-    n_layers, top_k = sequences[0].routes.shape[1:]
+    shapes = {s.routes.shape[1:] for s in sequences if s.routes.size}
+    if len(shapes) > 1:
+        raise ValueError(f"sequences disagree on routes' (layers, top_k): {sorted(shapes)}")
+    n_layers, top_k = shapes.pop() if shapes else (0, 0)
     b = len(sequences)
     tokens = torch.full((b, width), pad_id, dtype=torch.long)
     logp = torch.zeros(b, width)
@@ -164,7 +170,7 @@ def make_batch(
         tokens[i, :n] = torch.from_numpy(s.token_ids.astype(np.int64))
         logp[i, :n] = torch.from_numpy(s.logprobs.astype(np.float32))
         mask[i, :n] = torch.from_numpy(s.loss_mask.astype(np.float32))
-        routes[i, :n] = torch.from_numpy(s.routes.astype(np.int64))
+        routes[i, :n] = torch.from_numpy(s.routes.astype(np.int64)) if s.routes.size else -1
     return GrpoBatch(
         tokens, logp, mask, routes, torch.tensor(list(advantages), dtype=torch.float32)
     )
@@ -187,7 +193,8 @@ def grpo_step(
     is 0 contribute no gradient but still count their tokens in the denominator.
     """
     model.train()
-    forced = batch.routes if cfg.router_replay else None
+    replay = cfg.router_replay and batch.routes.shape[2] > 0
+    forced = batch.routes if replay else None
     logp_cur, routes = sequence_logprobs(model, batch.tokens, forced, cfg.temperature)
     loss, stats = policy_gradient_loss(
         logp_cur, batch.behaviour_logprobs, batch.advantages, batch.loss_mask, cfg.is_cap
@@ -201,8 +208,14 @@ def grpo_step(
         raise NonFiniteStep(f"loss {float(loss)}, gradient norm {float(grad_norm)}")
     optimizer.step()
     with torch.no_grad():
-        inputs_mask = batch.loss_mask[:, 1:] > 0  # routes of the inputs that produced the tokens
-        differs = (routes != batch.routes[:, :-1]).flatten(2).any(-1)
+        # routes of the inputs that produced the tokens, where they were recorded
+        recorded = batch.routes[:, :-1]
+        inputs_mask = batch.loss_mask[:, 1:] > 0
+        if recorded.shape[2] > 0:
+            inputs_mask = inputs_mask & (recorded[..., 0, 0] >= 0)
+            differs = (routes != recorded).flatten(2).any(-1)
+        else:
+            differs = torch.zeros_like(inputs_mask)
         mismatch = float(differs[inputs_mask].float().mean()) if inputs_mask.any() else 0.0
     stats.update(loss=float(loss.detach()), grad_norm=float(grad_norm), route_mismatch=mismatch)
     return stats

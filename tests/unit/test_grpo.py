@@ -143,3 +143,35 @@ def test_a_step_on_a_nan_logprob_is_refused_and_changes_nothing() -> None:
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     after = opt.state_dict()["state"][0]
     assert all(torch.equal(moments[k], after[k]) for k in moments)
+
+
+def _without_routes(batch: grpo.GrpoBatch, rows: list[int]) -> grpo.GrpoBatch:
+    """The batch re-made with the sequences of ``rows`` recorded without routes (an engine that
+    does not report them)."""
+    seqs = []
+    for b in range(batch.tokens.shape[0]):
+        n = int((batch.tokens[b] != 0).sum())
+        routes = batch.routes[b, :n].numpy().astype(np.uint8)
+        seqs.append(
+            grpo.TrainSequence(
+                batch.tokens[b, :n].numpy().astype(np.int32),
+                batch.behaviour_logprobs[b, :n].numpy(),
+                batch.loss_mask[b, :n].numpy().astype(np.uint8),
+                np.zeros((n, 0, 0), np.uint8) if b in rows else routes,
+            )
+        )
+    return grpo.make_batch(seqs, batch.advantages.tolist())
+
+
+@pytest.mark.parametrize("rows", [[1, 2], [0, 1, 2, 3]])
+def test_sequences_without_routes_are_routed_freely(rows: list[int]) -> None:
+    model = build_policy(CFG)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    batch = _without_routes(_rollout_batch(model), rows)
+    if len(rows) == 4:
+        assert batch.routes.shape[2] == 0  # nothing to replay
+    else:
+        assert bool((batch.routes[rows] == -1).all()) and bool((batch.routes[[0, 3]] >= 0).all())
+    stats = grpo.grpo_step(model, opt, batch, grpo.GrpoConfig())
+    # same weights, fp32: the learner's free routing is the sampler's, so still on-policy
+    assert stats["logprob_mae"] < 1e-4 and stats["route_mismatch"] == 0.0
