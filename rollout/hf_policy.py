@@ -63,7 +63,7 @@ from transformers.cache_utils import DynamicCache
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
 from rlstream.envs import tasks
-from rlstream.rollout.model import KVCache, PolicyConfig
+from rlstream.rollout.model import KVCache, PolicyConfig, load_balance_loss
 
 # ---------------------------------------------------------------- tokenizer
 
@@ -323,13 +323,7 @@ class HFPolicy(nn.Module):
         The formula of ``Policy.load_balance_loss`` (load normalised by top_k, so it is
         transformers' ``load_balancing_loss_func`` divided by top_k).
         """
-        total = torch.zeros(())
-        for probs in self.last_router_probs:
-            e = probs.shape[-1]
-            top = probs.topk(self.cfg.top_k, dim=-1).indices
-            load = F.one_hot(top, e).float().sum(dim=-2).mean(dim=(0, 1)) / self.cfg.top_k
-            total = total + e * (load * probs.mean(dim=(0, 1))).sum()
-        return total / max(len(self.last_router_probs), 1)
+        return load_balance_loss(self.last_router_probs, self.cfg.top_k)
 
 
 def build_hf_policy(config: Qwen3MoeConfig, seed: int = 0) -> HFPolicy:
@@ -379,14 +373,16 @@ def save_state_hf(cfg: PolicyConfig, state: Mapping[str, Tensor], path: str | Pa
     """Write the policy of ``cfg`` holding exactly ``state`` (a published state: tied duplicates
     left out, all of one dtype) as an HF directory, in that dtype, so the saved tensors have the
     state's bits. The tokenizer is ``cfg.hf_dir``'s, else :func:`char_tokenizer`."""
-    policy = policy_from_config(cfg)
+    if cfg.hf_dir is not None:  # its model and tokenizer, read from disk once
+        policy, tokenizer = load_hf(cfg.hf_dir)
+    else:
+        policy, tokenizer = policy_from_config(cfg), char_tokenizer()
     dtypes = {t.dtype for t in state.values()}
     if len(dtypes) != 1:
         raise ValueError(f"a published state has one dtype, got {sorted(map(str, dtypes))}")
     policy = policy.to(dtypes.pop())
     with torch.no_grad():
         policy.load_state_dict(state)
-    tokenizer = load_hf(cfg.hf_dir)[1] if cfg.hf_dir is not None else char_tokenizer()
     save_hf(policy, tokenizer, path)
 
 

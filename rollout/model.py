@@ -226,14 +226,20 @@ class Policy(nn.Module):
         return logits, torch.stack(routes, dim=2)
 
     def load_balance_loss(self) -> Tensor:
-        """Switch-style auxiliary loss of the last forward: E * sum_e(load_e * prob_e)."""
-        total = torch.zeros(())
-        for probs in self.last_router_probs:
-            e = probs.shape[-1]
-            top = probs.topk(self.cfg.top_k, dim=-1).indices
-            load = F.one_hot(top, e).float().sum(dim=-2).mean(dim=(0, 1)) / self.cfg.top_k
-            total = total + e * (load * probs.mean(dim=(0, 1))).sum()
-        return total / max(len(self.last_router_probs), 1)
+        """Switch-style auxiliary loss of the last forward (``load_balance_loss``)."""
+        return load_balance_loss(self.last_router_probs, self.cfg.top_k)
+
+
+def load_balance_loss(router_probs: list[Tensor], top_k: int) -> Tensor:
+    """Switch-style auxiliary loss over the MoE layers' router probabilities ``[B, T, E]``:
+    E * sum_e(load_e * prob_e), load normalised by ``top_k``, averaged over the layers."""
+    total = torch.zeros(())
+    for probs in router_probs:
+        e = probs.shape[-1]
+        top = probs.topk(top_k, dim=-1).indices
+        load = F.one_hot(top, e).float().sum(dim=-2).mean(dim=(0, 1)) / top_k
+        total = total + e * (load * probs.mean(dim=(0, 1))).sum()
+    return total / max(len(router_probs), 1)
 
 
 PolicyModel: TypeAlias = "Policy | HFPolicy"
