@@ -364,8 +364,8 @@ def final_model(
     settings: KafkaSettings, run: str, config: Any, version: int, out: Path, timeout: float = 120
 ) -> dict[str, Any]:
     """The run's final policy: ``final_version``, ``final_state_hash`` (the learner's, as in the
-    manifest) and ``model_dir`` (``out/model``, or None for the homemade architecture or when no
-    version at or past ``version`` could be read back)."""
+    manifest) and ``model_dir`` (``out/model``, or None when no version at or past
+    ``version`` could be read back)."""
     from rlstream.consumers.weights import WeightSubscriber
     from rlstream.schemas.deltacodec_bits import state_hash, to_torch
 
@@ -374,8 +374,6 @@ def final_model(
     if snap is None or snap.version < version:
         return {"final_version": None, "final_state_hash": None, "model_dir": None}
     result = {"final_version": snap.version, "final_state_hash": state_hash(snap.state)}
-    if config.policy.architecture == "rlstream-moe":
-        return {**result, "model_dir": None}
     from rlstream.rollout.hf_policy import save_state_hf
 
     save_state_hf(config.policy, to_torch(snap.state), out / "model")
