@@ -1,8 +1,8 @@
 """A Hugging Face transformers causal LM as the rlstream policy, with MoE router replay.
 
-``HFPolicy`` wraps a transformers causal LM (Qwen3-MoE first) and keeps the contract of
-:class:`rlstream.rollout.model.Policy`, so ``generate``, ``sequence_logprobs``, the harness and
-GRPO take it unchanged. Rules this module guarantees:
+``HFPolicy`` wraps a transformers causal LM (Qwen3-MoE first) and keeps the policy contract of
+:mod:`rlstream.rollout.model` (``PolicyModel``), so ``generate``, ``sequence_logprobs``, the
+harness and GRPO take it. Rules this module guarantees:
 
 - ``forward(tokens, forced_routes=None, cache=None)`` returns ``(logits, routes)``: logits float32
   ``[B, T, V]``, routes int64 ``[B, T, L, K]`` with ``L`` the model's MoE blocks in layer order.
@@ -26,11 +26,12 @@ GRPO take it unchanged. Rules this module guarantees:
   per-expert checkpoint names, and loading fuses them again.)
 - ``cache`` is a :class:`rlstream.rollout.model.KVCache`: per decoder layer keys/values
   ``[B, kv_heads, T, head_dim]`` (rotary positions applied), ``length`` positions filled, extended
-  in place; ``KVCache.select`` works on it as it does for ``Policy``.
+  in place; ``KVCache.select`` works on it.
 - ``char_tokenizer()`` is a tokenizers-backed HF tokenizer whose ids equal
   :func:`rlstream.envs.tasks.encode` for every string, saved and reloaded with the model.
-- Like ``Policy`` (``last_router_probs``), an instance runs one forward at a time: the forced
-  routes and the recorded routes sit on its blocks for the duration of a forward.
+- An instance runs one forward at a time: the forced routes and the recorded routes sit on its
+  blocks for the duration of a forward (``last_router_probs`` keeps the last one's router
+  probabilities).
 - Tied weights are held once: ``state_dict()`` leaves out every parameter that is another
   parameter under a second name (Qwen3-MoE's ``lm_head.weight`` is ``model.embed_tokens.weight``
   when ``tie_word_embeddings``), so published states, deltas and checkpoints carry the tensor
@@ -209,7 +210,7 @@ class PolicyShape:
 
 
 class HFPolicy(nn.Module):
-    """A transformers causal LM behind the ``Policy`` contract (see the module docstring).
+    """A transformers causal LM behind the policy contract (see the module docstring).
 
     Its children are the wrapped model's children (``model``, ``lm_head``), so its parameter
     names are transformers' own. The wrapped model stays reachable as ``hf`` for saving; wrapping
@@ -320,8 +321,8 @@ class HFPolicy(nn.Module):
     def load_balance_loss(self) -> Tensor:
         """Switch-style auxiliary loss of the last forward: E * sum_e(load_e * prob_e).
 
-        The formula of ``Policy.load_balance_loss`` (load normalised by top_k, so it is
-        transformers' ``load_balancing_loss_func`` divided by top_k).
+        ``rollout.model.load_balance_loss`` (load normalised by top_k, so it is transformers'
+        ``load_balancing_loss_func`` divided by top_k).
         """
         return load_balance_loss(self.last_router_probs, self.cfg.top_k)
 
@@ -338,11 +339,9 @@ def build_hf_policy(config: Qwen3MoeConfig, seed: int = 0) -> HFPolicy:
 
 
 def policy_from_config(cfg: PolicyConfig) -> HFPolicy:
-    """The policy ``build_policy`` makes for ``cfg.architecture == "qwen3_moe"``: the local
+    """The policy ``build_policy`` makes (``cfg.architecture == "qwen3_moe"``): the local
     ``cfg.hf_dir`` as float32 (the learner's master precision), or else a tiny Qwen3-MoE of the
     config's shape (key/value heads = ``n_heads``), initialised from ``cfg.seed``."""
-    if cfg.architecture != "qwen3_moe":
-        raise ValueError(f"not an HF architecture: {cfg.architecture}")
     if cfg.hf_dir is not None:
         policy, _ = load_hf(cfg.hf_dir)
         return policy.float()

@@ -301,10 +301,6 @@ def make_engine(cfg: RolloutConfig) -> OpenAIEngine | None:
     """The remote engine of ``cfg`` (None for ``torch``: the worker's own model generates)."""
     if cfg.engine == "torch":
         return None
-    if cfg.policy.architecture != "qwen3_moe":
-        raise ValueError(
-            "rollout.engine=openai pushes HF directories: needs policy.architecture=qwen3_moe"
-        )
     assert cfg.engine_url is not None
     folder = cfg.engine_weights_dir or tempfile.mkdtemp(prefix="rlstream-weights-")
     Path(folder).mkdir(parents=True, exist_ok=True)

@@ -42,12 +42,6 @@ def register_bench(bench_subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of tasks and sampling")
     p.add_argument("--warm-steps", type=int, default=150, help="warm-start steps before measuring")
     p.add_argument("--cache", default=None, help="warm-start cache file")
-    p.add_argument(
-        "--architecture",
-        default=None,
-        choices=["rlstream-moe", "qwen3_moe"],
-        help="policy architecture (default: policy.architecture's default)",
-    )
     p.add_argument("--json", action="store_true", help="last stdout line is a JSON object")
     p.set_defaults(func=_main)
 
@@ -73,10 +67,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     started = time.perf_counter()
-    arch = getattr(args, "architecture", None)
-    policy_cfg = PolicyConfig(
-        vocab_size=tasks.VOCAB_SIZE, **({"architecture": arch} if arch else {})
-    )
+    policy_cfg = PolicyConfig(vocab_size=tasks.VOCAB_SIZE)
     ws = WarmStartConfig(steps=getattr(args, "warm_steps", 150), seed=args.seed)
     model = warm_start(policy_cfg, ws, getattr(args, "cache", None), _progress)
     rollout = Rollout(model, HarnessConfig(max_new_tokens=48, inference_dtype="bfloat16"))

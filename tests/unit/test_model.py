@@ -1,4 +1,5 @@
-"""The MoE policy: shapes, determinism, router replay, generation with a KV cache."""
+"""The policy contract through ``build_policy`` (a tiny Qwen3-MoE): shapes, determinism, router
+replay, generation with a KV cache."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from rlstream.rollout.model import (
 )
 
 CFG = PolicyConfig(
-    architecture="rlstream-moe",
     vocab_size=32,
     max_seq_len=48,
     d_model=32,
@@ -66,6 +66,16 @@ def test_config_is_strict() -> None:
         PolicyConfig(top_k=0)
 
 
+def test_the_removed_homemade_architecture_is_refused_by_name() -> None:
+    with pytest.raises(
+        pydantic.ValidationError, match="homemade `rlstream-moe` policy was removed"
+    ):
+        PolicyConfig(architecture="rlstream-moe")  # type: ignore[arg-type]
+    with pytest.raises(pydantic.ValidationError, match="qwen3_moe"):
+        PolicyConfig(architecture="llama")  # type: ignore[arg-type]
+    assert PolicyConfig().architecture == "qwen3_moe"
+
+
 def test_forced_routes_equal_to_free_routes_reproduce_bit_exact() -> None:
     model = build_policy(CFG)
     x = _tokens(2, 12)
@@ -83,8 +93,8 @@ def test_forced_routes_are_obeyed_and_unused_experts_get_zero_gradient() -> None
     logits, routes = model(x, forced_routes=forced)
     assert torch.equal(routes, forced)
     logits.square().mean().backward()
-    for block in model.blocks:
-        for w in (block.moe.w_in, block.moe.w_out):
+    for layer in model.model.layers:
+        for w in (layer.mlp.experts.gate_up_proj, layer.mlp.experts.down_proj):
             assert w.grad is not None
             assert torch.count_nonzero(w.grad[2:]) == 0, "experts 2, 3 never saw a token"
             assert torch.count_nonzero(w.grad[:2]) > 0
