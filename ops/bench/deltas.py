@@ -14,8 +14,9 @@ Workloads (``--workloads``), each giving one case per learning rate:
   prediction over the Python sources of this package. Then, per learning rate, one more real
   Adam step (gradient of a fresh batch, the pretraining moments carried over, the case's lr):
   the bf16 casts of the master weights before and after.
-- ``learner``: the project's own learner: the ``rollout.model.Policy`` warm start of
-  ``trainer.warmstart`` (``--learner-warm-steps`` steps), then ``--learner-steps`` GRPO steps
+- ``learner``: the project's own learner: the policy of ``LearnerConfig().policy`` (the tiny
+  Qwen3-MoE of ``rollout.hf_policy``) warm-started by ``trainer.warmstart``
+  (``--learner-warm-steps`` steps), then ``--learner-steps`` GRPO steps
   (``trainer.grpo.grpo_step`` on groups sampled from the policy itself and scored in the
   sandbox, as ``trainer.local_loop`` collects them) with the learner's optimizer (Adam, lr 5e-4,
   betas 0.9/0.98, ``trainer.learner_step``); each version is what the learner publishes
@@ -333,7 +334,7 @@ def _learner(args: argparse.Namespace) -> Iterator[tuple[float, list[Pair], str]
         scorer.close()
     params = sum(p.numel() for p in model.parameters())
     what = (
-        f"the project's Policy ({params:,} params, MoE), warm start {args.learner_warm_steps}"
+        f"the project's Qwen3-MoE policy ({params:,} params), warm start {args.learner_warm_steps}"
         f" steps then {args.learner_steps} GRPO steps of the learner's Adam; consecutive"
         " published bf16 versions"
     )
