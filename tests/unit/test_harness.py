@@ -23,8 +23,8 @@ from rlstream.rollout.harness import (
 from rlstream.rollout.model import (
     Generation,
     KVCache,
-    Policy,
     PolicyConfig,
+    PolicyModel,
     build_policy,
     sequence_logprobs,
 )
@@ -48,7 +48,7 @@ def scripted(replies: list[list[int]]) -> Callable[..., Generation]:
     queue = list(replies)
 
     def fake(
-        model: Policy,
+        model: PolicyModel,
         context: torch.Tensor,
         max_new: int,
         temperature: float,
@@ -78,7 +78,7 @@ def scripted(replies: list[list[int]]) -> Callable[..., Generation]:
     return fake
 
 
-def _check_aligned(s: Sample, model: Policy) -> None:
+def _check_aligned(s: Sample, model: PolicyModel) -> None:
     """Arrays aligned; each segment replays to its recorded logprobs (fp32 inference)."""
     t = len(s.token_ids)
     assert s.token_ids.dtype == np.int32 and s.logprobs.dtype == np.float32
