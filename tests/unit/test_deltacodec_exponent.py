@@ -272,3 +272,29 @@ def test_changes_window_keeps_the_encoder_consistent() -> None:
     enc = dc.encode_delta(old, new, version=1, base_version=0, max_chunk_bytes=8_000)
     assert len(enc.chunks) > 3 and "exponent" in enc.manifest["tensors"][0]["encoding"]
     assert dc.same_state(dc.decode(enc.manifest, enc.chunks, old), new)
+
+
+def _golden_states(stem: str, tags: dict[str, str]) -> tuple[dict[str, TensorBits], ...]:
+    arrays = np.load(DATA / f"{stem}-states.npz")
+    return tuple(
+        {
+            k[len(side) :]: TensorBits.from_numpy(arrays[k], tags.get(k[len(side) :], "bfloat16"))
+            for k in arrays
+            if k.startswith(side)
+        }
+        for side in ("old.", "new.")
+    )
+
+
+def test_exponent_pieces_of_the_first_exponent_encoder_still_decode() -> None:
+    """Golden bytes with ``exponent`` pieces (encoding 6), written before ``exponent2``
+    existed (``make_exponent_golden.py``): decoded and applied in place, bit for bit."""
+    enc = dfile.unpack((DATA / "exponent-delta.rlwd").read_bytes())
+    tags = {"c.f16": "float16", "d.f32": "float32", "e.f64": "float64"}
+    old, new = _golden_states("exponent-delta", tags)
+    assert len(enc.chunks) == 4
+    pieces = [p for t in enc.manifest["tensors"] for p in t["pieces"]]
+    assert sum(p[3] == "exponent" for p in pieces) >= 2
+    assert dc.same_state(dc.decode(enc.manifest, enc.chunks, old), new)
+    held = {k: TensorBits(t.dtype, t.shape, t.bits.copy()) for k, t in old.items()}
+    assert dc.same_state(dc.apply_in_place(enc.manifest, enc.chunks, held), new)
