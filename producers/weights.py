@@ -52,6 +52,17 @@ Rules (pure, unit-tested):
   more than the newest epoch among the run's manifests, set by the learner when it starts), so
   readers can refuse a manifest of an older incarnation (``consumers.manifest_log``).
 
+Sharded (``ranks``, a learner of N ranks on torch.distributed): every rank holds a publisher
+and calls ``publish_version`` with the same version and the whole state; each encodes only its
+shard (``weight_shards.shard_names``: contiguous, size-balanced ranges of the sorted names) and
+writes its chunks with its own chunk producer, numbered rank after rank and placed by the same
+round-robin rule as if one publisher wrote them all. The ranks then exchange (``ranks.
+all_gather``) their chunk refs once every chunk is acknowledged; rank 0 alone holds the
+transactional producer and commits the manifest naming every rank's chunks with the offsets
+(``weight_shards.merge_shards``: the same wire format, so subscribers need not know), then
+tells the ranks whether it committed. A rank that fails (or dies) fails the version on every
+rank before any manifest exists; its chunks already written are orphans, never applied.
+
 The records themselves (``WeightChunk``, ``WeightManifest``, and how the codec manifest maps to
 them) are the wire format, owned by ``schemas.weight_format``; which chunks may be deleted is
 the retention rule, owned by ``producers.weight_retention`` (``WeightPublisher.prune`` applies it
@@ -66,13 +77,14 @@ import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from confluent_kafka import KafkaError, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from rlstream.producers import weight_retention
 from rlstream.producers.producer import DeliveryError, EventProducer
+from rlstream.producers.weight_shards import ShardLayout, merge_shards, shard_names, shard_part
 from rlstream.producers.weight_signing import Signer
 from rlstream.schemas import deltacodec as codec
 from rlstream.schemas import events, topics
@@ -116,13 +128,25 @@ def chunk_partitions(start: int, count: int, partitions: int) -> list[int]:
 # --- the publisher ---------------------------------------------------------------------------
 
 
+class Ranks(Protocol):
+    """The ranks publishing together (``trainer.distributed`` implements it on
+    torch.distributed): this one's rank, their number, and an all-gather of small objects that
+    every rank calls in the same order."""
+
+    rank: int
+    world: int
+
+    def all_gather(self, obj: Any) -> list[Any]: ...
+
+
 @dataclass(frozen=True)
 class _Published:
-    """What the next delta is computed against."""
+    """What the next delta is computed against (``state``: this rank's shard when sharded)."""
 
     version: int
     state: State
     keyframe_version: int | None
+    state_hash: str | None = None  # the whole state's (sharded publishers only)
 
 
 @dataclass(frozen=True)
@@ -195,6 +219,7 @@ class WeightPublisher:
         signer: Signer | None = None,
         epoch: int = 0,
         chunk_producer: EventProducer | None = None,
+        ranks: Ranks | None = None,
     ) -> None:
         publish_kinds(0, keyframe_every, False)  # validates keyframe_every
         self.producer, self.run, self.model = producer, run, model
@@ -208,6 +233,8 @@ class WeightPublisher:
         # SIGNING_KEY, or unsigned when that is not set.
         self.signer = signer if signer is not None else Signer.from_env()
         self.epoch = epoch  # the learner's incarnation, written into every manifest
+        # Sharded over several ranks (None or one rank: this publisher encodes everything).
+        self.ranks = ranks if ranks is not None and ranks.world > 1 else None
         self.history: list[dict[str, Any]] = []  # manifests without tensors, for ``prune``
         self.last_stats: PublishStats | None = None
         self._last: _Published | None = None
@@ -241,7 +268,13 @@ class WeightPublisher:
         if state is not None and state_hash is not None and codec.state_hash(state) != state_hash:
             raise ValueError(f"state does not hash to the manifest of version {version}")
         self._undo = None
-        self._last = None if state is None else _Published(version, state, keyframe_version)
+        if state is None:
+            self._last = None
+        elif self.ranks is not None:
+            whole = state_hash or codec.state_hash(state)
+            self._last = _Published(version, self._shard(state), keyframe_version, whole)
+        else:
+            self._last = _Published(version, state, keyframe_version)
         self._floor = version
 
     def publish(
@@ -258,6 +291,8 @@ class WeightPublisher:
         and acknowledged at once, outside any transaction: if the caller's transaction aborts,
         they are orphans no reader applies; call ``rollback`` then. The caller must not mutate
         ``state`` afterwards: it is the next delta's base."""
+        if self.ranks is not None:
+            raise ValueError("a sharded publisher publishes with publish_version only")
         staged = self._stage(state, version, step_inputs, stats, force_keyframe)
         return self._finish(staged)
 
@@ -276,6 +311,8 @@ class WeightPublisher:
         unknown_keyframe = last is not None and last.keyframe_version is None
         force = force_keyframe or unknown_keyframe
         kinds = publish_kinds(version, self.keyframe_every, last is not None, force)
+        if self.ranks is not None:
+            return self._stage_shard(state, version, kinds, step_inputs, stats)
         t0 = time.perf_counter()
         encoded = [self._encode(kind, state, version) for kind in kinds]
         encode_s = time.perf_counter() - t0
@@ -297,13 +334,107 @@ class WeightPublisher:
         records = [record(e.manifest, refs=refs[k]) for k, e in zip(kinds, encoded, strict=True)]
         return _Staged(version, state, kinds, encoded, records, keyframe_version, t0, encode_s)
 
-    def _finish(self, staged: _Staged) -> dict[str, Any]:
-        """Produce the manifests of ``staged`` (in the open transaction) and take the version
-        as the next delta's base."""
-        for rec in staged.records:
+    def _stage_shard(
+        self,
+        state: State,
+        version: int,
+        kinds: tuple[str, ...],
+        step_inputs: Sequence[Mapping[str, Any]],
+        stats: Mapping[str, float] | None,
+    ) -> _Staged:
+        """``_stage`` of one rank of several: encode this rank's shard, write its chunks at
+        their places among every rank's, wait for them, then gather every rank's refs and
+        build the version's manifests (the same on every rank; rank 0 produces them)."""
+        assert self.ranks is not None
+        last, ranks = self._last, self.ranks
+        t0 = time.perf_counter()
+        names, first = shard_names(state, ranks.rank, ranks.world)
+        shard = {n: state[n] for n in names}
+        encoded = [self._encode(kind, shard, version) for kind in kinds]
+        encode_s = time.perf_counter() - t0
+        created_ms = int(time.time() * 1000)
+        counts = ranks.all_gather([len(e.chunks) for e in encoded])
+        totals = [sum(c[k] for c in counts) for k in range(len(kinds))]
+        parts, error = [], None
+        try:
+            start = self._next_partition
+            for k, enc in enumerate(encoded):
+                layout = ShardLayout.of([c[k] for c in counts], ranks.rank)
+                part = shard_part(enc, first, layout)
+                part["refs"] = self._produce_shard(version, enc.manifest, part, start, layout)
+                del part["payloads"]
+                parts.append(part)
+                start += totals[k]
+        except Exception as exc:  # every rank must hear of it: no rank waits on a dead version
+            error = f"rank {ranks.rank}: {exc}"
+        self._next_partition = (self._next_partition + sum(totals)) % self._partitions()
+        gathered = ranks.all_gather({"parts": parts, "error": error})
+        failed = [g["error"] for g in gathered if g["error"]]
+        if failed:
+            raise DeliveryError(f"weight chunks of version {version} not written: {failed[0]}")
+        base_hash = last.state_hash if last is not None else None
+        merged = [
+            merge_shards(enc.manifest, [g["parts"][k] for g in gathered], base_hash)
+            for k, enc in enumerate(encoded)
+        ]
+        keyframe_version = version if "keyframe" in kinds else _keyframe_of(last)
+        records = [
+            manifest_record(
+                m,
+                run=self.run,
+                model=self.model,
+                chunk_topic=self.chunk_topic,
+                keyframe_version=keyframe_version,
+                created_ms=created_ms,
+                order=list(state),
+                refs={i: tuple(r) for g in gathered for i, r in g["parts"][k]["refs"].items()},
+                step_inputs=step_inputs,
+                stats=stats,
+                learner_epoch=self.epoch,
+            )
+            for k, m in enumerate(merged)
+        ]
+        whole = [codec.Encoded(m, []) for m in merged]
+        return _Staged(version, shard, kinds, whole, records, keyframe_version, t0, encode_s)
+
+    def _produce_shard(
+        self,
+        version: int,
+        manifest: Mapping[str, Any],
+        part: Mapping[str, Any],
+        start: int,
+        layout: ShardLayout,
+    ) -> dict[int, Ref]:
+        """Write this rank's chunks of one kind (``shard_part``), chunk ``i`` of the version at
+        partition ``(start + i) % partitions``, and wait for them; their refs by index."""
+        where = chunk_partitions(start, layout.total, self._partitions())
+        items = []
+        for local, (entry, payload) in enumerate(
+            zip(part["chunks"], part["payloads"], strict=True)
+        ):
+            index = entry["index"]
+            rec = {
+                **chunk_record(manifest, local, payload, run=self.run, model=self.model),
+                "index": index,
+                "count": layout.total,
+                "checksum": entry["checksum"],
+            }
+            items.append((index, rec, where[index]))
+        return self._write_chunks(version, items)
+
+    def _finish(self, staged: _Staged, produce: bool = True) -> dict[str, Any]:
+        """Produce the manifests of ``staged`` (in the open transaction; not with ``produce``
+        False: a rank other than 0 of a sharded publisher) and take the version as the next
+        delta's base."""
+        for rec in staged.records if produce else ():
             self._produce_manifest(rec)
         self._undo = (self._last, self._floor)
-        self._last = _Published(staged.version, staged.state, staged.keyframe_version)
+        self._last = _Published(
+            staged.version,
+            staged.state,
+            staged.keyframe_version,
+            staged.records[-1]["state_hash"] if self.ranks is not None else None,
+        )
         self._floor = staged.version
         self.history += [{k: v for k, v in r.items() if k != "tensors"} for r in staged.records]
         produce_s = time.perf_counter() - staged.started - staged.encode_s
@@ -339,6 +470,8 @@ class WeightPublisher:
         call of that transaction. On any failure the transaction is aborted, the publish rolled
         back (its chunks, if written, are orphans), and the error raised."""
         staged = self._stage(state, version, step_inputs, stats, force_keyframe)
+        if self.ranks is not None and self.ranks.rank > 0:
+            return self._await_commit(staged)
         try:
             with self.producer.transaction(timeout) as txn:
                 rec = self._finish(staged)
@@ -346,8 +479,20 @@ class WeightPublisher:
         except BaseException:
             if self._last is not None and self._last.version == version:
                 self.rollback()
+            if self.ranks is not None:
+                self.ranks.all_gather(False)  # the other ranks learn the version is not
             raise
+        if self.ranks is not None:
+            self.ranks.all_gather(True)
         return rec
+
+    def _await_commit(self, staged: _Staged) -> dict[str, Any]:
+        """A rank other than 0: wait for rank 0's commit of ``staged``; take it as published if
+        it committed, else raise."""
+        assert self.ranks is not None
+        if not self.ranks.all_gather(None)[0]:
+            raise DeliveryError(f"version {staged.version} was not committed by rank 0")
+        return self._finish(staged, produce=False)
 
     def prune(self, admin: AdminClient, keep_keyframes: int = 2) -> dict[tuple[str, int], int]:
         """``weight_retention.prune`` over the manifests this publisher wrote; forgets the ones
@@ -385,35 +530,51 @@ class WeightPublisher:
         """Write every chunk with the chunk producer, round-robin over the partitions, then wait
         for the broker's acknowledgements: their positions go into the manifest, and a failed
         chunk must fail the publish before the manifest exists."""
-        out = self.chunk_producer
-        out.announce_schema(out.store.current("weight_chunk")[0])
         count = sum(len(e.chunks) for e in encoded)
         where = iter(chunk_partitions(self._next_partition, count, self._partitions()))
         self._next_partition = (self._next_partition + count) % self._partitions()
-        refs: dict[str, dict[int, Ref]] = {kind: {} for kind in kinds}
-        errors: list[str] = []
+        items = []
         for kind, enc in zip(kinds, encoded, strict=True):
             for index, payload in enumerate(enc.chunks):
                 payload = self._maybe_fault(version, kind, index, payload)
                 rec = chunk_record(enc.manifest, index, payload, run=self.run, model=self.model)
-                value = self._serialize_chunk(rec, None)
-                if len(value) > self._chunk_limit:
-                    raise ValueError(f"chunk record of {len(value)} bytes > {self._chunk_limit}")
-                key = topics.record_key("weights.chunks", rec)
-                on_delivery = _on_ref(refs[kind], index, errors)
-                part = next(where)
-                out.produce_raw(
-                    self.chunk_topic, value, key, on_delivery=on_delivery, partition=part
-                )
+                items.append(((kind, index), rec, next(where)))
+        written = self._write_chunks(version, items)
+        refs: dict[str, dict[int, Ref]] = {kind: {} for kind in kinds}
+        for (kind, index), ref in written.items():
+            refs[kind][index] = ref
+        return refs
+
+    def _write_chunks(
+        self, version: int, items: Sequence[tuple[Any, dict[str, Any], int]]
+    ) -> dict[Any, Ref]:
+        """Produce ``(slot, record, partition)`` chunk records and wait for the broker's
+        acknowledgements; their refs by slot, or ``DeliveryError``."""
+        out = self.chunk_producer
+        out.announce_schema(out.store.current("weight_chunk")[0])
+        refs: dict[Any, Ref] = {}
+        errors: list[str] = []
+        for slot, rec, part in items:
+            value = self._serialize_chunk(rec, None)
+            if len(value) > self._chunk_limit:
+                raise ValueError(f"chunk record of {len(value)} bytes > {self._chunk_limit}")
+            key = topics.record_key("weights.chunks", rec)
+            on_delivery = _on_ref(refs, slot, errors)
+            out.produce_raw(self.chunk_topic, value, key, on_delivery=on_delivery, partition=part)
         try:
             out.flush(self.flush_timeout)  # the chunks, and the schema record before them
         except DeliveryError as exc:
             errors.append(str(exc))
-        missing = count - sum(len(r) for r in refs.values())
+        missing = len(items) - len(refs)
         if errors or missing:
             detail = "; ".join(errors[:3]) or f"{missing} chunk(s) unacknowledged"
             raise DeliveryError(f"weight chunks of version {version} not written: {detail}")
         return refs
+
+    def _shard(self, state: State) -> State:
+        assert self.ranks is not None
+        names, _ = shard_names(state, self.ranks.rank, self.ranks.world)
+        return {n: state[n] for n in names}
 
     def _partitions(self) -> int:
         if self._chunk_partitions is None:
@@ -442,11 +603,11 @@ def _keyframe_of(last: _Published | None) -> int:
     return last.keyframe_version
 
 
-def _on_ref(into: dict[int, Ref], index: int, errors: list[str]) -> Callable[..., None]:
+def _on_ref(into: dict[Any, Ref], slot: Any, errors: list[str]) -> Callable[..., None]:
     def on_delivery(err: KafkaError | None, msg: Message) -> None:
         if err is not None:
-            errors.append(f"chunk {index}: {err.str()}")
+            errors.append(f"chunk {slot}: {err.str()}")
         else:
-            into[index] = (msg.topic() or "", msg.partition() or 0, msg.offset() or 0)
+            into[slot] = (msg.topic() or "", msg.partition() or 0, msg.offset() or 0)
 
     return on_delivery
