@@ -47,18 +47,23 @@ import signal
 import ssl
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import pydantic_core
 from aiohttp import web
 from confluent_kafka import KafkaError, KafkaException, Message
+from pydantic import BaseModel
 
 from rlstream.producers import aio
-from rlstream.producers.feedback_auth import UNAUTHORIZED, Target, authenticate, check_headers
+from rlstream.producers.feedback_auth import (
+    UNAUTHORIZED,
+    Target,
+    authenticate,
+    check_bearer,
+    check_headers,
+)
 from rlstream.producers.feedback_dedupe import Dedupe, IdempotencyLRU
 from rlstream.producers.feedback_models import (
     FEEDBACK_PATH,
@@ -70,7 +75,7 @@ from rlstream.producers.feedback_models import (
     FeedbackEvent,
     FeedbackServiceConfig,
     RequestError,
-    parse_events,
+    parse_body,
     to_record,
 )
 from rlstream.producers.feedback_openapi import openapi_document
@@ -85,6 +90,7 @@ log = logging.getLogger(__name__)
 #: Bodies up to this size are parsed, validated and encoded on the event loop (a few hundred
 #: microseconds); larger ones in a worker thread, so that no request stalls the loop.
 INLINE_PARSE_BYTES = 16 * 1024
+JSON = "application/json"
 
 
 # --- the Kafka side -------------------------------------------------------------------------
@@ -149,6 +155,11 @@ class KafkaSink:
             asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Delivery], Delivery]]
         ] = {}
         self._reports_lock = threading.Lock()
+        # records submitted during the current pass of each event loop, produced right after it
+        self._queued: dict[
+            asyncio.AbstractEventLoop,
+            list[tuple[str, bytes, bytes, list[tuple[str, bytes]], asyncio.Future[Delivery]]],
+        ] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="feedback-kafka", daemon=True)
         self._thread.start()
@@ -169,32 +180,49 @@ class KafkaSink:
     def submit(
         self, topic: str, key: bytes, value: bytes, headers: list[tuple[str, bytes]]
     ) -> asyncio.Future[Delivery]:
-        """Queue one record; the future resolves with the broker's answer (never raises)."""
+        """Queue one record; the future resolves with the broker's answer (never raises: a
+        record Kafka refuses at once resolves as failed).
+
+        The records submitted during one pass of the event loop reach librdkafka together,
+        right after it (``_produce_queued``): the first produce after a pause costs tens of
+        microseconds (it wakes the client's I/O thread), the ones right behind it a few."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Delivery] = loop.create_future()
+        queued = self._queued.get(loop)
+        if queued is None:
+            queued = self._queued[loop] = []
+            loop.call_soon(self._produce_queued, loop)
+        queued.append((topic, key, value, headers, future))
+        return future
+
+    def _produce_queued(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._fatal:
+            self._replace_producer()
+        produce = self._producer.produce
+        for topic, key, value, headers, future in self._queued.pop(loop, ()):
+            record_headers: list[tuple[str, str | bytes | None]] = list(headers)
+            try:
+                produce(topic, value, key, headers=record_headers, on_delivery=self._report(future))
+            except (BufferError, KafkaException) as exc:
+                why = "the local produce queue is full" if isinstance(exc, BufferError) else exc
+                log.warning("kafka refused a record: %s", why)
+                future.set_result(Delivery(False, error=str(why)))
+
+    def _report(self, future: asyncio.Future[Delivery]) -> Callable[[Any, Message], None]:
+        """The delivery callback of one record (it runs in the thread that polls)."""
+        loop = future.get_loop()
 
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
-            if err is not None and err.fatal():
-                self._fatal = True
             if err is None:
                 result = Delivery(True, msg.partition() or 0, msg.offset() or 0)
             else:
+                if err.fatal():
+                    self._fatal = True
                 result = Delivery(False, error=err.str())
             with self._reports_lock:
                 self._reports.setdefault(loop, []).append((future, result))
 
-        if self._fatal:
-            self._replace_producer()
-        record_headers: list[tuple[str, str | bytes | None]] = list(headers)
-        try:
-            self._producer.produce(
-                topic, value, key, headers=record_headers, on_delivery=on_delivery
-            )
-        except BufferError as exc:
-            raise Unavailable("the local produce queue is full") from exc
-        except KafkaException as exc:
-            raise Unavailable(str(exc)) from exc
-        return future
+        return on_delivery
 
     def _replace_producer(self) -> None:
         log.error("the Kafka producer hit a fatal error; replacing it")
@@ -216,10 +244,7 @@ class KafkaSink:
             if self._announced:
                 return _ACKED
             key, value = self._schema
-            try:
-                result = await self.submit(topics.SCHEMAS_TOPIC, key, value, [])
-            except Unavailable as exc:
-                return Delivery(False, error=str(exc))
+            result = await self.submit(topics.SCHEMAS_TOPIC, key, value, [])
             self._announced = result.ok
             return result
 
@@ -243,7 +268,7 @@ class Metrics:
     OUTCOMES = ("stored", "duplicate", "failed")
 
     def __init__(self, registry: Registry | None = None) -> None:
-        self.registry = registry or Registry(process=True)
+        self.registry = registry = registry or Registry(process=True)
         self.requests = self.registry.counter(
             "rlstream_feedback_requests_total",
             "HTTP requests answered, by path and status.",
@@ -255,7 +280,8 @@ class Metrics:
             ("outcome",),
         )
         for outcome in self.OUTCOMES:
-            self.events.labels(outcome)  # every outcome shows, at 0, before the first event
+            registry.child(self.events, outcome)  # every outcome shows, at 0, before the first
+
         self.refusals = self.registry.counter(
             "rlstream_feedback_auth_refused_total",
             "Requests refused with 401, by the reason only the service sees.",
@@ -270,18 +296,18 @@ class Metrics:
     def observe(self, method: str, path: str, status: int, seconds: float) -> None:
         """Count one answered request; POST /v1/feedback latencies go to the histogram."""
         label = path if path in self.PATHS else "other"  # bounded label values
-        self.requests.labels(label, str(status)).inc()
+        self.registry.child(self.requests, label, str(status)).inc()
         if label == FEEDBACK_PATH and method == "POST":
             self.latency.observe(seconds)
 
     def count_refusal(self, reason: str) -> None:
         """Count one refused authentication by its reason (a small fixed set of strings)."""
-        self.refusals.labels(reason).inc()
+        self.registry.child(self.refusals, reason).inc()
 
     def count_events(self, outcomes: Mapping[Any, int]) -> None:
         """Count the events of one request by outcome."""
         for outcome, n in outcomes.items():
-            self.events.labels(outcome).inc(n)
+            self.registry.child(self.events, str(outcome)).inc(n)
 
     def render(self) -> str:
         return self.registry.exposition()
@@ -290,9 +316,12 @@ class Metrics:
 # --- the service ----------------------------------------------------------------------------
 
 
-def _answer(status: int, body: Any, headers: Mapping[str, str] | None = None) -> web.Response:
-    payload = body.model_dump(mode="json") if hasattr(body, "model_dump") else body
-    return web.json_response(payload, status=status, headers=headers)
+def _answer(status: int, body: BaseModel, headers: Mapping[str, str] | None = None) -> web.Response:
+    """``body`` as JSON, written by pydantic-core straight to bytes (no dict, no json.dumps)."""
+    payload = body.__pydantic_serializer__.to_json(body)
+    return web.Response(
+        body=payload, status=status, headers=headers, content_type=JSON, charset="utf-8"
+    )
 
 
 def _error(status: int, error: str, message: str, **extra: Any) -> web.Response:
@@ -389,17 +418,20 @@ class FeedbackService:
     async def _accept(self, request: web.Request) -> list[tuple[str, bytes, bytes]]:
         """Check headers, read, authenticate, then parse, validate and encode off the event loop:
         (feedback id, key, value) per event."""
-        self._authorize(check_headers(request.headers, self.tokens, self.keys))
-        if request.content_type != "application/json":
+        headers = request.headers
+        # A good bearer token authenticates the request whatever the body: checked once.
+        bearer = check_bearer(headers.get("Authorization"), self.tokens)
+        if not bearer:
+            self._authorize(check_headers(headers, self.tokens, self.keys))
+        if request.content_type != JSON:
             why = f"Content-Type must be application/json, got {request.content_type!r}"
             raise RequestError(415, ErrorResponse(error="unsupported_media_type", message=why))
         body = await self._read_body(request)
-        target = Target(request.method, request.path, self.cfg.run)
-        now, skew = time.time(), self.cfg.hmac_skew_s
-        self._authorize(
-            authenticate(request.headers, target, body, self.tokens, self.keys, now, skew)
-        )
-        key = request.headers.get(IDEMPOTENCY_HEADER)
+        if not bearer:
+            target = Target(request.method, request.path, self.cfg.run)
+            now, skew = time.time(), self.cfg.hmac_skew_s
+            self._authorize(authenticate(headers, target, body, self.tokens, self.keys, now, skew))
+        key = headers.get(IDEMPOTENCY_HEADER)
         if len(body) <= INLINE_PARSE_BYTES:
             return self._decode(body, key)
         loop = asyncio.get_running_loop()
@@ -415,15 +447,9 @@ class FeedbackService:
     def _decode(self, body: bytes, idempotency_key: str | None) -> list[tuple[str, bytes, bytes]]:
         """JSON, validation and Avro encoding of an authenticated body (a large one in a worker
         thread)."""
-        try:
-            data = pydantic_core.from_json(body)
-        except (ValueError, RecursionError) as exc:
-            raise RequestError(
-                400, ErrorResponse(error="bad_json", message=str(exc)[:200])
-            ) from None
-        parsed = parse_events(data, idempotency_key, self.cfg.max_batch, self.cfg.max_tokens)
+        parsed, batch = parse_body(body, idempotency_key, self.cfg.max_batch, self.cfg.max_tokens)
         received_ms = int(time.time() * 1000)
-        prefix = "events." if "events" in data else ""
+        prefix = "events." if batch else ""
         return [
             self._encode(e, received_ms, f"{prefix}{i}" if prefix else "")
             for i, e in enumerate(parsed)
@@ -458,9 +484,12 @@ class FeedbackService:
                 waits.append((fid, self.inflight[fid], True))
             else:
                 waits.append((fid, self._submit(fid, key, value), False))
-        pending = [asyncio.shield(f) for _, f, _ in waits if f is not None]
-        if pending:
-            await asyncio.gather(*pending)
+        # shielded: a client that goes away must not cancel the wait for the broker's answer
+        pending = [f for _, f, _ in waits if f is not None]
+        if len(pending) == 1:
+            await asyncio.shield(pending[0])
+        elif pending:
+            await asyncio.gather(*map(asyncio.shield, pending))
         return [self._result(fid, future, dup) for fid, future, dup in waits]
 
     def _submit(self, fid: str, key: bytes, value: bytes) -> asyncio.Future[Delivery] | None:
@@ -497,8 +526,10 @@ class FeedbackService:
         )
 
     def _stored_answer(self, results: list[EventResult]) -> web.Response:
-        counts = Counter(r.status for r in results)
-        self.metrics.count_events(counts)
+        counts = dict.fromkeys(Metrics.OUTCOMES, 0)
+        for r in results:
+            counts[r.status] += 1
+        self.metrics.count_events({outcome: n for outcome, n in counts.items() if n})
         if counts["failed"]:
             retry = str(self.cfg.retry_after_s)
             message = f"Kafka did not acknowledge {counts['failed']} event(s); retry"

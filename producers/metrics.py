@@ -69,6 +69,8 @@ class Registry:
         self.collectors = collectors
         self._lock = threading.Lock()
         self._declared: dict[str, tuple[Any, tuple[str, ...]]] = {}
+        # (metric name, label values) -> its child, for callers on a hot path (``child``)
+        self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
 
     def _get(
         self, kind: type[M], name: str, documentation: str, labelnames: Sequence[str], **kw: Any
@@ -106,6 +108,15 @@ class Registry:
         buckets: Sequence[float] = DEFAULT_BUCKETS,
     ) -> Histogram:
         return self._get(Histogram, name, documentation, labelnames, buckets=tuple(buckets))
+
+    def child(self, metric: M, *values: str) -> Any:
+        """``metric.labels(*values)``, remembered: a hot path (one call per record) skips
+        prometheus_client's label validation and lock after the first call."""
+        key = (metric._name, values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children.setdefault(key, metric.labels(*values))
+        return found
 
     def exposition(self) -> str:
         """Every metric of the registry in the text exposition format (``CONTENT_TYPE``)."""
@@ -278,10 +289,26 @@ def weight_refusals(registry: Registry = REGISTRY) -> Counter:
 
 
 def track_buffer(name: str, size: int, bound: int, registry: Registry = REGISTRY) -> None:
-    """Report a buffer's current ``size`` and its ``bound`` (items) under ``name``."""
-    registry.gauge(
-        "rlstream_buffer_items", "Items held by a bounded in-memory buffer.", ("buffer",)
-    ).labels(name).set(size)
-    registry.gauge(
-        "rlstream_buffer_bound", "The most items a bounded in-memory buffer holds.", ("buffer",)
-    ).labels(name).set(bound)
+    """Report a buffer's current ``size`` and its ``bound`` (items) under ``name``.
+
+    Cheap enough to call per record (feedback-ingest does): after the first call for a name,
+    two dict lookups and two sets."""
+    items = registry._children.get(("rlstream_buffer_items", (name,)))
+    bounds = registry._children.get(("rlstream_buffer_bound", (name,)))
+    if items is None or bounds is None:
+        items = registry.child(
+            registry.gauge(
+                "rlstream_buffer_items", "Items held by a bounded in-memory buffer.", ("buffer",)
+            ),
+            name,
+        )
+        bounds = registry.child(
+            registry.gauge(
+                "rlstream_buffer_bound",
+                "The most items a bounded in-memory buffer holds.",
+                ("buffer",),
+            ),
+            name,
+        )
+    items.set(size)
+    bounds.set(bound)

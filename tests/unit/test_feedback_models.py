@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import numpy as np
+import pydantic_core
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -115,6 +116,86 @@ def test_batches_sizes_and_idempotency_keys() -> None:
     assert fm.parse_events(event(feedback_id=None), "key-9", 10, 100)[0].feedback_id == "key-9"
     assert problems(event(), header="other")[0][0] == "feedback_id"  # disagrees with the body
     assert problems(event(feedback_id=None), header="bad key!")[0][0] == "header Idempotency-Key"
+
+
+def _single(**over: Any) -> bytes:
+    return json.dumps(event(**over)).encode()
+
+
+_VALID = _single()
+BODIES: list[tuple[bytes, str | None]] = [
+    (_VALID, None),
+    (_VALID, "fb-1"),  # the header agrees
+    (_VALID, "fb-2"),  # disagrees
+    (_single(feedback_id=None), "key-9"),
+    (_single(feedback_id=None), "bad key!"),
+    (_single(feedback_id=None), None),
+    (_single(logprobs=[-1, 0, -2, -3]), None),  # ints for floats
+    (_single(token_ids=[5.0, 6, 7, 8]), None),  # a float for an int
+    (_single(policy_version=True), None),
+    (_single(logprobs=[float("nan"), -1.0, -1.0, -1.0]), None),  # NaN literal
+    (_single(logprobs=[float("-inf"), -1.0, -1.0, -1.0]), None),
+    (_single(logprobs=[0.5, -1.0, -1.0, -1.0]), None),
+    (_single(token_ids=[2**31, 6, 7, 8]), None),
+    (_single(token_ids=[10**30, 6, 7, 8]), None),
+    (_single(token_ids=list(range(101)), logprobs=[-1.0] * 101), None),  # over max_tokens
+    (_single(action="edited"), None),
+    (_single(action="edited", edit="better"), None),
+    (_single(extra=1), None),
+    (
+        _single(
+            trajectory_ref={"topic": "t", "partition": 0, "offset": 9},
+            token_ids=None,
+            logprobs=None,
+            prompt_tokens=None,
+        ),
+        None,
+    ),
+    (_single(metadata={"events": "x", "k": "\u00e9\U0001f600"}), None),  # "events": slow path
+    (_single(user_id="\ud800"), None),  # a lone surrogate
+    (_VALID.replace(b'"action": "accepted"', b'"action": "rejected", "action": "accepted"'), None),
+    (_VALID.replace(b'"action": "accepted"', b'"action": "accepted", "action": "nope"'), None),
+    (_VALID + b" x", None),  # trailing data
+    (b"\xef\xbb\xbf" + _VALID, None),  # a byte order mark
+    (json.dumps({"events": [event(), event(feedback_id="fb-2")]}).encode(), None),
+    (json.dumps({"events": [event(feedback_id=None)]}).encode(), "k"),
+    (b"[1, 2]", None),
+    (b'"a string"', None),
+    (b"{nope", None),
+    (b"[" * 5000, None),
+    (b"", None),
+]
+
+
+def _outcome(parse: Any) -> Any:
+    try:
+        return "ok", [e.model_dump() for e in parse()]
+    except fm.RequestError as exc:
+        if exc.status == 400:
+            return 400  # the parser's message
+        return exc.status, exc.body.model_dump()
+
+
+@pytest.mark.parametrize(("raw", "header"), BODIES)
+def test_a_body_parses_as_its_json_parsed_first_would(raw: bytes, header: str | None) -> None:
+    """parse_body (one event straight from its bytes when it can) answers exactly as the
+    general path: JSON to Python objects, then parse_events."""
+
+    def general() -> list[fm.FeedbackEvent]:
+        try:
+            data = pydantic_core.from_json(raw)
+        except ValueError:
+            raise fm.RequestError(400, fm.ErrorResponse(error="bad_json")) from None
+        return fm.parse_events(data, header, 10, 100)
+
+    fast = _outcome(lambda: fm.parse_body(raw, header, 10, 100)[0])
+    assert fast == _outcome(general)
+
+
+def test_parse_body_says_whether_the_body_was_a_batch() -> None:
+    batch = json.dumps({"events": [event()]}).encode()
+    assert fm.parse_body(batch, None, 10, 100)[1] is True
+    assert fm.parse_body(_VALID, None, 10, 100)[1] is False
 
 
 def test_config_tokens_come_from_config_and_environment() -> None:
