@@ -20,6 +20,8 @@ service).
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import hmac
 import os
 import secrets
@@ -419,7 +421,14 @@ def _with_header_key(event: FeedbackEvent, key: str) -> FeedbackEvent:
 
 def hash_user(user_id: str, salt: bytes) -> str:
     """HMAC-SHA256(salt, user id), hex: stable for one salt, not reversible without it."""
-    return hmac.digest(salt, user_id.encode(), "sha256").hex()  # one-shot C HMAC
+    mac = _keyed(salt).copy()  # the key schedule is done once per salt, not per event
+    mac.update(user_id.encode())
+    return mac.hexdigest()
+
+
+@functools.lru_cache(maxsize=8)
+def _keyed(salt: bytes) -> hmac.HMAC:
+    return hmac.new(salt, digestmod=hashlib.sha256)
 
 
 def _token_fields(event: FeedbackEvent) -> dict[str, Any]:
@@ -433,7 +442,8 @@ def _token_fields(event: FeedbackEvent) -> dict[str, Any]:
     if event.loss_mask is not None:
         mask = np.fromiter(event.loss_mask, arrays.MASK_DTYPE, len(event.loss_mask))
     else:  # the validator guarantees prompt_tokens then: completion tokens are trained
-        mask = (np.arange(t) >= (event.prompt_tokens or 0)).astype(arrays.MASK_DTYPE)
+        mask = np.ones(t, arrays.MASK_DTYPE)
+        mask[: event.prompt_tokens or 0] = 0
     experts = event.routed_experts if event.routed_experts else None
     return arrays.pack_tokens(tokens, logprobs, mask, experts)
 

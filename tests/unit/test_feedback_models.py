@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import hashlib
+import hmac
 import json
 import threading
 import time
@@ -76,6 +78,9 @@ def test_a_valid_event_becomes_a_valid_feedback_record_with_the_user_hashed() ->
     assert tokens.token_ids.tolist() == [5, 6, 7, 8]
     assert tokens.loss_mask.tolist() == [0, 0, 1, 1]  # derived from prompt_tokens
     assert fm.hash_user("alice@example.com", b"other") != record["user_id_hash"]
+    reference = hmac.new(b"salt", b"alice@example.com", hashlib.sha256).hexdigest()
+    assert record["user_id_hash"] == reference  # HMAC-SHA256(salt, user id), hex
+    assert fm.hash_user("alice@example.com", b"salt") == reference  # again: nothing carried over
 
 
 def test_errors_name_the_field_and_why() -> None:
