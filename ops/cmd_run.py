@@ -6,11 +6,17 @@ Every role is one process; every consuming role is one consumer group whose id i
 
 A role runs supervised (``ops.supervise``): the command starts it as a child process and
 restarts it with backoff when it fails, giving up with a message after repeated fast failures.
+
+``rlstream run learner --ranks N`` (or ``learner.ranks = N``) runs the learner as N ranks on
+torch.distributed: the supervised child launches them (``ops.ranks``) and fails when one fails,
+so all restart together. Under ``torchrun`` (``WORLD_SIZE`` in the environment) the command runs
+one rank, unsupervised: torchrun starts, watches and restarts the ranks.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from rlstream.ops.kafka_env import add_kafka_args
@@ -60,6 +66,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                 help="seconds before the first restart; doubles per failure, up to 30",
             )
             rp.add_argument("--once", action="store_true", help=argparse.SUPPRESS)
+            if role == "learner":
+                rp.add_argument(
+                    "--ranks",
+                    type=int,
+                    default=None,
+                    help="data-parallel ranks on torch.distributed, started and watched here "
+                    "(sets learner.ranks; under torchrun WORLD_SIZE decides)",
+                )
         add_kafka_args(rp)
         rp.set_defaults(func=_run_role)
 
@@ -69,7 +83,8 @@ def _run_role(args: argparse.Namespace) -> int:
         from rlstream.ops.cmd_events import tap_role
 
         return tap_role(args)
-    if args.once:  # the supervised child
+    # the supervised child, or one rank under torchrun (which supervises the ranks itself)
+    if args.once or (args.role == "learner" and "WORLD_SIZE" in os.environ):
         from rlstream.ops.roles import start
 
         return start(args)

@@ -4,7 +4,10 @@
 run log) and feeds it the admitted records each weight manifest names (one manifest per version,
 from the run's manifest log), in the recorded order, checking every new version's state hash
 against the recorded one. On CPU the reproduction is bit-exact; the first divergence is reported
-with the version and the first tensor whose hash differs.
+with the version and the first tensor whose hash differs. A run whose learner had N ranks (its
+manifests' ``stats.ranks``, else the recorded ``learner.ranks``) is replayed on N ranks (local
+processes on gloo), as the gradient average is bit-exact for a given rank count only
+(``trainer.distributed``).
 
 ``rescore`` re-judges a run's recorded trajectories with another judge into a second run's
 topics (trajectories copied, rewards new), so two judges can be compared on the same data.
@@ -64,22 +67,19 @@ def step_inputs(
     return inputs
 
 
-def replay(
-    settings: KafkaSettings,
-    run: str,
-    to_version: int | None = None,
-    log: Callable[[str], None] = print,
-) -> ReplayResult:
-    """Re-run the learner on the recorded admitted stream; see the module docstring."""
-    import torch
+def recorded_ranks(manifests: dict[int, dict[str, Any]], configured: int) -> int:
+    """The learner's rank count: the newest manifest's ``stats.ranks``, else ``configured``.
 
+    Rule: a multi-rank learner records its rank count in every manifest's stats; a manifest
+    without it was published by one rank (``configured`` decides only without manifests)."""
+    if not manifests:
+        return configured
+    return int(manifests[max(manifests)]["stats"].get("ranks", 1))
+
+
+def _learner_config(settings: KafkaSettings, run: str) -> Any:
     from rlstream.ops.config import RunConfig
-    from rlstream.trainer.learner_step import (
-        LearnerConfig,
-        init_model,
-        published_state,
-        train_step,
-    )
+    from rlstream.trainer.learner_step import LearnerConfig
 
     runs = run_manifests(settings)
     if run not in runs:
@@ -87,15 +87,111 @@ def replay(
     config = RunConfig.model_validate(json.loads(runs[run]["config_json"]))
     cfg = config.role("learner")
     assert isinstance(cfg, LearnerConfig)
+    return cfg
+
+
+def replay(
+    settings: KafkaSettings,
+    run: str,
+    to_version: int | None = None,
+    log: Callable[[str], None] = print,
+) -> ReplayResult:
+    """Re-run the learner on the recorded admitted stream; see the module docstring."""
+    cfg = _learner_config(settings, run)
+    ranks = recorded_ranks(manifests_by_version(settings, run), cfg.ranks)
+    if ranks > 1:
+        return _replay_ranks(settings, run, to_version, ranks, log)
+    return _replay(settings, run, to_version, log)
+
+
+def _replay_ranks(
+    settings: KafkaSettings,
+    run: str,
+    to_version: int | None,
+    world: int,
+    log: Callable[[str], None],
+) -> ReplayResult:
+    """``_replay`` on ``world`` local rank processes (gloo); rank 0's result."""
+    import multiprocessing
+
+    from rlstream.ops.ranks import free_port
+
+    mp = multiprocessing.get_context("spawn")  # no fork of a process with Kafka threads
+    out = mp.Queue()
+    port = free_port()
+    procs = [
+        mp.Process(target=_replay_rank, args=(rank, world, port, settings, run, to_version, out))
+        for rank in range(world)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        lines, result = out.get(timeout=3600)
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    for line in lines:
+        log(line)
+    if any(p.exitcode != 0 for p in procs):
+        raise RuntimeError(f"a replay rank failed: exit codes {[p.exitcode for p in procs]}")
+    return result
+
+
+def _replay_rank(
+    rank: int,
+    world: int,
+    port: int,
+    settings: KafkaSettings,
+    run: str,
+    to_version: int | None,
+    out: Any,
+) -> None:  # pragma: no cover (runs in a spawned process)
+    from rlstream.trainer.distributed import RankEnv, Ranks
+
+    ranks = Ranks(RankEnv(rank, world, "127.0.0.1", port))
+    lines: list[str] = []
+    try:
+        result = _replay(settings, run, to_version, lines.append, ranks)
+    except BaseException as exc:
+        if rank == 0:
+            out.put(
+                ([*lines, f"replay rank 0 failed: {exc!r}"], ReplayResult(0, 0, None, str(exc)))
+            )
+        raise
+    if rank == 0:
+        out.put((lines, result))
+    ranks.close()
+
+
+def _replay(
+    settings: KafkaSettings,
+    run: str,
+    to_version: int | None,
+    log: Callable[[str], None],
+    ranks: Any = None,
+) -> ReplayResult:
+    """The replay loop of one learner rank (``ranks`` None: the only one)."""
+    import torch
+
+    from rlstream.trainer.learner_step import init_model, published_state, train_step
+
+    cfg = _learner_config(settings, run)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     manifests = manifests_by_version(settings, run)
     admitted = admitted_by_ref(settings, run)
-    model, optimizer = init_model(cfg, lambda line: None)
+    lead = ranks is None or ranks.rank == 0
+    model, optimizer = init_model(cfg, lambda line: None, warm=lead)
+    if ranks is not None:
+        ranks.sync_state(model, optimizer)
     last = max(manifests) if to_version is None else min(to_version, max(manifests))
     for version in range(0, last + 1):
         if version > 0:
-            train_step(model, optimizer, step_inputs(manifests[version], admitted), cfg)
+            inputs = step_inputs(manifests[version], admitted)
+            train_step(model, optimizer, inputs, cfg, ranks)
         state = published_state(model, cfg.publish_dtype)
         recorded = manifests[version]
         if state_hash(state) != recorded["state_hash"]:

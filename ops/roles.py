@@ -3,7 +3,10 @@
 Every role lives in one module that exposes ``run_role(ctx: RoleContext)``; ``ROLES`` names
 that module. Starting a role resolves the run config (recipe + ``--set``), prints the role's
 part, makes sure the run's topics exist (idempotent), installs SIGTERM/SIGINT handling, and
-hands the role a ``RoleContext`` to run until stopped. A role runs in one region (``--region``,
+hands the role a ``RoleContext`` to run until stopped. A learner of several ranks
+(``--ranks N`` or ``learner.ranks``) whose environment names no ranks yet is started as N rank
+processes instead (``ops.ranks.launch``), each of which comes back here with its rank in its
+environment. A role runs in one region (``--region``,
 default the recipe's trainer region) and reaches that region's cluster only (``ops.regions``);
 its topics there include the mirrored copies the region receives.
 """
@@ -44,8 +47,15 @@ def start(args: argparse.Namespace) -> int:
     role = args.role
     if role == "judge" and not args.name:
         raise SystemExit("error: the judge role needs --name (e.g. --name tests)")
-    config = load_run_config(args.config, args.set)
+    ranks = getattr(args, "ranks", None)
+    sets = [*args.set, *([f"learner.ranks={ranks}"] if ranks else [])]
+    config = load_run_config(args.config, sets)
     cfg = config.role(role, args.name)
+    world = int(getattr(cfg, "ranks", 1))
+    if role == "learner" and world > 1 and "WORLD_SIZE" not in os.environ:
+        from rlstream.ops.ranks import launch
+
+        return launch([sys.executable, "-m", "rlstream", *sys.argv[1:]], world)
     region = args.region or config.regions.trainer
     if role == "rollout":
         cfg = cfg.model_copy(update={"region": region})  # recorded in every sample

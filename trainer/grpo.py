@@ -16,7 +16,7 @@ The rules (each one a function with its rule in the docstring, unit tested):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -181,7 +181,11 @@ class NonFiniteStep(ArithmeticError):
 
 
 def grpo_step(
-    model: PolicyModel, optimizer: torch.optim.Optimizer, batch: GrpoBatch, cfg: GrpoConfig
+    model: PolicyModel,
+    optimizer: torch.optim.Optimizer,
+    batch: GrpoBatch,
+    cfg: GrpoConfig,
+    reduce_grads: Callable[[Tensor, float], None] | None = None,
 ) -> dict[str, float]:
     """One GRPO update on ``batch``; returns statistics of the step.
 
@@ -190,7 +194,10 @@ def grpo_step(
     gradient norm to ``cfg.max_grad_norm`` and step the optimizer once, unless the loss or the
     gradient norm is not finite: then raise ``NonFiniteStep`` with the weights and the optimizer
     untouched. Samples whose advantage
-    is 0 contribute no gradient but still count their tokens in the denominator.
+    is 0 contribute no gradient but still count their tokens in the denominator. With
+    ``reduce_grads`` (data parallel ranks, ``trainer.distributed``) it is called after the
+    backward pass with the loss and this batch's loss-token count, and replaces the gradients
+    with the ranks' average before the clip.
     """
     model.train()
     replay = cfg.router_replay and batch.routes.shape[2] > 0
@@ -201,6 +208,8 @@ def grpo_step(
     )
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
+    if reduce_grads is not None:
+        reduce_grads(loss.detach(), stats["tokens"])
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
     if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
         # The weights stay as they were: a NaN or inf here would reach every worker.

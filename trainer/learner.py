@@ -24,6 +24,19 @@ in a bounded reassembler (``arrays.Reassembler``); a group evicted there is dead
 Sizes and bounds are exported as ``rlstream_buffer_items`` / ``rlstream_buffer_bound``
 (``learner.waiting``, ``learner.parts``).
 
+Ranks (``trainer.distributed``): with ``WORLD_SIZE`` > 1 in its environment (``rlstream run
+learner --ranks N`` starts the ranks, ``ops.ranks``; or ``torchrun``) the learner is N data-
+parallel processes. Rank 0 is the learner above: it alone reads the ledger, consumes the
+admitted stream (the group membership and the step's input offsets are its own), checkpoints
+and commits; it hands every step's groups to the other ranks (``Ranks.broadcast``; a heartbeat
+while idle), each rank trains on its slice with the gradients averaged across ranks, and every
+rank publishes its shard of the version (``producers.weights``): the manifest and the offsets
+commit in one transaction by rank 0 only after every rank's chunks are acknowledged. A rank that
+dies fails the step on every rank before anything commits (a collective fails, the launcher
+stops the others); the restarted learner resumes from its last version, rank 0's weights and
+optimizer state handed to every rank (``Ranks.sync_state``). Manifests of a multi-rank learner
+record ``stats.ranks``: ``rlstream replay`` replays on as many ranks.
+
 The step itself (config, GRPO with router replay, checkpoints) is ``trainer.learner_step``;
 this module is the Kafka loop around it and the pure rules of which groups form a step.
 """
@@ -49,6 +62,7 @@ from rlstream.producers.settings import KafkaSettings
 from rlstream.producers.weights import WeightPublisher
 from rlstream.schemas import arrays, topics
 from rlstream.schemas.deltacodec_bits import state_hash
+from rlstream.trainer.distributed import RankEnv, Ranks
 from rlstream.trainer.grpo import NonFiniteStep
 from rlstream.trainer.learner_step import (
     Checkpoints,
@@ -62,6 +76,8 @@ from rlstream.trainer.learner_step import (
 Ref = tuple[str, int, int]  # topic, partition, offset of an admitted record
 #: Most complete groups waiting for a step (see the module docstring).
 MAX_WAITING = 1024
+#: Rank 0 tells the other ranks it is alive at least this often while no step is ready.
+HEARTBEAT_S = 5.0
 
 
 @dataclass
@@ -143,7 +159,10 @@ def commit_offsets(used: list[StepInput], waiting: list[StepInput]) -> list[Topi
 
 
 class Learner:
-    """One run's learner: model, optimizer, publisher and the admitted-stream consumer."""
+    """One run's learner (one rank of it with ``ranks``): model, optimizer, publisher and, on
+    rank 0, the admitted-stream consumer."""
+
+    consumer: RoleConsumer  # rank 0's only
 
     def __init__(
         self,
@@ -151,21 +170,45 @@ class Learner:
         run: str,
         cfg: LearnerConfig,
         log: Callable[[str], None] = print,
+        ranks: Ranks | None = None,
     ) -> None:
         torch.set_num_threads(1)
         torch.use_deterministic_algorithms(True)
         self.settings, self.run, self.cfg, self.log = settings, run, cfg, log
+        self.ranks = ranks if ranks is not None and ranks.world > 1 else None
+        self.lead = self.ranks is None or self.ranks.rank == 0
+        if self.ranks is not None and cfg.groups_per_step < self.ranks.world:
+            raise ValueError(
+                f"groups_per_step {cfg.groups_per_step} < {self.ranks.world} ranks: "
+                "every rank trains at least one group of a step"
+            )
         group = self.group = topics.group_id(run, "learner")
         self.dlq_topic = topics.topic_name(run, "dlq")
         self.refused_steps = 0
-        self.producer = EventProducer.transactional(settings, f"{group}.0")
+        if self.lead:
+            self.producer = EventProducer.transactional(settings, f"{group}.0")
+        else:  # writes chunks only: no transactional id, nothing to fence
+            self.producer = EventProducer.connect(settings)
         self.publisher = WeightPublisher(
-            self.producer, run, cfg.model, keyframe_every=cfg.keyframe_every
+            self.producer,
+            run,
+            cfg.model,
+            keyframe_every=cfg.keyframe_every,
+            ranks=self.ranks,
+            chunk_producer=None if self.lead else self.producer,
         )
-        self.model, self.optimizer = init_model(cfg, log)
+        self.model, self.optimizer = init_model(cfg, log, warm=self.lead)
         self.checkpoints = Checkpoints(cfg.state_dir, run)
         self.admin = admin_client(settings)
         self.version = self._resume()
+        self._said = time.monotonic()  # when rank 0 last broadcast to the other ranks
+        self.parts = arrays.group_reassembler()
+        self.part_refs: dict[str, list[tuple[str, int, int]]] = {}
+        self.waiting: list[StepInput] = []
+        self.max_waiting = max(MAX_WAITING, cfg.groups_per_step)
+        self.history: list[dict[str, float]] = []
+        if not self.lead:
+            return
         self.consumer = RoleConsumer(
             make_consumer(
                 settings,
@@ -175,31 +218,25 @@ class Learner:
             [topics.topic_pattern(run, "admitted")],
             settings=settings,
         )
-        self.parts = arrays.group_reassembler()
-        self.part_refs: dict[str, list[tuple[str, int, int]]] = {}
-        self.waiting: list[StepInput] = []
-        self.max_waiting = max(MAX_WAITING, cfg.groups_per_step)
-        self.history: list[dict[str, float]] = []
 
     def _resume(self) -> int:
-        self.ledger = read_ledger(self.settings, self.run, self.cfg.model)
-        self.publisher.epoch = self.ledger.epoch + 1  # this incarnation's
-        manifest = self.ledger.last
+        self.ledger = (
+            read_ledger(self.settings, self.run, self.cfg.model) if self.lead else Ledger()
+        )
+        manifest, epoch = self.ledger.last, self.ledger.epoch
+        state = self._restore(manifest) if manifest is not None else None
+        if self.ranks is not None:  # every rank starts from rank 0's version and weights
+            head = None
+            if manifest is not None:
+                head = {k: manifest[k] for k in ("version", "keyframe_version", "state_hash")}
+            manifest, epoch = self.ranks.broadcast((head, epoch) if self.lead else None)
+            self.ranks.sync_state(self.model, self.optimizer)
+        self.publisher.epoch = epoch + 1  # this incarnation's
         if manifest is None:
-            self._publish(0, [], {"warm_start": 1.0})
+            self._publish(0, [], self._rank_stats({"warm_start": 1.0}))
             self.log("learner: published version 0 (warm start keyframe)")
             return 0
         last = int(manifest["version"])
-        state = None
-        if not self.checkpoints.load(last, self.model, self.optimizer):
-            # The model as built (the deterministic warm start) may be the published state
-            # exactly (version 0): then its fp32 master is kept, not rebuilt from the bf16.
-            state = published_state(self.model, self.cfg.publish_dtype)
-            if state_hash(state) == manifest["state_hash"]:
-                self.log(f"learner: version {last} rebuilt from the warm start")
-            else:
-                self._restore_from_stream(last)
-                state = None
         self.publisher.resume(
             state if state is not None else published_state(self.model, self.cfg.publish_dtype),
             last,
@@ -208,6 +245,27 @@ class Learner:
         )
         self.log(f"learner: resumed at version {last}")
         return last
+
+    def _restore(self, manifest: dict[str, Any]) -> Any:
+        """Rank 0: the weights of the ``manifest``'s version from its checkpoint, the warm start
+        or the stream; returns the published state when already computed, else None."""
+        if not self.lead:
+            return None
+        last = int(manifest["version"])
+        if self.checkpoints.load(last, self.model, self.optimizer):
+            return None
+        # The model as built (the deterministic warm start) may be the published state
+        # exactly (version 0): then its fp32 master is kept, not rebuilt from the bf16.
+        state = published_state(self.model, self.cfg.publish_dtype)
+        if state_hash(state) == manifest["state_hash"]:
+            self.log(f"learner: version {last} rebuilt from the warm start")
+            return state
+        self._restore_from_stream(last)
+        return None
+
+    def _rank_stats(self, stats: dict[str, float]) -> dict[str, float]:
+        """``stats`` with the rank count when there are several (replay needs as many)."""
+        return stats if self.ranks is None else {**stats, "ranks": float(self.ranks.world)}
 
     def _restore_from_stream(self, version: int) -> None:
         """No local checkpoint: take the published weights of ``version`` (optimizer restarts)."""
@@ -243,6 +301,8 @@ class Learner:
             offsets=offsets or (),
             group_metadata=self.consumer.group_metadata() if offsets else None,
         )
+        if self.ranks is not None:
+            self._said = time.monotonic()
 
     def poll(self) -> None:
         room = self.max_waiting - len(self.waiting)  # a record completes one group at most
@@ -320,32 +380,46 @@ class Learner:
         self.refused_steps += 1
 
     def step(self, chosen: list[int]) -> dict[str, float] | None:
-        """Train on the chosen waiting groups and publish the version; None if refused."""
+        """Train on the chosen waiting groups and publish the version; None if refused.
+        Rank 0 (the only caller) hands the groups to the other ranks first."""
         used = [self.waiting[i] for i in chosen]
         self.waiting = [w for i, w in enumerate(self.waiting) if i not in set(chosen)]
+        if self.ranks is not None:
+            self.ranks.broadcast(("step", used))
+        return self._step(used)
+
+    def _step(self, used: list[StepInput]) -> dict[str, float] | None:
+        """The step on every rank: train (this rank's slice), checkpoint and commit (rank 0),
+        publish (every rank its shard)."""
         started = time.perf_counter()
         try:
-            stats = train_step(self.model, self.optimizer, used, self.cfg)
+            stats = train_step(self.model, self.optimizer, used, self.cfg, self.ranks)
         except NonFiniteStep as exc:
-            self._refuse(used, str(exc))
+            if self.lead:
+                self._refuse(used, str(exc))
             return None
         online = sum(item.group.get("source") == "online" for item in used)
         stats["online_groups"] = float(online)
+        stats = self._rank_stats(stats)
         self.ledger.online_groups += online
         self.ledger.rollout_groups += len(used) - online
         self.version += 1
-        self.checkpoints.save(self.version, self.model, self.optimizer)
+        if self.lead:
+            self.checkpoints.save(self.version, self.model, self.optimizer)
         stats["step_s"] = time.perf_counter() - started
-        self._publish(self.version, used, stats, commit_offsets(used, self.waiting))
+        offsets = commit_offsets(used, self.waiting) if self.lead else None
+        self._publish(self.version, used, stats, offsets)
         self.ledger.trained |= {ref for item in used for ref in item.refs}
         stats["publish_s"] = time.perf_counter() - started - stats["step_s"]
-        if self.version % self.cfg.keyframe_every == 0:
+        if self.lead and self.version % self.cfg.keyframe_every == 0:
             # A new keyframe landed: chunks no worker can still need are deleted.
             self.publisher.prune(self.admin)
         self.history.append({"version": float(self.version), **stats})
         return stats
 
     def run_until(self, stopper: Stopper) -> int:
+        """Rank 0's loop: read, step, publish until stopped or ``max_versions``; then the other
+        ranks are told to stop."""
         while not stopper.stopped and self.version < self.cfg.max_versions:
             self.poll()
             while self.version < self.cfg.max_versions and (chosen := self.ready()) is not None:
@@ -358,18 +432,42 @@ class Learner:
                     f"step {s['step_s']:.2f}s publish {s['publish_s']:.2f}s"
                 )
             self._make_room()
+            if self.ranks is not None and time.monotonic() - self._said > HEARTBEAT_S:
+                self.ranks.broadcast(("idle",))
+                self._said = time.monotonic()
+        if self.ranks is not None:
+            self.ranks.broadcast(("stop",))
         return self.version
 
+    def follow(self) -> int:
+        """A rank other than 0: the steps rank 0 hands over, until it says stop."""
+        assert self.ranks is not None and not self.lead
+        while True:
+            order = self.ranks.broadcast()
+            if order[0] == "stop":
+                return self.version
+            if order[0] == "step":
+                self._step(order[1])
+
     def close(self) -> None:
-        self.consumer.close()
+        if self.lead:
+            self.consumer.close()
         self.producer.wait(10)
         self.publisher.close(10)
 
 
 def run_role(ctx: RoleContext) -> int:
-    """The learner until stopped or ``max_versions``; returns the last published version."""
-    learner = Learner(ctx.settings, ctx.run, ctx.cfg, ctx.log)
+    """The learner (one rank of it, when the environment names ranks: ``trainer.distributed``)
+    until stopped or ``max_versions``; returns the last published version."""
+    env = RankEnv.from_env()
+    if env is None and ctx.cfg.ranks > 1:
+        raise SystemExit("learner.ranks > 1 needs the ranks' environment (WORLD_SIZE, ...)")
+    ranks = Ranks(env) if env is not None and env.world > 1 else None
+    learner = Learner(ctx.settings, ctx.run, ctx.cfg, ctx.log, ranks)
     try:
-        return learner.run_until(ctx.stopper)
+        version = learner.run_until(ctx.stopper) if learner.lead else learner.follow()
     finally:
         learner.close()
+    if ranks is not None:
+        ranks.close()
+    return version

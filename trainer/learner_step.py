@@ -8,6 +8,7 @@ runs on them while the learner trains in fp32, as at scale.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass, field
@@ -19,10 +20,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlstream.envs import tasks as task_family
-from rlstream.rollout.model import PolicyConfig, PolicyModel
+from rlstream.rollout.model import PolicyConfig, PolicyModel, build_policy
 from rlstream.schemas import arrays
 from rlstream.schemas.deltacodec import from_torch
 from rlstream.trainer import grpo as rules
+from rlstream.trainer.distributed import Ranks, slice_of
 from rlstream.trainer.grpo import GrpoConfig
 from rlstream.trainer.warmstart import WarmStartConfig, warm_start
 
@@ -57,6 +59,13 @@ class LearnerConfig(BaseModel):
     state_dir: str = Field(".rlstream/learner", description="Checkpoints of master weights.")
     warm_start_cache: str | None = Field(None, description="Cache file of the warm-start weights.")
     seed: int = Field(0, ge=0, description="torch seed of the learner.")
+    ranks: int = Field(
+        1,
+        ge=1,
+        description="Data-parallel ranks on torch.distributed (rlstream run learner --ranks N); "
+        "under torchrun, WORLD_SIZE decides. Each step's groups are split over the ranks, so "
+        "groups_per_step must be at least this.",
+    )
 
 
 @dataclass
@@ -102,15 +111,28 @@ def train_step(
     optimizer: torch.optim.Optimizer,
     inputs: list[StepInput],
     cfg: LearnerConfig,
+    ranks: Ranks | None = None,
 ) -> dict[str, float]:
-    """One GRPO step on the groups of ``inputs`` (in order); returns its statistics."""
+    """One GRPO step on the groups of ``inputs`` (in order); returns its statistics.
+
+    With ``ranks`` (every rank calls it with the same ``inputs``) this rank trains on its slice
+    (``distributed.slice_of``) and the gradients are averaged across ranks before the step
+    (``distributed.Ranks.reduce_grads``); the group statistics cover every input, the loss
+    statistics this rank's slice."""
+    mine, reduce = inputs, None
+    if ranks is not None and ranks.world > 1:
+        lo, hi = slice_of(len(inputs), ranks.rank, ranks.world)
+        mine, reduce = inputs[lo:hi], functools.partial(ranks.reduce_grads, model)
+        if not mine:
+            raise ValueError(f"{len(inputs)} groups cannot be split over {ranks.world} ranks")
     seqs: list[rules.TrainSequence] = []
     advs: list[float] = []
-    for item in inputs:
+    for item in mine:
         s, a = group_sequences(item.group, cfg.grpo)
         seqs += s
         advs += a
-    stats = rules.grpo_step(model, optimizer, rules.make_batch(seqs, advs), cfg.grpo)
+    batch = rules.make_batch(seqs, advs)
+    stats = rules.grpo_step(model, optimizer, batch, cfg.grpo, reduce)
     samples = [s for item in inputs for s in item.group["samples"]]
     stats.update(
         groups=float(len(inputs)),
@@ -133,11 +155,15 @@ def published_state(model: PolicyModel, dtype: str) -> dict[str, Any]:
 
 
 def init_model(
-    cfg: LearnerConfig, log_fn: Any = print
+    cfg: LearnerConfig, log_fn: Any = print, warm: bool = True
 ) -> tuple[PolicyModel, torch.optim.Optimizer]:
-    """The version-0 policy (warm start, deterministic given the configs) and its optimizer."""
+    """The version-0 policy (warm start, deterministic given the configs) and its optimizer;
+    with ``warm`` False the policy as built, untrained (a rank that receives rank 0's weights)."""
     torch.manual_seed(cfg.seed)
-    model = warm_start(cfg.policy, cfg.warm_start, cfg.warm_start_cache, log_fn)
+    if warm:
+        model = warm_start(cfg.policy, cfg.warm_start, cfg.warm_start_cache, log_fn)
+    else:
+        model = build_policy(cfg.policy)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98))
     return model, optimizer
 
