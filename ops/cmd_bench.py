@@ -18,6 +18,8 @@ BENCHES = (
     "rlstream.ops.bench.ingest",
     "rlstream.ops.bench.geo",
     "rlstream.ops.bench.chaos",
+    "rlstream.ops.bench.publish",
+    "rlstream.ops.bench.learner",
 )
 # Benchmarks added as the features land are appended here.
 

@@ -36,6 +36,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="comma-separated regions, the trainer region first (default: trainer,eu); "
         "one region runs everything there",
     )
+    p.add_argument(
+        "--ranks",
+        type=int,
+        default=None,
+        help="learner ranks on torch.distributed (sets learner.ranks; default the recipe's, 1)",
+    )
     p.add_argument("--config", default=None, help="TOML recipe (default ops/recipes/demo.toml)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", default=".rlstream/runs", help="where logs and the PNG go")
@@ -70,6 +76,7 @@ def _demo(args: argparse.Namespace) -> int:
         f"learner.max_versions={args.max_versions}",
         f"regions.trainer={names[0]}",
         f"regions.rollout={json.dumps(names[1:])}",
+        *([f"learner.ranks={args.ranks}"] if args.ranks else []),
     ]
     config = load_run_config(args.config, sets)
     regions = config.regions.topology()
@@ -118,6 +125,7 @@ def _demo(args: argparse.Namespace) -> int:
     result = demo.summary(run, progress, wall, png, regions, tally)
     result.update(demo.eval_summary(home, run, config.model))
     result.update(demo.final_model(home, run, config, progress.version, out))
+    result["learner_ranks"] = learner_cfg.ranks
     _print_summary(run, result, wall, png, out)
     if args.json:
         print(demo.dumps(result))

@@ -82,3 +82,30 @@ def test_geo_bench_runs_on_the_regions_cluster(geo, tmp_path: Path) -> None:
         assert result[key] > 0, (key, result)
     assert result["baseline"]["propagation_p50_s"] > 0
     assert json.loads((tmp_path / "bench-geo.json").read_text())["result"] == result
+
+
+#: The learner-ranks benchmarks at a tiny size: rank counts measured and their figures.
+RANK_CASES = {
+    "publish": ["--gb", "0.01", "--tensor-mb", "1", "--ranks", "1,2"],
+    "learner": [
+        *("--ranks", "1,2", "--steps", "1", "--groups-per-step", "2", "--group-size", "2"),
+        *("--max-new-tokens", "8", "--warm-steps", "2"),
+    ],
+}
+
+
+@UNSECURED
+@pytest.mark.parametrize("bench", sorted(RANK_CASES))
+def test_rank_bench_measures_every_rank_count(bench: str, kafka, tmp_path: Path) -> None:
+    env = {**os.environ, "RLSTREAM_RESULTS": str(tmp_path)}
+    args = [*RANK_CASES[bench], "--bootstrap", kafka.bootstrap_servers]
+    cmd = [sys.executable, "-m", "rlstream", "bench", bench, "--json", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [r["ranks"] for r in result["runs"]] == [1, 2]
+    rate = ("publish_gb_per_s", "apply_gb_per_s") if bench == "publish" else ("samples_per_s",)
+    assert all(r[k] > 0 for r in result["runs"] for k in rate), result
+    if bench == "publish":
+        assert result["max_version_gb"] >= 0.01
+    assert json.loads((tmp_path / f"bench-{bench}.json").read_text())["result"] == result

@@ -1,0 +1,229 @@
+"""``rlstream bench learner``: trained samples per second of the learner's step on 1 and 2
+ranks (torch.distributed, gloo on CPU).
+
+The groups are real rollouts of the demo's warm-started policy (the demo recipe's learner
+config: its policy, GRPO rules and publish dtype) on tasks of the demo's family, made once and
+fed to every rank count in the same order; rewards alternate 0/1 within a group (the step's
+cost does not depend on them). Per rank count N: N processes (``trainer.distributed.Ranks``; N
+= 1 is the one-process learner), each with the model and a sharded ``WeightPublisher`` on a
+fresh run's topics; after version 0 and one untimed step, ``--steps`` timed steps each train
+``--groups-per-step`` groups (every rank its slice, gradients averaged: ``learner_step.
+train_step``) and publish the version (every rank its shard, rank 0 commits the manifest):
+what the learner role does per step, without reading the admitted stream.
+``samples_per_s`` = samples trained / rank 0's wall time of the timed steps.
+The machine's cores are shared by the ranks (and the broker): N ranks on fewer than N free
+cores cannot be N times faster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+MODEL = "policy"
+
+
+def register_bench(bench_subparsers: Any) -> None:
+    """Add ``learner`` to the ``rlstream bench`` subcommands."""
+    p = bench_subparsers.add_parser(
+        "learner",
+        help="trained samples per second of the learner's step, 1 and 2 ranks",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    p.add_argument("--ranks", default="1,2", help="rank counts to measure")
+    p.add_argument("--steps", type=int, default=6, help="timed steps per rank count")
+    p.add_argument("--groups-per-step", type=int, default=4, help="groups per step")
+    p.add_argument("--group-size", type=int, default=8, help="samples per group")
+    p.add_argument("--max-new-tokens", type=int, default=48, help="tokens per rollout")
+    p.add_argument("--warm-steps", type=int, default=None, help="warm-start steps (recipe's)")
+    p.add_argument("--cache", default=None, help="warm-start cache file")
+    p.add_argument("--json", action="store_true", help="last stdout line is a JSON object")
+    p.add_argument("--bootstrap", default=None, help="Kafka bootstrap (default: local cluster)")
+    p.add_argument("--home", default=None, help="local cluster state directory")
+    p.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    from rlstream.ops.bench.common import bench_kafka, emit
+
+    with (
+        tempfile.TemporaryDirectory(prefix="rlstream-bench-learner-") as tmp,
+        bench_kafka(args) as settings,
+    ):
+        result = run(args, settings, Path(tmp))
+    lines = [
+        f"{r['ranks']} rank(s): {r['samples_per_s']:.2f} trained samples/s "
+        f"(train {r['train_s']:.2f}s, publish {r['publish_s']:.2f}s over {r['steps']} steps)"
+        for r in result["runs"]
+    ]
+    emit(result, args.json, [] if args.json else lines, "learner")
+    return 0
+
+
+def _config(args: argparse.Namespace, cache: str) -> Any:
+    from rlstream.ops.config import load_run_config
+
+    sets = [f"learner.warm_start_cache={cache}", f"groups_per_step={args.groups_per_step}"]
+    if args.warm_steps is not None:
+        sets.append(f"learner.warm_start.steps={args.warm_steps}")
+    return load_run_config(None, sets).role("learner")
+
+
+def _groups(args: argparse.Namespace, cfg: Any, count: int) -> list[dict[str, Any]]:
+    """``count`` admitted-like groups of real rollouts of the warm-started policy."""
+    import torch
+
+    from rlstream.envs import tasks
+    from rlstream.rollout.harness import HarnessConfig, Rollout
+    from rlstream.schemas import arrays
+    from rlstream.trainer.learner_step import init_model
+
+    model, _ = init_model(cfg, lambda line: print(f"  {line}", file=sys.stderr, flush=True))
+    rollout = Rollout(
+        model, HarnessConfig(max_new_tokens=args.max_new_tokens, inference_dtype="bfloat16")
+    )
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(count):
+        task = tasks.sample_task(1_000_003 + i)
+        samples = []
+        for j, s in enumerate(rollout.group(task.prompt, args.group_size, gen)):
+            fields = arrays.pack_tokens(s.token_ids, s.logprobs, s.loss_mask, s.routes)
+            samples.append(
+                {**fields, "reward": float(j % 2), "passed": bool(j % 2), "policy_version": 0}
+            )
+        out.append({"group_id": f"g{i}", "samples": samples, "staleness": 0})
+    return out
+
+
+def _rank(
+    rank: int, world: int, port: int, settings: Any, run: str, cfg: Any, groups: list, out: Any
+) -> None:  # pragma: no cover (runs in a spawned process)
+    import torch
+
+    from rlstream.producers.producer import EventProducer
+    from rlstream.producers.weights import WeightPublisher
+    from rlstream.schemas import topics
+    from rlstream.trainer.learner_step import StepInput, init_model, published_state, train_step
+
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    ranks = None
+    if world > 1:
+        from rlstream.trainer.distributed import RankEnv, Ranks
+
+        ranks = Ranks(RankEnv(rank, world, "127.0.0.1", port), backend="gloo")
+    model, optimizer = init_model(cfg, lambda line: None)
+    if rank == 0:
+        producer = EventProducer.transactional(settings, f"{topics.group_id(run, 'learner')}.0")
+    else:
+        producer = EventProducer.connect(settings)
+    pub = WeightPublisher(
+        producer,
+        run,
+        MODEL,
+        keyframe_every=cfg.keyframe_every,
+        ranks=ranks,
+        chunk_producer=None if rank == 0 else producer,
+    )
+    pub.publish_version(published_state(model, cfg.publish_dtype), 0)
+    b = cfg.groups_per_step
+    steps = [
+        [
+            StepInput(g, [("admitted", 0, b * s + k)])
+            for k, g in enumerate(groups[b * s : b * (s + 1)])
+        ]
+        for s in range(len(groups) // b)
+    ]
+    train_s = publish_s = 0.0
+    samples = 0
+    for version, used in enumerate(steps, start=1):
+        t0 = time.perf_counter()
+        train_step(model, optimizer, used, cfg, ranks)
+        t1 = time.perf_counter()
+        pub.publish_version(published_state(model, cfg.publish_dtype), version)
+        t2 = time.perf_counter()
+        if version > 1:  # the first step warms up
+            train_s, publish_s = train_s + t1 - t0, publish_s + t2 - t1
+            samples += sum(len(item.group["samples"]) for item in used)
+    if rank == 0:
+        out.put({"samples": samples, "train_s": train_s, "publish_s": publish_s})
+    pub.close()
+    producer.wait(30)
+    if ranks is not None:
+        ranks.close()
+
+
+def _measure(settings: Any, run: str, cfg: Any, groups: list, world: int) -> dict[str, Any]:
+    import multiprocessing
+
+    from rlstream.ops.ranks import free_port
+
+    mp = multiprocessing.get_context("spawn")
+    out = mp.Queue()
+    port = free_port()
+    procs = [
+        mp.Process(target=_rank, args=(r, world, port, settings, run, cfg, groups, out))
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        figures = out.get(timeout=1800)
+    finally:
+        for p in procs:
+            p.join(timeout=120)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    if any(p.exitcode != 0 for p in procs):
+        raise RuntimeError(f"a learner rank failed: {[p.exitcode for p in procs]}")
+    return figures
+
+
+def run(args: argparse.Namespace, settings: Any, tmp: Path) -> dict[str, Any]:
+    """Measure every rank count in ``args.ranks``; returns the figures (module docstring)."""
+    from rlstream.ops.bench.common import progress
+    from rlstream.producers.admin import admin_client, ensure_run_topics
+    from rlstream.schemas import topics
+
+    cfg = _config(args, args.cache or str(tmp / "warm.pt"))
+    worlds = [int(x) for x in str(args.ranks).split(",") if x.strip()]
+    progress(f"rolling out {(args.steps + 1) * args.groups_per_step} groups of {args.group_size}")
+    groups = _groups(args, cfg, (args.steps + 1) * args.groups_per_step)
+    runs = []
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for world in worlds:
+        run_name = f"bench-learner-{stamp}-{world}"
+        ensure_run_topics(settings, run_name)
+        progress(f"{world} rank(s): {args.steps} timed steps of {args.groups_per_step} groups")
+        f = _measure(settings, run_name, cfg, groups, world)
+        total = f["train_s"] + f["publish_s"]
+        runs.append(
+            {
+                "ranks": world,
+                "samples_per_s": round(f["samples"] / total, 3),
+                "samples": f["samples"],
+                "steps": args.steps,
+                "train_s": round(f["train_s"], 3),
+                "publish_s": round(f["publish_s"], 3),
+            }
+        )
+        admin_client(settings).delete_topics(list(topics.run_topics(run_name).values()))
+    return {
+        "runs": runs,
+        "groups_per_step": args.groups_per_step,
+        "group_size": args.group_size,
+        "architecture": cfg.policy.architecture,
+    }
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m rlstream.ops.bench.learner")
+    register_bench(parser.add_subparsers())
+    ns = parser.parse_args(["learner", *sys.argv[1:]])
+    raise SystemExit(ns.func(ns))
