@@ -15,6 +15,7 @@ Rules:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import re
@@ -45,14 +46,28 @@ class Target:
 def signed_message(timestamp: str, target: Target, idempotency_key: str, body: bytes) -> bytes:
     """The bytes an HMAC signature covers: ``TS\nMETHOD\nPATH\nRUN\nIDEMPOTENCY-KEY\n`` + body
     (an absent Idempotency-Key is the empty string)."""
+    return _signed_head(timestamp, target, idempotency_key) + body
+
+
+def _signed_head(timestamp: str, target: Target, idempotency_key: str) -> bytes:
     fields = (timestamp, target.method.upper(), target.path, target.run, idempotency_key)
-    return "\n".join(fields).encode() + b"\n" + body
+    return "\n".join(fields).encode() + b"\n"
 
 
 def sign(key: bytes, timestamp: str, target: Target, idempotency_key: str, body: bytes) -> str:
-    """The ``X-Rlstream-Signature`` value: ``sha256=`` + hex HMAC-SHA256 of ``signed_message``."""
-    message = signed_message(timestamp, target, idempotency_key, body)
-    return "sha256=" + hmac.new(key, message, hashlib.sha256).hexdigest()
+    """The ``X-Rlstream-Signature`` value: ``sha256=`` + hex HMAC-SHA256 of ``signed_message``.
+
+    The key schedule is computed once per key (``_keyed``) and copied per request, and the
+    body is fed as it is, not copied behind the head."""
+    mac = _keyed(key).copy()
+    mac.update(_signed_head(timestamp, target, idempotency_key))
+    mac.update(body)
+    return "sha256=" + mac.hexdigest()
+
+
+@functools.lru_cache(maxsize=64)
+def _keyed(key: bytes) -> hmac.HMAC:
+    return hmac.new(key, digestmod=hashlib.sha256)
 
 
 def check_bearer(authorization: str | None, tokens: list[bytes]) -> bool:

@@ -32,8 +32,9 @@ Guarantees:
   thread, not on the event loop; a smaller body (one typical event) is handled on the loop, where
   it costs well under a millisecond: the hop to a thread and back costs as much as the parse and
   makes the loop wait for the GIL behind the worker;
-- delivery reports reach the event loop in batches: one wake-up per poll of the producer, not
-  one per record;
+- the records submitted during one pass of the event loop reach librdkafka together (the first
+  produce after a pause costs most), and delivery reports reach the event loop in batches: one
+  wake-up per poll of the producer, not one per record;
 - with ``tls_cert_file``/``tls_key_file`` the service speaks HTTPS only;
 - no request can crash the service: anything unexpected is logged and answered 500.
 """
@@ -280,8 +281,7 @@ class Metrics:
             ("outcome",),
         )
         for outcome in self.OUTCOMES:
-            registry.child(self.events, outcome)  # every outcome shows, at 0, before the first
-
+            registry.child(self.events, outcome)  # every outcome shows at 0 before any event
         self.refusals = self.registry.counter(
             "rlstream_feedback_auth_refused_total",
             "Requests refused with 401, by the reason only the service sees.",

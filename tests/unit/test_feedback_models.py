@@ -237,6 +237,15 @@ def signed(
     return {**headers, fm.IDEMPOTENCY_HEADER: idempotency_key} if idempotency_key else headers
 
 
+def test_signature_is_hmac_sha256_of_the_signed_message() -> None:
+    target = fa.Target("POST", "/v1/feedback", "r1")
+    message = fa.signed_message("1700000000", target, "k-1", b'{"a": 1}')
+    assert message == b'1700000000\nPOST\n/v1/feedback\nr1\nk-1\n{"a": 1}'
+    for key in (b"key-1", b"key-2", b"key-1"):  # a remembered key schedule changes nothing
+        expected = "sha256=" + hmac.new(key, message, hashlib.sha256).hexdigest()
+        assert fa.sign(key, "1700000000", target, "k-1", b'{"a": 1}') == expected
+
+
 def test_hmac_signature_covers_body_and_timestamp() -> None:
     keys, body, now = {"k1": b"k1-secret"}, b'{"a": 1}', time.time()
     check = functools.partial(fa.check_signature, target=TARGET, keys=keys, now_s=now, skew_s=300)
