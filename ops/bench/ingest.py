@@ -9,7 +9,10 @@ validation, user hashing, Avro encoding, an idempotent acks=all write, and it an
 after the broker acknowledged. Requests/s count 202 answers; latencies are of 202 answers, under
 the sustained load (the ``light_*`` figures: one request in flight). ratio = median service
 requests/s over median bare requests/s. After the run the feedback topic must hold exactly as
-many records as 202 answers (``stored_check``).
+many records as 202 answers (``stored_check``). ``load_avg`` is the machine's 1-minute load
+average before and after the measurement: on a machine shared with other work the bare
+endpoint's rate falls further than the service's (it has no broker to wait for), so a ratio
+measured under a load well above the core count says more about the load than the service.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -200,7 +204,9 @@ def _main(args: argparse.Namespace) -> int:
         service, service_url = _start(f"_feedback_server({run!r}, {settings.bootstrap_servers!r})")
         progress(f"bare endpoint {bare_url}, feedback service {service_url} (run {run})")
         try:
+            load_before = os.getloadavg()[0]
             runs = _measure(args, {"bare": bare_url, "service": service_url})
+            runs["load"] = [{"before": load_before, "after": os.getloadavg()[0]}]
         finally:
             for process in (bare, service):
                 process.terminate()  # SIGTERM to the pid we started; the service flushes
@@ -216,7 +222,7 @@ def _report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], sto
 
     accepted = sum(r["accepted"] for name in ("service", "light") for r in runs[name])
     warmup_max = 50  # at most this many warm-up requests were stored
-    errors = sum(r["errors"] for v in runs.values() for r in v)
+    errors = sum(r.get("errors", 0) for v in runs.values() for r in v)
     result = {
         "bench": "ingest",
         "requests_per_s": med("service", "requests_per_s"),
@@ -233,6 +239,7 @@ def _report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], sto
         "stored": stored,
         # 202s are all stored; warm-up requests and 503s (if any) may add a few more
         "stored_check": accepted <= stored <= accepted + warmup_max + errors,
+        "load_avg": [round(runs["load"][0]["before"], 2), round(runs["load"][0]["after"], 2)],
         "concurrency": args.concurrency,
         "seconds": args.seconds,
         "tokens": args.tokens,
@@ -249,6 +256,8 @@ def _report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], sto
         f"bare p50 {result['light_baseline_p50_ms']:.1f} ms",
         f"stored {stored} records for {accepted} measured 202s: "
         f"{'ok' if result['stored_check'] else 'MISMATCH'}",
+        f"machine load (1-minute average) {result['load_avg'][0]:.1f} before, "
+        f"{result['load_avg'][1]:.1f} after, on {os.cpu_count()} cores",
     ]
     emit(result, args.json, lines, "ingest")
     return 0 if result["stored_check"] else 1
