@@ -22,6 +22,14 @@ then the gaps and differences, bucket by bucket). Decoding is exact for every bi
 (NaN, inf, subnormals: the key is just bits of the pattern); any inconsistency raises
 ValueError, and applying checks that every gap and difference was used exactly.
 
+``exponent2`` pieces (what the encoder writes; ``exponent`` pieces are still decoded) code the
+same table, gaps and differences with the range coder's second model (``encode2``: geometric
+gaps, counting contexts), in one stored stream with no field stream: ``aux`` names the field
+(``FIELD_IDS``: 1 bfloat16, 2 float16, 3 float32, 4 float64), checked against the element
+width, and ``count`` is the changed elements, as before. They are tried at any changed
+fraction: with every element of a bucket changed its gaps cost almost nothing, and the
+learner's Adam steps change 75-100% of some tensors.
+
 The per-element scans (bucket ranks when encoding, bucket countdowns when applying) are
 compiled with numba: numpy has no vector form of "the r-th element of bucket b" short of a
 stable sort of the whole range, ten times slower.
@@ -48,6 +56,14 @@ EXPONENT_FIELDS: Final[dict[str, tuple[int, int]]] = {
 #: Most buckets a piece may declare (a float64 exponent has 2048).
 MAX_BUCKETS: Final = 1 << 11
 _FAR: Final = 1 << 62  # "no further change in this bucket": never counted down to 0
+#: ``aux`` of an ``exponent2`` piece: its exponent field, and the element width it goes with.
+FIELD_IDS: Final[dict[int, tuple[tuple[int, int], int]]] = {
+    1: (EXPONENT_FIELDS["bfloat16"], 2),
+    2: (EXPONENT_FIELDS["float16"], 2),
+    3: (EXPONENT_FIELDS["float32"], 4),
+    4: (EXPONENT_FIELDS["float64"], 8),
+}
+_ID_OF_FIELD: Final = {field: i for i, (field, _) in FIELD_IDS.items()}
 
 _kernels: dict[str, Callable[..., Any]] = {}
 
@@ -66,15 +82,11 @@ def _compiled() -> dict[str, Callable[..., Any]]:
 # --- encoder ---------------------------------------------------------------------------
 
 
-def encode_exponent(
-    old: np.ndarray,
-    pos: np.ndarray,
-    diff: np.ndarray,
-    field: tuple[int, int],
-    cctx: zstandard.ZstdCompressor,
-) -> tuple[int, list[Stream]]:
-    """Streams of the changes ``(pos, diff)`` (at least one) of a range whose base is
-    ``old``; returns ``aux`` and the streams (module docstring)."""
+def _table(
+    old: np.ndarray, pos: np.ndarray, diff: np.ndarray, field: tuple[int, int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Present buckets, their per-bucket gaps and zigzag differences (bucket-major) and
+    their starts: what both models code."""
     shift, mask = field
     k = pos.size
     cnt = np.zeros(mask + 1, np.int64)
@@ -85,8 +97,31 @@ def encode_exponent(
     changes = np.bincount(bkt, minlength=mask + 1)
     present = np.flatnonzero(changes)
     starts = np.concatenate([[0], np.cumsum(changes[present])])
-    coded = rangecoder.encode(present, gaps.take(order), zigzag(diff).take(order), starts)
-    return 0, [(STORED, np.array([shift, mask], "<u4").tobytes()), (STORED, coded)]
+    return present, gaps.take(order), zigzag(diff).take(order), starts
+
+
+def encode_exponent2(
+    old: np.ndarray, pos: np.ndarray, diff: np.ndarray, field: tuple[int, int]
+) -> tuple[int, list[Stream]]:
+    """``aux`` and the one stream of an ``exponent2`` piece of the changes ``(pos, diff)``
+    (at least one) of a range whose base is ``old``."""
+    present, gaps, z, starts = _table(old, pos, diff, field)
+    coded = rangecoder.encode2(present, gaps, z, starts, old.size)
+    return _ID_OF_FIELD[field], [(STORED, coded)]
+
+
+def encode_exponent(
+    old: np.ndarray,
+    pos: np.ndarray,
+    diff: np.ndarray,
+    field: tuple[int, int],
+    cctx: zstandard.ZstdCompressor,
+) -> tuple[int, list[Stream]]:
+    """Streams of the changes ``(pos, diff)`` (at least one) of a range whose base is
+    ``old``; returns ``aux`` and the streams (module docstring)."""
+    present, gaps, z, starts = _table(old, pos, diff, field)
+    coded = rangecoder.encode(present, gaps, z, starts)
+    return 0, [(STORED, np.array(field, "<u4").tobytes()), (STORED, coded)]
 
 
 # --- decoder ---------------------------------------------------------------------------
@@ -151,6 +186,32 @@ def decode_exponent(
         raise ValueError(f"bad exponent field ({shift}, {mask:#x})")
     width = 8 * dtype.itemsize
     buckets, starts, gaps, z = rangecoder.decode(np.frombuffer(coded, np.uint8), k, mask, width)
+    return _plan(shift, mask, dtype, buckets, starts, gaps, z)
+
+
+def decode_exponent2(piece: Piece, n: int, dtype: np.dtype) -> Plan:
+    """The plan of an ``exponent2`` piece over ``n`` elements of ``dtype``."""
+    k = piece.count
+    if not 0 < k <= n or len(piece.streams) != 1 or piece.streams[0][0] != STORED:
+        raise ValueError("exponent2 piece: 1 to its element count changes, one stored stream")
+    field = FIELD_IDS.get(piece.aux)
+    if field is None or field[1] != dtype.itemsize:
+        raise ValueError(f"exponent2 piece: field {piece.aux} for {dtype.itemsize}-byte elements")
+    (shift, mask), width = field[0], 8 * dtype.itemsize
+    coded = np.frombuffer(piece.streams[0][1], np.uint8)
+    buckets, starts, gaps, z = rangecoder.decode2(coded, k, mask, width, n)
+    return _plan(shift, mask, dtype, buckets, starts, gaps, z)
+
+
+def _plan(
+    shift: int,
+    mask: int,
+    dtype: np.dtype,
+    buckets: np.ndarray,
+    starts: np.ndarray,
+    gaps: np.ndarray,
+    z: np.ndarray,
+) -> Plan:
     plan = Plan(shift, mask, gaps, unzigzag(z.astype(dtype)))
     plan.ptr[buckets], plan.end[buckets] = starts[:-1], starts[1:]
     plan.rem[buckets] = gaps[starts[:-1]]

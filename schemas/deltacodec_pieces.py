@@ -14,8 +14,10 @@ Encodings, per piece, the smallest one kept:
   as 2- or 4-bit symbols ``z - 1`` with an escape for larger ones (their residuals in byte
   planes), or as byte planes. Packing matters: ±1 ULP dominates and zstd cannot spend
   under 1 bit per byte-symbol, while four 2-bit symbols per byte can.
-- ``exponent`` (float dtypes): the changes coded conditioned on the base's exponent field,
-  which the decoder holds (``deltacodec_exponent`` documents it); tried beside ``sparse``.
+- ``exponent2`` (float dtypes): the changes coded conditioned on the base's exponent field,
+  which the decoder holds (``deltacodec_exponent`` documents it); tried at every changed
+  fraction, beside ``sparse`` and the dense fallbacks. ``exponent`` pieces, its first form
+  (encoding 6, no longer written), are still decoded.
 - ``xor`` / ``diff``: dense fallbacks, byte planes of ``old ^ new`` or of zigzag ``new - old``
   over the whole range.
 - ``planes``: no base (keyframes, new tensors): byte planes of the bits.
@@ -24,8 +26,8 @@ Encodings, per piece, the smallest one kept:
 Every stream is zstd-compressed (single-threaded, low level) or stored, whichever is smaller.
 Wire layout of a piece, little-endian: header ``<IQQBBBxQ`` (tensor index, start, stop,
 encoding, stream count, aux, count), one ``<BI`` (codec, length) per stream, then the stream
-bytes. ``aux`` is the sparse value packing (0 planes, 2 or 4 bits; always 0 for the exponent
-piece); ``count`` the number of changed elements. Encodings are only ever added: a
+bytes. ``aux`` is the sparse value packing (0 planes, 2 or 4 bits), 0 for an ``exponent`` piece, the
+exponent field's id for an ``exponent2`` piece; ``count`` the number of changed elements. Encodings are only ever added: a
 decoder reads every piece an earlier encoder wrote (``ENCODINGS`` keeps their numbers). Decoders raise ``ValueError`` on any inconsistency; the caller turns it
 into the codec's own error.
 """
@@ -43,9 +45,9 @@ import zstandard
 
 from .deltacodec_bits import UINT_BY_WIDTH, as_bytes
 
-UNCHANGED, SPARSE, XOR, DIFF, PLANES, RAW, EXPONENT = range(7)
-ENCODINGS: Final = ("unchanged", "sparse", "xor", "diff", "planes", "raw", "exponent")
-NEEDS_BASE: Final = frozenset({UNCHANGED, SPARSE, XOR, DIFF, EXPONENT})
+UNCHANGED, SPARSE, XOR, DIFF, PLANES, RAW, EXPONENT, EXPONENT2 = range(8)
+ENCODINGS: Final = ("unchanged", "sparse", "xor", "diff", "planes", "raw", "exponent", "exponent2")
+NEEDS_BASE: Final = frozenset({UNCHANGED, SPARSE, XOR, DIFF, EXPONENT, EXPONENT2})
 STORED, ZSTD = 0, 1
 PIECE_HEADER: Final = struct.Struct("<IQQBBBxQ")
 STREAM_HEADER: Final = struct.Struct("<BI")
@@ -411,10 +413,10 @@ def encode_best(
 ) -> Piece:
     """The smallest encoding of ``new`` (elements ``start..``) given ``old`` and its changes.
     Without a base: ``planes`` or ``raw``. With one: ``unchanged`` when nothing changed, else
-    the smallest of ``sparse`` and, for a float dtype (its exponent ``field``), ``exponent``
-    (changed fraction <= 0.9), ``xor`` and ``diff`` (>= 0.5), and ``raw`` (its size is known
+    the smallest of ``sparse`` (changed fraction <= 0.9), for a float dtype (its exponent
+    ``field``) ``exponent2``, ``xor`` and ``diff`` (>= 0.5), and ``raw`` (its size is known
     without building it)."""
-    from .deltacodec_exponent import encode_exponent
+    from .deltacodec_exponent import encode_exponent2
 
     n = new.size
     stop = start + n
@@ -427,9 +429,9 @@ def encode_best(
         k = int(ch.pos.size)
         if k <= SPARSE_MAX_FRACTION * n:
             cands.append(encode_sparse(tensor, start, stop, ch, cctx))
-            if field is not None:
-                aux, streams = encode_exponent(old, ch.pos, ch.diff, field, cctx)
-                cands.append(Piece(tensor, start, stop, EXPONENT, aux, k, tuple(streams)))
+        if field is not None:
+            aux, streams = encode_exponent2(old, ch.pos, ch.diff, field)
+            cands.append(Piece(tensor, start, stop, EXPONENT2, aux, k, tuple(streams)))
         if k >= DENSE_MIN_FRACTION * n:
             cands += [encode_dense(tensor, start, old, new, e, cctx) for e in (XOR, DIFF)]
     best = min(cands, key=lambda p: p.nbytes)
@@ -476,10 +478,13 @@ def decode_piece(
     n, dtype = out.size, out.dtype
     if piece.encoding in NEEDS_BASE and base is None:
         raise ValueError(f"{ENCODINGS[piece.encoding]} piece for a tensor without base")
-    if base is not None and piece.encoding == EXPONENT:
-        from .deltacodec_exponent import decode_exponent
+    if base is not None and piece.encoding in (EXPONENT, EXPONENT2):
+        from .deltacodec_exponent import decode_exponent, decode_exponent2
 
-        plan = decode_exponent(piece, n, dtype, dctx)
+        if piece.encoding == EXPONENT:
+            plan = decode_exponent(piece, n, dtype, dctx)
+        else:
+            plan = decode_exponent2(piece, n, dtype)
         _blocks(base, out, old_hasher, new_hasher, plan.run)
         if undo is not None and _same(base, out):
             undo.append((out, plan.done[: plan.ndone], plan.old[: plan.ndone]))

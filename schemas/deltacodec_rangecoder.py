@@ -22,6 +22,29 @@ its distance from the previous one (the first: bucket + 1) and its changes, unde
 their own), then for each bucket its gaps, then its differences. ``decode`` raises ``ValueError`` when the stream is exhausted early or a
 number does not fit its element width; anything else wrong shows as a piece that does not
 match its range, or a hash mismatch.
+
+Second model (``encode2``/``decode2``, the ``exponent2`` pieces), measured against the
+conditioned bound on real Adam steps and the learner's (``rlstream bench deltas``); the same
+byte-level coder, with:
+
+- contexts that count what they coded: a context's n-th bit moves its probability by
+  2**-min(6, bit length of n + 1) (1/2, 1/4, 1/4, 1/8, ...), so it learns like a frequency
+  count at first and then follows slow drifts;
+- gaps under a geometric law instead of learnt contexts: within a bucket, a gap g with the
+  bucket's rate estimate p (its changes over its elements so far, plus a prior of one change
+  at the previous bucket's rate, the piece's for the first, and never below the bucket's
+  changes over the range's elements) is sent as g >> m in unary then its m low bits, m the
+  smallest with (1 - p)**(2**m) <= 1/2, the top ``GAP_EXACT_BITS`` of them with their
+  probabilities under that law (integer arithmetic, Q30), the others plain (their
+  probabilities are within 0.011 of 1/2): the cost follows the bucket's binary entropy of its changed mask
+  within ~log2(changes) / 2 bits, where learnt contexts spent ~25 bits per bucket re-learning
+  (the rate halves from one exponent to the next). A unary run of ``GAP_ESCAPE`` ends in an
+  escape: the rest as a number;
+- differences with six context bits below the top one (the learner's steps are ±k ULP, whose
+  low bits are not uniform), and the value contexts' counts cut back to ``RESET_COUNT`` at
+  every bucket, so they re-learn quickly what the next exponent changes;
+- no first byte (always 0 in this coder) and a flush that ends in as many zero bytes as the
+  final interval allows, which are dropped (the decoder reads zeros past the end).
 """
 
 from __future__ import annotations
@@ -35,6 +58,7 @@ _kernels: dict[str, Callable[..., Any]] = {}
 MANTISSA_CONTEXT_BITS = 3
 FAST, SLOW = 4, 7  # adaptation shifts of the two probability estimates a context averages
 TOP = 1 << 24  # the range is renormalised (a byte out) whenever it falls below this
+_kernels2: dict[str, Callable[..., Any]] = {}
 
 
 def _compiled() -> dict[str, Callable[..., Any]]:
@@ -75,6 +99,63 @@ def decode(
     gaps, values = np.empty(count, np.int64), np.empty(count, np.uint64)
     nb = _compiled()["decode"](
         np.ascontiguousarray(buf, np.uint8), mask, width_bits, buckets, starts, gaps, values
+    )
+    if nb < 0:
+        raise ValueError("exponent piece: coded stream is truncated or inconsistent")
+    return buckets[:nb], starts[: nb + 1], gaps, values
+
+
+def _compiled2() -> dict[str, Callable[..., Any]]:
+    if _kernels2:
+        return _kernels2
+    from . import deltacodec_rangecoder2_kernels as k
+
+    _kernels2.update(encode=k.encode, decode=k.decode)
+    return _kernels2
+
+
+def encode2(
+    buckets: np.ndarray, gaps: np.ndarray, values: np.ndarray, starts: np.ndarray, n: int
+) -> bytes:
+    """The second model's stream of the same table and numbers as ``encode``, for a range of
+    ``n`` elements (module docstring)."""
+    args = (
+        np.ascontiguousarray(buckets, np.int64),
+        np.ascontiguousarray(gaps, np.int64),
+        np.ascontiguousarray(values, np.uint64),
+        np.ascontiguousarray(starts, np.int64),
+        int(n),
+    )
+    out = np.zeros(64 + 8 * buckets.size + 4 * gaps.size, np.uint8)
+    size = _compiled2()["encode"](*args, out)
+    if size > out.size:
+        out = np.zeros(size, np.uint8)
+        size = _compiled2()["encode"](*args, out)
+    if out[0]:
+        raise AssertionError("range coder: a first byte other than 0")
+    end = size
+    while end > max(1, size - 4) and not out[end - 1]:
+        end -= 1
+    return out[1:end].tobytes()
+
+
+def decode2(
+    buf: np.ndarray, count: int, mask: int, width_bits: int, n: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(buckets, starts, gaps, zigzag differences)`` of ``encode2``'s stream of ``count``
+    changes in a range of ``n`` elements, buckets within ``mask``, differences within
+    ``width_bits``."""
+    buckets, starts = np.empty(mask + 1, np.int64), np.empty(mask + 2, np.int64)
+    gaps, values = np.empty(count, np.int64), np.empty(count, np.uint64)
+    nb = _compiled2()["decode"](
+        np.ascontiguousarray(buf, np.uint8),
+        mask,
+        width_bits,
+        int(n),
+        buckets,
+        starts,
+        gaps,
+        values,
     )
     if nb < 0:
         raise ValueError("exponent piece: coded stream is truncated or inconsistent")

@@ -1,6 +1,7 @@
-"""The base-conditioned delta encoding (``exponent`` pieces), in-place apply, and the bounds.
+"""The base-conditioned delta encodings (``exponent2`` pieces, and the ``exponent`` pieces of
+the first model), in-place apply, and the bounds.
 
-Properties asserted: exponent pieces round-trip bit for bit (decoded into new memory and
+Properties asserted: pieces of both encodings round-trip bit for bit (decoded into new memory and
 applied in place) for every float dtype on random and adversarial changes (all changed, none,
 one, NaN/inf bit patterns, subnormals, -0.0, tiny and odd-sized tensors, buckets from
 sparse to all changed);
@@ -25,9 +26,15 @@ from rlstream.schemas import deltacodec as dc
 from rlstream.schemas import deltacodec_file as dfile
 from rlstream.schemas.deltacodec import TensorBits
 from rlstream.schemas.deltacodec_bits import UINT_BY_WIDTH
-from rlstream.schemas.deltacodec_exponent import EXPONENT_FIELDS, encode_exponent
+from rlstream.schemas.deltacodec_exponent import (
+    EXPONENT_FIELDS,
+    FIELD_IDS,
+    encode_exponent,
+    encode_exponent2,
+)
 from rlstream.schemas.deltacodec_pieces import (
     EXPONENT,
+    EXPONENT2,
     Piece,
     decode_piece,
     find_changes,
@@ -79,23 +86,30 @@ def _changed(rng: np.random.Generator, old: np.ndarray, pattern: str) -> np.ndar
 
 
 def _round_trip_piece(dtype: str, old: np.ndarray, new: np.ndarray) -> None:
-    """Encode the change as one exponent piece; decode it into new memory and in place."""
+    """Encode the change as one piece of each exponent encoding; decode each into new memory
+    and in place."""
     cctx, dctx = zstandard.ZstdCompressor(level=1), zstandard.ZstdDecompressor()
     ch = find_changes(old, new, None, None)
     if not ch.pos.size:
         return
-    aux, streams = encode_exponent(old, ch.pos, ch.diff, EXPONENT_FIELDS[dtype], cctx)
-    raw = Piece(0, 0, old.size, EXPONENT, aux, int(ch.pos.size), tuple(streams)).to_bytes()
-    piece = parse_chunk(b"RLDK\x01\x00\x00\x00\x01\x00\x00\x00" + raw)[0]
-    out = np.empty_like(old)
-    decode_piece(piece, old, out, dctx)
-    assert np.array_equal(out, new)
-    held = old.copy()
-    undo: list[Any] = []
-    decode_piece(piece, held, held, dctx, undo=undo)
-    assert np.array_equal(held, new)
-    undo_all(undo)
-    assert np.array_equal(held, old)
+    k, field = int(ch.pos.size), EXPONENT_FIELDS[dtype]
+    aux, streams = encode_exponent(old, ch.pos, ch.diff, field, cctx)
+    aux2, streams2 = encode_exponent2(old, ch.pos, ch.diff, field)
+    assert FIELD_IDS[aux2] == (field, old.itemsize)
+    for piece in (
+        Piece(0, 0, old.size, EXPONENT, aux, k, tuple(streams)),
+        Piece(0, 0, old.size, EXPONENT2, aux2, k, tuple(streams2)),
+    ):
+        piece = parse_chunk(b"RLDK\x01\x00\x00\x00\x01\x00\x00\x00" + piece.to_bytes())[0]
+        out = np.empty_like(old)
+        decode_piece(piece, old, out, dctx)
+        assert np.array_equal(out, new)
+        held = old.copy()
+        undo: list[Any] = []
+        decode_piece(piece, held, held, dctx, undo=undo)
+        assert np.array_equal(held, new)
+        undo_all(undo)
+        assert np.array_equal(held, old)
 
 
 @settings(max_examples=150, deadline=None)
@@ -148,7 +162,7 @@ def test_apply_in_place_writes_into_the_held_memory() -> None:
     c = np.array([0, 0x8000, 0x7F80, 0x7FC1], np.uint16)
     old, new = _state({"w": a, "s": c}), _state({"w": b, "s": c[::-1]})
     enc = dc.encode_delta(old, new, version=2, base_version=1, max_chunk_bytes=20_000)
-    assert "exponent" in enc.manifest["tensors"][1]["encoding"]
+    assert "exponent2" in enc.manifest["tensors"][1]["encoding"]
     held = _state({"w": a, "s": c})
     addresses = {k: t.bits.__array_interface__["data"][0] for k, t in held.items()}
     out = dc.apply_in_place(json.loads(json.dumps(enc.manifest)), enc.chunks, held)
@@ -270,7 +284,7 @@ def test_changes_window_keeps_the_encoder_consistent() -> None:
     a, b = _bf16_pair(400_000, 1e-5, seed=6)
     old, new = _state({"w": a}), _state({"w": b})
     enc = dc.encode_delta(old, new, version=1, base_version=0, max_chunk_bytes=8_000)
-    assert len(enc.chunks) > 3 and "exponent" in enc.manifest["tensors"][0]["encoding"]
+    assert len(enc.chunks) > 3 and "exponent2" in enc.manifest["tensors"][0]["encoding"]
     assert dc.same_state(dc.decode(enc.manifest, enc.chunks, old), new)
 
 
@@ -298,3 +312,33 @@ def test_exponent_pieces_of_the_first_exponent_encoder_still_decode() -> None:
     assert dc.same_state(dc.decode(enc.manifest, enc.chunks, old), new)
     held = {k: TensorBits(t.dtype, t.shape, t.bits.copy()) for k, t in old.items()}
     assert dc.same_state(dc.apply_in_place(enc.manifest, enc.chunks, held), new)
+
+
+def test_an_exponent2_piece_refuses_a_field_of_another_width() -> None:
+    """``aux`` names the exponent field; one of another element width, or an unknown one, is
+    refused before anything is decoded."""
+    a, b = _bf16_pair(5000, 1e-4, seed=7)
+    ch = find_changes(a, b, None, None)
+    aux, streams = encode_exponent2(a, ch.pos, ch.diff, EXPONENT_FIELDS["bfloat16"])
+    dctx = zstandard.ZstdDecompressor()
+    for bad in (3, 4, 0, 9):  # float32, float64, none, unknown
+        piece = Piece(0, 0, a.size, EXPONENT2, bad, int(ch.pos.size), tuple(streams))
+        with pytest.raises(ValueError, match="field"):
+            decode_piece(piece, a, np.empty_like(a), dctx)
+    good = Piece(0, 0, a.size, EXPONENT2, aux, int(ch.pos.size), tuple(streams))
+    out = np.empty_like(a)
+    decode_piece(good, a, out, dctx)
+    assert np.array_equal(out, b)
+
+
+def test_dense_float_changes_are_coded_conditioned_on_the_base() -> None:
+    """A step that changes every element (the learner's first Adam steps change 75-100% of
+    some tensors): exponent2 is tried and is well below the byte-plane fallbacks."""
+    a, b = _bf16_pair(200_000, 3e-3, seed=8)
+    old, new = _state({"w": a}), _state({"w": b})
+    enc = dc.encode_delta(old, new, version=1, base_version=0)
+    bound = dc.conditioned_bound(old, new)
+    assert bound.changed > 0.95 * bound.numel
+    assert enc.manifest["tensors"][0]["encoding"] == "exponent2"
+    assert enc.ratio >= 0.9 * bound.ratio, (enc.ratio, bound.ratio)
+    assert dc.same_state(dc.decode(enc.manifest, enc.chunks, old), new)
