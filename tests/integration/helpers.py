@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import (
@@ -87,3 +90,37 @@ def first_record(consumer: Consumer, timeout: float = 30.0) -> Message:
             raise KafkaException(msg.error())
         return msg
     raise AssertionError(f"no record within {timeout}s")
+
+
+def wait_for(
+    predicate: Callable[[], bool],
+    timeout: float,
+    procs: Mapping[str, subprocess.Popen],
+    may_exit: tuple[str, ...] = ("scheduler",),
+    what: str = "the pipeline",
+) -> None:
+    """Poll ``predicate`` once a second until it holds; fail at once when a role process we
+    started exited (except those in ``may_exit``: the scheduler ends when it released its
+    tasks), and after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        dead = [n for n, p in procs.items() if p.poll() is not None and n not in may_exit]
+        assert not dead, f"role(s) exited: {dead}"
+        time.sleep(1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def stop_procs(procs: Mapping[str, subprocess.Popen], timeout: float = 20.0) -> None:
+    """SIGTERM each process we started (by pid), wait, then SIGKILL what is left."""
+    for p in procs.values():
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for p in procs.values():
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

@@ -13,13 +13,10 @@ from __future__ import annotations
 import collections
 import json
 import os
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
-from helpers import decode_all
+from helpers import decode_all, stop_procs, wait_for
 
 from rlstream.ops.demo import start_role
 from rlstream.producers.admin import ensure_run_topics
@@ -110,17 +107,6 @@ def _versions(kafka, run: str) -> list[dict]:
     return [d.record for d in decode_all(kafka, topics.topic_name(run, "weights.manifests"))]
 
 
-def _wait(predicate, timeout: float, procs: dict) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        dead = [n for n, p in procs.items() if p.poll() is not None and n != "scheduler"]
-        assert not dead, f"role(s) exited: {dead}"
-        time.sleep(1)
-    raise AssertionError("timed out waiting for the pipeline")
-
-
 def test_a_dataset_family_trains_through_the_pipeline(kafka, unique_run, tmp_path):
     run = unique_run
     recipe = str(_recipe(tmp_path))
@@ -140,8 +126,8 @@ def test_a_dataset_family_trains_through_the_pipeline(kafka, unique_run, tmp_pat
             role, run, kafka, tmp_path, ["--config", recipe, *extra], name
         ).proc
     try:
-        _wait(lambda: len(_decided(kafka, run)) >= TASKS, 150, procs)
-        _wait(lambda: any(v["version"] >= 2 for v in _versions(kafka, run)), 60, procs)
+        wait_for(lambda: len(_decided(kafka, run)) >= TASKS, 150, procs)
+        wait_for(lambda: any(v["version"] >= 2 for v in _versions(kafka, run)), 60, procs)
         decided = _decided(kafka, run)
         assert len(decided) == TASKS and all(len(v) == 1 for v in decided.values())
         released = [d.record for d in decode_all(kafka, topics.topic_name(run, "tasks"))]
@@ -171,11 +157,4 @@ def test_a_dataset_family_trains_through_the_pipeline(kafka, unique_run, tmp_pat
         }
         assert admitted and trained, "the learner trained on admitted dataset groups"
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs.values():
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_procs(procs)

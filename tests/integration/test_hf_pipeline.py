@@ -11,13 +11,11 @@ own process, on a real broker. A short run checks:
 from __future__ import annotations
 
 import collections
-import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from helpers import decode_all
+from helpers import decode_all, stop_procs, wait_for
 
 from rlstream.ops.demo import start_role
 from rlstream.producers.admin import ensure_run_topics
@@ -51,17 +49,6 @@ def _manifests(kafka, run: str) -> list[dict]:
     return [d.record for d in decode_all(kafka, topics.topic_name(run, "weights.manifests"))]
 
 
-def _wait(predicate, timeout: float, procs: dict) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        dead = [n for n, p in procs.items() if p.poll() is not None and n != "scheduler"]
-        assert not dead, f"role(s) exited: {dead}"
-        time.sleep(1)
-    raise AssertionError("timed out waiting for the pipeline")
-
-
 def test_hf_policy_runs_the_pipeline_keyed_by_hf_names(kafka, unique_run, tmp_path):
     run = unique_run
     ensure_run_topics(kafka, run)
@@ -79,7 +66,7 @@ def test_hf_policy_runs_the_pipeline_keyed_by_hf_names(kafka, unique_run, tmp_pa
         for name, (role, *rest) in roles.items()
     }
     try:
-        _wait(
+        wait_for(
             lambda: max((m["version"] for m in _manifests(kafka, run)), default=-1) >= VERSIONS,
             420,
             procs,
@@ -90,14 +77,7 @@ def test_hf_policy_runs_the_pipeline_keyed_by_hf_names(kafka, unique_run, tmp_pa
         assert versions == list(range(len(versions))), f"versions not consecutive: {versions}"
         _check_trained_groups_admitted(kafka, run)
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs.values():
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_procs(procs)
     last = _manifests(kafka, run)[-1]
     config = _check_replay_is_bit_exact(kafka, run, tmp_path, int(last["version"]))
     _check_final_model_dir(kafka, run, config, last, tmp_path)

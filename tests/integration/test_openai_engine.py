@@ -14,16 +14,14 @@ import collections
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import decode_all
+from helpers import decode_all, stop_procs, wait_for
 
 from rlstream.ops.demo import start_role
 from rlstream.producers.admin import ensure_run_topics
@@ -86,17 +84,6 @@ def _max_version(kafka, run: str) -> int:
     return max((d.record["version"] for d in manifests), default=-1)
 
 
-def _stop(procs: dict[str, subprocess.Popen]) -> None:
-    for p in procs.values():
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs.values():
-        try:
-            p.wait(20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-
-
 @pytest.mark.unsecured_only("the server and roles are given a bare bootstrap")
 def test_openai_engine_worker_trains_against_serve_policy(kafka, unique_run, tmp_path):
     run = unique_run
@@ -124,17 +111,12 @@ def test_openai_engine_worker_trains_against_serve_policy(kafka, unique_run, tmp
     try:
         for name, (role, *rest) in roles.items():
             procs[name] = start_role(role, run, kafka, tmp_path, [*rest, *extra], name).proc
-        deadline = time.monotonic() + 300
-        while _max_version(kafka, run) < VERSIONS:
-            assert time.monotonic() < deadline, "timed out waiting for the pipeline"
-            dead = [n for n, p in procs.items() if p.poll() is not None and n != "scheduler"]
-            assert not dead, f"role(s) exited: {dead}"
-            time.sleep(1)
+        wait_for(lambda: _max_version(kafka, run) >= VERSIONS, 300, procs)
         health = _healthz(base)
         assert health is not None and health["following"] == "pushed"
         assert health["policy_version"] >= 1, health
     finally:
-        _stop(procs)
+        stop_procs(procs)
 
     served = decode_all(kafka, topics.topic_name(run, "served"))
     served_versions = {d.record["policy_version"] for d in served}

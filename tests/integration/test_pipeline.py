@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import decode_all
+from helpers import decode_all, stop_procs, wait_for
 
 from rlstream.ops.demo import start_role
 from rlstream.producers.admin import ensure_run_topics
@@ -71,17 +71,6 @@ def _decided(kafka, run: str) -> dict[str, list[str]]:
     return out
 
 
-def _wait(predicate, timeout: float, procs: dict) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        dead = [n for n, p in procs.items() if p.poll() is not None and n != "scheduler"]
-        assert not dead, f"role(s) exited: {dead}"
-        time.sleep(1)
-    raise AssertionError("timed out waiting for the pipeline")
-
-
 def test_roles_killed_and_restarted_lose_nothing_and_train_nothing_twice(
     kafka, unique_run, tmp_path
 ):
@@ -96,7 +85,7 @@ def test_roles_killed_and_restarted_lose_nothing_and_train_nothing_twice(
         "scheduler": _start("scheduler", run, kafka, tmp_path),
     }
     try:
-        _wait(lambda: len(_decided(kafka, run)) >= 4, 240, procs)
+        wait_for(lambda: len(_decided(kafka, run)) >= 4, 240, procs)
         restart = {
             "learner": ("learner",),
             "admission": ("admission",),
@@ -109,10 +98,10 @@ def test_roles_killed_and_restarted_lose_nothing_and_train_nothing_twice(
             procs[name].wait()
         for name, (role, *extra) in restart.items():
             procs[name] = _start(role, run, kafka, tmp_path, *extra)
-        _wait(lambda: len(_decided(kafka, run)) >= TASKS, 300, procs)
+        wait_for(lambda: len(_decided(kafka, run)) >= TASKS, 300, procs)
         decided = _decided(kafka, run)
         n_admitted = sum(v == ["admitted"] for v in decided.values())
-        _wait(lambda: _trained_groups(kafka, run)[1] >= n_admitted // 2 * 2, 120, procs)
+        wait_for(lambda: _trained_groups(kafka, run)[1] >= n_admitted // 2 * 2, 120, procs)
         assert len(decided) == TASKS, "a group was lost"
         assert all(len(v) == 1 for v in decided.values()), "a group was decided twice"
         trained, _ = _trained_groups(kafka, run)
@@ -131,14 +120,7 @@ def test_roles_killed_and_restarted_lose_nothing_and_train_nothing_twice(
         _check_stale_rejected(kafka, run, procs)
         _check_replay_is_bit_exact(kafka, run, tmp_path, versions[-1])
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs.values():
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_procs(procs)
 
 
 def _trained_groups(kafka, run: str) -> tuple[list[str], int]:
@@ -173,7 +155,7 @@ def _check_stale_rejected(kafka, run: str, procs: dict) -> None:
                 },
                 "old-group",
             )
-    _wait(lambda: _decided(kafka, run).get("old-group") == ["stale"], 60, procs)
+    wait_for(lambda: _decided(kafka, run).get("old-group") == ["stale"], 60, procs)
 
 
 def _check_replay_is_bit_exact(kafka, run: str, tmp: Path, last_version: int) -> None:
