@@ -32,17 +32,15 @@ chooses from.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rlstream.ops.bench.common import emit, median, progress
+from rlstream.ops.bench.common import emit, local_cluster, median, progress
 
 
 def register_bench(sub: argparse._SubParsersAction) -> None:
@@ -72,28 +70,14 @@ def _main(args: argparse.Namespace) -> int:
     return 0
 
 
-@contextlib.contextmanager
-def _cluster(args: argparse.Namespace) -> Iterator[Path]:
-    """The state directory of a running local cluster, or of a temporary one (stopped by pid)."""
-    from rlstream.ops import cluster
-
-    if args.home:
-        yield Path(args.home)
-        return
-    with tempfile.TemporaryDirectory(prefix="rlstream-bench-async-") as tmp:
-        home = Path(tmp) / "cluster"
-        progress("starting a temporary local cluster ...")
-        cluster.up(["trainer"], home=home, log=lambda *_: None)
-        try:
-            yield home
-        finally:
-            cluster.down(home=home, purge=True, log=lambda *_: None)
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     budgets = sorted({int(b) for b in args.sweep.split(",") if b.strip()})
     runs: dict[int, list[dict[str, Any]]] = {}
-    with _cluster(args) as home, tempfile.TemporaryDirectory(prefix="rlstream-async-") as out:
+    with (
+        local_cluster(args, reuse_default=False) as local,
+        tempfile.TemporaryDirectory(prefix="rlstream-async-") as out,
+    ):
+        home = local.home
         for rep in range(args.reps):
             for budget in (0, args.max_staleness):
                 runs.setdefault(budget, []).append(_one(args, home, Path(out), budget, rep))
@@ -181,9 +165,8 @@ def _figures(
     home: Path, run: str, demo: dict[str, Any], args: argparse.Namespace
 ) -> dict[str, Any]:
     from rlstream.ops import cluster
-    from rlstream.producers.settings import KafkaSettings
 
-    settings = KafkaSettings(bootstrap_servers=cluster.load(home).bootstrap("trainer"))
+    settings = cluster.load(home).settings("trainer")
     commits = _commits_ms(settings, run)
     last = max(commits)
     if last < 2:

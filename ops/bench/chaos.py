@@ -34,20 +34,17 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import os
 import random
 import re
 import secrets
 import signal
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rlstream.ops.bench.common import emit, progress
+from rlstream.ops.bench.common import emit, local_cluster, progress
 
 HEAP = "768m"
 SAME_ROLE_GAP_S = 40.0  # a role killed again sooner could exhaust its supervisor's fast failures
@@ -101,28 +98,6 @@ def held(r: dict[str, Any]) -> bool:
     return all(r[k] == 0 for k in zero) and r["feedback_stored"] == 1
 
 
-@contextlib.contextmanager
-def _cluster(args: argparse.Namespace) -> Iterator[tuple[Path, Any]]:
-    """(state directory, settings) of the running local cluster at ``--home``, else of a
-    temporary one."""
-    from rlstream.ops import cluster
-
-    if args.home:
-        local = cluster.load(Path(args.home))
-        if "trainer" not in local.running_regions():
-            raise SystemExit(f"error: no running trainer region in {args.home}")
-        yield Path(args.home), local.settings("trainer")
-        return
-    with tempfile.TemporaryDirectory(prefix="rlstream-bench-chaos-") as tmp:
-        home = Path(tmp) / "cluster"
-        progress("starting a temporary local Kafka for the benchmark ...")
-        state = cluster.up(["trainer"], home=home, heap=HEAP, log=lambda *_: None)
-        try:
-            yield home, state.settings("trainer")
-        finally:
-            cluster.down(home=home, purge=True, log=lambda *_: None)
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from rlstream.ops.config import load_run_config
     from rlstream.producers.admin import ensure_run_topics
@@ -141,7 +116,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     config = load_run_config(args.config, sets)
     extra = ["--config", args.config] if args.config else []
     extra += [arg for item in sets for arg in ("--set", item)]
-    with _cluster(args) as (home, settings):
+    with local_cluster(args, reuse_default=False, heap=HEAP) as local:
+        home, settings = local.home, local.settings("trainer")
         ensure_run_topics(settings, name)
         driver = Driver(args, name, out, home, settings, config, extra)
         started = time.monotonic()

@@ -23,30 +23,61 @@ def progress(message: str) -> None:
 
 
 @contextlib.contextmanager
-def bench_kafka(args: Any) -> Iterator[Any]:
-    """Settings for the cluster named by the args/env/local cluster, else a temporary one.
-
-    A temporary cluster is started in its own state directory and stopped (by pid) at the end.
-    """
+def local_cluster(
+    args: Any,
+    regions: tuple[str, ...] = ("trainer",),
+    *,
+    reuse_default: bool = True,
+    heap: str = "1g",
+) -> Iterator[Any]:
+    """The local cluster (``ops.cluster.Cluster``) a benchmark runs on: the one at ``--home``
+    when given (its ``regions``, and the links between them, must be running: an error says
+    so otherwise); else, with ``reuse_default``, the default home's cluster when those run
+    there; else a temporary one, started in its own state directory and stopped (by pid) at
+    the end. Benchmarks that break brokers pass ``reuse_default=False``: they touch a user's
+    cluster only when named."""
     from rlstream.ops import cluster
+
+    def ready(local: Any) -> bool:
+        links = [r for r in regions if r != "trainer"]
+        running = set(local.running_regions())
+        return set(regions) <= running and all(
+            r in local.mirrors and local.mirrors[r].running() for r in links
+        )
+
+    home = getattr(args, "home", None)
+    if home or reuse_default:
+        local = cluster.load(Path(home) if home else None)
+        if ready(local):
+            yield local
+            return
+        if home:
+            raise SystemExit(
+                f"error: {', '.join(regions)} (and their links) are not running in {home}; "
+                f"start them with `rlstream cluster --home {home} up --regions {','.join(regions)}`"
+            )
+    with tempfile.TemporaryDirectory(prefix="rlstream-bench-") as tmp:
+        temp = Path(tmp) / "cluster"
+        progress(f"starting a temporary local cluster ({', '.join(regions)}) for the benchmark ...")
+        state = cluster.up(list(regions), home=temp, heap=heap, log=lambda *_: None)
+        try:
+            yield state
+        finally:
+            cluster.down(home=temp, purge=True, log=lambda *_: None)
+
+
+@contextlib.contextmanager
+def bench_kafka(args: Any) -> Iterator[Any]:
+    """Settings for the cluster named by ``--bootstrap`` or the environment, else the trainer
+    region of ``local_cluster``."""
     from rlstream.producers.settings import KafkaSettings
 
     settings = KafkaSettings.from_env(getattr(args, "bootstrap", None))
     if settings is not None:
         yield settings
         return
-    local = cluster.load(getattr(args, "home", None))
-    if "trainer" in local.running_regions():
-        yield KafkaSettings(bootstrap_servers=local.bootstrap("trainer"))
-        return
-    with tempfile.TemporaryDirectory(prefix="rlstream-bench-") as tmp:
-        home = Path(tmp) / "cluster"
-        progress("starting a temporary local Kafka for the benchmark ...")
-        state = cluster.up(["trainer"], home=home, log=lambda *_: None)
-        try:
-            yield KafkaSettings(bootstrap_servers=state.bootstrap("trainer"))
-        finally:
-            cluster.down(home=home, purge=True, log=lambda *_: None)
+    with local_cluster(args) as local:
+        yield local.settings("trainer")
 
 
 def median(values: list[float]) -> float:

@@ -27,16 +27,12 @@ bytes the local subscriber fetched per version over the full model).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-from rlstream.ops.bench.common import emit, median, percentile, progress
+from rlstream.ops.bench.common import emit, local_cluster, median, percentile, progress
 
 MODEL = "policy"
 
@@ -64,36 +60,14 @@ def _main(args: argparse.Namespace) -> int:
     return 0
 
 
-@contextlib.contextmanager
-def _regions(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
-    """Settings of the trainer and eu regions, from a running local cluster or a temporary one."""
-    from rlstream.ops import cluster
-    from rlstream.producers.settings import KafkaSettings
-
-    local = cluster.load(Path(args.home) if args.home else None)
-    link = local.mirrors.get("eu")
-    if {"trainer", "eu"} <= set(local.running_regions()) and link and link.running():
-        yield {r: KafkaSettings(bootstrap_servers=local.bootstrap(r)) for r in ("trainer", "eu")}
-        return
-    with tempfile.TemporaryDirectory(prefix="rlstream-bench-geo-") as tmp:
-        home = Path(tmp) / "cluster"
-        progress("starting a temporary local cluster: regions trainer and eu, MirrorMaker 2 ...")
-        state = cluster.up(["trainer", "eu"], home=home, heap="512m", log=lambda *_: None)
-        try:
-            yield {
-                r: KafkaSettings(bootstrap_servers=state.bootstrap(r)) for r in ("trainer", "eu")
-            }
-        finally:
-            cluster.down(home=home, purge=True, log=lambda *_: None)
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from rlstream.producers.admin import ensure_run_topics
     from rlstream.schemas import topics
 
     run_name = f"bench-geo-{uuid.uuid4().hex[:8]}"
     regions = topics.Regions("trainer", ("eu",))
-    with _regions(args) as settings:
+    with local_cluster(args, ("trainer", "eu"), heap="512m") as local:
+        settings = {r: local.settings(r) for r in ("trainer", "eu")}
         for name, s in settings.items():
             ensure_run_topics(s, run_name, regions=regions, here=name)
         weights = _weights(settings, run_name, args)
