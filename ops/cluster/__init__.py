@@ -207,6 +207,7 @@ def _ensure_link(cluster: Cluster, region: str, log) -> None:
     log(f"mirror {region}: starting MirrorMaker 2 ({cluster.trainer} <-> {region}) ...")
     started = mirror.start(cluster.home, flows, cluster.regions, name=region, user=user)
     cluster.mirrors[region] = started
+    cluster.save()  # recorded at once: a later link failing to start must not hide this one
     log(f"mirror {region}: running (pid {started.pid}, log {started.log})")
 
 

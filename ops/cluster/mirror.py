@@ -110,6 +110,11 @@ def mm2_properties(flows: list[Flow], regions: dict[str, Region], user: str | No
         )
     lines = [f"clusters = {', '.join(names)}"]
     lines += [f"{n}.bootstrap.servers = {regions[n].bootstrap}" for n in names]
+    # Connectors and converters come from their ServiceLoader manifests only: the reflective
+    # classpath scan costs seconds per herder at start-up. Each herder takes its worker settings
+    # from its target cluster's properties, so the setting is given per cluster too.
+    lines += ["plugin.discovery = service_load"]
+    lines += [f"{n}.plugin.discovery = service_load" for n in names]
     for n in names:
         if regions[n].secure:
             if user is None:
