@@ -21,11 +21,10 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
-from helpers import decode_all
+from helpers import decode_all, stop_procs, wait_for
 
 from rlstream.consumers.manifest_log import read_manifests
 from rlstream.ops.demo import start_role
@@ -53,33 +52,6 @@ def _start(role: str, run: str, kafka, tmp: Path, *extra: str) -> subprocess.Pop
     sets = [*SETTINGS, f"learner.state_dir={tmp / 'learner'}", f"learner.warm_start_cache={tmp / 'warm.pt'}"]  # fmt: skip
     args = [a for s in sets for a in ("--set", s)]
     return start_role(role, run, kafka, tmp, [*args, *extra], name).proc
-
-
-def _wait(
-    predicate: Callable[[], bool], timeout: float, procs: Mapping[str, subprocess.Popen]
-) -> None:
-    """Poll ``predicate`` until it holds; fail when a role we started (not the scheduler, which
-    ends when its tasks are out) exited, or after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        dead = [n for n, p in procs.items() if p.poll() is not None and n != "scheduler"]
-        assert not dead, f"role(s) exited: {dead}"
-        time.sleep(1)
-    raise AssertionError("timed out")
-
-
-def _stop(procs: Mapping[str, subprocess.Popen]) -> None:
-    for p in procs.values():
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs.values():
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 def _ranks(log: Path) -> dict[int, int]:
@@ -111,27 +83,27 @@ def test_two_ranks_one_killed_resume_train_each_group_once_and_replay_bit_exact(
     procs = {"learner": _start("learner", run, kafka, tmp_path, "--ranks", "2")}
     log = tmp_path / "learner.log"
     try:
-        _wait(lambda: len(_versions(kafka, run)) >= 1, 300, procs)  # version 0 first
+        wait_for(lambda: len(_versions(kafka, run)) >= 1, 300, procs)  # version 0 first
         procs["admission"] = _start("admission", run, kafka, tmp_path)
         procs["judge-tests"] = _start("judge", run, kafka, tmp_path, "--name", "tests")
         procs["judge-format"] = _start("judge", run, kafka, tmp_path, "--name", "format")
         procs["rollout"] = _start("rollout", run, kafka, tmp_path, "--member", "0")
         procs["scheduler"] = _start("scheduler", run, kafka, tmp_path)
-        _wait(lambda: len(_versions(kafka, run)) >= 3, 400, procs)
+        wait_for(lambda: len(_versions(kafka, run)) >= 3, 400, procs)
         first = _ranks(log)
         assert set(first) == {0, 1}, first
         os.kill(first[1], signal.SIGKILL)  # rank 1 dies while the learner steps
-        _wait(lambda: _ranks(log) != first, 120, procs)  # the supervisor relaunched both
+        wait_for(lambda: _ranks(log) != first, 120, procs)  # the supervisor relaunched both
         assert "rank 1 exited with -9; stopping the other ranks" in log.read_text()
         with pytest.raises(ProcessLookupError):
             os.kill(first[0], 0)  # rank 0 was stopped with it
-        _wait(lambda: len(_decided(kafka, run)) >= TASKS, 400, procs)
+        wait_for(lambda: len(_decided(kafka, run)) >= TASKS, 400, procs)
         decided = _decided(kafka, run)
         admitted = {g for g, v in decided.items() if v == ["admitted"]}
-        _wait(lambda: len(_trained(kafka, run)) >= len(admitted) // 2 * 2, 300, procs)
+        wait_for(lambda: len(_trained(kafka, run)) >= len(admitted) // 2 * 2, 300, procs)
         _check_exactly_once(kafka, run, admitted)
     finally:
-        _stop(procs)
+        stop_procs(procs, timeout=30)
     _check_sharded(kafka, run)
     _check_replay(kafka, run, tmp_path)
 
