@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from rlstream.ops.supervise import _die_with_parent
 
@@ -107,3 +108,31 @@ def _watch(procs: list[subprocess.Popen[bytes]], log: Callable[[str], None]) -> 
             log(f"launcher: ranks still running {STOP_GRACE_S:.0f}s after one stopped")
             return 1
         time.sleep(0.2)
+
+
+def run_local_ranks(
+    target: Callable[..., None], world: int, args: tuple, what: str, timeout: float = 1800.0
+) -> Any:
+    """Run ``target(rank, world, port, *args, out)`` in ``world`` spawned processes on this
+    machine (a free ``port`` for their rendezvous) and return what rank 0 puts on ``out``.
+    Spawned, not forked: the caller may hold Kafka clients' threads. A rank still alive after
+    the result is killed; any rank that exited non-zero raises, naming ``what``."""
+    import multiprocessing
+
+    mp = multiprocessing.get_context("spawn")
+    out = mp.Queue()
+    port = free_port()
+    procs = [mp.Process(target=target, args=(r, world, port, *args, out)) for r in range(world)]
+    for proc in procs:
+        proc.start()
+    try:
+        result = out.get(timeout=timeout)
+    finally:
+        for proc in procs:
+            proc.join(timeout=120)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    if any(proc.exitcode != 0 for proc in procs):
+        raise RuntimeError(f"a {what} rank failed: exit codes {[p.exitcode for p in procs]}")
+    return result

@@ -112,31 +112,13 @@ def _replay_ranks(
     log: Callable[[str], None],
 ) -> ReplayResult:
     """``_replay`` on ``world`` local rank processes (gloo); rank 0's result."""
-    import multiprocessing
+    from rlstream.ops.ranks import run_local_ranks
 
-    from rlstream.ops.ranks import free_port
-
-    mp = multiprocessing.get_context("spawn")  # no fork of a process with Kafka threads
-    out = mp.Queue()
-    port = free_port()
-    procs = [
-        mp.Process(target=_replay_rank, args=(rank, world, port, settings, run, to_version, out))
-        for rank in range(world)
-    ]
-    for p in procs:
-        p.start()
-    try:
-        lines, result = out.get(timeout=3600)
-    finally:
-        for p in procs:
-            p.join(timeout=60)
-            if p.is_alive():
-                p.kill()
-                p.join()
+    lines, result = run_local_ranks(
+        _replay_rank, world, (settings, run, to_version), "replay", timeout=3600
+    )
     for line in lines:
         log(line)
-    if any(p.exitcode != 0 for p in procs):
-        raise RuntimeError(f"a replay rank failed: exit codes {[p.exitcode for p in procs]}")
     return result
 
 

@@ -159,30 +159,9 @@ def _rank(
 
 
 def _measure(settings: Any, run: str, cfg: Any, groups: list, world: int) -> dict[str, Any]:
-    import multiprocessing
+    from rlstream.ops.ranks import run_local_ranks
 
-    from rlstream.ops.ranks import free_port
-
-    mp = multiprocessing.get_context("spawn")
-    out = mp.Queue()
-    port = free_port()
-    procs = [
-        mp.Process(target=_rank, args=(r, world, port, settings, run, cfg, groups, out))
-        for r in range(world)
-    ]
-    for p in procs:
-        p.start()
-    try:
-        figures = out.get(timeout=1800)
-    finally:
-        for p in procs:
-            p.join(timeout=120)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    if any(p.exitcode != 0 for p in procs):
-        raise RuntimeError(f"a learner rank failed: {[p.exitcode for p in procs]}")
-    return figures
+    return run_local_ranks(_rank, world, (settings, run, cfg, groups), "learner")
 
 
 def run(args: argparse.Namespace, settings: Any, tmp: Path) -> dict[str, Any]:
