@@ -5,8 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
-# pytest-xdist workers for `make test`; each starts its own broker (the geo tests share one)
-TEST_WORKERS ?= 2
+# opt-in parallel run: make test PYTEST_ARGS="-n 2 --dist loadgroup" (one broker per worker, geo tests grouped)
 
 .PHONY: help setup sysdeps kafka demo test test-unit test-integration lint typecheck fmt clean cluster-down
 
@@ -31,7 +30,7 @@ demo: kafka  ## start the local cluster and run the main job
 	$(BIN)/rlstream demo
 
 test: kafka  ## the whole suite: unit tests, then integration tests on a real local broker
-	$(BIN)/pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS) tests
+	$(BIN)/pytest -q --durations=15 $(PYTEST_ARGS) tests
 
 test-unit: setup  ## unit tests only (no broker)
 	$(BIN)/pytest -q $(PYTEST_ARGS) tests/unit
