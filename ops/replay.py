@@ -98,10 +98,11 @@ def replay(
 ) -> ReplayResult:
     """Re-run the learner on the recorded admitted stream; see the module docstring."""
     cfg = _learner_config(settings, run)
-    ranks = recorded_ranks(manifests_by_version(settings, run), cfg.ranks)
+    manifests = manifests_by_version(settings, run)
+    ranks = recorded_ranks(manifests, cfg.ranks)
     if ranks > 1:
-        return _replay_ranks(settings, run, to_version, ranks, log)
-    return _replay(settings, run, to_version, log)
+        return _replay_ranks(settings, run, to_version, ranks, log, cfg, manifests)
+    return _replay(settings, run, to_version, log, cfg, manifests)
 
 
 def _replay_ranks(
@@ -110,13 +111,14 @@ def _replay_ranks(
     to_version: int | None,
     world: int,
     log: Callable[[str], None],
+    cfg: Any,
+    manifests: dict[int, dict[str, Any]],
 ) -> ReplayResult:
     """``_replay`` on ``world`` local rank processes (gloo); rank 0's result."""
     from rlstream.ops.ranks import run_local_ranks
 
-    lines, result = run_local_ranks(
-        _replay_rank, world, (settings, run, to_version), "replay", timeout=3600
-    )
+    args = (settings, run, to_version, cfg, manifests)
+    lines, result = run_local_ranks(_replay_rank, world, args, "replay", timeout=3600)
     for line in lines:
         log(line)
     return result
@@ -129,6 +131,8 @@ def _replay_rank(
     settings: KafkaSettings,
     run: str,
     to_version: int | None,
+    cfg: Any,
+    manifests: dict[int, dict[str, Any]],
     out: Any,
 ) -> None:  # pragma: no cover (runs in a spawned process)
     from rlstream.trainer.distributed import RankEnv, Ranks
@@ -136,7 +140,7 @@ def _replay_rank(
     ranks = Ranks(RankEnv(rank, world, "127.0.0.1", port))
     lines: list[str] = []
     try:
-        result = _replay(settings, run, to_version, lines.append, ranks)
+        result = _replay(settings, run, to_version, lines.append, cfg, manifests, ranks)
     except BaseException as exc:
         if rank == 0:
             out.put(
@@ -153,17 +157,18 @@ def _replay(
     run: str,
     to_version: int | None,
     log: Callable[[str], None],
+    cfg: Any,
+    manifests: dict[int, dict[str, Any]],
     ranks: Any = None,
 ) -> ReplayResult:
-    """The replay loop of one learner rank (``ranks`` None: the only one)."""
+    """The replay loop of one learner rank (``ranks`` None: the only one), given the run's
+    learner config and its manifests by version."""
     import torch
 
     from rlstream.trainer.learner_step import init_model, published_state, train_step
 
-    cfg = _learner_config(settings, run)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
-    manifests = manifests_by_version(settings, run)
     admitted = admitted_by_ref(settings, run)
     lead = ranks is None or ranks.rank == 0
     model, optimizer = init_model(cfg, lambda line: None, warm=lead)
