@@ -73,7 +73,6 @@ numpy and Kafka only: importing this module never loads torch.
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -272,7 +271,7 @@ class WeightPublisher:
             self._last = None
         elif self.ranks is not None:
             whole = state_hash or codec.state_hash(state)
-            self._last = _Published(version, self._shard(state), keyframe_version, whole)
+            self._last = _Published(version, self._shard(state)[0], keyframe_version, whole)
         else:
             self._last = _Published(version, state, keyframe_version)
         self._floor = version
@@ -319,20 +318,45 @@ class WeightPublisher:
         created_ms = int(time.time() * 1000)  # before the chunks: readers scan from this time
         refs = self._produce_chunks(version, kinds, encoded)
         keyframe_version = version if "keyframe" in kinds else _keyframe_of(last)
-        record = functools.partial(
-            manifest_record,
-            run=self.run,
-            model=self.model,
-            chunk_topic=self.chunk_topic,
-            keyframe_version=keyframe_version,
-            created_ms=created_ms,
-            order=list(state),
-            step_inputs=step_inputs,
-            stats=stats,
-            learner_epoch=self.epoch,
+        records = self._manifest_records(
+            [e.manifest for e in encoded],
+            [refs[k] for k in kinds],
+            list(state),
+            keyframe_version,
+            created_ms,
+            step_inputs,
+            stats,
         )
-        records = [record(e.manifest, refs=refs[k]) for k, e in zip(kinds, encoded, strict=True)]
         return _Staged(version, state, kinds, encoded, records, keyframe_version, t0, encode_s)
+
+    def _manifest_records(
+        self,
+        manifests: Sequence[Mapping[str, Any]],
+        refs: Sequence[Mapping[int, Ref]],
+        order: list[str],
+        keyframe_version: int,
+        created_ms: int,
+        step_inputs: Sequence[Mapping[str, Any]],
+        stats: Mapping[str, float] | None,
+    ) -> list[dict[str, Any]]:
+        """The manifest records of one version's codec manifests (one per kind), each with
+        its chunks' refs."""
+        return [
+            manifest_record(
+                m,
+                run=self.run,
+                model=self.model,
+                chunk_topic=self.chunk_topic,
+                keyframe_version=keyframe_version,
+                created_ms=created_ms,
+                order=order,
+                refs=r,
+                step_inputs=step_inputs,
+                stats=stats,
+                learner_epoch=self.epoch,
+            )
+            for m, r in zip(manifests, refs, strict=True)
+        ]
 
     def _stage_shard(
         self,
@@ -348,8 +372,7 @@ class WeightPublisher:
         assert self.ranks is not None
         last, ranks = self._last, self.ranks
         t0 = time.perf_counter()
-        names, first = shard_names(state, ranks.rank, ranks.world)
-        shard = {n: state[n] for n in names}
+        shard, first = self._shard(state)
         encoded = [self._encode(kind, shard, version) for kind in kinds]
         encode_s = time.perf_counter() - t0
         created_ms = int(time.time() * 1000)
@@ -378,22 +401,13 @@ class WeightPublisher:
             for k, enc in enumerate(encoded)
         ]
         keyframe_version = version if "keyframe" in kinds else _keyframe_of(last)
-        records = [
-            manifest_record(
-                m,
-                run=self.run,
-                model=self.model,
-                chunk_topic=self.chunk_topic,
-                keyframe_version=keyframe_version,
-                created_ms=created_ms,
-                order=list(state),
-                refs={i: tuple(r) for g in gathered for i, r in g["parts"][k]["refs"].items()},
-                step_inputs=step_inputs,
-                stats=stats,
-                learner_epoch=self.epoch,
-            )
-            for k, m in enumerate(merged)
+        refs = [
+            {i: tuple(r) for g in gathered for i, r in g["parts"][k]["refs"].items()}
+            for k in range(len(kinds))
         ]
+        records = self._manifest_records(
+            merged, refs, list(state), keyframe_version, created_ms, step_inputs, stats
+        )
         whole = [codec.Encoded(m, []) for m in merged]
         return _Staged(version, shard, kinds, whole, records, keyframe_version, t0, encode_s)
 
@@ -571,10 +585,11 @@ class WeightPublisher:
             raise DeliveryError(f"weight chunks of version {version} not written: {detail}")
         return refs
 
-    def _shard(self, state: State) -> State:
+    def _shard(self, state: State) -> tuple[State, int]:
+        """This rank's shard of ``state`` and the index of its first tensor in the whole."""
         assert self.ranks is not None
-        names, _ = shard_names(state, self.ranks.rank, self.ranks.world)
-        return {n: state[n] for n in names}
+        names, first = shard_names(state, self.ranks.rank, self.ranks.world)
+        return {n: state[n] for n in names}, first
 
     def _partitions(self) -> int:
         if self._chunk_partitions is None:
