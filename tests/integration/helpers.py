@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import signal
 import subprocess
 import time
@@ -76,6 +77,19 @@ def read_all(
 
 def decode_all(settings: KafkaSettings, topic: str) -> list[events.Decoded]:
     return [events.decode(v) for _, v, _ in read_all(settings, topic)]
+
+
+def decisions(settings: KafkaSettings, run: str) -> dict[str, list[str]]:
+    """group id -> what admission decided for it, in stream order ("admitted" or the
+    rejection's reason): one entry per decision, so a group decided twice shows twice."""
+    from rlstream.schemas import topics
+
+    out: dict[str, list[str]] = collections.defaultdict(list)
+    for stream in ("admitted", "rejected"):
+        for d in decode_all(settings, topics.topic_name(run, stream)):
+            if d.record["part_index"] == 0:
+                out[d.record["group_id"]].append(d.record["reason"] or "admitted")
+    return out
 
 
 def first_record(consumer: Consumer, timeout: float = 30.0) -> Message:

@@ -10,13 +10,12 @@ learner publishes new policy versions from admitted dataset groups.
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 from pathlib import Path
 
 import pytest
-from helpers import decode_all, stop_procs, wait_for
+from helpers import decisions, decode_all, stop_procs, wait_for
 
 from rlstream.ops.demo import start_role
 from rlstream.producers.admin import ensure_run_topics
@@ -94,15 +93,6 @@ kind = "format"
     return recipe
 
 
-def _decided(kafka, run: str) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = collections.defaultdict(list)
-    for stream in ("admitted", "rejected"):
-        for d in decode_all(kafka, topics.topic_name(run, stream)):
-            if d.record["part_index"] == 0:
-                out[d.record["group_id"]].append(d.record["reason"] or "admitted")
-    return out
-
-
 def _versions(kafka, run: str) -> list[dict]:
     return [d.record for d in decode_all(kafka, topics.topic_name(run, "weights.manifests"))]
 
@@ -126,9 +116,9 @@ def test_a_dataset_family_trains_through_the_pipeline(kafka, unique_run, tmp_pat
             role, run, kafka, tmp_path, ["--config", recipe, *extra], name
         ).proc
     try:
-        wait_for(lambda: len(_decided(kafka, run)) >= TASKS, 150, procs)
+        wait_for(lambda: len(decisions(kafka, run)) >= TASKS, 150, procs)
         wait_for(lambda: any(v["version"] >= 2 for v in _versions(kafka, run)), 60, procs)
-        decided = _decided(kafka, run)
+        decided = decisions(kafka, run)
         assert len(decided) == TASKS and all(len(v) == 1 for v in decided.values())
         released = [d.record for d in decode_all(kafka, topics.topic_name(run, "tasks"))]
         assert {t["family"] for t in released} == {"ds"}

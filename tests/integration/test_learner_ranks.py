@@ -24,12 +24,11 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import decode_all, stop_procs, wait_for
+from helpers import decisions, stop_procs, wait_for
 
 from rlstream.consumers.manifest_log import read_manifests
 from rlstream.ops.demo import start_role
 from rlstream.producers.admin import ensure_run_topics
-from rlstream.schemas import topics
 
 pytestmark = pytest.mark.slow
 
@@ -62,15 +61,6 @@ def _ranks(log: Path) -> dict[int, int]:
     return out
 
 
-def _decided(kafka, run: str) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = collections.defaultdict(list)
-    for stream in ("admitted", "rejected"):
-        for d in decode_all(kafka, topics.topic_name(run, stream)):
-            if d.record["part_index"] == 0:
-                out[d.record["group_id"]].append(d.record["reason"] or "admitted")
-    return out
-
-
 def _versions(kafka, run: str) -> list[dict]:
     return [m for m in read_manifests(kafka, run, "policy") if m["kind"] == "delta" or m["version"] == 0]  # fmt: skip
 
@@ -97,8 +87,8 @@ def test_two_ranks_one_killed_resume_train_each_group_once_and_replay_bit_exact(
         assert "rank 1 exited with -9; stopping the other ranks" in log.read_text()
         with pytest.raises(ProcessLookupError):
             os.kill(first[0], 0)  # rank 0 was stopped with it
-        wait_for(lambda: len(_decided(kafka, run)) >= TASKS, 400, procs)
-        decided = _decided(kafka, run)
+        wait_for(lambda: len(decisions(kafka, run)) >= TASKS, 400, procs)
+        decided = decisions(kafka, run)
         admitted = {g for g, v in decided.items() if v == ["admitted"]}
         wait_for(lambda: len(_trained(kafka, run)) >= len(admitted) // 2 * 2, 300, procs)
         _check_exactly_once(kafka, run, admitted)

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import decode_all, stop_procs, wait_for
+from helpers import decisions, decode_all, stop_procs, wait_for
 
 from rlstream.ops.demo import start_role
 from rlstream.producers.admin import ensure_run_topics
@@ -62,15 +62,6 @@ def _start(role: str, run: str, kafka, tmp: Path, *extra: str) -> subprocess.Pop
     return start_role(role, run, kafka, tmp, [*sets, *extra], name).proc
 
 
-def _decided(kafka, run: str) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = collections.defaultdict(list)
-    for stream in ("admitted", "rejected"):
-        for d in decode_all(kafka, topics.topic_name(run, stream)):
-            if d.record["part_index"] == 0:
-                out[d.record["group_id"]].append(d.record["reason"] or "admitted")
-    return out
-
-
 def test_roles_killed_and_restarted_lose_nothing_and_train_nothing_twice(
     kafka, unique_run, tmp_path
 ):
@@ -85,7 +76,7 @@ def test_roles_killed_and_restarted_lose_nothing_and_train_nothing_twice(
         "scheduler": _start("scheduler", run, kafka, tmp_path),
     }
     try:
-        wait_for(lambda: len(_decided(kafka, run)) >= 4, 240, procs)
+        wait_for(lambda: len(decisions(kafka, run)) >= 4, 240, procs)
         restart = {
             "learner": ("learner",),
             "admission": ("admission",),
@@ -98,8 +89,8 @@ def test_roles_killed_and_restarted_lose_nothing_and_train_nothing_twice(
             procs[name].wait()
         for name, (role, *extra) in restart.items():
             procs[name] = _start(role, run, kafka, tmp_path, *extra)
-        wait_for(lambda: len(_decided(kafka, run)) >= TASKS, 300, procs)
-        decided = _decided(kafka, run)
+        wait_for(lambda: len(decisions(kafka, run)) >= TASKS, 300, procs)
+        decided = decisions(kafka, run)
         n_admitted = sum(v == ["admitted"] for v in decided.values())
         wait_for(lambda: _trained_groups(kafka, run)[1] >= n_admitted // 2 * 2, 120, procs)
         assert len(decided) == TASKS, "a group was lost"
@@ -155,7 +146,7 @@ def _check_stale_rejected(kafka, run: str, procs: dict) -> None:
                 },
                 "old-group",
             )
-    wait_for(lambda: _decided(kafka, run).get("old-group") == ["stale"], 60, procs)
+    wait_for(lambda: decisions(kafka, run).get("old-group") == ["stale"], 60, procs)
 
 
 def _check_replay_is_bit_exact(kafka, run: str, tmp: Path, last_version: int) -> None:
