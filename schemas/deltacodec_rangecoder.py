@@ -54,40 +54,69 @@ from typing import Any
 
 import numpy as np
 
-_kernels: dict[str, Callable[..., Any]] = {}
 MANTISSA_CONTEXT_BITS = 3
 FAST, SLOW = 4, 7  # adaptation shifts of the two probability estimates a context averages
 TOP = 1 << 24  # the range is renormalised (a byte out) whenever it falls below this
-_kernels2: dict[str, Callable[..., Any]] = {}
+_kernels: dict[str, Callable[..., Any]] = {}
 
 
 def _compiled() -> dict[str, Callable[..., Any]]:
-    """The numba kernels, compiled (or loaded from numba's cache) on first use only. The
-    coder's state lives in local variables (helpers are inlined and return it), so that it
-    stays in registers."""
+    """The numba kernels of both models (``encode``/``decode``, ``encode2``/``decode2``),
+    compiled (or loaded from numba's cache) on first use only. The coder's state lives in local
+    variables (helpers are inlined and return it), so that it stays in registers."""
     if _kernels:
         return _kernels
-    from . import deltacodec_rangecoder_kernels as k
+    from . import deltacodec_rangecoder2_kernels as k2
+    from . import deltacodec_rangecoder_kernels as k1
 
-    _kernels.update(encode=k.encode, decode=k.decode)
+    _kernels.update(encode=k1.encode, decode=k1.decode, encode2=k2.encode, decode2=k2.decode)
     return _kernels
 
 
-def encode(buckets: np.ndarray, gaps: np.ndarray, values: np.ndarray, starts: np.ndarray) -> bytes:
-    """The coded stream of the bucket table and the per-bucket gaps and zigzag differences
-    (module docstring)."""
-    args = (
+def _numbers(
+    buckets: np.ndarray, gaps: np.ndarray, values: np.ndarray, starts: np.ndarray
+) -> tuple[np.ndarray, ...]:
+    """The table and numbers as the encoder kernels take them."""
+    return (
         np.ascontiguousarray(buckets, np.int64),
         np.ascontiguousarray(gaps, np.int64),
         np.ascontiguousarray(values, np.uint64),
         np.ascontiguousarray(starts, np.int64),
     )
+
+
+def _encoded(kernel: str, args: tuple[Any, ...]) -> np.ndarray:
+    """The bytes an encoder kernel writes: into a buffer sized for the usual case, again into
+    one of the size it asked for when that was short (rare: numbers far from what the contexts
+    learnt)."""
+    buckets, gaps = args[0], args[1]
     out = np.zeros(64 + 8 * buckets.size + 4 * gaps.size, np.uint8)
-    n = _compiled()["encode"](*args, out)
-    if n > out.size:  # rare: numbers far from what the contexts learnt
-        out = np.zeros(n, np.uint8)
-        n = _compiled()["encode"](*args, out)
-    return out[:n].tobytes()
+    size = _compiled()[kernel](*args, out)
+    if size > out.size:
+        out = np.zeros(size, np.uint8)
+        size = _compiled()[kernel](*args, out)
+    return out[:size]
+
+
+def _decoded(
+    kernel: str, buf: np.ndarray, count: int, mask: int, *header: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(buckets, starts, gaps, zigzag differences)`` a decoder kernel fills from ``buf``
+    (``header``: its arguments between the mask and the arrays)."""
+    buckets, starts = np.empty(mask + 1, np.int64), np.empty(mask + 2, np.int64)
+    gaps, values = np.empty(count, np.int64), np.empty(count, np.uint64)
+    nb = _compiled()[kernel](
+        np.ascontiguousarray(buf, np.uint8), mask, *header, buckets, starts, gaps, values
+    )
+    if nb < 0:
+        raise ValueError("exponent piece: coded stream is truncated or inconsistent")
+    return buckets[:nb], starts[: nb + 1], gaps, values
+
+
+def encode(buckets: np.ndarray, gaps: np.ndarray, values: np.ndarray, starts: np.ndarray) -> bytes:
+    """The coded stream of the bucket table and the per-bucket gaps and zigzag differences
+    (module docstring)."""
+    return _encoded("encode", _numbers(buckets, gaps, values, starts)).tobytes()
 
 
 def decode(
@@ -95,23 +124,7 @@ def decode(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(buckets, starts, gaps, zigzag differences)`` of ``encode``'s stream of ``count``
     changes, buckets within ``mask``, differences within ``width_bits``."""
-    buckets, starts = np.empty(mask + 1, np.int64), np.empty(mask + 2, np.int64)
-    gaps, values = np.empty(count, np.int64), np.empty(count, np.uint64)
-    nb = _compiled()["decode"](
-        np.ascontiguousarray(buf, np.uint8), mask, width_bits, buckets, starts, gaps, values
-    )
-    if nb < 0:
-        raise ValueError("exponent piece: coded stream is truncated or inconsistent")
-    return buckets[:nb], starts[: nb + 1], gaps, values
-
-
-def _compiled2() -> dict[str, Callable[..., Any]]:
-    if _kernels2:
-        return _kernels2
-    from . import deltacodec_rangecoder2_kernels as k
-
-    _kernels2.update(encode=k.encode, decode=k.decode)
-    return _kernels2
+    return _decoded("decode", buf, count, mask, width_bits)
 
 
 def encode2(
@@ -119,22 +132,11 @@ def encode2(
 ) -> bytes:
     """The second model's stream of the same table and numbers as ``encode``, for a range of
     ``n`` elements (module docstring)."""
-    args = (
-        np.ascontiguousarray(buckets, np.int64),
-        np.ascontiguousarray(gaps, np.int64),
-        np.ascontiguousarray(values, np.uint64),
-        np.ascontiguousarray(starts, np.int64),
-        int(n),
-    )
-    out = np.zeros(64 + 8 * buckets.size + 4 * gaps.size, np.uint8)
-    size = _compiled2()["encode"](*args, out)
-    if size > out.size:
-        out = np.zeros(size, np.uint8)
-        size = _compiled2()["encode"](*args, out)
+    out = _encoded("encode2", (*_numbers(buckets, gaps, values, starts), int(n)))
     if out[0]:
         raise AssertionError("range coder: a first byte other than 0")
-    end = size
-    while end > max(1, size - 4) and not out[end - 1]:
+    end = out.size
+    while end > max(1, out.size - 4) and not out[end - 1]:
         end -= 1
     return out[1:end].tobytes()
 
@@ -145,18 +147,4 @@ def decode2(
     """``(buckets, starts, gaps, zigzag differences)`` of ``encode2``'s stream of ``count``
     changes in a range of ``n`` elements, buckets within ``mask``, differences within
     ``width_bits``."""
-    buckets, starts = np.empty(mask + 1, np.int64), np.empty(mask + 2, np.int64)
-    gaps, values = np.empty(count, np.int64), np.empty(count, np.uint64)
-    nb = _compiled2()["decode"](
-        np.ascontiguousarray(buf, np.uint8),
-        mask,
-        width_bits,
-        int(n),
-        buckets,
-        starts,
-        gaps,
-        values,
-    )
-    if nb < 0:
-        raise ValueError("exponent piece: coded stream is truncated or inconsistent")
-    return buckets[:nb], starts[: nb + 1], gaps, values
+    return _decoded("decode2", buf, count, mask, width_bits, int(n))
