@@ -25,24 +25,17 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rlstream.ops.cluster.procs import free_port
 from rlstream.ops.supervise import _die_with_parent
 
 #: Seconds the other ranks have to exit after one exited 0.
 STOP_GRACE_S = 60.0
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (bound to port 0, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def rank_env(rank: int, world: int, port: int) -> dict[str, str]:

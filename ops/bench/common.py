@@ -80,6 +80,19 @@ def bench_kafka(args: Any) -> Iterator[Any]:
         yield local.settings("trainer")
 
 
+def bf16_bits(w: Any) -> Any:
+    """bf16 bit patterns (uint16, flat) of finite fp32 values, rounded to nearest even as torch
+    rounds; a benchmark's synthetic weights go through it."""
+    import numpy as np
+
+    u = np.ascontiguousarray(w, np.float32).reshape(-1).view(np.uint32)
+    t = (u >> 16) & np.uint32(1)
+    t += np.uint32(0x7FFF)
+    t += u
+    t >>= 16
+    return t.astype(np.uint16)
+
+
 def median(values: list[float]) -> float:
     return float(statistics.median(values)) if values else float("nan")
 

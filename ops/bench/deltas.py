@@ -58,7 +58,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from rlstream.ops.bench.common import emit, median, progress
+from rlstream.ops.bench.common import bf16_bits, emit, median, progress
 
 WEIGHT_STD = 0.01
 ADAM_M_STD = 0.229  # sqrt((1 - beta1) / (1 + beta1)) for beta1 = 0.9
@@ -155,12 +155,12 @@ def _synthetic(
     sizes = _split(args.params, args.tensors)
     progress(f"deltas: synthetic: {args.params:,} bf16 params in {len(sizes)} tensors")
     master = [rng.standard_normal(n, dtype=np.float32) * np.float32(WEIGHT_STD) for n in sizes]
-    old = {f"layer{i}.weight": ("bfloat16", _to_bf16(w)) for i, w in enumerate(master)}
+    old = {f"layer{i}.weight": ("bfloat16", bf16_bits(w)) for i, w in enumerate(master)}
     what = f"{args.params:,} i.i.d. N(0, 0.01^2) weights, simulated steady-state Adam step"
     for lr in lrs:
         progress(f"deltas: synthetic: lr {lr:g}: simulating one Adam step")
         new = {
-            f"layer{i}.weight": ("bfloat16", _to_bf16(_adam_step(w, lr, rng)))
+            f"layer{i}.weight": ("bfloat16", bf16_bits(_adam_step(w, lr, rng)))
             for i, w in enumerate(master)
         }
         yield lr, [(old, new)], what
@@ -169,14 +169,6 @@ def _synthetic(
 def _split(params: int, tensors: int) -> list[int]:
     tensors = max(1, min(tensors, params))
     return [params // tensors + (i < params % tensors) for i in range(tensors)]
-
-
-def _to_bf16(w: Any) -> Any:
-    """bf16 bit patterns of fp32 values, round to nearest even (inputs are finite)."""
-    import numpy as np
-
-    u = w.view(np.uint32)
-    return ((u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
 
 
 def _adam_step(w: Any, lr: float, rng: Any) -> Any:

@@ -83,9 +83,10 @@ def _bits(index: int, n: int) -> Any:
     """Tensor ``index``'s bf16 bits: normal(0, 0.02) in fp32, rounded to bf16 (as torch)."""
     import numpy as np
 
+    from rlstream.ops.bench.common import bf16_bits
+
     rng = np.random.default_rng(index)
-    x = (rng.standard_normal(n, dtype=np.float32) * np.float32(0.02)).view(np.uint32)
-    return ((x + np.uint32(0x7FFF) + ((x >> 16) & 1)) >> 16).astype(np.uint16)
+    return bf16_bits(rng.standard_normal(n, dtype=np.float32) * np.float32(0.02))
 
 
 def _state(specs: list[tuple[str, int]], rank: int, world: int) -> dict[str, Any]:

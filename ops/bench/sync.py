@@ -50,7 +50,7 @@ import time
 import uuid
 from typing import Any
 
-from rlstream.ops.bench.common import bench_kafka, emit, median, progress
+from rlstream.ops.bench.common import bench_kafka, bf16_bits, emit, median, progress
 
 MODEL = "policy"
 WEIGHT_STD = 0.01
@@ -308,18 +308,6 @@ def _layout(mb: float) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _bf16(w: Any) -> Any:
-    """bf16 bit patterns of finite fp32 values, round to nearest even."""
-    import numpy as np
-
-    u = w.reshape(-1).view(np.uint32)
-    t = (u >> 16) & np.uint32(1)
-    t += np.uint32(0x7FFF)
-    t += u
-    t >>= 16
-    return t.astype(np.uint16)
-
-
 class _Model:
     """fp32 master weights in the ``_layout`` shapes, Adam-like steps, bf16 bit patterns."""
 
@@ -344,7 +332,7 @@ class _Model:
     def state(self) -> dict[str, Any]:
         from rlstream.schemas.deltacodec import TensorBits
 
-        return {n: TensorBits("bfloat16", w.shape, _bf16(w)) for n, w in self.master.items()}
+        return {n: TensorBits("bfloat16", w.shape, bf16_bits(w)) for n, w in self.master.items()}
 
 
 def _learner(cfg: dict[str, Any]) -> None:
