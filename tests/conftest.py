@@ -25,22 +25,21 @@ def _results_elsewhere(tmp_path_factory: pytest.TempPathFactory, monkeypatch: py
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the group markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Order and group the tests for ``pytest -n N --dist loadgroup`` (what ``make test`` runs).
+    """Tests that leave several brokers running until the session ends go last: those of the
+    multi-region ``geo`` cluster (three brokers, two MirrorMakers) and the demo, which adds a
+    region to the session's cluster. Everything else then runs beside one broker only.
 
-    Every test of the multi-region ``geo`` cluster (three brokers, two MirrorMakers) joins one
-    xdist group, so one worker starts that cluster once and runs them all; each other test is
-    its own unit of work. Longest first: the geo group, the demo, the other ``slow`` tests,
-    then the rest, so the long ones start at once and short ones fill the gaps. Without xdist
-    the same order holds and the markers are inert."""
+    With ``pytest -n N --dist loadgroup`` every test of the ``geo`` cluster joins one xdist
+    group, so one worker starts that cluster once and runs them all; without xdist the marker
+    is inert."""
 
-    def rank(item: pytest.Item) -> int:
-        if "geo" in getattr(item, "fixturenames", ()):
-            return 0
-        if item.nodeid.startswith("tests/integration/test_learning.py"):
-            return 1
-        return 2 if item.get_closest_marker("slow") is not None else 3
+    def heavy(item: pytest.Item) -> int:
+        fixtures = getattr(item, "fixturenames", ())
+        if "geo" in fixtures:
+            return 2
+        return 1 if item.nodeid.startswith("tests/integration/test_learning.py") else 0
 
     for item in items:
-        if rank(item) == 0:
+        if heavy(item) == 2:
             item.add_marker(pytest.mark.xdist_group("geo"))
-    items.sort(key=rank)  # stable: the order within each class is kept
+    items.sort(key=heavy)  # stable: the order within each class is kept
