@@ -83,6 +83,7 @@ from confluent_kafka.admin import AdminClient
 
 from rlstream.producers import weight_retention
 from rlstream.producers.producer import DeliveryError, EventProducer
+from rlstream.producers.settings import KafkaSettings
 from rlstream.producers.weight_shards import ShardLayout, merge_shards, shard_names, shard_part
 from rlstream.producers.weight_signing import Signer
 from rlstream.schemas import deltacodec as codec
@@ -609,6 +610,27 @@ class WeightPublisher:
         key = topics.record_key("weights.manifests", rec)
         headers = self.signer.headers(value) if self.signer is not None else None
         self.producer.produce_raw(self.manifest_topic, value, key, headers)
+
+
+def rank_publisher(
+    settings: KafkaSettings,
+    run: str,
+    model: str,
+    transactional_id: str,
+    ranks: Ranks | None = None,
+    keyframe_every: int = DEFAULT_KEYFRAME_EVERY,
+) -> WeightPublisher:
+    """The publisher of one learner rank (or of the only one, ``ranks`` None): rank 0 holds the
+    transactional producer ``transactional_id`` (it commits manifests and offsets) and gets a
+    chunk producer of its own; another rank writes chunks only, with one plain idempotent
+    producer (no transactional id, nothing to fence). ``publisher.producer`` is the producer."""
+    if ranks is None or ranks.rank == 0:
+        producer = EventProducer.transactional(settings, transactional_id)
+        return WeightPublisher(producer, run, model, keyframe_every=keyframe_every, ranks=ranks)
+    producer = EventProducer.connect(settings)
+    return WeightPublisher(
+        producer, run, model, keyframe_every=keyframe_every, ranks=ranks, chunk_producer=producer
+    )
 
 
 def _keyframe_of(last: _Published | None) -> int:

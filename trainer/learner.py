@@ -57,9 +57,8 @@ from rlstream.consumers.feedback_rules import online_quota
 from rlstream.consumers.manifest_log import manifests_by_version
 from rlstream.producers.admin import admin_client
 from rlstream.producers.metrics import track_buffer
-from rlstream.producers.producer import EventProducer
 from rlstream.producers.settings import KafkaSettings
-from rlstream.producers.weights import WeightPublisher
+from rlstream.producers.weights import rank_publisher
 from rlstream.schemas import arrays, topics
 from rlstream.schemas.deltacodec_bits import state_hash
 from rlstream.trainer.distributed import RankEnv, Ranks
@@ -185,18 +184,10 @@ class Learner:
         group = self.group = topics.group_id(run, "learner")
         self.dlq_topic = topics.topic_name(run, "dlq")
         self.refused_steps = 0
-        if self.lead:
-            self.producer = EventProducer.transactional(settings, f"{group}.0")
-        else:  # writes chunks only: no transactional id, nothing to fence
-            self.producer = EventProducer.connect(settings)
-        self.publisher = WeightPublisher(
-            self.producer,
-            run,
-            cfg.model,
-            keyframe_every=cfg.keyframe_every,
-            ranks=self.ranks,
-            chunk_producer=None if self.lead else self.producer,
+        self.publisher = rank_publisher(
+            settings, run, cfg.model, f"{group}.0", self.ranks, cfg.keyframe_every
         )
+        self.producer = self.publisher.producer
         self.model, self.optimizer = init_model(cfg, log, warm=self.lead)
         self.checkpoints = Checkpoints(cfg.state_dir, run)
         self.admin = admin_client(settings)

@@ -105,8 +105,7 @@ def _rank(
 ) -> None:  # pragma: no cover (runs in a spawned process)
     import torch
 
-    from rlstream.producers.producer import EventProducer
-    from rlstream.producers.weights import WeightPublisher
+    from rlstream.producers.weights import rank_publisher
     from rlstream.schemas import topics
     from rlstream.trainer.learner_step import StepInput, init_model, published_state, train_step
 
@@ -118,18 +117,9 @@ def _rank(
 
         ranks = Ranks(RankEnv(rank, world, "127.0.0.1", port), backend="gloo")
     model, optimizer = init_model(cfg, lambda line: None)
-    if rank == 0:
-        producer = EventProducer.transactional(settings, f"{topics.group_id(run, 'learner')}.0")
-    else:
-        producer = EventProducer.connect(settings)
-    pub = WeightPublisher(
-        producer,
-        run,
-        MODEL,
-        keyframe_every=cfg.keyframe_every,
-        ranks=ranks,
-        chunk_producer=None if rank == 0 else producer,
-    )
+    txn_id = f"{topics.group_id(run, 'learner')}.0"
+    pub = rank_publisher(settings, run, MODEL, txn_id, ranks, cfg.keyframe_every)
+    producer = pub.producer
     pub.publish_version(published_state(model, cfg.publish_dtype), 0)
     b = cfg.groups_per_step
     steps = [

@@ -107,8 +107,7 @@ def _state(specs: list[tuple[str, int]], rank: int, world: int) -> dict[str, Any
 def _rank(
     rank: int, world: int, port: int, settings: Any, run: str, specs: list, out: Any
 ) -> None:  # pragma: no cover (runs in a spawned process)
-    from rlstream.producers.producer import EventProducer
-    from rlstream.producers.weights import WeightPublisher
+    from rlstream.producers.weights import rank_publisher
     from rlstream.schemas import topics
 
     ranks = None
@@ -116,14 +115,8 @@ def _rank(
         from rlstream.trainer.distributed import RankEnv, Ranks
 
         ranks = Ranks(RankEnv(rank, world, "127.0.0.1", port), backend="gloo")
-    group = topics.group_id(run, "learner")
-    if rank == 0:
-        producer = EventProducer.transactional(settings, f"{group}.0")
-    else:
-        producer = EventProducer.connect(settings)
-    pub = WeightPublisher(
-        producer, run, MODEL, ranks=ranks, chunk_producer=None if rank == 0 else producer
-    )
+    pub = rank_publisher(settings, run, MODEL, f"{topics.group_id(run, 'learner')}.0", ranks)
+    producer = pub.producer
     state = _state(specs, rank, world)
     if ranks is not None:
         ranks.all_gather(None)  # every rank ready: the clock starts together
