@@ -19,7 +19,8 @@ Guarantees:
   over SASL_SSL (``security.mirror_client_properties``), within the ACLs ``acls.mirror_grants``
   plans; its properties file then holds that user's password and is 0600;
 - topic lists are refreshed every two seconds (the MirrorMaker default is ten minutes) so the
-  topics a run creates are mirrored promptly.
+  topics a run creates are mirrored promptly; the task restart this causes may take up to 30 s
+  to stop the old tasks before the new ones start.
 """
 
 from __future__ import annotations
@@ -149,6 +150,10 @@ def mm2_properties(flows: list[Flow], regions: dict[str, Region], user: str | No
         "emit.checkpoints.enabled = false",
         "sync.group.offsets.enabled = false",
         "tasks.max = 2",
+        # A new run's topics restart the tasks. A task still starting can take longer than the
+        # default 5 s to stop (seen in the geo tests) and is then abandoned, still running,
+        # beside its successor; dedicated mode has no API to restart a task that fails.
+        "task.shutdown.graceful.timeout.ms = 30000",
         # Weight chunks and long trajectories exceed the 1 MB client defaults.
         "producer.max.request.size = 16777216",
         "consumer.max.partition.fetch.bytes = 16777216",

@@ -20,6 +20,7 @@ from test_events import examples
 from test_weights_sync import CHUNK, MODEL, Learner
 
 from rlstream.consumers.weights import WeightSubscriber
+from rlstream.ops import cluster
 from rlstream.producers.admin import ensure_run_topics
 from rlstream.producers.producer import EventProducer
 from rlstream.producers.settings import KafkaSettings
@@ -43,13 +44,21 @@ def _records(settings: KafkaSettings, topic: str, committed_only: bool) -> list[
     return [events.decode(v).record for _, v, _ in read_all(settings, topic, committed_only, 10)]
 
 
-def _wait_for(predicate, timeout: float, what: str) -> None:
+def _wait_for(predicate, timeout: float, what: str, geo=None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
         time.sleep(1)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what}" + (_mirror_trouble(geo) if geo else ""))
+
+
+def _mirror_trouble(geo) -> str:
+    """The eu link's last warnings and errors, so that a link that stopped copying says why."""
+    log = cluster.load(geo.home).mirrors["eu"].log
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    trouble = [line for line in lines if " ERROR " in line or " WARN " in line][-20:]
+    return f"; last warnings of {log}:\n" + "\n".join(trouble)
 
 
 def test_only_committed_weights_and_trajectories_cross_regions(geo, unique_run):
@@ -119,13 +128,13 @@ def test_only_committed_weights_and_trajectories_cross_regions(geo, unique_run):
         return sorted((c["version"], c["index"], c["checksum"]) for c in eu_chunks) == written
 
     # every chunk record crosses, the orphans too: the chunk topic holds no transactions
-    _wait_for(chunks_crossed, 60, "the mirrored chunks to be exactly the trainer region's")
+    _wait_for(chunks_crossed, 60, "the mirrored chunks to be exactly the trainer region's", geo)
 
     home_copy = topics.remote_topic("eu", out)
 
     def arrived() -> bool:
         return len(_records(home, home_copy, committed_only=True)) >= 2
 
-    _wait_for(arrived, 90, "the committed trajectories to reach the trainer region")
+    _wait_for(arrived, 90, "the committed trajectories to reach the trainer region", geo)
     groups = [t["group_id"] for t in _records(home, home_copy, committed_only=False)]
     assert sorted(groups) == ["g-kept-1", "g-kept-2"], f"copied: {groups}"
