@@ -173,7 +173,7 @@ def _replay(
     lead = ranks is None or ranks.rank == 0
     model, optimizer = init_model(cfg, lambda line: None, warm=lead)
     if ranks is not None:
-        ranks.sync_state(model, optimizer)
+        optimizer = ranks.adopt(model, optimizer)
     last = max(manifests) if to_version is None else min(to_version, max(manifests))
     for version in range(0, last + 1):
         if version > 0:

@@ -269,6 +269,11 @@ class HFPolicy(nn.Module):
     def config(self) -> Any:
         return self.hf.config
 
+    def shard_units(self) -> list[nn.Module]:
+        """The modules a data-parallel learner shards one by one (FSDP2 units,
+        ``trainer.distributed.Ranks.adopt``): the decoder layers, in order."""
+        return list(self.hf.model.layers)
+
     def forward(
         self, tokens: Tensor, forced_routes: Tensor | None = None, cache: KVCache | None = None
     ) -> tuple[Tensor, Tensor]:

@@ -1,31 +1,42 @@
-"""The learner's ranks on torch.distributed: who they are, what they exchange, and the gradient
-rule that keeps N ranks one model.
+"""The learner's ranks on torch.distributed: who they are, what they exchange, and the rules
+that keep N ranks one model.
 
-A learner of N ranks is data parallel: every rank holds the whole model and optimizer; rank 0
-alone consumes the admitted stream (it owns the consumer-group membership and the step's input
-offsets) and hands each step's groups to the others (``Ranks.broadcast``); every rank trains on
-its slice of them (``slice_of``) and the gradients are averaged across ranks before the one
-optimizer step (``Ranks.reduce_grads``), so the replicas stay bit-identical. Publishing is
-sharded (``producers.weights``: each rank encodes and writes its shard's chunks, rank 0 commits
-the manifest with the offsets once every rank's chunks are acknowledged).
+A learner of N ranks is data parallel with its training state sharded by FSDP2
+(``torch.distributed.fsdp.fully_shard``): every rank holds 1/N of the fp32 master weights, of
+their gradients and of the Adam moments (``Ranks.adopt``: each decoder layer one FSDP unit, the
+embeddings, final norm and head the root's). Rank 0 alone consumes the admitted stream (it owns
+the consumer-group membership and the step's input offsets) and hands each step's groups to the
+others (``Ranks.broadcast``); every rank trains on its slice of them (``slice_of``); FSDP2
+all-gathers a unit's weights for its forward and backward and reduce-scatters its gradients
+(the average over ranks) before the one optimizer step on the shards. Publishing is sharded too
+(``producers.weights``: each rank encodes and writes the chunks of its share of the tensors,
+rank 0 commits the manifest with the offsets once every rank's chunks are acknowledged).
 
 Rules (pure, unit-tested):
 
 - ``slice_of``: of a step's ``n`` groups rank ``r`` of ``N`` trains the contiguous
   ``[n*r//N, n*(r+1)//N)``.
-- ``combine_grads``: the gradient every rank steps with is ``sum_r t_r * g_r / sum_r t_r``,
-  ``t_r`` the loss tokens of rank ``r``'s slice and ``g_r`` its gradient of its token-mean
-  loss: the gradient of the token-mean loss over the whole step, as one rank would take it.
-  It is summed in rank order from gradients gathered whole (``all_gather``, not a bucketed
-  all-reduce whose summation order the library chooses), so the same inputs in the same order
-  on the same number of ranks give bit-identical weights: ``rlstream replay`` of an N-rank run
-  runs N ranks and checks every state hash. A parameter no rank has a gradient for keeps none
-  (the optimizer skips it, as on one rank). A rank whose loss is not finite contributes NaN,
-  so every rank refuses the step together (``grpo.NonFiniteStep``).
+- ``loss_weight``: rank ``r`` scales its token-mean loss by ``N * t_r / sum_r t_r`` (``t_r`` the
+  loss tokens of its slice) before the backward pass, so that FSDP2's average over ranks is
+  ``sum_r t_r * g_r / sum_r t_r``: the gradient of the token-mean loss over the whole step, as
+  one rank would take it. The token counts and whether each rank's loss is finite are
+  exchanged first (``Ranks.weigh``); when one rank's loss is not finite every rank refuses the
+  step together (``grpo.NonFiniteStep``), before any gradient is reduced.
+- Determinism: the reductions are the collectives' fixed algorithms over fixed shapes, so the
+  same inputs in the same order on the same number of ranks give bit-identical weights
+  (``rlstream replay`` of an N-rank run runs N ranks and checks every state hash); the ranks'
+  gathered weights are identical by construction (one shard each).
+- Every rank must produce a gradient for the same parameters in a step (FSDP2 reduces a unit's
+  gradients together): true of the transformers MoE policy, whose experts are fused tensors
+  that every step touches.
 
-Backends: ``gloo`` on CPU (tested); ``nccl`` when the ranks have GPUs (the code path exists, it
-is unverified: no GPU where this was written). Not FSDP2: every rank holds the whole model
-(DDP-style replication with explicit gradient averaging).
+Whole tensors, when needed: ``gathered`` (the published state and checkpoints: every rank calls
+it at the same point, an all-gather per tensor) and ``gathered_optimizer``; rank 0 alone writes
+checkpoints, in the format of an unsharded learner, so a run restarts on any rank count.
+
+Backends: ``gloo`` on CPU (tested: FSDP2's all-gather and reduce-scatter run on gloo); ``nccl``
+when the ranks have GPUs (the code path exists, it is unverified: no GPU where this was
+written).
 
 Environment (set by ``rlstream run learner --ranks N``'s launcher, ``ops.ranks``, or by
 ``torchrun``): ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``.
@@ -41,6 +52,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 #: Most seconds a rank waits in one collective (rank 0 sends a heartbeat while idle, so only a
 #: step's training or publishing can take long).
@@ -74,14 +87,33 @@ def slice_of(n: int, rank: int, world: int) -> tuple[int, int]:
     return n * rank // world, n * (rank + 1) // world
 
 
-def combine_grads(flats: Sequence[torch.Tensor], tokens: Sequence[float]) -> torch.Tensor:
-    """The token-weighted average of the ranks' flat gradients, summed in rank order."""
+def loss_weight(tokens: Sequence[float], rank: int) -> float:
+    """Rank ``rank``'s loss factor ``N * t_r / sum_r t_r`` (module rules); 1 when no rank has a
+    loss token."""
     total = float(sum(tokens))
-    weights = [t / total for t in tokens] if total > 0 else [1.0 / len(flats)] * len(flats)
-    out = flats[0] * weights[0]
-    for flat, w in zip(flats[1:], weights[1:], strict=True):
-        out = out + flat * w
-    return out
+    return len(tokens) * float(tokens[rank]) / total if total > 0 else 1.0
+
+
+def gathered(state: Mapping[str, Any]) -> dict[str, Any]:
+    """``state`` with every sharded tensor (``DTensor``) gathered whole; a collective when any
+    is sharded: every rank calls it with the same keys in the same order."""
+    return {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in state.items()}
+
+
+def gathered_optimizer(state: Mapping[str, Any]) -> dict[str, Any]:
+    """An optimizer's ``state_dict()`` with its sharded tensors gathered whole: the state dict an
+    unsharded optimizer over the same parameters would have."""
+    per_param = {i: gathered(s) for i, s in sorted(state["state"].items())}
+    return {"state": per_param, "param_groups": state["param_groups"]}
+
+
+def _sharded_like(value: Any, param: torch.Tensor) -> Any:
+    """``value`` (a whole tensor, the same on every rank) cut as ``param`` is sharded, without
+    communication; anything else unchanged."""
+    whole = isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(param.shape)
+    if isinstance(param, DTensor) and whole:
+        return distribute_tensor(value, param.device_mesh, param.placements, src_data_rank=None)
+    return value
 
 
 class Ranks:
@@ -114,35 +146,40 @@ class Ranks:
         dist.all_gather_object(out, obj)
         return out
 
-    def reduce_grads(self, model: torch.nn.Module, loss: torch.Tensor, tokens: float) -> None:
-        """Replace every parameter's gradient with ``combine_grads`` over the ranks (module
-        rules); call after ``backward``, on every rank."""
-        params = list(model.parameters())
-        flat = torch.cat(
-            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
-        )
-        if not torch.isfinite(loss):
-            flat = torch.full_like(flat, float("nan"))
-        has = torch.tensor([p.grad is not None for p in params], dtype=torch.uint8)
-        flats = [torch.empty_like(flat) for _ in range(self.world)]
-        dist.all_gather(flats, flat)
-        meta = self.all_gather((float(tokens), has))
-        combined = combine_grads(flats, [m[0] for m in meta])
-        any_has = torch.stack([m[1] for m in meta]).amax(0)
-        at = 0
-        for p, keep in zip(params, any_has.tolist(), strict=True):
-            n = p.numel()
-            p.grad = combined[at : at + n].view_as(p).clone() if keep else None
-            at += n
-
-    def sync_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        """Rank 0's weights and optimizer state on every rank."""
+    def adopt(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    ) -> torch.optim.Optimizer:
+        """Rank 0's weights and optimizer state on every rank, the model sharded with FSDP2 in
+        place (each module of ``model.shard_units()``, where it has one, then the root), and
+        returns an optimizer of the same kind and settings over the shards, holding that state.
+        Call once, on every rank, before training; the optimizer passed in is spent."""
         state = self.broadcast(
             (model.state_dict(), optimizer.state_dict()) if self.rank == 0 else None
         )
         if self.rank != 0:
             model.load_state_dict(state[0])
-            optimizer.load_state_dict(state[1])
+        for unit in getattr(model, "shard_units", list)():
+            fully_shard(unit)
+        fully_shard(model)
+        sharded = type(optimizer)(model.parameters(), **optimizer.defaults)
+        params = list(model.parameters())
+        full = state[1]
+        sharded.load_state_dict(
+            {
+                "param_groups": full["param_groups"],
+                "state": {
+                    i: {k: _sharded_like(v, params[i]) for k, v in s.items()}
+                    for i, s in full["state"].items()
+                },
+            }
+        )
+        return sharded
+
+    def weigh(self, tokens: float, finite: bool) -> tuple[float, bool]:
+        """This rank's loss factor (``loss_weight`` over every rank's loss tokens) and whether
+        every rank's loss is finite; every rank calls it once per step, before backward."""
+        rows = self.all_gather((float(tokens), bool(finite)))
+        return loss_weight([t for t, _ in rows], self.rank), all(f for _, f in rows)
 
     def close(self) -> None:
         if dist.is_initialized():

@@ -185,7 +185,7 @@ def grpo_step(
     optimizer: torch.optim.Optimizer,
     batch: GrpoBatch,
     cfg: GrpoConfig,
-    reduce_grads: Callable[[Tensor, float], None] | None = None,
+    weigh: Callable[[float, bool], tuple[float, bool]] | None = None,
 ) -> dict[str, float]:
     """One GRPO update on ``batch``; returns statistics of the step.
 
@@ -195,9 +195,11 @@ def grpo_step(
     gradient norm is not finite: then raise ``NonFiniteStep`` with the weights and the optimizer
     untouched. Samples whose advantage
     is 0 contribute no gradient but still count their tokens in the denominator. With
-    ``reduce_grads`` (data parallel ranks, ``trainer.distributed``) it is called after the
-    backward pass with the loss and this batch's loss-token count, and replaces the gradients
-    with the ranks' average before the clip.
+    ``weigh`` (data-parallel ranks, ``trainer.distributed.Ranks.weigh``) it is called before the
+    backward pass with this batch's loss-token count and whether its loss is finite, and
+    returns the factor of this rank's loss and whether every rank's loss is finite: the step is
+    refused on every rank together, and the backward pass (whose gradients the ranks reduce)
+    takes the weighted loss.
     """
     model.train()
     replay = cfg.router_replay and batch.routes.shape[2] > 0
@@ -206,15 +208,18 @@ def grpo_step(
     loss, stats = policy_gradient_loss(
         logp_cur, batch.behaviour_logprobs, batch.advantages, batch.loss_mask, cfg.is_cap
     )
+    factor, all_finite = 1.0, True
+    if weigh is not None:
+        factor, all_finite = weigh(stats["tokens"], bool(torch.isfinite(loss)))
+    if not all_finite:
+        raise NonFiniteStep(f"a rank's loss is not finite (this rank's: {float(loss.detach())})")
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    if reduce_grads is not None:
-        reduce_grads(loss.detach(), stats["tokens"])
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+    (loss * factor if factor != 1.0 else loss).backward()
+    grad_norm = _whole(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
     if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
         # The weights stay as they were: a NaN or inf here would reach every worker.
         optimizer.zero_grad(set_to_none=True)
-        raise NonFiniteStep(f"loss {float(loss)}, gradient norm {float(grad_norm)}")
+        raise NonFiniteStep(f"loss {float(loss.detach())}, gradient norm {float(grad_norm)}")
     optimizer.step()
     with torch.no_grad():
         # routes of the inputs that produced the tokens, where they were recorded
@@ -228,3 +233,9 @@ def grpo_step(
         mismatch = float(differs[inputs_mask].float().mean()) if inputs_mask.any() else 0.0
     stats.update(loss=float(loss.detach()), grad_norm=float(grad_norm), route_mismatch=mismatch)
     return stats
+
+
+def _whole(t: Tensor) -> Tensor:
+    """``t`` as a plain tensor (the gradient norm of sharded parameters is a ``DTensor``)."""
+    full = getattr(t, "full_tensor", None)
+    return full() if callable(full) else t

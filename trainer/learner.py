@@ -26,16 +26,17 @@ Sizes and bounds are exported as ``rlstream_buffer_items`` / ``rlstream_buffer_b
 
 Ranks (``trainer.distributed``): with ``WORLD_SIZE`` > 1 in its environment (``rlstream run
 learner --ranks N`` starts the ranks, ``ops.ranks``; or ``torchrun``) the learner is N data-
-parallel processes. Rank 0 is the learner above: it alone reads the ledger, consumes the
-admitted stream (the group membership and the step's input offsets are its own), checkpoints
-and commits; it hands every step's groups to the other ranks (``Ranks.broadcast``; a heartbeat
-while idle), each rank trains on its slice with the gradients averaged across ranks, and every
-rank publishes its shard of the version (``producers.weights``): the manifest and the offsets
-commit in one transaction by rank 0 only after every rank's chunks are acknowledged. A rank that
-dies fails the step on every rank before anything commits (a collective fails, the launcher
-stops the others); the restarted learner resumes from its last version, rank 0's weights and
-optimizer state handed to every rank (``Ranks.sync_state``). Manifests of a multi-rank learner
-record ``stats.ranks``: ``rlstream replay`` replays on as many ranks.
+parallel processes whose weights, gradients and Adam moments are sharded by FSDP2. Rank 0 is
+the learner above: it alone reads the ledger, consumes the admitted stream (the group
+membership and the step's input offsets are its own), writes checkpoints (gathered from every
+rank) and commits; it hands every step's groups to the other ranks (``Ranks.broadcast``; a
+heartbeat while idle), each rank trains on its slice with the gradients averaged across ranks,
+and every rank publishes its share of the version (``producers.weights``): the manifest and the
+offsets commit in one transaction by rank 0 only after every rank's chunks are acknowledged. A
+rank that dies fails the step on every rank before anything commits (a collective fails, the
+launcher stops the others); the restarted learner resumes from its last version, rank 0's
+weights and optimizer state handed to every rank and sharded (``Ranks.adopt``). Manifests of a
+multi-rank learner record ``stats.ranks``: ``rlstream replay`` replays on as many ranks.
 
 The step itself (config, GRPO with router replay, checkpoints) is ``trainer.learner_step``;
 this module is the Kafka loop around it and the pure rules of which groups form a step.
@@ -221,7 +222,8 @@ class Learner:
             if manifest is not None:
                 head = {k: manifest[k] for k in ("version", "keyframe_version", "state_hash")}
             manifest, epoch = self.ranks.broadcast((head, epoch) if self.lead else None)
-            self.ranks.sync_state(self.model, self.optimizer)
+            self.optimizer = self.ranks.adopt(self.model, self.optimizer)
+            state = None  # every rank gathers the published state below, together
         self.publisher.epoch = epoch + 1  # this incarnation's
         if manifest is None:
             self._publish(0, [], self._rank_stats({"warm_start": 1.0}))
@@ -395,8 +397,7 @@ class Learner:
         self.ledger.online_groups += online
         self.ledger.rollout_groups += len(used) - online
         self.version += 1
-        if self.lead:
-            self.checkpoints.save(self.version, self.model, self.optimizer)
+        self.checkpoints.save(self.version, self.model, self.optimizer, write=self.lead)
         stats["step_s"] = time.perf_counter() - started
         offsets = commit_offsets(used, self.waiting) if self.lead else None
         self._publish(self.version, used, stats, offsets)

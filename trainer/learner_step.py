@@ -8,7 +8,6 @@ runs on them while the learner trains in fp32, as at scale.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from rlstream.rollout.model import PolicyConfig, PolicyModel, build_policy
 from rlstream.schemas import arrays
 from rlstream.schemas.deltacodec import from_torch
 from rlstream.trainer import grpo as rules
-from rlstream.trainer.distributed import Ranks, slice_of
+from rlstream.trainer.distributed import Ranks, gathered, gathered_optimizer, slice_of
 from rlstream.trainer.grpo import GrpoConfig
 from rlstream.trainer.warmstart import WarmStartConfig, warm_start
 
@@ -115,14 +114,15 @@ def train_step(
 ) -> dict[str, float]:
     """One GRPO step on the groups of ``inputs`` (in order); returns its statistics.
 
-    With ``ranks`` (every rank calls it with the same ``inputs``) this rank trains on its slice
-    (``distributed.slice_of``) and the gradients are averaged across ranks before the step
-    (``distributed.Ranks.reduce_grads``); the group statistics cover every input, the loss
+    With ``ranks`` (every rank calls it with the same ``inputs``, on the model and optimizer
+    ``Ranks.adopt`` sharded) this rank trains on its slice (``distributed.slice_of``) with its
+    loss weighted by its share of the step's loss tokens (``distributed.Ranks.weigh``), and
+    FSDP2 averages the gradients across ranks; the group statistics cover every input, the loss
     statistics this rank's slice."""
-    mine, reduce = inputs, None
+    mine, weigh = inputs, None
     if ranks is not None and ranks.world > 1:
         lo, hi = slice_of(len(inputs), ranks.rank, ranks.world)
-        mine, reduce = inputs[lo:hi], functools.partial(ranks.reduce_grads, model)
+        mine, weigh = inputs[lo:hi], ranks.weigh
         if not mine:
             raise ValueError(f"{len(inputs)} groups cannot be split over {ranks.world} ranks")
     seqs: list[rules.TrainSequence] = []
@@ -132,7 +132,7 @@ def train_step(
         seqs += s
         advs += a
     batch = rules.make_batch(seqs, advs)
-    stats = rules.grpo_step(model, optimizer, batch, cfg.grpo, reduce)
+    stats = rules.grpo_step(model, optimizer, batch, cfg.grpo, weigh)
     samples = [s for item in inputs for s in item.group["samples"]]
     stats.update(
         groups=float(len(inputs)),
@@ -149,8 +149,9 @@ def published_state(model: PolicyModel, dtype: str) -> dict[str, Any]:
     """The codec's view of the weights to publish (``dtype`` cast of the fp32 master)."""
     torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
     # clone(): from_torch is zero-copy, and the published state must not move with training.
+    # A sharded model's tensors are gathered whole: every rank calls this at the same point.
     return from_torch(
-        {k: v.detach().to(torch_dtype).clone() for k, v in model.state_dict().items()}
+        {k: v.detach().to(torch_dtype).clone() for k, v in gathered(model.state_dict()).items()}
     )
 
 
@@ -175,13 +176,21 @@ class Checkpoints:
         self.dir = Path(directory) / run
         self.dir.mkdir(parents=True, exist_ok=True)
 
-    def save(self, version: int, model: PolicyModel, optimizer: torch.optim.Optimizer) -> None:
+    def save(
+        self,
+        version: int,
+        model: PolicyModel,
+        optimizer: torch.optim.Optimizer,
+        write: bool = True,
+    ) -> None:
+        """Checkpoint ``version``: whole tensors in an unsharded learner's format. A sharded
+        learner's ranks all call it (the tensors are gathered); the one with ``write`` writes."""
+        weights, moments = gathered(model.state_dict()), gathered_optimizer(optimizer.state_dict())
+        if not write:
+            return
         path = self.dir / f"v{version:08d}.pt"
         tmp = path.with_suffix(f".tmp{os.getpid()}")
-        torch.save(
-            {"version": version, "model": model.state_dict(), "optimizer": optimizer.state_dict()},
-            tmp,
-        )
+        torch.save({"version": version, "model": weights, "optimizer": moments}, tmp)
         os.replace(tmp, path)
         for old in sorted(self.dir.glob("v*.pt"))[:-3]:
             old.unlink(missing_ok=True)

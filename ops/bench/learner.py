@@ -117,6 +117,8 @@ def _rank(
 
         ranks = Ranks(RankEnv(rank, world, "127.0.0.1", port), backend="gloo")
     model, optimizer = init_model(cfg, lambda line: None)
+    if ranks is not None:
+        optimizer = ranks.adopt(model, optimizer)
     txn_id = f"{topics.group_id(run, 'learner')}.0"
     pub = rank_publisher(settings, run, MODEL, txn_id, ranks, cfg.keyframe_every)
     producer = pub.producer

@@ -1,6 +1,7 @@
-"""The learner's ranks without a broker: the slice and gradient rules, the gradient average over
-two real gloo processes (replicas bit-identical, equal to one process's token-weighted
-gradient), and the launcher (a failed rank stops the others and fails the learner)."""
+"""The learner's ranks without a broker: the slice and loss-weight rules, two real gloo processes
+sharded by FSDP2 (rank 0's model and optimizer state adopted by both, the gathered gradient
+equal to one process's token-weighted gradient), and the launcher (a failed rank stops the
+others and fails the learner)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from rlstream.ops.ranks import launch, rank_env
-from rlstream.trainer.distributed import RankEnv, combine_grads, slice_of
+from rlstream.trainer.distributed import RankEnv, loss_weight, slice_of
 
 
 def test_slices_cover_the_step_in_order() -> None:
@@ -34,58 +35,95 @@ def test_rank_env_reads_torchrun_variables() -> None:
         RankEnv.from_env({**env, "RANK": "2"})
 
 
-def test_combined_gradient_is_the_token_weighted_mean() -> None:
-    a, b = torch.tensor([1.0, 2.0]), torch.tensor([3.0, 6.0])
-    assert torch.equal(combine_grads([a, b], [1.0, 3.0]), torch.tensor([2.5, 5.0]))
-    assert torch.equal(combine_grads([a, b], [0.0, 0.0]), torch.tensor([2.0, 4.0]))
+def test_loss_weights_make_the_ranks_average_the_token_weighted_mean() -> None:
+    assert [loss_weight([1.0, 3.0], r) for r in (0, 1)] == [0.5, 1.5]
+    assert [loss_weight([0.0, 0.0], r) for r in (0, 1)] == [1.0, 1.0]
+    # averaged over the ranks, the weighted gradients are sum t_r g_r / sum t_r
+    g, t = [torch.tensor([1.0, 2.0]), torch.tensor([3.0, 6.0])], [1.0, 3.0]
+    mean = sum(loss_weight(t, r) * g[r] for r in (0, 1)) / 2
+    assert torch.equal(mean, (1.0 * g[0] + 3.0 * g[1]) / 4.0)
 
 
-def _model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 1), torch.nn.Linear(2, 2))
+class _Net(torch.nn.Module):
+    """Two used layers and one never used: it has no gradient on any rank."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b, self.unused = (
+            torch.nn.Linear(4, 3),
+            torch.nn.Linear(3, 1),
+            torch.nn.Linear(2, 2),
+        )
+
+    def shard_units(self) -> list[torch.nn.Module]:
+        return [self.a]
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.tanh(self.a(rows))).square().mean()
 
 
 DATA = torch.arange(40, dtype=torch.float32).reshape(10, 4) / 40
 
 
-def _loss(model: torch.nn.Module, rows: torch.Tensor) -> torch.Tensor:
-    # the last layer is never used: it has no gradient on any rank
-    return model[1](torch.tanh(model[0](rows))).square().mean()
-
-
-#: One rank (started by ``launch`` with the torchrun variables): its slice of DATA, backward,
-#: the gradient average, and its gradients saved for the test to compare.
+#: One rank (started by ``launch`` with the torchrun variables): rank 0 takes one Adam step
+#: alone, then both adopt rank 0's model and optimizer sharded, train their slices of DATA
+#: with their loss weights, and save the gathered gradients, weights and optimizer state.
 RANK_SCRIPT = """
 import os, sys, torch
 sys.path.insert(0, {here!r})
-from test_learner_ranks import DATA, _loss, _model
-from rlstream.trainer.distributed import RankEnv, Ranks
+from test_learner_ranks import DATA, _Net
+from rlstream.trainer.distributed import RankEnv, Ranks, gathered, gathered_optimizer
 torch.use_deterministic_algorithms(True)
 env = RankEnv.from_env()
 ranks = Ranks(env, backend="gloo")
-model = _model()
+model = _Net()
+optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+if env.rank == 0:  # state only rank 0 has: adopt hands it to every rank
+    model(DATA[:2]).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+adopted = gathered(model.state_dict()) if env.rank == 0 else None
+optimizer = ranks.adopt(model, optimizer)
+moments = gathered_optimizer(optimizer.state_dict())
 rows = DATA[:3] if env.rank == 0 else DATA[3:]  # 3 and 7 "tokens"
-loss = _loss(model, rows)
-loss.backward()
-ranks.reduce_grads(model, loss.detach(), float(len(rows)))
-grads = [None if p.grad is None else p.grad for p in model.parameters()]
-torch.save(grads, os.path.join({out!r}, f"grads{{env.rank}}.pt"))
+factor, finite = ranks.weigh(float(len(rows)), True)
+(model(rows) * factor).backward()
+grads = [None if p.grad is None else p.grad.full_tensor() for p in model.parameters()]
+weights = gathered(model.state_dict())
+torch.save((grads, weights, moments, adopted, finite), os.path.join({out!r}, f"rank{{env.rank}}.pt"))
 ranks.close()
 """
 
 
-def test_two_gloo_ranks_average_gradients_into_identical_replicas(tmp_path: Path) -> None:
+def test_two_sharded_gloo_ranks_take_the_one_process_gradient(tmp_path: Path) -> None:
     script = RANK_SCRIPT.format(here=str(Path(__file__).parent), out=str(tmp_path))
     assert launch([sys.executable, "-c", script], 2, log=lambda _: None) == 0
-    got = [torch.load(tmp_path / f"grads{r}.pt") for r in range(2)]
-    model = _model()
-    _loss(model, DATA).backward()  # one process, the whole step
-    for g0, g1, p in zip(got[0], got[1], model.parameters(), strict=True):
+    got = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    (g0, w0, m0, adopted, finite0), (g1, w1, m1, _, finite1) = got
+    assert finite0 and finite1
+    for name, value in adopted.items():  # rank 0's weights on both ranks, sharded and gathered
+        assert torch.equal(w0[name], value) and torch.equal(w1[name], value), name
+    assert m0["state"] and all(
+        torch.equal(m0["state"][i][k], m1["state"][i][k])
+        for i in m0["state"]
+        for k in m0["state"][i]
+    ), "the ranks' optimizer states differ"
+    model = _Net()  # one process, the same start, the whole step
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    model(DATA[:2]).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    for i, state in optimizer.state_dict()["state"].items():
+        for k, v in state.items():
+            torch.testing.assert_close(m0["state"][i][k], v)
+    model(DATA).backward()
+    for a, b, p in zip(g0, g1, model.parameters(), strict=True):
         if p.grad is None:
-            assert g0 is None and g1 is None  # no rank had one: the optimizer skips it
+            assert a is None and b is None  # no rank had one: the optimizer skips it
             continue
-        assert torch.equal(g0, g1), "the replicas' gradients differ"
-        torch.testing.assert_close(g0, p.grad)
+        assert torch.equal(a, b), "the ranks' gathered gradients differ"
+        torch.testing.assert_close(a, p.grad)
 
 
 def test_a_failed_rank_stops_the_others_and_fails_the_learner(tmp_path: Path) -> None:
