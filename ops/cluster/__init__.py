@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlstream.ops.cluster import broker, mirror
+from rlstream.ops.cluster import broker, mirror, procs
 from rlstream.ops.cluster.artifacts import SetupError
 from rlstream.ops.cluster.broker import Region
 from rlstream.ops.cluster.mirror import Flow, Mirror, link_flows, parse_flow
@@ -254,16 +254,20 @@ def stop_mirror(region: str, home: Path | None = None) -> None:
 
 
 def down(home: Path | None = None, purge: bool = False, log=print) -> None:
-    """Stop what ``up`` started (MirrorMaker first, then brokers); ``purge`` deletes the data."""
+    """Stop what ``up`` started (every MirrorMaker first, then every broker, each kind side by
+    side); ``purge`` deletes the data."""
     home = Path(home or default_home())
     with _locked(home):
         cluster = load(home)
-        for name, link in cluster.mirrors.items():
-            mirror.stop(link)
+        links = cluster.mirrors.items()
+        procs.stop_all([(m.pid, str(m.properties)) for _, m in links if m.pid])
+        for name, link in links:
+            link.pid = None
             log(f"mirror {name}: stopped")
-        for name, region in cluster.regions.items():
-            was = region.pid
-            broker.stop(region)
+        regions = cluster.regions.items()
+        procs.stop_all([(r.pid, str(r.properties)) for _, r in regions if r.pid])
+        for name, region in regions:
+            was, region.pid = region.pid, None
             log(f"region {name}: stopped" + (f" (pid {was})" if was else ""))
         cluster.save()
         if purge:

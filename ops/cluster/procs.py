@@ -70,17 +70,25 @@ def spawn(cmd: list[str], log_path: Path, cwd: Path) -> subprocess.Popen:
 
 def stop(pid: int, marker: str, timeout: float = 30.0) -> None:
     """SIGTERM, wait up to ``timeout`` for a clean shutdown, then SIGKILL."""
-    if not alive(pid, marker):
-        return
-    os.kill(pid, signal.SIGTERM)
+    stop_all([(pid, marker)], timeout)
+
+
+def stop_all(targets: list[tuple[int, str]], timeout: float = 30.0) -> None:
+    """``stop`` for several ``(pid, marker)`` at once: all are sent SIGTERM together and shut
+    down side by side; those still running after ``timeout`` get SIGKILL."""
+    running = [(pid, marker) for pid, marker in targets if alive(pid, marker)]
+    for pid, _ in running:
+        os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not alive(pid, marker):
-            _reap(pid)
-            return
+    while running and time.monotonic() < deadline:
         time.sleep(0.2)
-    os.kill(pid, signal.SIGKILL)
-    _reap(pid)
+        for pid, marker in list(running):
+            if not alive(pid, marker):
+                _reap(pid)
+                running.remove((pid, marker))
+    for pid, _ in running:
+        os.kill(pid, signal.SIGKILL)
+        _reap(pid)
 
 
 def _reap(pid: int) -> None:
