@@ -22,8 +22,8 @@ Guarantees:
   own memory instead (no tensor-sized allocation): it checks everything it can before the
   first write, and on a later failure puts every written element back before raising.
 - Conditioned on the base: float tensors' changes are coded per bucket of the base's
-  exponent (``exponent2`` pieces, ``deltacodec_exponent``; ``exponent`` pieces of the first
-  model are still decoded), as the receiver holds the base;
+  exponent (``exponent3`` and ``exponent2`` pieces, ``deltacodec_exponent``; ``exponent``
+  pieces of the first model are still decoded), as the receiver holds the base;
   ``entropy_bound`` and ``conditioned_bound`` (``deltacodec_bound``) say what an order-0
   coder, and one that sees the base exponents, could at best reach on a given change.
 - Deterministic: the same inputs give byte-identical chunks and manifest.

@@ -30,6 +30,14 @@ width, and ``count`` is the changed elements, as before. They are tried at any c
 fraction: with every element of a bucket changed its gaps cost almost nothing, and the
 learner's Adam steps change 75-100% of some tensors.
 
+``exponent3`` pieces (encoding 8) have ``exponent2``'s layout (``aux`` the field, ``count``
+the changes, one stored stream) with the stream of the static rANS coder
+(``deltacodec_rans``): per bucket a geometric gap law and a value table measured by the
+encoder and sent in the stream, one table-driven symbol per gap and per difference. It decodes
+~4x and encodes ~5x faster than ``exponent2``, within ~1% of its size on Adam steps at 1-10%
+changed; the encoder writes it beside ``exponent2`` and keeps the smaller
+(``deltacodec_pieces``).
+
 The per-element scans (bucket ranks when encoding, bucket countdowns when applying) are
 compiled with numba: numpy has no vector form of "the r-th element of bucket b" short of a
 stable sort of the whole range, ten times slower.
@@ -44,6 +52,7 @@ import numpy as np
 import zstandard
 
 from . import deltacodec_rangecoder as rangecoder
+from . import deltacodec_rans as rans
 from .deltacodec_pieces import STORED, Piece, Stream, unzigzag, zigzag
 
 #: Exponent field (shift, mask) of each float dtype tag the encoding is used for.
@@ -108,6 +117,15 @@ def encode_exponent2(
     present, gaps, z, starts = _table(old, pos, diff, field)
     coded = rangecoder.encode2(present, gaps, z, starts, old.size)
     return _ID_OF_FIELD[field], [(STORED, coded)]
+
+
+def encode_exponent3(
+    old: np.ndarray, pos: np.ndarray, diff: np.ndarray, field: tuple[int, int]
+) -> tuple[int, list[Stream]]:
+    """``aux`` and the one stream of an ``exponent3`` piece (``exponent2``'s layout, the
+    static rANS coder's stream)."""
+    present, gaps, z, starts = _table(old, pos, diff, field)
+    return _ID_OF_FIELD[field], [(STORED, rans.encode(present, gaps, z, starts))]
 
 
 def encode_exponent(
@@ -189,17 +207,19 @@ def decode_exponent(
     return _plan(shift, mask, dtype, buckets, starts, gaps, z)
 
 
-def decode_exponent2(piece: Piece, n: int, dtype: np.dtype) -> Plan:
-    """The plan of an ``exponent2`` piece over ``n`` elements of ``dtype``."""
+def decode_exponent2(piece: Piece, n: int, dtype: np.dtype, name: str = "exponent2") -> Plan:
+    """The plan of an ``exponent2`` piece (or, ``name`` "exponent3", of an ``exponent3``
+    piece: same layout, other coder) over ``n`` elements of ``dtype``."""
     k = piece.count
     if not 0 < k <= n or len(piece.streams) != 1 or piece.streams[0][0] != STORED:
-        raise ValueError("exponent2 piece: 1 to its element count changes, one stored stream")
+        raise ValueError(f"{name} piece: 1 to its element count changes, one stored stream")
     field = FIELD_IDS.get(piece.aux)
     if field is None or field[1] != dtype.itemsize:
-        raise ValueError(f"exponent2 piece: field {piece.aux} for {dtype.itemsize}-byte elements")
+        raise ValueError(f"{name} piece: field {piece.aux} for {dtype.itemsize}-byte elements")
     (shift, mask), width = field[0], 8 * dtype.itemsize
     coded = np.frombuffer(piece.streams[0][1], np.uint8)
-    buckets, starts, gaps, z = rangecoder.decode2(coded, k, mask, width, n)
+    decoder = rans.decode if name == "exponent3" else rangecoder.decode2
+    buckets, starts, gaps, z = decoder(coded, k, mask, width, n)
     return _plan(shift, mask, dtype, buckets, starts, gaps, z)
 
 

@@ -14,10 +14,13 @@ Encodings, per piece, the smallest one kept:
   as 2- or 4-bit symbols ``z - 1`` with an escape for larger ones (their residuals in byte
   planes), or as byte planes. Packing matters: ±1 ULP dominates and zstd cannot spend
   under 1 bit per byte-symbol, while four 2-bit symbols per byte can.
-- ``exponent2`` (float dtypes): the changes coded conditioned on the base's exponent field,
-  which the decoder holds (``deltacodec_exponent`` documents it); tried at every changed
-  fraction, beside ``sparse`` and the dense fallbacks. ``exponent`` pieces, its first form
-  (encoding 6, no longer written), are still decoded.
+- ``exponent3`` and ``exponent2`` (float dtypes): the changes coded conditioned on the base's
+  exponent field, which the decoder holds (``deltacodec_exponent`` documents them):
+  ``exponent3`` with static per-bucket models and a rANS coder (fast), tried at every changed
+  fraction beside ``sparse`` and the dense fallbacks; ``exponent2`` with the adaptive binary
+  coder (~5x slower), tried too on pieces of few changes or of a high changed fraction, where
+  it is smaller. ``exponent`` pieces, the first form (encoding 6, no longer written), are still
+  decoded.
 - ``xor`` / ``diff``: dense fallbacks, byte planes of ``old ^ new`` or of zigzag ``new - old``
   over the whole range.
 - ``planes``: no base (keyframes, new tensors): byte planes of the bits.
@@ -27,7 +30,7 @@ Every stream is zstd-compressed (single-threaded, low level) or stored, whicheve
 Wire layout of a piece, little-endian: header ``<IQQBBBxQ`` (tensor index, start, stop,
 encoding, stream count, aux, count), one ``<BI`` (codec, length) per stream, then the stream
 bytes. ``aux`` is the sparse value packing (0 planes, 2 or 4 bits), 0 for an ``exponent`` piece, the
-exponent field's id for an ``exponent2`` piece; ``count`` the number of changed elements. Encodings are only ever added: a
+exponent field's id for an ``exponent2`` or ``exponent3`` piece; ``count`` the number of changed elements. Encodings are only ever added: a
 decoder reads every piece an earlier encoder wrote (``ENCODINGS`` keeps their numbers). Decoders raise ``ValueError`` on any inconsistency; the caller turns it
 into the codec's own error.
 """
@@ -45,9 +48,20 @@ import zstandard
 
 from .deltacodec_bits import UINT_BY_WIDTH, as_bytes
 
-UNCHANGED, SPARSE, XOR, DIFF, PLANES, RAW, EXPONENT, EXPONENT2 = range(8)
-ENCODINGS: Final = ("unchanged", "sparse", "xor", "diff", "planes", "raw", "exponent", "exponent2")
-NEEDS_BASE: Final = frozenset({UNCHANGED, SPARSE, XOR, DIFF, EXPONENT, EXPONENT2})
+UNCHANGED, SPARSE, XOR, DIFF, PLANES, RAW, EXPONENT, EXPONENT2, EXPONENT3 = range(9)
+ENCODINGS: Final = (
+    "unchanged",
+    "sparse",
+    "xor",
+    "diff",
+    "planes",
+    "raw",
+    "exponent",
+    "exponent2",
+    "exponent3",
+)
+NEEDS_BASE: Final = frozenset({UNCHANGED, SPARSE, XOR, DIFF, EXPONENT, EXPONENT2, EXPONENT3})
+BY_EXPONENT: Final = frozenset({EXPONENT, EXPONENT2, EXPONENT3})
 STORED, ZSTD = 0, 1
 PIECE_HEADER: Final = struct.Struct("<IQQBBBxQ")
 STREAM_HEADER: Final = struct.Struct("<BI")
@@ -57,6 +71,12 @@ ZSTD_LEVEL: Final = 1
 # on simulated bf16 RL steps sparse still wins at 90% changed, dense only near 100%.
 SPARSE_MAX_FRACTION: Final = 0.9
 DENSE_MIN_FRACTION: Final = 0.5
+# exponent2 (the adaptive coder, ~100 ns a change) is tried beside exponent3 on pieces of at
+# most this many changes, where its learning beats exponent3's header, and on pieces with at
+# least this changed fraction (the learner's Adam steps: its contexts follow the wide
+# differences 0.5-2% closer); elsewhere it would cost encode time for nothing.
+EXPONENT2_MAX_CHANGES: Final = 4096
+EXPONENT2_MIN_FRACTION: Final = 0.2
 # Pack value symbols in b bits when at least this share of them fits without an escape.
 PACK_MIN_SHARE: Final = 0.8
 # 8-byte words compared per step: two blocks of 512 KiB stay in L2 while compared and hashed.
@@ -414,9 +434,9 @@ def encode_best(
     """The smallest encoding of ``new`` (elements ``start..``) given ``old`` and its changes.
     Without a base: ``planes`` or ``raw``. With one: ``unchanged`` when nothing changed, else
     the smallest of ``sparse`` (changed fraction <= 0.9), for a float dtype (its exponent
-    ``field``) ``exponent2``, ``xor`` and ``diff`` (>= 0.5), and ``raw`` (its size is known
-    without building it)."""
-    from .deltacodec_exponent import encode_exponent2
+    ``field``) ``exponent3`` and, on few changes or many, ``exponent2``, ``xor`` and ``diff``
+    (>= 0.5), and ``raw`` (its size is known without building it)."""
+    from .deltacodec_exponent import encode_exponent2, encode_exponent3
 
     n = new.size
     stop = start + n
@@ -430,6 +450,9 @@ def encode_best(
         if k <= SPARSE_MAX_FRACTION * n:
             cands.append(encode_sparse(tensor, start, stop, ch, cctx))
         if field is not None:
+            aux, streams = encode_exponent3(old, ch.pos, ch.diff, field)
+            cands.append(Piece(tensor, start, stop, EXPONENT3, aux, k, tuple(streams)))
+        if field is not None and (k <= EXPONENT2_MAX_CHANGES or k >= EXPONENT2_MIN_FRACTION * n):
             aux, streams = encode_exponent2(old, ch.pos, ch.diff, field)
             cands.append(Piece(tensor, start, stop, EXPONENT2, aux, k, tuple(streams)))
         if k >= DENSE_MIN_FRACTION * n:
@@ -478,13 +501,13 @@ def decode_piece(
     n, dtype = out.size, out.dtype
     if piece.encoding in NEEDS_BASE and base is None:
         raise ValueError(f"{ENCODINGS[piece.encoding]} piece for a tensor without base")
-    if base is not None and piece.encoding in (EXPONENT, EXPONENT2):
+    if base is not None and piece.encoding in BY_EXPONENT:
         from .deltacodec_exponent import decode_exponent, decode_exponent2
 
         if piece.encoding == EXPONENT:
             plan = decode_exponent(piece, n, dtype, dctx)
         else:
-            plan = decode_exponent2(piece, n, dtype)
+            plan = decode_exponent2(piece, n, dtype, ENCODINGS[piece.encoding])
         _blocks(base, out, old_hasher, new_hasher, plan.run)
         if undo is not None and _same(base, out):
             undo.append((out, plan.done[: plan.ndone], plan.old[: plan.ndone]))

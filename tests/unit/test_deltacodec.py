@@ -172,7 +172,7 @@ def test_ratio_reaches_ninety_percent_of_the_conditioned_bound(lr: float) -> Non
     assert 0.005 < bound.changed / bound.numel < 0.2
     assert enc.ratio >= 0.9 * bound.ratio, (enc.ratio, bound.ratio)
     assert enc.ratio > dc.entropy_bound(old, new).ratio  # beats any order-0 coder
-    assert enc.manifest["tensors"][0]["encoding"] == "exponent2"
+    assert enc.manifest["tensors"][0]["encoding"] == "exponent3"
 
 
 def test_a_tensor_larger_than_one_encoding_range() -> None:

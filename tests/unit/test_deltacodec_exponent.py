@@ -1,13 +1,15 @@
-"""The base-conditioned delta encodings (``exponent2`` pieces, and the ``exponent`` pieces of
-the first model), in-place apply, and the bounds.
+"""The base-conditioned delta encodings (``exponent3`` pieces, and the ``exponent`` and
+``exponent2`` pieces of the earlier coders), in-place apply, and the bounds.
 
-Properties asserted: pieces of both encodings round-trip bit for bit (decoded into new memory and
-applied in place) for every float dtype on random and adversarial changes (all changed, none,
-one, NaN/inf bit patterns, subnormals, -0.0, tiny and odd-sized tensors, buckets from
-sparse to all changed);
-a damaged exponent piece raises ``ChunkCorrupt`` and an in-place apply that fails after its
-first write leaves the base bit for bit; versions written by the previous encoder (golden
-bytes) still decode; both bounds follow their definitions on a toy input worked by hand.
+Properties asserted: pieces of all three encodings round-trip bit for bit (decoded into new
+memory and applied in place) for every float dtype on random and adversarial changes (all
+changed, none, one, NaN/inf bit patterns, subnormals, -0.0, tiny and odd-sized tensors, buckets
+from sparse to all changed, differences of every bit length); a damaged exponent piece raises
+``ChunkCorrupt`` and an in-place apply that fails after its first write leaves the base bit for
+bit; every truncation and many bit flips of an ``exponent3`` stream are refused or decode
+exactly, never crash; versions written by earlier encoders (golden bytes) still decode; the
+same input gives the same bytes; both bounds follow their definitions on a toy input worked by
+hand.
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ from rlstream.schemas.deltacodec_exponent import (
     FIELD_IDS,
     encode_exponent,
     encode_exponent2,
+    encode_exponent3,
 )
 from rlstream.schemas.deltacodec_pieces import (
     EXPONENT,
     EXPONENT2,
+    EXPONENT3,
     Piece,
     decode_piece,
     find_changes,
@@ -87,7 +91,7 @@ def _changed(rng: np.random.Generator, old: np.ndarray, pattern: str) -> np.ndar
 
 def _round_trip_piece(dtype: str, old: np.ndarray, new: np.ndarray) -> None:
     """Encode the change as one piece of each exponent encoding; decode each into new memory
-    and in place."""
+    and in place, and undo."""
     cctx, dctx = zstandard.ZstdCompressor(level=1), zstandard.ZstdDecompressor()
     ch = find_changes(old, new, None, None)
     if not ch.pos.size:
@@ -95,10 +99,12 @@ def _round_trip_piece(dtype: str, old: np.ndarray, new: np.ndarray) -> None:
     k, field = int(ch.pos.size), EXPONENT_FIELDS[dtype]
     aux, streams = encode_exponent(old, ch.pos, ch.diff, field, cctx)
     aux2, streams2 = encode_exponent2(old, ch.pos, ch.diff, field)
-    assert FIELD_IDS[aux2] == (field, old.itemsize)
+    aux3, streams3 = encode_exponent3(old, ch.pos, ch.diff, field)
+    assert FIELD_IDS[aux2] == FIELD_IDS[aux3] == (field, old.itemsize)
     for piece in (
         Piece(0, 0, old.size, EXPONENT, aux, k, tuple(streams)),
         Piece(0, 0, old.size, EXPONENT2, aux2, k, tuple(streams2)),
+        Piece(0, 0, old.size, EXPONENT3, aux3, k, tuple(streams3)),
     ):
         piece = parse_chunk(b"RLDK\x01\x00\x00\x00\x01\x00\x00\x00" + piece.to_bytes())[0]
         out = np.empty_like(old)
@@ -162,7 +168,7 @@ def test_apply_in_place_writes_into_the_held_memory() -> None:
     c = np.array([0, 0x8000, 0x7F80, 0x7FC1], np.uint16)
     old, new = _state({"w": a, "s": c}), _state({"w": b, "s": c[::-1]})
     enc = dc.encode_delta(old, new, version=2, base_version=1, max_chunk_bytes=20_000)
-    assert "exponent2" in enc.manifest["tensors"][1]["encoding"]
+    assert "exponent" in enc.manifest["tensors"][1]["encoding"]
     held = _state({"w": a, "s": c})
     addresses = {k: t.bits.__array_interface__["data"][0] for k, t in held.items()}
     out = dc.apply_in_place(json.loads(json.dumps(enc.manifest)), enc.chunks, held)
@@ -284,7 +290,7 @@ def test_changes_window_keeps_the_encoder_consistent() -> None:
     a, b = _bf16_pair(400_000, 1e-5, seed=6)
     old, new = _state({"w": a}), _state({"w": b})
     enc = dc.encode_delta(old, new, version=1, base_version=0, max_chunk_bytes=8_000)
-    assert len(enc.chunks) > 3 and "exponent2" in enc.manifest["tensors"][0]["encoding"]
+    assert len(enc.chunks) > 3 and "exponent" in enc.manifest["tensors"][0]["encoding"]
     assert dc.same_state(dc.decode(enc.manifest, enc.chunks, old), new)
 
 
@@ -314,18 +320,20 @@ def test_exponent_pieces_of_the_first_exponent_encoder_still_decode() -> None:
     assert dc.same_state(dc.apply_in_place(enc.manifest, enc.chunks, held), new)
 
 
-def test_an_exponent2_piece_refuses_a_field_of_another_width() -> None:
+@pytest.mark.parametrize("encoding", [EXPONENT2, EXPONENT3])
+def test_an_exponent_piece_refuses_a_field_of_another_width(encoding: int) -> None:
     """``aux`` names the exponent field; one of another element width, or an unknown one, is
     refused before anything is decoded."""
     a, b = _bf16_pair(5000, 1e-4, seed=7)
     ch = find_changes(a, b, None, None)
-    aux, streams = encode_exponent2(a, ch.pos, ch.diff, EXPONENT_FIELDS["bfloat16"])
+    encoder = encode_exponent2 if encoding == EXPONENT2 else encode_exponent3
+    aux, streams = encoder(a, ch.pos, ch.diff, EXPONENT_FIELDS["bfloat16"])
     dctx = zstandard.ZstdDecompressor()
     for bad in (3, 4, 0, 9):  # float32, float64, none, unknown
-        piece = Piece(0, 0, a.size, EXPONENT2, bad, int(ch.pos.size), tuple(streams))
+        piece = Piece(0, 0, a.size, encoding, bad, int(ch.pos.size), tuple(streams))
         with pytest.raises(ValueError, match="field"):
             decode_piece(piece, a, np.empty_like(a), dctx)
-    good = Piece(0, 0, a.size, EXPONENT2, aux, int(ch.pos.size), tuple(streams))
+    good = Piece(0, 0, a.size, encoding, aux, int(ch.pos.size), tuple(streams))
     out = np.empty_like(a)
     decode_piece(good, a, out, dctx)
     assert np.array_equal(out, b)
@@ -333,12 +341,97 @@ def test_an_exponent2_piece_refuses_a_field_of_another_width() -> None:
 
 def test_dense_float_changes_are_coded_conditioned_on_the_base() -> None:
     """A step that changes every element (the learner's first Adam steps change 75-100% of
-    some tensors): exponent2 is tried and is well below the byte-plane fallbacks."""
+    some tensors): the exponent encodings are tried and are well below the byte-plane
+    fallbacks."""
     a, b = _bf16_pair(200_000, 3e-3, seed=8)
     old, new = _state({"w": a}), _state({"w": b})
     enc = dc.encode_delta(old, new, version=1, base_version=0)
     bound = dc.conditioned_bound(old, new)
     assert bound.changed > 0.95 * bound.numel
-    assert enc.manifest["tensors"][0]["encoding"] == "exponent2"
+    assert enc.manifest["tensors"][0]["encoding"] in ("exponent2", "exponent3")
     assert enc.ratio >= 0.9 * bound.ratio, (enc.ratio, bound.ratio)
     assert dc.same_state(dc.decode(enc.manifest, enc.chunks, old), new)
+
+
+def _exponent3_piece(a: np.ndarray, b: np.ndarray, dtype: str = "bfloat16") -> Piece:
+    ch = find_changes(a, b, None, None)
+    aux, streams = encode_exponent3(a, ch.pos, ch.diff, EXPONENT_FIELDS[dtype])
+    return Piece(0, 0, a.size, EXPONENT3, aux, int(ch.pos.size), tuple(streams))
+
+
+def test_a_damaged_exponent3_stream_is_refused_or_exact_and_never_crashes() -> None:
+    """Every truncation of the stream is refused by the piece decoder itself (the base put
+    back by undo); single and triple bit flips all over it (header, rANS words, plain bits),
+    behind a valid chunk checksum, are refused by the codec (``DeltaError``, base intact) or
+    decode exactly (a flip the model cannot notice, such as a low gap bit of a bucket's last
+    change, is caught by the tensor hash)."""
+    a, b = _bf16_pair(60_000, 2e-5, seed=9)  # more changes than exponent2 is tried on
+    piece = _exponent3_piece(a, b)
+    data = bytes(piece.streams[0][1])
+    dctx = zstandard.ZstdDecompressor()
+    for cut in range(len(data)):
+        p = Piece(0, 0, a.size, EXPONENT3, piece.aux, piece.count, ((0, data[:cut]),))
+        held, undo = a.copy(), []
+        with pytest.raises(ValueError):
+            decode_piece(p, held, held, dctx, undo=undo)
+        undo_all(undo)
+        assert np.array_equal(held, a)
+    old, new = _state({"w": a}), _state({"w": b})
+    enc = dc.encode_delta(old, new, version=2, base_version=1)
+    assert enc.manifest["tensors"][0]["encoding"] == "exponent3"
+    chunk0 = enc.chunks[0]
+    at0 = chunk0.index(data[:16])
+    rng = np.random.default_rng(1)
+    refused = 0
+    for flips in (1, 3):
+        for _ in range(150):
+            chunk = bytearray(chunk0)
+            for at in rng.integers(at0, at0 + len(data), flips):
+                chunk[at] ^= 1 << int(rng.integers(0, 8))
+            manifest = json.loads(json.dumps(enc.manifest))
+            manifest["chunks"][0]["checksum"] = dfile.xxhash.xxh3_128_hexdigest(bytes(chunk))
+            held = _state({"w": a})
+            try:
+                out = dc.apply_in_place(manifest, [bytes(chunk)], held)
+            except dc.DeltaError:
+                refused += 1
+                assert dc.same_state(held, old)
+            else:
+                assert dc.same_state(out, new)
+    assert refused >= 280
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_exponent3_codes_differences_of_every_bit_length(dtype: str) -> None:
+    """Differences from 1 ULP to the element width's full range (the plain-bit symbols and
+    the escape), in buckets of a few and of many changes."""
+    rng = np.random.default_rng(11)
+    width = dc.DTYPE_WIDTHS[dtype]
+    uint = UINT_BY_WIDTH[width]
+    old = _weights(rng, dtype, 40_000, "gauss")
+    new = old.copy()
+    at = rng.choice(old.size, 8000, replace=False)
+    sizes = rng.integers(0, 8 * width, at.size)
+    step = rng.integers(1, 1 << 62, at.size, dtype=np.uint64) >> (63 - sizes).astype(np.uint64)
+    new[at] = old[at] + np.maximum(step, 1).astype(uint)
+    new[at[:5]] = old[at[:5]] ^ uint.type(1 << (8 * width - 1))  # sign flips: the longest
+    same = at[new[at] == old[at]]
+    new[same] += uint.type(1)
+    assert int(np.count_nonzero(new != old)) == at.size
+    _round_trip_piece(dtype, old, new)
+
+
+def test_exponent3_is_deterministic_and_decodes_golden_bytes() -> None:
+    """The same change gives the same bytes; ``exponent2-delta.rlwd`` and
+    ``exponent3-delta.rlwd`` (``make_exponent3_golden.py``) still decode and apply in place."""
+    a, b = _bf16_pair(100_000, 1e-5, seed=12)
+    assert _exponent3_piece(a, b).streams == _exponent3_piece(a.copy(), b.copy()).streams
+    tags = {"c.f16": "float16", "d.f32": "float32", "e.f64": "float64"}
+    for stem, encoding in (("exponent2-delta", "exponent2"), ("exponent3-delta", "exponent3")):
+        enc = dfile.unpack((DATA / f"{stem}.rlwd").read_bytes())
+        old, new = _golden_states("exponent3-delta", tags)  # one input, both encoders
+        pieces = [p for t in enc.manifest["tensors"] for p in t["pieces"]]
+        assert sum(p[3] == encoding for p in pieces) >= 2
+        assert dc.same_state(dc.decode(enc.manifest, enc.chunks, old), new)
+        held = {k: TensorBits(t.dtype, t.shape, t.bits.copy()) for k, t in old.items()}
+        assert dc.same_state(dc.apply_in_place(enc.manifest, enc.chunks, held), new)

@@ -1,0 +1,91 @@
+"""A static rANS coder for the ``exponent3`` piece's gaps and differences.
+
+Why: the adaptive binary range coder (``deltacodec_rangecoder``) spends 10-20 binary decisions
+per change, ~70 ns decoding and ~100 ns encoding one. Here each bucket's statistics are
+measured by the encoder and sent as a small model in the stream's header, and every gap and
+difference is one table-driven rANS symbol plus plain bits: ~15-20 ns a change either way, at
+a code length within ~1% of the first coder's on bf16 Adam steps.
+
+Models, per bucket of the base exponent (``deltacodec_exponent``):
+
+- gaps under a geometric law: with the bucket's rate p = changes / (gaps + changes), a gap g
+  is its quotient q = g >> m, m the smallest with (1 - p)**(2**m) <= 0.84, as one symbol of
+  the law (1 - t) t**q (t = (1 - p)**(2**m), sent as one byte; up to 48 symbols while they
+  round to a count, then an escape followed by q's excess as an Elias-gamma number), then
+  its m low bits plain (their law is within 0.84 of uniform: ~0.002 bits lost a gap);
+- differences: v = zigzag difference - 1 as one symbol, its own below 16, then two symbols
+  per bit length (the bit below the top one) up to 20 bits with the rest as plain bits, then
+  an escape with v - (2**20 - 1) as a gamma number; the bucket's symbol counts are sent,
+  normalised to 2**b (b from 6 to 12, twice the bucket's changes: a table of few changes is
+  noisy anyway and cheaper so).
+
+All probabilities are counts out of 4096 (a model is normalised with integer arithmetic, so
+encoder and decoder build the same tables); one rANS state (32 bits, 16-bit renormalisation)
+codes every symbol, the plain bits go to a separate bit stream.
+
+Layout of a coded stream: the header (LEB128 numbers: the bucket count, then per bucket,
+ascending, its distance from the previous one (the first: bucket + 1), its changes, m, the
+ratio byte, the value symbol count s and the first s - 1 normalised counts (the last is the
+rest)), the rANS word count, the words (16-bit little-endian, the decoder's reading order),
+then the plain bits (least significant first, the last byte padded with zeros). Symbols are
+coded bucket by bucket: its gaps, then its differences. ``decode`` raises ``ValueError`` on
+any inconsistency: a table out of range, a number that does not fit, a final rANS state other
+than the encoder's first, words or bits missing or left over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+_kernels: dict[str, Callable[..., Any]] = {}
+
+
+def _compiled() -> dict[str, Callable[..., Any]]:
+    """The numba kernels, compiled (or loaded from numba's cache) on first use only."""
+    if not _kernels:
+        from . import deltacodec_rans_kernels as k
+
+        _kernels.update(encode=k.encode, decode=k.decode)
+    return _kernels
+
+
+def _varint(v: int) -> bytes:
+    out = bytearray()
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def encode(buckets: np.ndarray, gaps: np.ndarray, values: np.ndarray, starts: np.ndarray) -> bytes:
+    """The coded stream of the bucket table (present buckets ascending, ``starts`` their
+    ranges of ``gaps`` and ``values``) and of the per-bucket gaps and zigzag differences."""
+    header, words, raw = _compiled()["encode"](
+        np.ascontiguousarray(buckets, np.int64),
+        np.ascontiguousarray(gaps, np.int64),
+        np.ascontiguousarray(values, np.uint64),
+        np.ascontiguousarray(starts, np.int64),
+    )
+    return b"".join(
+        (header.tobytes(), _varint(words.size), words.astype("<u2").tobytes(), raw.tobytes())
+    )
+
+
+def decode(
+    buf: np.ndarray, count: int, mask: int, width_bits: int, n: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(buckets, starts, gaps, zigzag differences)`` of ``encode``'s stream of ``count``
+    changes in a range of ``n`` elements, buckets within ``mask``, differences within
+    ``width_bits``."""
+    buckets, starts = np.empty(mask + 1, np.int64), np.empty(mask + 2, np.int64)
+    gaps, values = np.empty(count, np.int64), np.empty(count, np.uint64)
+    nb = _compiled()["decode"](
+        np.ascontiguousarray(buf, np.uint8), mask, width_bits, int(n), buckets, starts, gaps, values
+    )
+    if nb < 0:
+        raise ValueError("exponent3 piece: coded stream is truncated or inconsistent")
+    return buckets[:nb], starts[: nb + 1], gaps, values
