@@ -56,6 +56,13 @@ def register_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--env-sigma", type=float, default=1.2, help="lognormal sigma (tail weight)")
     p.add_argument("--minutes", type=float, default=15.0, help="time cap of one run")
     p.add_argument("--home", default=None, help="a running local cluster's state directory")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a recipe override for both arms' runs, before the bench's own (repeatable)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_main)
 
@@ -145,8 +152,8 @@ def _one(args: argparse.Namespace, home: Path, out: Path, budget: int, rep: int)
     cmd += ["--run", run, "--home", str(home), "--out", str(out)]
     cmd += ["--max-versions", str(args.versions), "--minutes", str(args.minutes)]
     cmd += ["--rollout-workers", str(args.workers)]
-    for key, value in sets.items():
-        cmd += ["--set", f"{key}={value}"]
+    for item in [*args.set, *(f"{key}={value}" for key, value in sets.items())]:
+        cmd += ["--set", item]
     progress(f"run {run}: max_staleness={budget}, rep {rep + 1} ...")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.minutes * 60 + 600)
     if proc.returncode != 0:

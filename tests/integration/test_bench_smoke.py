@@ -36,6 +36,7 @@ CASES = {
             *("--versions", "2", "--reps", "1", "--sweep", "0,1", "--max-staleness", "1"),
             *("--groups-per-step", "2", "--group-size", "2", "--workers", "1"),
             *("--env-median-s", "0.05", "--minutes", "5"),
+            *("--set", "learner.warm_start.steps=20"),  # the arms' figures, not learning
         ],
         ["speedup", "speedup_runs", "sweep", "pipeline"],
     ),

@@ -28,7 +28,7 @@ def test_short_demo_run_learns(kafka, cluster_home, unique_run, tmp_path):
         "--minutes",
         "5",
         "--max-versions",
-        "100",
+        "50",
         "--out",
         str(tmp_path),
         "--home",
