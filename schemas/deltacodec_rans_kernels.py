@@ -51,6 +51,8 @@ def fix_sum(freq: Any, nsym: Any, total: Any) -> None:
             freq[big] += total - have
             return
         step = min(have - total, freq[big] - 1)
+        if step <= 0:  # cannot happen for nsym <= total; never loop on it
+            return
         freq[big] -= step
         have -= step
 
@@ -224,9 +226,12 @@ def rans_get(x: Any, words: Any, w: Any, s: Any, start: Any, freq: Any) -> Any:
 
 @inline
 def slot_table(freq: Any, nsym: Any, table: Any) -> None:
+    """table[slot] = the symbol owning that slot (never written past its TOTAL slots)."""
     c = 0
     for s in range(nsym):
         for _ in range(freq[s]):
+            if c >= table.size:
+                return
             table[c] = s
             c += 1
 
@@ -550,14 +555,16 @@ def decode(
         for i in range(a, b):
             s = next_symbol(x, table, start, nsym, search)
             x, w = rans_get(x, words, w, s, start, freq)
-            sign, st = get_bits(raw, st, 1)
             if s < VALUE_DIRECT:
+                sign, st = get_bits(raw, st, 1)
                 mag = u64(s)
             elif s < VALUE_SYMBOLS:
                 nb2 = (s - VALUE_DIRECT) // 2 + 1
-                extra, st = get_bits(raw, st, nb2)
-                mag = (u64(2 | ((s - VALUE_DIRECT) & 1)) << u64(nb2)) | extra
+                extra, st = get_bits(raw, st, nb2 + 1)  # the sign, then the low bits
+                sign = extra & u64(1)
+                mag = (u64(2 | ((s - VALUE_DIRECT) & 1)) << u64(nb2)) | (extra >> u64(1))
             else:
+                sign, st = get_bits(raw, st, 1)
                 e, st = get_gamma(raw, st)
                 top = u64((1 << VALUE_TOP_BITS) - 1)
                 if e == u64(0) or (limit >> u64(1)) < top or e > (limit >> u64(1)) - top:
