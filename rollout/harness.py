@@ -1,7 +1,9 @@
 """Multi-turn rollout harness: the policy may run code before it answers.
 
-Protocol (single tokens for the tags, see :mod:`rlstream.envs.tasks`): the policy generates
-until EOS (its final answer) or ``</run>``. A ``<run>CALL</run>`` block is one tool call of the
+Protocol (single tokens for the tags, see :mod:`rlstream.envs.tasks`; text and token ids are
+the policy's own tokenizer's, :mod:`rlstream.rollout.text`: the prompt goes through its chat
+template when it has one): the policy generates until an end-of-sequence token (its final
+answer) or ``</run>``. A ``<run>CALL</run>`` block is one tool call of the
 task's environment (:mod:`rlstream.envs.tools`: with one tool, CALL is its input, e.g. the
 Python code of ``fx``; otherwise ``@NAME INPUT`` picks the tool: ``@python``, ``@read``,
 ``@write``, ``@ls``, ``@test``); the harness runs it and appends ``<out>OUTPUT</out>`` to the
@@ -203,6 +205,7 @@ class Rollout:
             engine = TorchEngine(self.model, generate_fn)
         self.engine = engine
         self.window = model.cfg.max_seq_len
+        self.text = model.text  # the policy's own tokenizer (rollout.text)
         self.expert_bytes = arrays.expert_bytes_for(model.cfg.n_experts)
         self.env = code_only()
 
@@ -216,7 +219,7 @@ class Rollout:
         """``group_size`` samples for ``prompt`` in ``env`` (default: one tool, Python code);
         the first turn runs as one batch."""
         self.env = env or code_only()
-        ids = [tasks.BOS, *tasks.encode(prompt)]
+        ids = self.text.prompt(prompt)
         if len(ids) >= self.window:
             raise PromptTooLong(
                 f"prompt of {len(ids)} tokens leaves no room in the policy's window of {self.window}"
@@ -242,7 +245,7 @@ class Rollout:
             max_new=self.cfg.max_new_tokens,
             temperature=self.cfg.temperature,
             generator=generator,
-            stop_ids=(tasks.EOS, tasks.RUN_END),
+            stop_ids=self.text.stop_ids,
             prior=prior,
         )
 
@@ -255,8 +258,8 @@ class Rollout:
             new = gen.tokens[b, :n].tolist()
             routes = _routes(gen, b, n, gen.prompt_len, self.expert_bytes)
             row.emit(new, gen.logprobs[b, :n].tolist(), routes)
-            if not new or new[-1] != tasks.RUN_END:
-                row.close("final" if new and new[-1] == tasks.EOS else "truncated")
+            if not new or new[-1] != self.text.run_end:
+                row.close("final" if new and new[-1] in self.text.eos_ids else "truncated")
                 return
             obs = self._tool_turn(row)
             used = len(row.tokens) - row.seg_start
@@ -265,7 +268,7 @@ class Rollout:
                 context = torch.tensor([obs])
             elif len(row.segments) + 1 < self.cfg.max_segments:
                 row.close("compacted")
-                ids = [tasks.BOS, *tasks.encode(_compaction_prompt(prompt, row, self.cfg))]
+                ids = self.text.prompt(_compaction_prompt(prompt, row, self.cfg))
                 prior, context = None, torch.tensor([ids])
             else:
                 row.close("truncated")
@@ -281,7 +284,7 @@ class Rollout:
     def _tool_turn(self, row: _Row) -> list[int]:
         """Run the call of the last ``<run>`` block; the observation tokens to append."""
         started = time.perf_counter()
-        text = tasks.decode(row.tokens[row.seg_prompt :])
+        text = self.text.decode(row.tokens[row.seg_prompt :])
         call = text.rsplit("<run>", 1)[-1].removesuffix("</run>")
         if row.turns >= self.cfg.max_turns:
             output, record = "no tool calls left", {"tool": "", "status": "over_budget"}
@@ -297,11 +300,11 @@ class Rollout:
         row.calls.append(
             {**record, "input": call[:200], "output": output, "ms": round(spent * 1000, 1)}
         )
-        return [tasks.OUT, *tasks.encode(output), tasks.OUT_END]
+        return [self.text.out, *self.text.encode(output), self.text.out_end]
 
     def _sample(self, index: int, row: _Row) -> Sample:
         last = row.segments[-1]
-        text = tasks.decode(row.tokens[row.seg_prompt : last.end])
+        text = self.text.decode(row.tokens[row.seg_prompt : last.end])
         return Sample(
             index=index,
             token_ids=np.asarray(row.tokens, dtype=np.int32),

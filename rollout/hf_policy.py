@@ -39,6 +39,8 @@ harness and GRPO take it. Rules this module guarantees:
   (or with them) and is strict about every other key. ``save_hf`` writes what transformers
   writes (it ties the head again on loading).
 - Nothing is downloaded: models are built from a config or loaded from a local directory.
+- ``text`` (``rollout.text.PolicyText``) maps the policy's tokens to text: a directory's own
+  tokenizer (``load_hf``), else the demo's ``char_tokenizer``.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBl
 
 from rlstream.envs import tasks
 from rlstream.rollout.model import KVCache, PolicyConfig, load_balance_loss
+from rlstream.rollout.text import PolicyText, with_protocol_tags
 
 # ---------------------------------------------------------------- tokenizer
 
@@ -239,6 +242,7 @@ class HFPolicy(nn.Module):
             top_k=blocks[0].gate.top_k,
         )
         self.n_decoder_layers = int(config.num_hidden_layers)
+        self.text = PolicyText.chars()  # load_hf sets the directory's own
         self.last_router_probs: list[Tensor] = []
         every = dict(self.named_parameters(remove_duplicate=False))
         self.tied_keys = frozenset(every) - frozenset(dict(self.named_parameters()))
@@ -391,7 +395,19 @@ def save_state_hf(cfg: PolicyConfig, state: Mapping[str, Tensor], path: str | Pa
 
 
 def load_hf(path: str | Path) -> tuple[HFPolicy, PreTrainedTokenizerBase]:
-    """The policy and tokenizer of a local HF directory (never a hub download)."""
+    """The policy and tokenizer of a local HF directory (never a hub download), the tokenizer
+    with the protocol tags (``text.with_protocol_tags``). When added tags lie past the model's
+    vocabulary its embeddings grow to hold them, the new rows initialised from a fixed seed,
+    so every role that loads the directory builds the same model. The policy's ``text`` is
+    that tokenizer, with the end-of-sequence ids of the model's generation config."""
     lm = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    return HFPolicy(lm), tokenizer
+    tokenizer = with_protocol_tags(AutoTokenizer.from_pretrained(str(path), local_files_only=True))
+    rows = int(lm.config.get_text_config().vocab_size)
+    if len(tokenizer) > rows:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            lm.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    policy = HFPolicy(lm)
+    eos = lm.generation_config.eos_token_id if lm.generation_config is not None else None
+    policy.text = PolicyText(tokenizer, [eos] if isinstance(eos, int) else list(eos or []))
+    return policy, tokenizer

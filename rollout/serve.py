@@ -73,7 +73,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rlstream.consumers.eval_log import ReleaseFollower
 from rlstream.consumers.weights import WeightSubscriber
-from rlstream.envs import tasks as task_family
 from rlstream.producers.producer import DeliveryError, EventProducer
 from rlstream.producers.settings import KafkaSettings
 from rlstream.rollout.model import Generation, PolicyConfig, build_policy, generate
@@ -380,7 +379,7 @@ class PolicyServer:
         self, req: CompletionRequest, ctx: ServedContext, choices: Sequence[Served]
     ) -> dict[str, Any]:
         """Record what ``sample`` made, then the answer (needs no model: outside the lock)."""
-        texts = [task_family.decode(c.token_ids) for c in choices]
+        texts = [self.model.text.decode(c.token_ids) for c in choices]
         self._record(ctx, choices, texts)
         return self._answer(req, ctx, choices, texts)
 
@@ -394,7 +393,7 @@ class PolicyServer:
             what = "released by the eval role" if self.releases is not None else "published"
             raise LookupError(f"no policy version has been {what} for this run yet")
         if isinstance(req.prompt, str):
-            ids = [task_family.BOS, *task_family.encode(req.prompt)]
+            ids = self.model.text.prompt(req.prompt)
         else:
             ids = list(req.prompt)
             if any(t >= self.model.cfg.vocab_size for t in ids):
@@ -409,7 +408,7 @@ class PolicyServer:
             req.max_tokens,
             temperature,
             torch.Generator().manual_seed(seed),
-            stop_ids=(task_family.EOS, *req.stop_token_ids),
+            stop_ids=(*self.model.text.eos_ids, *req.stop_token_ids),
             top_n=req.logprobs or 0,
         )
         width = arrays.expert_bytes_for(self.model.cfg.n_experts)
@@ -454,7 +453,7 @@ class PolicyServer:
         for i, (choice, text) in enumerate(zip(choices, texts, strict=True)):
             logprobs = None
             if req.logprobs is not None:
-                logprobs = choice_logprobs(choice, task_family.decode)
+                logprobs = choice_logprobs(choice, self.model.text.decode)
                 if req.return_tokens_as_token_ids:
                     logprobs["tokens"] = [f"token_id:{t}" for t in choice.token_ids]
             answer = {

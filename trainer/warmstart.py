@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rlstream.envs import tasks
 from rlstream.rollout.model import PolicyConfig, PolicyModel, build_policy
+from rlstream.rollout.text import PolicyText
 
 
 class WarmStartConfig(BaseModel):
@@ -51,21 +52,28 @@ class WarmStartConfig(BaseModel):
 
 
 def demo_batch(
-    rng: random.Random, n: int, teacher: tasks.TeacherConfig, task_cfg: tasks.TaskConfig
+    rng: random.Random,
+    n: int,
+    teacher: tasks.TeacherConfig,
+    task_cfg: tasks.TaskConfig,
+    text: PolicyText | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``n`` demonstrations as (tokens ``[n, T]`` right-padded, target mask ``[n, T]``).
+    """``n`` demonstrations as (tokens ``[n, T]`` right-padded, target mask ``[n, T]``) in the
+    policy's ``text`` (default: the demo's character tokenizer).
 
-    Rule: a row is ``BOS prompt answer EOS``; the mask is 1 on answer and EOS tokens only.
+    Rule: a row is ``prompt answer EOS`` (``text.prompt``: BOS, or the chat template); the mask
+    is 1 on answer and EOS tokens only.
     """
+    text = text or PolicyText.chars()
     rows, masks = [], []
     for _ in range(n):
         task = tasks.sample_task(rng.randrange(tasks.EVAL_SEED_BASE), task_cfg)
-        prompt = [tasks.BOS, *tasks.encode(task.prompt)]
-        answer = [*tasks.encode(tasks.demonstration(task, rng, teacher)), tasks.EOS]
+        prompt = text.prompt(task.prompt)
+        answer = [*text.encode(tasks.demonstration(task, rng, teacher)), text.eos_ids[0]]
         rows.append(prompt + answer)
         masks.append([0] * len(prompt) + [1] * len(answer))
     width = max(map(len, rows))
-    tokens = torch.full((n, width), tasks.PAD, dtype=torch.long)
+    tokens = torch.full((n, width), text.pad_id, dtype=torch.long)
     mask = torch.zeros(n, width)
     for i, (row, m) in enumerate(zip(rows, masks, strict=True)):
         tokens[i, : len(row)] = torch.tensor(row)
@@ -111,7 +119,7 @@ def _train(model: PolicyModel, cfg: WarmStartConfig, log: Callable[[str], None] 
     for step in range(cfg.steps):
         for group in optimizer.param_groups:
             group["lr"] = cfg.lr * min(1.0, (step + 1) / 20)
-        tokens, mask = demo_batch(rng, cfg.batch_size, cfg.teacher, cfg.task)
+        tokens, mask = demo_batch(rng, cfg.batch_size, cfg.teacher, cfg.task, model.text)
         logits, _ = model(tokens[:, :-1])
         nll = F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")
         loss = (nll * mask[:, 1:]).sum() / mask[:, 1:].sum()

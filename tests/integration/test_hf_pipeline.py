@@ -1,5 +1,7 @@
-"""The pipeline with the Hugging Face policy (``policy.architecture=qwen3_moe``), every role its
-own process, on a real broker. A short run checks:
+"""The pipeline pointed at a Hugging Face checkpoint directory (``policy.hf_dir``: a tiny
+Qwen3-MoE whose tokenizer is a BPE with a chat template, ``tests/hf_checkpoints.py``), every
+role its own process, on a real broker. A short run checks:
+- every trajectory's prompt is the checkpoint's own tokenizer's chat template of its task;
 - every published version is keyed by transformers' own parameter names and shapes, the tied
   ``lm_head.weight`` held once (as ``model.embed_tokens.weight``);
 - versions are consecutive and every group a step trained on was admitted, once;
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from helpers import decode_all, stop_procs, wait_for
+from hf_checkpoints import bpe_checkpoint
 
 from rlstream.ops.demo import start_role
 from rlstream.producers.admin import ensure_run_topics
@@ -40,6 +43,7 @@ SETS = [
 def _sets(tmp: Path) -> list[str]:
     return [
         *SETS,
+        f"policy.hf_dir={tmp / 'checkpoint'}",
         f"learner.state_dir={tmp / 'learner'}",
         f"learner.warm_start_cache={tmp / 'warm.pt'}",
     ]
@@ -52,6 +56,7 @@ def _manifests(kafka, run: str) -> list[dict]:
 def test_hf_policy_runs_the_pipeline_keyed_by_hf_names(kafka, unique_run, tmp_path):
     run = unique_run
     ensure_run_topics(kafka, run)
+    bpe_checkpoint(tmp_path / "checkpoint")
     extra = [a for s in _sets(tmp_path) for a in ("--set", s)]
     roles = {
         "learner": ("learner",),
@@ -72,7 +77,8 @@ def test_hf_policy_runs_the_pipeline_keyed_by_hf_names(kafka, unique_run, tmp_pa
             procs,
         )
         manifests = _manifests(kafka, run)
-        _check_hf_names(manifests)
+        _check_hf_names(manifests, _sets(tmp_path))
+        _check_prompts_are_the_checkpoints_tokens(kafka, run, _sets(tmp_path))
         versions = [m["version"] for m in manifests if m["kind"] == "delta" or m["version"] == 0]
         assert versions == list(range(len(versions))), f"versions not consecutive: {versions}"
         _check_trained_groups_admitted(kafka, run)
@@ -83,17 +89,39 @@ def test_hf_policy_runs_the_pipeline_keyed_by_hf_names(kafka, unique_run, tmp_pa
     _check_final_model_dir(kafka, run, config, last, tmp_path)
 
 
-def _check_hf_names(manifests: list[dict]) -> None:
+def _check_hf_names(manifests: list[dict], sets: list[str]) -> None:
     from rlstream.ops.config import load_run_config
     from rlstream.rollout.model import build_policy
 
-    model = build_policy(load_run_config(None, SETS).policy)
+    model = build_policy(load_run_config(None, sets).policy)
     want = {k: list(v.shape) for k, v in model.state_dict().items()}
     assert "lm_head.weight" not in want and "model.embed_tokens.weight" in want
     assert any(".mlp.experts." in k for k in want) and any(".mlp.gate." in k for k in want)
     for m in manifests:
         got = {e["name"]: list(e["shape"]) for e in m["tensors"]}
         assert got == want, f"version {m['version']} is not keyed by the HF names and shapes"
+
+
+def _check_prompts_are_the_checkpoints_tokens(kafka, run: str, sets: list[str]) -> None:
+    from rlstream.ops.config import load_run_config
+    from rlstream.rollout.model import build_policy
+    from rlstream.schemas import arrays
+
+    text = build_policy(load_run_config(None, sets).policy).text
+    prompts = {
+        d.record["task_id"]: d.record["prompt"]
+        for d in decode_all(kafka, topics.topic_name(run, "tasks"))
+    }
+    firsts = [
+        d.record
+        for d in decode_all(kafka, topics.topic_name(run, "trajectories"))
+        if d.record["segment_index"] == 0
+    ]
+    assert firsts
+    for t in firsts:
+        ids = arrays.unpack_tokens(t).token_ids[: t["prompt_tokens"]].tolist()
+        assert ids == text.prompt(prompts[t["task_id"]]), t["task_id"]
+        assert text.decode(ids).startswith("user\n")  # ChatML, its specials dropped
 
 
 def _check_trained_groups_admitted(kafka, run: str) -> None:

@@ -1,0 +1,89 @@
+"""The policy's text and token ids: its own Hugging Face tokenizer, and the agent protocol's tags.
+
+Every role that turns text into the policy's tokens or back (the rollout harness, the policy
+server, the warm start) goes through a ``PolicyText``, built from the policy's own tokenizer:
+the tokenizer files of ``policy.hf_dir``, or the demo's character tokenizer
+(``hf_policy.char_tokenizer``, whose ids equal ``envs.tasks.encode``). Rules:
+
+- ``prompt(text)``: with a chat template, the template applied to one user message with the
+  generation prompt (``apply_chat_template(..., add_generation_prompt=True)``); without one, the
+  BOS token (when the tokenizer has one) then ``encode(text)``.
+- ``encode`` adds no special token; ``decode`` leaves out PAD, BOS and the end-of-sequence ids
+  and every other special token, and keeps the protocol tags.
+- The harness's tool protocol (``envs.tasks.TAGS``: ``<run>``, ``</run>``, ``<out>``, ...) needs
+  each tag to be one token that is not special: ``with_protocol_tags`` adds the missing ones to
+  a tokenizer (as non-special added tokens, so they decode as text); a tokenizer that holds a
+  tag as a special token is refused (decoding would drop it).
+- ``stop_ids`` ends a turn: the end-of-sequence ids (the tokenizer's EOS and those the model's
+  generation config names, e.g. a chat model's end-of-turn token) and ``</run>``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+from rlstream.envs import tasks
+
+
+def with_protocol_tags(tokenizer: Any) -> Any:
+    """``tokenizer`` (in place) with every protocol tag one non-special token; raises
+    ``ValueError`` for a tag it holds as a special token."""
+    from tokenizers import AddedToken
+
+    special = set(tokenizer.all_special_tokens)
+    clash = [t for t in tasks.TAGS if t in special]
+    if clash:
+        raise ValueError(f"the tokenizer holds protocol tags as special tokens: {clash}")
+    vocab = tokenizer.get_vocab()
+    missing = [t for t in tasks.TAGS if t not in vocab]
+    if missing:
+        tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in missing])
+    return tokenizer
+
+
+class PolicyText:
+    """Text <-> token ids of one policy (module rules)."""
+
+    def __init__(self, tokenizer: Any, eos_ids: Sequence[int] = ()) -> None:
+        self.tokenizer = with_protocol_tags(tokenizer)
+        ids = self.tokenizer.convert_tokens_to_ids(list(tasks.TAGS))
+        self.run, self.run_end, self.out, self.out_end = ids[:4]
+        eos = [tokenizer.eos_token_id, *eos_ids]
+        self.eos_ids: tuple[int, ...] = tuple(dict.fromkeys(i for i in eos if i is not None))
+        if not self.eos_ids:
+            raise ValueError("the tokenizer names no end-of-sequence token")
+        self.bos: int | None = tokenizer.bos_token_id
+        self.pad_id: int = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.stop_ids: tuple[int, ...] = (*self.eos_ids, self.run_end)
+        self._dropped = {*self.eos_ids, self.pad_id, *([self.bos] if self.bos is not None else [])}
+        self._templated = bool(getattr(tokenizer, "chat_template", None))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> PolicyText:
+        return self  # read-only once built: a copied policy shares its text
+
+    @classmethod
+    @functools.cache
+    def chars(cls) -> PolicyText:
+        """The demo's character tokenizer (one per process)."""
+        from rlstream.rollout.hf_policy import char_tokenizer
+
+        return cls(char_tokenizer())
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        kept = [int(i) for i in ids if int(i) not in self._dropped]
+        return str(self.tokenizer.decode(kept, skip_special_tokens=True))
+
+    def prompt(self, text: str) -> list[int]:
+        if self._templated:
+            messages = [{"role": "user", "content": text}]
+            out = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True
+            )
+            ids = out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out
+            return [int(i) for i in ids]
+        return [*([self.bos] if self.bos is not None else []), *self.encode(text)]
