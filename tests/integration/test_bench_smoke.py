@@ -40,7 +40,10 @@ CASES = {
         ],
         ["speedup", "speedup_runs", "sweep", "pipeline"],
     ),
-    "ingest": (["--seconds", "0.5", "--reps", "1", "--concurrency", "2"], ["ratio"]),
+    "ingest": (
+        ["--seconds", "0.5", "--reps", "1", "--concurrency", "2", "--warmup", "0.5"],
+        ["ratio", "stored_check"],
+    ),
 }
 
 
