@@ -132,6 +132,16 @@ def save(name: str, result: dict[str, Any]) -> Path:
     return path
 
 
+def _version(distribution: str) -> str | None:
+    """The installed version of ``distribution`` (read from its metadata: nothing imported)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def machine() -> dict[str, Any]:
     """What the figures were measured on: CPU, cores, memory, OS, Python, key libraries, commit."""
     import numpy
@@ -155,6 +165,8 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "numpy": numpy.__version__,
         "zstandard": zstandard.__version__,
+        # the policy's numerics (and so its samples and success rates) follow these two
+        **{name: _version(name) for name in ("torch", "transformers")},
         "commit": _commit(),
     }
 
