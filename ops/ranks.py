@@ -109,8 +109,11 @@ def run_local_ranks(
     """Run ``target(rank, world, port, *args, out)`` in ``world`` spawned processes on this
     machine (a free ``port`` for their rendezvous) and return what rank 0 puts on ``out``.
     Spawned, not forked: the caller may hold Kafka clients' threads. A rank still alive after
-    the result is killed; any rank that exited non-zero raises, naming ``what``."""
+    the result is killed; any rank that exited non-zero raises, naming ``what``, as soon as it
+    is seen (the others, which may wait in a collective for it, are killed then), as does
+    ``timeout`` passing without a result."""
     import multiprocessing
+    import queue
 
     mp = multiprocessing.get_context("spawn")
     out = mp.Queue()
@@ -118,14 +121,25 @@ def run_local_ranks(
     procs = [mp.Process(target=target, args=(r, world, port, *args, out)) for r in range(world)]
     for proc in procs:
         proc.start()
+    deadline = time.monotonic() + timeout
+    result, grace = None, 120.0
     try:
-        result = out.get(timeout=timeout)
+        while result is None:
+            try:
+                result = out.get(timeout=0.5)
+            except queue.Empty:
+                ended = [p.exitcode for p in procs if p.exitcode is not None]
+                failed = any(c != 0 for c in ended) or len(ended) == world
+                if failed or time.monotonic() > deadline:
+                    grace = 0.0
+                    break
     finally:
         for proc in procs:
-            proc.join(timeout=120)
+            proc.join(timeout=grace)
             if proc.is_alive():
                 proc.kill()
                 proc.join()
-    if any(proc.exitcode != 0 for proc in procs):
-        raise RuntimeError(f"a {what} rank failed: exit codes {[p.exitcode for p in procs]}")
+    if result is None or any(proc.exitcode != 0 for proc in procs):
+        why = "no result" if result is None else "a rank failed"
+        raise RuntimeError(f"{what} ranks: {why}; exit codes {[p.exitcode for p in procs]}")
     return result

@@ -11,9 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import rank_targets
 import torch
 
-from rlstream.ops.ranks import launch, rank_env
+from rlstream.ops.ranks import launch, rank_env, run_local_ranks
 from rlstream.trainer.distributed import RankEnv, loss_weight, slice_of
 
 
@@ -146,3 +147,12 @@ def test_a_failed_rank_stops_the_others_and_fails_the_learner(tmp_path: Path) ->
 
 def test_ranks_that_all_exit_cleanly_end_the_learner_cleanly() -> None:
     assert launch([sys.executable, "-c", "pass"], 3, log=lambda _: None) == 0
+
+
+def test_local_ranks_fail_as_soon_as_one_rank_dies() -> None:
+    import time
+
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"exit codes \[-9, 3\]"):
+        run_local_ranks(rank_targets.rank_1_dies, 2, (), "test")
+    assert time.monotonic() - started < 60
