@@ -41,6 +41,13 @@ def register_bench(bench_subparsers: Any) -> None:
     p.add_argument("--max-new-tokens", type=int, default=48, help="tokens per rollout")
     p.add_argument("--warm-steps", type=int, default=None, help="warm-start steps (recipe's)")
     p.add_argument("--cache", default=None, help="warm-start cache file")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a recipe override (e.g. policy.d_model=256), before the bench's own (repeatable)",
+    )
     p.add_argument("--json", action="store_true", help="last stdout line is a JSON object")
     p.add_argument("--bootstrap", default=None, help="Kafka bootstrap (default: local cluster)")
     p.add_argument("--home", default=None, help="local cluster state directory")
@@ -67,7 +74,8 @@ def _main(args: argparse.Namespace) -> int:
 def _config(args: argparse.Namespace, cache: str) -> Any:
     from rlstream.ops.config import load_run_config
 
-    sets = [f"learner.warm_start_cache={cache}", f"groups_per_step={args.groups_per_step}"]
+    sets = [*args.set, f"learner.warm_start_cache={cache}"]
+    sets.append(f"groups_per_step={args.groups_per_step}")
     if args.warm_steps is not None:
         sets.append(f"learner.warm_start.steps={args.warm_steps}")
     return load_run_config(None, sets).role("learner")
@@ -93,8 +101,18 @@ def _groups(args: argparse.Namespace, cfg: Any, count: int) -> list[dict[str, An
         samples = []
         for j, s in enumerate(rollout.group(task.prompt, args.group_size, gen)):
             fields = arrays.pack_tokens(s.token_ids, s.logprobs, s.loss_mask, s.routes)
+            # a compacted sample trains as its contexts, as admission's records say
+            bounds = (
+                [v for g in s.segments for v in (g.start, g.end)] if len(s.segments) > 1 else []
+            )
             samples.append(
-                {**fields, "reward": float(j % 2), "passed": bool(j % 2), "policy_version": 0}
+                {
+                    **fields,
+                    "segment_bounds": bounds,
+                    "reward": float(j % 2),
+                    "passed": bool(j % 2),
+                    "policy_version": 0,
+                }
             )
         out.append({"group_id": f"g{i}", "samples": samples, "staleness": 0})
     return out
@@ -190,7 +208,16 @@ def run(args: argparse.Namespace, settings: Any, tmp: Path) -> dict[str, Any]:
         "groups_per_step": args.groups_per_step,
         "group_size": args.group_size,
         "architecture": cfg.policy.architecture,
+        "policy": cfg.policy.model_dump(exclude_none=True),
+        "params": _params(cfg),
     }
+
+
+def _params(cfg: Any) -> int:
+    """Parameters of the learner's policy, each tied tensor once."""
+    from rlstream.rollout.model import build_policy
+
+    return sum(t.numel() for t in build_policy(cfg.policy).state_dict().values())
 
 
 if __name__ == "__main__":
