@@ -61,7 +61,8 @@ def _demo(args: argparse.Namespace) -> int:
     from rlstream.consumers.consumer import Stopper
     from rlstream.ops import demo
     from rlstream.ops.config import load_run_config
-    from rlstream.trainer.learner_step import LearnerConfig, init_model
+    from rlstream.trainer.config import LearnerConfig
+    from rlstream.trainer.learner_step import init_model
 
     names = [r.strip() for r in args.regions.split(",") if r.strip()] or ["trainer"]
     run = args.run or time.strftime("demo-%Y%m%d-%H%M%S")

@@ -23,11 +23,9 @@ from rlstream.envs.family import FamilySpec
 from rlstream.envs.fx import with_fx_options
 from rlstream.envs.judges import JudgeConfig
 from rlstream.ops.regions import RegionsConfig
-from rlstream.rollout.evaluator import EvalConfig
-from rlstream.rollout.model import PolicyConfig
+from rlstream.rollout.config import EvalConfig, PolicyConfig, RolloutConfig
 from rlstream.rollout.scheduler import SchedulerConfig
-from rlstream.rollout.worker import RolloutConfig
-from rlstream.trainer.learner_step import LearnerConfig
+from rlstream.trainer.config import LearnerConfig
 
 RECIPES = Path(__file__).resolve().parent / "recipes"
 

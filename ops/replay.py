@@ -79,7 +79,7 @@ def recorded_ranks(manifests: dict[int, dict[str, Any]], configured: int) -> int
 
 def _learner_config(settings: KafkaSettings, run: str) -> Any:
     from rlstream.ops.config import RunConfig
-    from rlstream.trainer.learner_step import LearnerConfig
+    from rlstream.trainer.config import LearnerConfig
 
     runs = run_manifests(settings)
     if run not in runs:

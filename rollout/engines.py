@@ -31,7 +31,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from rlstream.rollout.model import Generation, KVCache, PolicyConfig, PolicyModel, generate
+from rlstream.rollout.config import PolicyConfig
+from rlstream.rollout.model import Generation, KVCache, PolicyModel, generate
 
 GenerateFn = Callable[..., Generation]
 

@@ -49,69 +49,21 @@ from functools import partial
 from typing import Any, Protocol
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from rlstream.consumers.consumer import RoleContext
 from rlstream.consumers.eval_log import read_evals
 from rlstream.consumers.weights import Snapshot, WeightSubscriber
 from rlstream.envs import family as families
 from rlstream.envs import sandbox
-from rlstream.envs import tasks as task_family
 from rlstream.envs.family import FamilySpec, FamilyTask
 from rlstream.envs.fx import with_fx_options
 from rlstream.producers.producer import EventProducer
 from rlstream.producers.settings import KafkaSettings
-from rlstream.rollout.harness import HarnessConfig, Rollout
-from rlstream.rollout.model import PolicyConfig, PolicyModel, build_policy, generate
+from rlstream.rollout.config import EvalConfig
+from rlstream.rollout.harness import Rollout
+from rlstream.rollout.model import PolicyModel, build_policy, generate
 from rlstream.schemas import topics
 from rlstream.schemas.deltacodec import to_torch
-
-
-class EvalConfig(BaseModel):
-    """Config of the eval role (``[eval]`` in a recipe)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    model: str = Field("policy", description="Model name (weights.manifests key); injected.")
-    policy: PolicyConfig = Field(
-        default_factory=lambda: PolicyConfig(vocab_size=task_family.VOCAB_SIZE),
-        description="Policy shape; injected from the run.",
-    )
-    families: dict[str, FamilySpec] = Field(
-        default_factory=lambda: {"fx": FamilySpec()},
-        description="Task families whose held-out tasks are scored; injected from the run.",
-    )
-    tasks: task_family.TaskConfig = Field(
-        default_factory=task_family.TaskConfig, description="fx difficulty; injected."
-    )
-    harness: HarnessConfig = Field(
-        default_factory=lambda: HarnessConfig(max_new_tokens=48),
-        description="How answers are generated: the rollout workers' harness (injected).",
-    )
-    isolation: sandbox.Mode = Field(
-        "full", description="Weakest sandbox isolation accepted for scoring; injected."
-    )
-    seed: int = Field(0, ge=0, description="Sampling seed of the temperature-1 samples.")
-    every: int = Field(
-        10, ge=1, le=1_000_000, description="Evaluate version 0 and every N-th version after it."
-    )
-    eval_tasks: int = Field(
-        32, ge=1, le=100_000, description="Held-out tasks per evaluation (split by family weight)."
-    )
-    k: int = Field(4, ge=1, le=256, description="Samples per task at temperature 1 (pass@k).")
-    release_margin: float = Field(
-        0.05,
-        ge=0,
-        le=1,
-        description="Release a version when its held-out greedy success is at least the last "
-        "released version's minus this margin.",
-    )
-    max_version: int | None = Field(
-        None, ge=0, description="Stop after evaluating this version (None: run until stopped)."
-    )
-    score_jobs: int = Field(2, ge=1, le=64, description="Sandboxed scoring runs at once.")
-    torch_threads: int = Field(1, ge=1, le=64, description="torch intra-op threads.")
-
 
 # --- the rules (pure) ----------------------------------------------------------------------
 

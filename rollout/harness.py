@@ -45,10 +45,10 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
-from rlstream.envs import sandbox, tasks
+from rlstream.envs import tasks
 from rlstream.envs.tools import Environment, Workspace, code_only
+from rlstream.rollout.config import HarnessConfig
 from rlstream.rollout.engines import Engine, GenerateFn, Prior, TorchEngine
 from rlstream.rollout.model import Generation, PolicyModel, generate, inference_copy
 from rlstream.schemas import arrays
@@ -56,33 +56,6 @@ from rlstream.schemas import arrays
 
 class PromptTooLong(ValueError):
     """The prompt leaves no room to generate in the policy's context window."""
-
-
-class HarnessConfig(BaseModel):
-    """How one sample is rolled out."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    max_new_tokens: int = Field(default=64, ge=1, le=4096, description="Token budget of one turn.")
-    max_turns: int = Field(
-        default=2, ge=0, le=64, description="Tool calls allowed before the answer."
-    )
-    max_segments: int = Field(default=4, ge=1, le=64, description="Compactions allowed plus one.")
-    temperature: float = Field(default=1.0, gt=0, le=10, description="Sampling temperature.")
-    tool_output_chars: int = Field(
-        default=120, ge=8, le=100_000, description="Observation cap (chars)."
-    )
-    summary_chars: int = Field(
-        default=60, ge=8, le=10_000, description="Summary cap when compacting."
-    )
-    inference_dtype: Literal["float32", "bfloat16"] = Field(
-        default="float32",
-        description="Weights precision for rollout inference (learner stays fp32).",
-    )
-    tool_sandbox: sandbox.SandboxConfig = Field(
-        default_factory=lambda: sandbox.SandboxConfig(wall_timeout_s=3.0, cpu_limit_s=1),
-        description="Limits (and the weakest isolation accepted) for tool calls.",
-    )
 
 
 @dataclass

@@ -66,7 +66,8 @@ from transformers.cache_utils import DynamicCache
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
 from rlstream.envs import tasks
-from rlstream.rollout.model import KVCache, PolicyConfig, load_balance_loss
+from rlstream.rollout.config import PolicyConfig
+from rlstream.rollout.model import KVCache, load_balance_loss
 from rlstream.rollout.text import PolicyText, with_protocol_tags
 
 # ---------------------------------------------------------------- tokenizer

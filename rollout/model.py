@@ -26,63 +26,16 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, TypeAlias, TypeVar
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import Tensor
+
+from rlstream.rollout.config import PolicyConfig
 
 if TYPE_CHECKING:
     from rlstream.rollout.hf_policy import HFPolicy
-
-
-class PolicyConfig(BaseModel):
-    """Architecture and shape of the policy network."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    architecture: Literal["qwen3_moe"] = Field(
-        default="qwen3_moe",
-        description="`qwen3_moe`: a transformers Qwen3-MoE causal LM (rollout.hf_policy) built "
-        "from the shape fields below, or loaded from `hf_dir`.",
-    )
-    hf_dir: str | None = Field(
-        default=None,
-        description="Local HF directory to load; its config then decides the "
-        "shape and the shape fields below are not used. Never downloaded.",
-    )
-
-    vocab_size: int = Field(default=128, ge=2, le=65536, description="Token vocabulary size.")
-    max_seq_len: int = Field(default=256, ge=8, le=8192, description="Context window in tokens.")
-    d_model: int = Field(default=64, ge=8, le=4096, description="Residual stream width.")
-    n_heads: int = Field(
-        default=4, ge=1, le=64, description="Attention heads (must divide d_model)."
-    )
-    n_layers: int = Field(
-        default=2, ge=1, le=48, description="Transformer blocks, each with an MoE FFN."
-    )
-    n_experts: int = Field(
-        default=4,
-        ge=2,
-        le=65536,
-        description="Experts per MoE layer (ids are recorded as uint8 up to 256, else uint16).",
-    )
-    top_k: int = Field(default=2, ge=1, le=8, description="Experts each token is routed to.")
-    d_expert: int = Field(
-        default=128, ge=4, le=16384, description="Hidden width of one expert MLP."
-    )
-    seed: int = Field(default=0, ge=0, description="Seed of the weight initialisation.")
-
-    @field_validator("architecture", mode="before")
-    @classmethod
-    def _no_homemade(cls, value: object) -> object:
-        if value == "rlstream-moe":
-            raise ValueError(
-                "the homemade `rlstream-moe` policy was removed; use policy.architecture = "
-                '"qwen3_moe" (a Hugging Face Qwen3-MoE of the same shape fields)'
-            )
-        return value
 
 
 @dataclass

@@ -75,7 +75,8 @@ from rlstream.consumers.eval_log import ReleaseFollower
 from rlstream.consumers.weights import WeightSubscriber
 from rlstream.producers.producer import DeliveryError, EventProducer
 from rlstream.producers.settings import KafkaSettings
-from rlstream.rollout.model import Generation, PolicyConfig, build_policy, generate
+from rlstream.rollout.config import PolicyConfig
+from rlstream.rollout.model import Generation, build_policy, generate
 from rlstream.schemas import arrays, topics
 from rlstream.schemas.deltacodec import to_torch
 from rlstream.schemas.deltacodec_bits import from_torch, state_hash

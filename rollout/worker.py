@@ -42,98 +42,24 @@ import tempfile
 import time
 import zlib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rlstream.consumers.consumer import Record, RoleContext, Stopper
 from rlstream.consumers.transactional import Output, Refused, TransactionalLoop
 from rlstream.consumers.weights import WeightSubscriber
-from rlstream.envs import tasks as task_family
 from rlstream.envs.family import environment_for
 from rlstream.producers.settings import KafkaSettings
+from rlstream.rollout.config import RolloutConfig
 from rlstream.rollout.engines import Engine, OpenAIEngine
-from rlstream.rollout.harness import HarnessConfig, PromptTooLong, Rollout, Sample, tool_details
-from rlstream.rollout.model import PolicyConfig, build_policy
+from rlstream.rollout.harness import PromptTooLong, Rollout, Sample, tool_details
+from rlstream.rollout.model import build_policy
 from rlstream.rollout.reissue import for_region
 from rlstream.schemas import arrays, topics
 from rlstream.schemas.deltacodec import to_torch
 from rlstream.schemas.deltacodec_bits import state_hash
-
-
-class EnvLatency(BaseModel):
-    """A heavy-tailed environment time per sample (lognormal), for benchmarks; 0 turns it off."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    median_s: float = Field(0.0, ge=0, le=60, description="Median seconds per sample (0: off).")
-    sigma: float = Field(1.2, ge=0, le=4, description="Lognormal shape (tail weight).")
-    cap_s: float = Field(20.0, gt=0, le=120, description="No draw exceeds this many seconds.")
-
-    def group_seconds(self, group_size: int, seed: int) -> float:
-        """The group's wait: the largest of its samples' draws (they run side by side)."""
-        if self.median_s <= 0:
-            return 0.0
-        rng = np.random.default_rng(seed)
-        draws = self.median_s * np.exp(self.sigma * rng.standard_normal(group_size))
-        return float(min(self.cap_s, draws.max()))
-
-
-class RolloutConfig(BaseModel):
-    """Config of a rollout worker."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    model: str = Field("policy", description="Model name (weights.manifests key).")
-    policy: PolicyConfig = Field(
-        default_factory=lambda: PolicyConfig(vocab_size=task_family.VOCAB_SIZE),
-        description="Policy shape; must match the learner's.",
-    )
-    harness: HarnessConfig = Field(
-        default_factory=lambda: HarnessConfig(max_new_tokens=48),
-        description="How samples are rolled out.",
-    )
-    region: str = Field(
-        "trainer",
-        description="Region this worker runs in (recorded per sample); set from `--region`.",
-    )
-    seed: int = Field(0, ge=0, description="Sampling seed; each task's generator derives from it.")
-    torch_threads: int = Field(1, ge=1, le=64, description="torch intra-op threads.")
-    max_staleness: int = Field(
-        2, ge=0, description="Staleness budget (injected from the run config): see the module."
-    )
-    weights_wait_s: float = Field(
-        120.0, ge=0, le=3600, description="Longest wait for weights a task needs."
-    )
-    env_latency: EnvLatency = Field(
-        default_factory=EnvLatency, description="Simulated environment time (benchmarks)."
-    )
-    engine: Literal["torch", "openai"] = Field(
-        "torch",
-        description="Inference engine: `torch` in process (reference), or `openai`: the "
-        "OpenAI-compatible server at `engine_url`, weights pushed to it (rollout.engines).",
-    )
-    engine_url: str | None = Field(
-        None,
-        pattern=r"^https?://",
-        description="Base URL of the `openai` engine's server, e.g. http://127.0.0.1:8000.",
-    )
-    engine_weights_dir: str | None = Field(
-        None,
-        description="Folder versions are written to for the `openai` engine's server, which "
-        "must read it at the same path (default: a new temporary folder).",
-    )
-    engine_timeout_s: float = Field(
-        120.0, gt=0, le=3600, description="Longest wait for one answer of the `openai` engine."
-    )
-
-    @model_validator(mode="after")
-    def _engine_url(self) -> RolloutConfig:
-        if self.engine == "openai" and self.engine_url is None:
-            raise ValueError("rollout.engine=openai needs rollout.engine_url")
-        return self
 
 
 class RolloutWorker:

@@ -21,26 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
 from rlstream.rollout.model import PolicyModel, sequence_logprobs
-
-
-class GrpoConfig(BaseModel):
-    """Learner-side GRPO settings."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    is_cap: float = Field(default=2.0, gt=0, description="C in min(exp(logp_cur - logp_beh), C).")
-    adv_eps: float = Field(default=1e-6, gt=0, description="eps in (r - mean) / (std + eps).")
-    max_grad_norm: float = Field(default=1.0, gt=0, description="Global gradient-norm clip.")
-    temperature: float = Field(
-        default=1.0, gt=0, description="Temperature the behaviour sampled at."
-    )
-    router_replay: bool = Field(
-        default=True, description="Force the recorded experts when recomputing."
-    )
+from rlstream.trainer.config import GrpoConfig
 
 
 def group_advantages(rewards: Sequence[float] | np.ndarray, eps: float = 1e-6) -> np.ndarray:

@@ -12,59 +12,20 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
-from rlstream.envs import tasks as task_family
-from rlstream.rollout.model import PolicyConfig, PolicyModel, build_policy
+from rlstream.rollout.model import PolicyModel, build_policy
 from rlstream.schemas import arrays
 from rlstream.schemas.deltacodec import from_torch
 from rlstream.trainer import grpo as rules
+from rlstream.trainer.config import GrpoConfig, LearnerConfig
 from rlstream.trainer.distributed import Ranks, gathered, gathered_optimizer, slice_of
-from rlstream.trainer.grpo import GrpoConfig
-from rlstream.trainer.warmstart import WarmStartConfig, warm_start
+from rlstream.trainer.warmstart import warm_start
 
 log = logging.getLogger(__name__)
-
-
-class LearnerConfig(BaseModel):
-    """Config of the learner role."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    model: str = Field("policy", description="Model name (weights.manifests key).")
-    policy: PolicyConfig = Field(
-        default_factory=lambda: PolicyConfig(vocab_size=task_family.VOCAB_SIZE),
-        description="Policy shape.",
-    )
-    warm_start: WarmStartConfig = Field(
-        default_factory=WarmStartConfig, description="Supervised warm start before RL (version 0)."
-    )
-    grpo: GrpoConfig = Field(default_factory=GrpoConfig, description="GRPO rules.")
-    lr: float = Field(5e-4, gt=0, le=1, description="Adam learning rate.")
-    groups_per_step: int = Field(4, ge=1, description="Admitted groups per optimizer step (B).")
-    mix_online_groups: int = Field(1, ge=0, description="Online (feedback) groups allowed ...")
-    mix_rollout_groups: int = Field(
-        0, ge=0, description="... per this many rollout groups trained; 0 = no limit."
-    )
-    keyframe_every: int = Field(8, ge=1, description="A keyframe every K versions.")
-    max_versions: int = Field(1_000_000, ge=1, description="Stop after publishing this version.")
-    publish_dtype: Literal["bfloat16", "float32"] = Field(
-        "bfloat16", description="Dtype of published weights."
-    )
-    state_dir: str = Field(".rlstream/learner", description="Checkpoints of master weights.")
-    warm_start_cache: str | None = Field(None, description="Cache file of the warm-start weights.")
-    seed: int = Field(0, ge=0, description="torch seed of the learner.")
-    ranks: int = Field(
-        1,
-        ge=1,
-        description="Data-parallel ranks on torch.distributed (rlstream run learner --ranks N); "
-        "under torchrun, WORLD_SIZE decides. Each step's groups are split over the ranks, so "
-        "groups_per_step must be at least this.",
-    )
 
 
 @dataclass

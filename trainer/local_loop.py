@@ -30,11 +30,12 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlstream.envs import tasks
-from rlstream.rollout.harness import HarnessConfig, Rollout, Sample
-from rlstream.rollout.model import PolicyConfig, PolicyModel, clone_policy
+from rlstream.rollout.config import HarnessConfig, PolicyConfig
+from rlstream.rollout.harness import Rollout, Sample
+from rlstream.rollout.model import PolicyModel, clone_policy
 from rlstream.trainer import grpo
-from rlstream.trainer.grpo import GrpoConfig
-from rlstream.trainer.warmstart import WarmStartConfig, warm_start
+from rlstream.trainer.config import GrpoConfig, WarmStartConfig
+from rlstream.trainer.warmstart import warm_start
 
 
 class LocalLoopConfig(BaseModel):

@@ -24,31 +24,12 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
 
 from rlstream.envs import tasks
-from rlstream.rollout.model import PolicyConfig, PolicyModel, build_policy
+from rlstream.rollout.config import PolicyConfig
+from rlstream.rollout.model import PolicyModel, build_policy
 from rlstream.rollout.text import PolicyText
-
-
-class WarmStartConfig(BaseModel):
-    """Supervised warm-start settings."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    steps: int = Field(default=300, ge=0, le=1_000_000, description="Optimizer steps.")
-    batch_size: int = Field(default=48, ge=1, le=4096, description="Demonstrations per step.")
-    lr: float = Field(
-        default=1e-2, gt=0, le=1, description="Adam learning rate (linear warm-up, 20 steps)."
-    )
-    balance_coef: float = Field(default=0.01, ge=0, le=1, description="Load-balancing loss weight.")
-    seed: int = Field(default=0, ge=0, description="Seed of task sampling and demonstrations.")
-    teacher: tasks.TeacherConfig = Field(
-        default_factory=tasks.TeacherConfig, description="Reliability of the demonstrations."
-    )
-    task: tasks.TaskConfig = Field(
-        default_factory=tasks.TaskConfig, description="Task family difficulty."
-    )
+from rlstream.trainer.config import WarmStartConfig
 
 
 def demo_batch(

@@ -16,7 +16,7 @@ Same workers, same in-flight capacity per worker (one group at a time), same tas
 seed), same judges. Environment time: each sample's sandbox work is real (the task's tests run
 in the sandbox), and on top of it a lognormal time (median ``--env-median-s``, sigma
 ``--env-sigma``, capped at 20 s, seeded by the task) stands for long tool runs; a group waits
-for its slowest sample (``rollout.worker.EnvLatency``).
+for its slowest sample (``rollout.config.EnvLatency``).
 
 Measured from the run's own streams: ``samples_per_s`` is trained samples (``groups_per_step *
 group_size`` per version) over the time from the learner's commit of version 1 to that of the

@@ -295,8 +295,9 @@ def _learner(args: argparse.Namespace) -> Iterator[tuple[float, list[Pair], str]
 
     from rlstream.trainer import grpo
     from rlstream.trainer import local_loop as ll
-    from rlstream.trainer.learner_step import LearnerConfig, published_state
-    from rlstream.trainer.warmstart import WarmStartConfig, warm_start
+    from rlstream.trainer.config import LearnerConfig, WarmStartConfig
+    from rlstream.trainer.learner_step import published_state
+    from rlstream.trainer.warmstart import warm_start
 
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)

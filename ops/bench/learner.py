@@ -86,7 +86,8 @@ def _groups(args: argparse.Namespace, cfg: Any, count: int) -> list[dict[str, An
     import torch
 
     from rlstream.envs import tasks
-    from rlstream.rollout.harness import HarnessConfig, Rollout
+    from rlstream.rollout.config import HarnessConfig
+    from rlstream.rollout.harness import Rollout
     from rlstream.schemas import arrays
     from rlstream.trainer.learner_step import init_model
 

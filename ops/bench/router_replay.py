@@ -60,10 +60,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from rlstream.envs import tasks
-    from rlstream.rollout.harness import HarnessConfig, Rollout
-    from rlstream.rollout.model import PolicyConfig
+    from rlstream.rollout.config import HarnessConfig, PolicyConfig
+    from rlstream.rollout.harness import Rollout
     from rlstream.trainer import grpo
-    from rlstream.trainer.warmstart import WarmStartConfig, warm_start
+    from rlstream.trainer.config import WarmStartConfig
+    from rlstream.trainer.warmstart import warm_start
 
     torch.set_num_threads(1)
     started = time.perf_counter()

@@ -14,7 +14,8 @@ from rlstream.ops.demo import start_role
 from rlstream.producers.admin import ensure_run_topics
 from rlstream.producers.producer import EventProducer
 from rlstream.producers.weights import WeightPublisher
-from rlstream.rollout.model import PolicyConfig, build_policy
+from rlstream.rollout.config import PolicyConfig
+from rlstream.rollout.model import build_policy
 from rlstream.schemas import topics
 from rlstream.schemas.deltacodec import from_torch
 

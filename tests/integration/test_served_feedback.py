@@ -43,9 +43,9 @@ LEARNER = textwrap.dedent(
     import sys
     from rlstream.consumers.consumer import Stopper
     from rlstream.producers.settings import KafkaSettings
-    from rlstream.rollout.model import PolicyConfig
+    from rlstream.rollout.config import PolicyConfig
     from rlstream.trainer.learner import Learner
-    from rlstream.trainer.learner_step import LearnerConfig
+    from rlstream.trainer.config import LearnerConfig
 
     bootstrap, run, state_dir, policy = sys.argv[1:5]
     cfg = LearnerConfig(

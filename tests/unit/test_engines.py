@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from rlstream.envs import tasks
+from rlstream.rollout.config import HarnessConfig, PolicyConfig
 from rlstream.rollout.engines import EngineError, OpenAIEngine, TorchEngine, generation_of
-from rlstream.rollout.harness import HarnessConfig, Rollout
-from rlstream.rollout.model import PolicyConfig, build_policy
+from rlstream.rollout.harness import Rollout
+from rlstream.rollout.model import build_policy
 from rlstream.rollout.serve import CompletionRequest, UpdateWeightsRequest
 from rlstream.schemas import arrays
 

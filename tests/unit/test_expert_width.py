@@ -15,8 +15,9 @@ import torch
 
 from rlstream.consumers.admission_rules import AdmissionConfig, PendingGroup, admitted_samples
 from rlstream.envs import tasks
-from rlstream.rollout.harness import HarnessConfig, rollout_group
-from rlstream.rollout.model import PolicyConfig, build_policy, generate, sequence_logprobs
+from rlstream.rollout.config import HarnessConfig, PolicyConfig
+from rlstream.rollout.harness import rollout_group
+from rlstream.rollout.model import build_policy, generate, sequence_logprobs
 from rlstream.rollout.serve import ServedContext, served_choice, served_record
 from rlstream.schemas import arrays, events
 from rlstream.trainer import grpo

@@ -8,7 +8,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlstream.rollout.model import PolicyConfig, build_policy, generate
+from rlstream.rollout.config import PolicyConfig
+from rlstream.rollout.model import build_policy, generate
 from rlstream.trainer import grpo
 
 CFG = PolicyConfig(vocab_size=32, max_seq_len=48, d_model=32, n_heads=4, n_layers=2, d_expert=32)

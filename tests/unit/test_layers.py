@@ -58,3 +58,22 @@ def test_imports_point_down_only() -> None:
 def test_every_layer_is_checked() -> None:
     folders = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
     assert folders - {"tests"} <= set(LAYER), folders - set(LAYER)
+
+
+def test_reading_a_recipe_and_the_policy_free_roles_import_no_torch() -> None:
+    """Entry points parse their config before importing heavy modules: the recipe and the roles
+    that never run the policy (admission, judges, scheduler, feedback-rl) stay free of torch and
+    transformers, so they start fast and stay small."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from rlstream.ops.config import load_run_config\n"
+        "load_run_config(None, [])\n"
+        "import rlstream.ops.roles, rlstream.consumers.admission, rlstream.envs.judges\n"
+        "import rlstream.rollout.scheduler, rlstream.consumers.feedback_rl\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -14,9 +14,10 @@ import torch
 from hf_checkpoints import bpe_checkpoint, bpe_tokenizer
 
 from rlstream.envs import tasks
-from rlstream.rollout.harness import HarnessConfig, Rollout
+from rlstream.rollout.config import HarnessConfig, PolicyConfig
+from rlstream.rollout.harness import Rollout
 from rlstream.rollout.hf_policy import load_hf
-from rlstream.rollout.model import PolicyConfig, build_policy
+from rlstream.rollout.model import build_policy
 from rlstream.rollout.text import PolicyText, with_protocol_tags
 from rlstream.schemas import deltacodec
 from rlstream.trainer.warmstart import demo_batch

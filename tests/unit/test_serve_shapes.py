@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from rlstream.envs import tasks as task_family
-from rlstream.rollout.model import PolicyConfig, build_policy, generate
+from rlstream.rollout.config import PolicyConfig
+from rlstream.rollout.model import build_policy, generate
 from rlstream.rollout.serve import (
     CompletionRequest,
     ServedContext,

@@ -1,0 +1,212 @@
+"""The rollout side's settings: the policy's shape, the harness, rollout workers and the eval
+role, as pydantic models.
+
+They live apart from the code that runs them so that reading a recipe (``ops.config``) imports
+neither torch nor transformers: roles that never touch the policy (admission, judges, the
+scheduler) start in a fraction of a second and stay small.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from rlstream.envs import sandbox
+from rlstream.envs import tasks as task_family
+from rlstream.envs.family import FamilySpec
+
+
+class PolicyConfig(BaseModel):
+    """Architecture and shape of the policy network."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    architecture: Literal["qwen3_moe"] = Field(
+        default="qwen3_moe",
+        description="`qwen3_moe`: a transformers Qwen3-MoE causal LM (rollout.hf_policy) built "
+        "from the shape fields below, or loaded from `hf_dir`.",
+    )
+    hf_dir: str | None = Field(
+        default=None,
+        description="Local HF directory to load; its config then decides the "
+        "shape and the shape fields below are not used. Never downloaded.",
+    )
+
+    vocab_size: int = Field(default=128, ge=2, le=65536, description="Token vocabulary size.")
+    max_seq_len: int = Field(default=256, ge=8, le=8192, description="Context window in tokens.")
+    d_model: int = Field(default=64, ge=8, le=4096, description="Residual stream width.")
+    n_heads: int = Field(
+        default=4, ge=1, le=64, description="Attention heads (must divide d_model)."
+    )
+    n_layers: int = Field(
+        default=2, ge=1, le=48, description="Transformer blocks, each with an MoE FFN."
+    )
+    n_experts: int = Field(
+        default=4,
+        ge=2,
+        le=65536,
+        description="Experts per MoE layer (ids are recorded as uint8 up to 256, else uint16).",
+    )
+    top_k: int = Field(default=2, ge=1, le=8, description="Experts each token is routed to.")
+    d_expert: int = Field(
+        default=128, ge=4, le=16384, description="Hidden width of one expert MLP."
+    )
+    seed: int = Field(default=0, ge=0, description="Seed of the weight initialisation.")
+
+    @field_validator("architecture", mode="before")
+    @classmethod
+    def _no_homemade(cls, value: object) -> object:
+        if value == "rlstream-moe":
+            raise ValueError(
+                "the homemade `rlstream-moe` policy was removed; use policy.architecture = "
+                '"qwen3_moe" (a Hugging Face Qwen3-MoE of the same shape fields)'
+            )
+        return value
+
+
+class HarnessConfig(BaseModel):
+    """How one sample is rolled out."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_new_tokens: int = Field(default=64, ge=1, le=4096, description="Token budget of one turn.")
+    max_turns: int = Field(
+        default=2, ge=0, le=64, description="Tool calls allowed before the answer."
+    )
+    max_segments: int = Field(default=4, ge=1, le=64, description="Compactions allowed plus one.")
+    temperature: float = Field(default=1.0, gt=0, le=10, description="Sampling temperature.")
+    tool_output_chars: int = Field(
+        default=120, ge=8, le=100_000, description="Observation cap (chars)."
+    )
+    summary_chars: int = Field(
+        default=60, ge=8, le=10_000, description="Summary cap when compacting."
+    )
+    inference_dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32",
+        description="Weights precision for rollout inference (learner stays fp32).",
+    )
+    tool_sandbox: sandbox.SandboxConfig = Field(
+        default_factory=lambda: sandbox.SandboxConfig(wall_timeout_s=3.0, cpu_limit_s=1),
+        description="Limits (and the weakest isolation accepted) for tool calls.",
+    )
+
+
+class EnvLatency(BaseModel):
+    """A heavy-tailed environment time per sample (lognormal), for benchmarks; 0 turns it off."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    median_s: float = Field(0.0, ge=0, le=60, description="Median seconds per sample (0: off).")
+    sigma: float = Field(1.2, ge=0, le=4, description="Lognormal shape (tail weight).")
+    cap_s: float = Field(20.0, gt=0, le=120, description="No draw exceeds this many seconds.")
+
+    def group_seconds(self, group_size: int, seed: int) -> float:
+        """The group's wait: the largest of its samples' draws (they run side by side)."""
+        if self.median_s <= 0:
+            return 0.0
+        rng = np.random.default_rng(seed)
+        draws = self.median_s * np.exp(self.sigma * rng.standard_normal(group_size))
+        return float(min(self.cap_s, draws.max()))
+
+
+class RolloutConfig(BaseModel):
+    """Config of a rollout worker."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field("policy", description="Model name (weights.manifests key).")
+    policy: PolicyConfig = Field(
+        default_factory=lambda: PolicyConfig(vocab_size=task_family.VOCAB_SIZE),
+        description="Policy shape; must match the learner's.",
+    )
+    harness: HarnessConfig = Field(
+        default_factory=lambda: HarnessConfig(max_new_tokens=48),
+        description="How samples are rolled out.",
+    )
+    region: str = Field(
+        "trainer",
+        description="Region this worker runs in (recorded per sample); set from `--region`.",
+    )
+    seed: int = Field(0, ge=0, description="Sampling seed; each task's generator derives from it.")
+    torch_threads: int = Field(1, ge=1, le=64, description="torch intra-op threads.")
+    max_staleness: int = Field(
+        2, ge=0, description="Staleness budget (injected from the run config): see the module."
+    )
+    weights_wait_s: float = Field(
+        120.0, ge=0, le=3600, description="Longest wait for weights a task needs."
+    )
+    env_latency: EnvLatency = Field(
+        default_factory=EnvLatency, description="Simulated environment time (benchmarks)."
+    )
+    engine: Literal["torch", "openai"] = Field(
+        "torch",
+        description="Inference engine: `torch` in process (reference), or `openai`: the "
+        "OpenAI-compatible server at `engine_url`, weights pushed to it (rollout.engines).",
+    )
+    engine_url: str | None = Field(
+        None,
+        pattern=r"^https?://",
+        description="Base URL of the `openai` engine's server, e.g. http://127.0.0.1:8000.",
+    )
+    engine_weights_dir: str | None = Field(
+        None,
+        description="Folder versions are written to for the `openai` engine's server, which "
+        "must read it at the same path (default: a new temporary folder).",
+    )
+    engine_timeout_s: float = Field(
+        120.0, gt=0, le=3600, description="Longest wait for one answer of the `openai` engine."
+    )
+
+    @model_validator(mode="after")
+    def _engine_url(self) -> RolloutConfig:
+        if self.engine == "openai" and self.engine_url is None:
+            raise ValueError("rollout.engine=openai needs rollout.engine_url")
+        return self
+
+
+class EvalConfig(BaseModel):
+    """Config of the eval role (``[eval]`` in a recipe)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field("policy", description="Model name (weights.manifests key); injected.")
+    policy: PolicyConfig = Field(
+        default_factory=lambda: PolicyConfig(vocab_size=task_family.VOCAB_SIZE),
+        description="Policy shape; injected from the run.",
+    )
+    families: dict[str, FamilySpec] = Field(
+        default_factory=lambda: {"fx": FamilySpec()},
+        description="Task families whose held-out tasks are scored; injected from the run.",
+    )
+    tasks: task_family.TaskConfig = Field(
+        default_factory=task_family.TaskConfig, description="fx difficulty; injected."
+    )
+    harness: HarnessConfig = Field(
+        default_factory=lambda: HarnessConfig(max_new_tokens=48),
+        description="How answers are generated: the rollout workers' harness (injected).",
+    )
+    isolation: sandbox.Mode = Field(
+        "full", description="Weakest sandbox isolation accepted for scoring; injected."
+    )
+    seed: int = Field(0, ge=0, description="Sampling seed of the temperature-1 samples.")
+    every: int = Field(
+        10, ge=1, le=1_000_000, description="Evaluate version 0 and every N-th version after it."
+    )
+    eval_tasks: int = Field(
+        32, ge=1, le=100_000, description="Held-out tasks per evaluation (split by family weight)."
+    )
+    k: int = Field(4, ge=1, le=256, description="Samples per task at temperature 1 (pass@k).")
+    release_margin: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="Release a version when its held-out greedy success is at least the last "
+        "released version's minus this margin.",
+    )
+    max_version: int | None = Field(
+        None, ge=0, description="Stop after evaluating this version (None: run until stopped)."
+    )
+    score_jobs: int = Field(2, ge=1, le=64, description="Sandboxed scoring runs at once.")
+    torch_threads: int = Field(1, ge=1, le=64, description="torch intra-op threads.")

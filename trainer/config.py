@@ -1,0 +1,84 @@
+"""The learner side's settings: GRPO, the supervised warm start and the learner role, as pydantic
+models, apart from the torch code that runs them (see ``rollout.config``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rlstream.envs import tasks
+from rlstream.rollout.config import PolicyConfig
+
+
+class GrpoConfig(BaseModel):
+    """Learner-side GRPO settings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    is_cap: float = Field(default=2.0, gt=0, description="C in min(exp(logp_cur - logp_beh), C).")
+    adv_eps: float = Field(default=1e-6, gt=0, description="eps in (r - mean) / (std + eps).")
+    max_grad_norm: float = Field(default=1.0, gt=0, description="Global gradient-norm clip.")
+    temperature: float = Field(
+        default=1.0, gt=0, description="Temperature the behaviour sampled at."
+    )
+    router_replay: bool = Field(
+        default=True, description="Force the recorded experts when recomputing."
+    )
+
+
+class WarmStartConfig(BaseModel):
+    """Supervised warm-start settings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    steps: int = Field(default=300, ge=0, le=1_000_000, description="Optimizer steps.")
+    batch_size: int = Field(default=48, ge=1, le=4096, description="Demonstrations per step.")
+    lr: float = Field(
+        default=1e-2, gt=0, le=1, description="Adam learning rate (linear warm-up, 20 steps)."
+    )
+    balance_coef: float = Field(default=0.01, ge=0, le=1, description="Load-balancing loss weight.")
+    seed: int = Field(default=0, ge=0, description="Seed of task sampling and demonstrations.")
+    teacher: tasks.TeacherConfig = Field(
+        default_factory=tasks.TeacherConfig, description="Reliability of the demonstrations."
+    )
+    task: tasks.TaskConfig = Field(
+        default_factory=tasks.TaskConfig, description="Task family difficulty."
+    )
+
+
+class LearnerConfig(BaseModel):
+    """Config of the learner role."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field("policy", description="Model name (weights.manifests key).")
+    policy: PolicyConfig = Field(
+        default_factory=lambda: PolicyConfig(vocab_size=tasks.VOCAB_SIZE),
+        description="Policy shape.",
+    )
+    warm_start: WarmStartConfig = Field(
+        default_factory=WarmStartConfig, description="Supervised warm start before RL (version 0)."
+    )
+    grpo: GrpoConfig = Field(default_factory=GrpoConfig, description="GRPO rules.")
+    lr: float = Field(5e-4, gt=0, le=1, description="Adam learning rate.")
+    groups_per_step: int = Field(4, ge=1, description="Admitted groups per optimizer step (B).")
+    mix_online_groups: int = Field(1, ge=0, description="Online (feedback) groups allowed ...")
+    mix_rollout_groups: int = Field(
+        0, ge=0, description="... per this many rollout groups trained; 0 = no limit."
+    )
+    keyframe_every: int = Field(8, ge=1, description="A keyframe every K versions.")
+    max_versions: int = Field(1_000_000, ge=1, description="Stop after publishing this version.")
+    publish_dtype: Literal["bfloat16", "float32"] = Field(
+        "bfloat16", description="Dtype of published weights."
+    )
+    state_dir: str = Field(".rlstream/learner", description="Checkpoints of master weights.")
+    warm_start_cache: str | None = Field(None, description="Cache file of the warm-start weights.")
+    seed: int = Field(0, ge=0, description="torch seed of the learner.")
+    ranks: int = Field(
+        1,
+        ge=1,
+        description="Data-parallel ranks on torch.distributed (rlstream run learner --ranks N); "
+        "under torchrun, WORLD_SIZE decides. Each step's groups are split over the ranks, so "
+        "groups_per_step must be at least this.",
+    )
