@@ -33,10 +33,11 @@ CASES = {
     ),
     "async": (
         [
-            *("--versions", "2", "--reps", "1", "--sweep", "0,1", "--max-staleness", "1"),
+            *("--versions", "3", "--reps", "1", "--sweep", "0,1", "--max-staleness", "1"),
             *("--groups-per-step", "2", "--group-size", "2", "--workers", "1"),
             *("--env-median-s", "0.05", "--minutes", "5"),
-            *("--set", "learner.warm_start.steps=20"),  # the arms' figures, not learning
+            # the arms' figures, not learning: a barely warm policy whose groups all train
+            *("--set", "learner.warm_start.steps=20", "--set", "admission.reject_no_signal=false"),
         ],
         ["speedup", "speedup_runs", "sweep", "pipeline"],
     ),
