@@ -5,7 +5,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
-# opt-in parallel run: make test PYTEST_ARGS="-n 2 --dist loadgroup" (one broker per worker, geo tests grouped)
+# pytest-xdist workers of `make test` (each starts its own broker; the geo and longest pipeline
+# tests share one worker, see tests/conftest.py); PYTEST_WORKERS=0 runs the suite in one process
+PYTEST_WORKERS ?= 2
 
 .PHONY: help setup sysdeps kafka demo test test-unit test-integration lint typecheck fmt clean cluster-down
 
@@ -30,7 +32,7 @@ demo: kafka  ## start the local cluster and run the main job
 	$(BIN)/rlstream demo
 
 test: kafka  ## the whole suite: unit tests, then integration tests on a real local broker
-	$(BIN)/pytest -q --durations=15 $(PYTEST_ARGS) tests
+	$(BIN)/pytest -q --durations=15 -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS) tests
 
 test-unit: setup  ## unit tests only (no broker)
 	$(BIN)/pytest -q $(PYTEST_ARGS) tests/unit

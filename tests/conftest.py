@@ -23,15 +23,28 @@ def _results_elsewhere(tmp_path_factory: pytest.TempPathFactory, monkeypatch: py
         monkeypatch.setenv("RLSTREAM_RESULTS", str(tmp_path_factory.getbasetemp() / "results"))
 
 
+#: Besides the ``geo`` tests, the longest whole-pipeline runs with deadlines (the demo must reach
+#: its versions in time; chaos and the pipeline kill roles and a broker): under pytest-xdist they
+#: share the ``geo`` tests' worker, one after the other, so none of them competes with another
+#: for the cores. The other workers take everything else (about as long in all, on 2 cores).
+HEAVY = (
+    "tests/integration/test_learning.py",
+    "tests/integration/test_bench_chaos.py",
+    "tests/integration/test_pipeline.py",
+)
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the group markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests that leave several brokers running until the session ends go last: those of the
     multi-region ``geo`` cluster (three brokers, two MirrorMakers) and the demo, which adds a
     region to the session's cluster. Everything else then runs beside one broker only.
 
-    With ``pytest -n N --dist loadgroup`` every test of the ``geo`` cluster joins one xdist
-    group, so one worker starts that cluster once and runs them all; without xdist the marker
-    is inert."""
+    Under ``pytest -n N --dist loadgroup`` (``make test``) the ``geo`` tests and the other
+    whole-pipeline tests (``HEAVY``) form one xdist group: one worker runs them in that order
+    (it starts the ``geo`` cluster once), the others share the rest. xdist hands out the
+    largest group first, so the longest queue starts at once. Without xdist the marker is
+    inert."""
 
     def heavy(item: pytest.Item) -> int:
         fixtures = getattr(item, "fixturenames", ())
@@ -40,6 +53,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return 1 if item.nodeid.startswith("tests/integration/test_learning.py") else 0
 
     for item in items:
-        if heavy(item) == 2:
-            item.add_marker(pytest.mark.xdist_group("geo"))
+        if heavy(item) == 2 or item.nodeid.startswith(HEAVY):
+            item.add_marker(pytest.mark.xdist_group("heavy"))
     items.sort(key=heavy)  # stable: the order within each class is kept
