@@ -93,6 +93,16 @@ class HarnessConfig(BaseModel):
     )
 
 
+def task_policy() -> PolicyConfig:
+    """The default policy shape of every role: the built-in task family's vocabulary."""
+    return PolicyConfig(vocab_size=task_family.VOCAB_SIZE)
+
+
+def rollout_harness() -> HarnessConfig:
+    """The default harness of rollout workers and of the eval role (48 tokens a turn)."""
+    return HarnessConfig(max_new_tokens=48)
+
+
 class EnvLatency(BaseModel):
     """A heavy-tailed environment time per sample (lognormal), for benchmarks; 0 turns it off."""
 
@@ -118,11 +128,11 @@ class RolloutConfig(BaseModel):
 
     model: str = Field("policy", description="Model name (weights.manifests key).")
     policy: PolicyConfig = Field(
-        default_factory=lambda: PolicyConfig(vocab_size=task_family.VOCAB_SIZE),
+        default_factory=task_policy,
         description="Policy shape; must match the learner's.",
     )
     harness: HarnessConfig = Field(
-        default_factory=lambda: HarnessConfig(max_new_tokens=48),
+        default_factory=rollout_harness,
         description="How samples are rolled out.",
     )
     region: str = Field(
@@ -173,7 +183,7 @@ class EvalConfig(BaseModel):
 
     model: str = Field("policy", description="Model name (weights.manifests key); injected.")
     policy: PolicyConfig = Field(
-        default_factory=lambda: PolicyConfig(vocab_size=task_family.VOCAB_SIZE),
+        default_factory=task_policy,
         description="Policy shape; injected from the run.",
     )
     families: dict[str, FamilySpec] = Field(
@@ -184,7 +194,7 @@ class EvalConfig(BaseModel):
         default_factory=task_family.TaskConfig, description="fx difficulty; injected."
     )
     harness: HarnessConfig = Field(
-        default_factory=lambda: HarnessConfig(max_new_tokens=48),
+        default_factory=rollout_harness,
         description="How answers are generated: the rollout workers' harness (injected).",
     )
     isolation: sandbox.Mode = Field(

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlstream.envs import tasks
-from rlstream.rollout.config import PolicyConfig
+from rlstream.rollout.config import PolicyConfig, task_policy
 
 
 class GrpoConfig(BaseModel):
@@ -54,7 +54,7 @@ class LearnerConfig(BaseModel):
 
     model: str = Field("policy", description="Model name (weights.manifests key).")
     policy: PolicyConfig = Field(
-        default_factory=lambda: PolicyConfig(vocab_size=tasks.VOCAB_SIZE),
+        default_factory=task_policy,
         description="Policy shape.",
     )
     warm_start: WarmStartConfig = Field(
