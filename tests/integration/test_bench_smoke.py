@@ -42,8 +42,8 @@ CASES = {
         ["speedup", "speedup_runs", "sweep", "pipeline"],
     ),
     "ingest": (
-        ["--seconds", "0.5", "--reps", "1", "--concurrency", "2", "--warmup", "0.5"],
-        ["ratio", "stored_check"],
+        ["--seconds", "0.5", "--reps", "1", "--concurrency", "2,4", "--warmup", "0.5"],
+        ["ratio", "stored_check", "levels"],
     ),
 }
 
