@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # tests share one worker, see tests/conftest.py); PYTEST_WORKERS=0 runs the suite in one process
 PYTEST_WORKERS ?= 2
 
-.PHONY: help setup sysdeps kafka demo test test-unit test-integration lint typecheck fmt clean cluster-down
+.PHONY: help setup sysdeps kafka kernels demo test test-unit test-integration lint typecheck fmt clean cluster-down
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 20
@@ -28,10 +28,13 @@ sysdeps:  ## install Java, Maven and kcat from Debian packages when missing (nee
 kafka: setup sysdeps  ## fetch the Apache Kafka jars from Maven Central (once, into ~/.cache/rlstream)
 	$(BIN)/rlstream cluster fetch
 
-demo: kafka  ## start the local cluster and run the main job
+kernels: setup  ## compile the delta codec's numba kernels into numba's cache (once; under a second after)
+	$(BIN)/rlstream delta warm
+
+demo: kafka kernels  ## start the local cluster and run the main job
 	$(BIN)/rlstream demo
 
-test: kafka  ## the whole suite: unit tests, then integration tests on a real local broker
+test: kafka kernels  ## the whole suite: unit tests, then integration tests on a real local broker
 	$(BIN)/pytest -q --durations=15 -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS) tests
 
 test-unit: setup  ## unit tests only (no broker)

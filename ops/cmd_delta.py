@@ -76,6 +76,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ins.add_argument("delta", type=Path, help="delta file")
     ins.add_argument("--json", action="store_true", help="print the manifest as JSON")
     ins.set_defaults(func=_inspect)
+    warm = sub.add_parser(
+        "warm",
+        help="compile the codec's numba kernels into numba's cache (a set-up step; fast after)",
+    )
+    warm.set_defaults(func=_warm)
     parser.set_defaults(func=lambda _args: _usage(parser))
 
 
@@ -108,6 +113,19 @@ def _apply(args: argparse.Namespace) -> int:
 
 def _inspect(args: argparse.Namespace) -> int:
     return _guarded(_inspect_action, args)
+
+
+def _warm(args: argparse.Namespace) -> int:
+    import time
+
+    from rlstream.schemas.deltacodec import compile_kernels
+
+    print("delta codec: compiling its kernels (once; numba caches them) ...", file=sys.stderr)
+    started = time.perf_counter()
+    used = compile_kernels()
+    took = time.perf_counter() - started
+    print(f"delta codec: kernels ready in {took:.1f} s ({', '.join(used)})", file=sys.stderr)
+    return 0
 
 
 def _encode_action(args: argparse.Namespace) -> int:

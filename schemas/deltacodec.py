@@ -116,6 +116,7 @@ __all__ = [
     "TensorBits",
     "apply_in_place",
     "bits_hash",
+    "compile_kernels",
     "conditioned_bound",
     "decode",
     "encode_delta",
@@ -145,6 +146,35 @@ class Encoded:
     def ratio(self) -> float:
         """Raw bytes of the new weights per encoded chunk byte."""
         return self.manifest["raw_bytes"] / max(1, self.manifest["encoded_bytes"])
+
+
+def compile_kernels() -> list[str]:
+    """Compile the numba kernels that encoding and applying bf16 deltas use, or load them from
+    numba's on-disk cache (next to their modules): about half a minute of one core the first
+    time, under a second after. Every process that meets a kernel missing from the cache
+    compiles it, so a set-up step that runs this first spares the roles (a learner and its
+    rollout workers start together) doing it each at once. Encodes and applies two small
+    deltas, one coded as ``exponent2`` pieces and one as ``exponent3``; returns their tensors'
+    encodings."""
+    rng = np.random.default_rng(0)
+    encodings: list[str] = []
+    # an optimizer-like step of i.i.d. weights: few changes (exponent2), then ~2% (exponent3)
+    for n, step in ((4096, 1e-5), (400_000, 1e-6)):
+        weights = rng.standard_normal(n, dtype=np.float32) * np.float32(0.01)
+        moved = weights + rng.standard_normal(n, dtype=np.float32) * np.float32(step)
+        old, new = ((w.view(np.uint32) >> 16).astype(np.uint16) for w in (weights, moved))
+        enc = encode_delta(
+            {"w": TensorBits("bfloat16", (n,), old)},
+            {"w": TensorBits("bfloat16", (n,), new)},
+            version=1,
+            base_version=0,
+        )
+        held = {"w": TensorBits("bfloat16", (n,), old.copy())}
+        applied = apply_in_place(enc.manifest, enc.chunks, held)
+        if not same_state(applied, {"w": TensorBits("bfloat16", (n,), new)}):
+            raise AssertionError("the codec's warm-up delta did not apply bit-exactly")
+        encodings += [e["encoding"] for e in enc.manifest["tensors"]]
+    return encodings
 
 
 # --- encoding ---------------------------------------------------------------------------
