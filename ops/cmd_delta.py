@@ -120,7 +120,10 @@ def _warm(args: argparse.Namespace) -> int:
 
     from rlstream.schemas.deltacodec import compile_kernels
 
-    print("delta codec: compiling its kernels (once; numba caches them) ...", file=sys.stderr)
+    print(
+        "delta codec: compiling its kernels (or loading them from numba's cache) ...",
+        file=sys.stderr,
+    )
     started = time.perf_counter()
     used = compile_kernels()
     took = time.perf_counter() - started
