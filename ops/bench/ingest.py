@@ -274,11 +274,10 @@ def _report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], sto
     ]
     best = max(levels, key=lambda lv: lv["requests_per_s"])
     best_bare = max(levels, key=lambda lv: lv["baseline_requests_per_s"])
-    measured = [r for name, v in runs.items() if "@" in name or name.startswith("light") for r in v]
-    accepted = sum(r["accepted"] for name, v in runs.items() if "service@" in name for r in v)
-    accepted += sum(r["accepted"] for r in runs["light"])
+    service = [r for name, v in runs.items() if name.startswith("service@") for r in v]
+    accepted = sum(r["accepted"] for r in [*service, *runs["light"]])
     warm = sum(r["accepted"] for r in runs["warmup"])
-    errors = sum(r.get("errors", 0) for r in [*measured, *runs["warmup"]])
+    errors = sum(r.get("errors", 0) for v in runs.values() for r in v)
     result = {
         "bench": "ingest",
         "requests_per_s": best["requests_per_s"],
