@@ -391,6 +391,14 @@ def test_bad_record_names_the_field(event: str, change: dict[str, Any], message:
     assert len(str(info.value)) < 400  # a clear message, not a dump of the record
 
 
+def test_an_unvalidated_serializer_writes_the_same_bytes_and_still_refuses_wrong_types() -> None:
+    record = EXAMPLES["feedback"]
+    fast = E.serializer("feedback", validate=False)
+    assert fast(record, None) == E.serializer("feedback")(record, None)
+    with pytest.raises(E.EventError, match="^invalid feedback"):
+        fast({**record, "token_ids": 7}, None)
+
+
 def test_missing_top_level_field_and_non_mapping() -> None:
     record = {k: v for k, v in EXAMPLES["reward"].items() if k != "judge"}
     with pytest.raises(E.EventError, match=r"reward\.judge: missing required field"):

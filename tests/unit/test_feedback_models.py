@@ -83,6 +83,35 @@ def test_a_valid_event_becomes_a_valid_feedback_record_with_the_user_hashed() ->
     assert fm.hash_user("alice@example.com", b"salt") == reference  # again: nothing carried over
 
 
+def test_every_shape_of_valid_event_becomes_a_record_the_schema_accepts() -> None:
+    # The service encodes to_record's output without walking it against the schema again
+    # (serializer(validate=False)); this pins that every optional field lands in a valid record.
+    fuller = event(
+        action="edited",
+        edit="x = 2",
+        prompt="p",
+        completion="c",
+        loss_mask=[0, 1, 1, 1],
+        prompt_tokens=None,
+        routed_experts=[[[1, 2], [3, 4]]] * 4,
+        trajectory_ref={"topic": "rl.r1.trajectories", "partition": 2, "offset": 2**40},
+        client_created_ms=1_700_000_000_000,
+        client_sent_ms=1_700_000_000_500,
+        metadata={"editor": "vscode", "lang": ""},
+    )
+    bare = event(token_ids=None, logprobs=None, prompt_tokens=None, task_class=None)
+    serialize = events.serializer("feedback", validate=False)
+    for body in (event(), fuller, bare):
+        [parsed] = fm.parse_events(body, None, 10, 100)
+        record = fm.to_record(parsed, "r1", 1234, b"salt")
+        events.validate("feedback", record)
+        checked = events.encode("feedback", record)
+        assert events.decode(serialize(record, None)) == events.decode(checked)
+    [parsed] = fm.parse_events(fuller, None, 10, 100)
+    experts = arrays.unpack_tokens(fm.to_record(parsed, "r1", 1234, b"salt")).routed_experts
+    assert experts.tolist() == [[[1, 2], [3, 4]]] * 4
+
+
 def test_errors_name_the_field_and_why() -> None:
     assert problems(event(action="liked"))[0][0] == "action"
     assert problems({"events": [event(), event(action="x")]})[0][0] == "events.1.action"
