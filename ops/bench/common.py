@@ -70,14 +70,47 @@ def local_cluster(
 def bench_kafka(args: Any) -> Iterator[Any]:
     """Settings for the cluster named by ``--bootstrap`` or the environment, else the trainer
     region of ``local_cluster``."""
+    with bench_broker(args) as (settings, _):
+        yield settings
+
+
+@contextlib.contextmanager
+def bench_broker(args: Any) -> Iterator[tuple[Any, int | None]]:
+    """``bench_kafka``'s settings with the broker's pid when it is a local cluster's (None for a
+    cluster named by its bootstrap address: the bench cannot see its process)."""
     from rlstream.producers.settings import KafkaSettings
 
     settings = KafkaSettings.from_env(getattr(args, "bootstrap", None))
     if settings is not None:
-        yield settings
+        yield settings, None
         return
     with local_cluster(args) as local:
-        yield local.settings("trainer")
+        yield local.settings("trainer"), local.regions["trainer"].pid
+
+
+def jit_cpu_seconds(pid: int) -> float | None:
+    """CPU seconds the JVM ``pid``'s JIT compiler threads (``C1/C2 CompilerThread``) have used,
+    from ``/proc/PID/task``; None where that cannot be read (not Linux, not our process).
+
+    A freshly started broker compiles its hot paths during its first tens of thousands of
+    records, at up to half a core on a small machine: a measurement taken then measures the
+    compiler, not the broker."""
+    ticks_per_s = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        name, _, rest = stat[stat.index("(") + 1 :].rpartition(")")
+        if "CompilerThre" in name:
+            fields = rest.split()
+            total += int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
+    return total / ticks_per_s
 
 
 def bf16_bits(w: Any) -> Any:

@@ -18,9 +18,13 @@ and its own ratio. The top-level latencies are the service's at its best level, 
 its own.
 
 Each server first takes ``--warmup`` seconds of load, unmeasured: connections, the schema
-announcement, and the JIT of a broker the bench has just started (measured here, such a broker
-served the service at 0.16 of the bare rate after 3 s of warm-up and at 0.22 after 15 s, as a
-broker that had run for minutes did). After the run the feedback topic must hold exactly as
+announcement, and the JIT of a broker the bench has just started. Where the bench can see the
+broker's process (a local cluster), the service's warm-up then goes on in slices until the
+broker's JIT compiler threads go quiet (at most ``--warmup-max`` seconds in all; ``warmup_s``,
+``broker_jit_core``, ``broker_jit_settled`` say how it ended). Measured on 2 cores at 64 in
+flight: the compiler used 0.2-0.6 core through the first 25 s of load and under 0.05 from about
+40 s on, while the broker's own request threads went from 0.40 to 0.16 core at about the same
+rate; a fixed 15 s warm-up measured the service against a broker still compiling. After the run the feedback topic must hold exactly as
 many records as 202 answers, warm-up included (``stored_check``). ``load_avg`` is the machine's
 1-minute load average before and after the measurement: on a machine shared with other work the
 bare endpoint's rate falls further than the service's (it has no broker to wait for), so a ratio
@@ -39,9 +43,19 @@ import time
 import uuid
 from typing import Any
 
-from rlstream.ops.bench.common import bench_kafka, emit, median, percentile, progress
+from rlstream.ops.bench.common import (
+    bench_broker,
+    emit,
+    jit_cpu_seconds,
+    median,
+    percentile,
+    progress,
+)
 
 TOKEN = "bench-token"
+#: Warm-up slices while the broker's JIT compiles, and the compiler load that counts as settled.
+JIT_SLICE_S = 3.0
+JIT_QUIET_CORE = 0.05
 
 
 def register_bench(sub: argparse._SubParsersAction) -> None:
@@ -62,6 +76,13 @@ def register_bench(sub: argparse._SubParsersAction) -> None:
         default=15.0,
         help="seconds of load on each server before measuring (a freshly started broker's "
         "JVM compiles its hot paths over its first ~20k records)",
+    )
+    p.add_argument(
+        "--warmup-max",
+        type=float,
+        default=120.0,
+        help="with a broker the bench started (or --home), go on warming up past --warmup until "
+        "its JIT compiler threads go quiet, at most this many seconds in all",
     )
     p.add_argument("--json", action="store_true")
     p.add_argument("--bootstrap", default=None)
@@ -203,9 +224,12 @@ def _stored(settings: Any, topic: str) -> int:
         consumer.close()
 
 
-def _measure(args: argparse.Namespace, urls: dict[str, str]) -> dict[str, list[dict[str, Any]]]:
-    """Runs by kind: ``warmup`` (the service's), ``light`` and ``light_bare`` (one in flight),
-    and per server and level ``service@16``, ``bare@16``, ...; repetitions alternate servers."""
+def _measure(
+    args: argparse.Namespace, urls: dict[str, str], broker_pid: int | None
+) -> dict[str, list[dict[str, Any]]]:
+    """Runs by kind: ``warmup`` (the service's), ``jit`` (how the broker's compiler settled),
+    ``light`` and ``light_bare`` (one in flight), and per server and level ``service@16``,
+    ``bare@16``, ...; repetitions alternate servers."""
     template = _template(args.tokens)
     top = max(args.concurrency)
     runs: dict[str, list[dict[str, Any]]] = {"light": [], "light_bare": [], "warmup": []}
@@ -213,6 +237,7 @@ def _measure(args: argparse.Namespace, urls: dict[str, str]) -> dict[str, list[d
         warm = asyncio.run(_load(url, template, top, args.warmup, args.max_requests, f"w-{name}"))
         if name == "service":
             runs["warmup"].append(warm)
+            runs["jit"] = [_settle(args, url, template, top, broker_pid, runs["warmup"])]
     for rep in range(args.reps):
         for level in args.concurrency:
             for name, url in urls.items():
@@ -231,11 +256,42 @@ def _measure(args: argparse.Namespace, urls: dict[str, str]) -> dict[str, list[d
     return runs
 
 
+def _settle(
+    args: argparse.Namespace,
+    url: str,
+    template: str,
+    concurrency: int,
+    broker_pid: int | None,
+    warmup: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """Go on warming the service (runs appended to ``warmup``) in ``JIT_SLICE_S`` slices while
+    the broker's JIT compiler threads used more than ``JIT_QUIET_CORE`` of a core over a slice,
+    up to ``--warmup-max`` seconds in all; what the compiler did last and whether it settled.
+    Without the broker's pid (a cluster named by ``--bootstrap``) only ``--warmup`` is spent."""
+    spent, core = args.warmup, None
+    used = jit_cpu_seconds(broker_pid) if broker_pid else None
+    while used is not None and spent < args.warmup_max:
+        began = time.perf_counter()
+        tag = f"w-jit-{len(warmup)}"
+        warmup.append(asyncio.run(_load(url, template, concurrency, JIT_SLICE_S, 10**9, tag)))
+        now = jit_cpu_seconds(broker_pid or 0)
+        if now is None:
+            break
+        elapsed = time.perf_counter() - began
+        spent += elapsed
+        core, used = (now - used) / elapsed, now
+        progress(f"warm-up {spent:5.1f} s: the broker's JIT compiler used {core:.2f} core")
+        if core <= JIT_QUIET_CORE:
+            break
+    settled = None if core is None else core <= JIT_QUIET_CORE
+    return {"warmup_s": spent, "broker_jit_core": core, "broker_jit_settled": settled}
+
+
 def _main(args: argparse.Namespace) -> int:
     from rlstream.producers.admin import admin_client, ensure_run_topics
     from rlstream.schemas import topics
 
-    with bench_kafka(args) as settings:
+    with bench_broker(args) as (settings, broker_pid):
         run = f"bench-ingest-{uuid.uuid4().hex[:8]}"
         ensure_run_topics(settings, run)
         topic = topics.topic_name(run, "feedback")
@@ -244,7 +300,7 @@ def _main(args: argparse.Namespace) -> int:
         progress(f"bare endpoint {bare_url}, feedback service {service_url} (run {run})")
         try:
             load_before = os.getloadavg()[0]
-            runs = _measure(args, {"bare": bare_url, "service": service_url})
+            runs = _measure(args, {"bare": bare_url, "service": service_url}, broker_pid)
             runs["load"] = [{"before": load_before, "after": os.getloadavg()[0]}]
         finally:
             for process in (bare, service):
@@ -278,6 +334,7 @@ def _report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], sto
     accepted = sum(r["accepted"] for r in [*service, *runs["light"]])
     warm = sum(r["accepted"] for r in runs["warmup"])
     errors = sum(r.get("errors", 0) for v in runs.values() for r in v)
+    jit = runs["jit"][0]
     result = {
         "bench": "ingest",
         "requests_per_s": best["requests_per_s"],
@@ -300,7 +357,10 @@ def _report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], sto
         "load_avg": [round(runs["load"][0]["before"], 2), round(runs["load"][0]["after"], 2)],
         "concurrency": list(args.concurrency),
         "seconds": args.seconds,
-        "warmup_s": args.warmup,
+        "warmup_s": round(jit["warmup_s"], 1),
+        # the broker's JIT compiler in the last warm-up slice (cores; None: not measurable)
+        "broker_jit_core": jit["broker_jit_core"],
+        "broker_jit_settled": jit["broker_jit_settled"],
         "tokens": args.tokens,
         "reps": args.reps,
     }
@@ -317,6 +377,12 @@ def _report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], sto
         f"{result['ratio']:.3f}",
         f"one in flight: service p50 {result['light_p50_ms']:.1f} ms, "
         f"bare p50 {result['light_baseline_p50_ms']:.1f} ms",
+        f"warm-up {result['warmup_s']:.0f} s; the broker's JIT compiler "
+        + (
+            "not measurable (not a local broker)"
+            if jit["broker_jit_core"] is None
+            else f"at {jit['broker_jit_core']:.2f} core at its end"
+        ),
         f"stored {stored} records for {accepted} measured and {warm} warm-up 202s: "
         f"{'ok' if result['stored_check'] else 'MISMATCH'}",
         f"machine load (1-minute average) {result['load_avg'][0]:.1f} before, "

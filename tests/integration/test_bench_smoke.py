@@ -114,3 +114,23 @@ def test_rank_bench_measures_every_rank_count(bench: str, kafka, tmp_path: Path)
     if bench == "publish":
         assert result["max_version_gb"] >= 0.01
     assert json.loads((tmp_path / f"bench-{bench}.json").read_text())["result"] == result
+
+
+def test_jit_cpu_seconds_reads_the_local_brokers_compiler_threads(
+    kafka, cluster_home: Path
+) -> None:
+    """``bench ingest`` warms up until these go quiet: a JVM that has served requests has
+    compiled (a positive figure, growing), this Python process has no such threads (0), and a
+    process that is not there reads as None."""
+    from rlstream.ops import cluster
+    from rlstream.ops.bench.common import jit_cpu_seconds
+
+    region = cluster.load(cluster_home).regions.get("trainer")
+    if region is None or not region.pid:
+        pytest.skip("the session's broker is not a local cluster's")
+    used = jit_cpu_seconds(region.pid)
+    assert used is not None and used > 0
+    later = jit_cpu_seconds(region.pid)
+    assert later is not None and later >= used
+    assert jit_cpu_seconds(os.getpid()) == 0.0
+    assert jit_cpu_seconds(2**22 + 12345) is None
