@@ -253,18 +253,26 @@ def stop_mirror(region: str, home: Path | None = None) -> None:
             cluster.save()
 
 
-def down(home: Path | None = None, purge: bool = False, log=print) -> None:
+def down(
+    home: Path | None = None,
+    purge: bool = False,
+    log=print,
+    only: list[str] | None = None,
+) -> None:
     """Stop what ``up`` started (every MirrorMaker first, then every broker, each kind side by
-    side); ``purge`` deletes the data."""
+    side); ``purge`` deletes the data. With ``only``, just those regions and the MirrorMakers
+    of their links stop (their data stays; ``up`` starts them again)."""
+    if only is not None and purge:
+        raise ValueError("purge deletes every region's data: it cannot go with only")
     home = Path(home or default_home())
     with _locked(home):
         cluster = load(home)
-        links = cluster.mirrors.items()
+        links = [(n, m) for n, m in cluster.mirrors.items() if only is None or n in only]
         procs.stop_all([(m.pid, str(m.properties)) for _, m in links if m.pid])
         for name, link in links:
             link.pid = None
             log(f"mirror {name}: stopped")
-        regions = cluster.regions.items()
+        regions = [(n, r) for n, r in cluster.regions.items() if only is None or n in only]
         procs.stop_all([(r.pid, str(r.properties)) for _, r in regions if r.pid])
         for name, region in regions:
             was, region.pid = region.pid, None

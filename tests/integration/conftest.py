@@ -87,10 +87,31 @@ def geo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from rlstream.ops import cluster
 
     home = tmp_path_factory.mktemp("geo") / "cluster"
+    _GEO_HOMES.append(home)
     try:  # a region that fails to start must not leave the others running
         yield cluster.up(["trainer", "eu", "us"], home=home, heap="384m", log=lambda *_: None)
     finally:
         cluster.down(home=home, purge=True, log=lambda *_: None)
+
+
+#: The ``geo`` cluster's home once started, and the session's last test that uses it.
+_GEO_HOMES: list[Path] = []
+_LAST_GEO: list[str] = []
+
+
+def _uses_geo(item: pytest.Item | None) -> bool:
+    return item is not None and "geo" in getattr(item, "fixturenames", ())
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop the ``geo`` cluster's brokers and MirrorMakers right after the session's last test
+    that uses it (the geo tests run last and together: see tests/conftest.py) instead of at the
+    session's end: idle, its five JVMs took most of a core on 2 cores from the tests still
+    running. The fixture's own teardown then only purges the data."""
+    if _GEO_HOMES and [item.nodeid] == _LAST_GEO and not _uses_geo(nextitem):
+        from rlstream.ops import cluster
+
+        cluster.down(home=_GEO_HOMES[-1], log=lambda *_: None)
 
 
 def _testcontainers_kafka(ensure_cluster_topics) -> Iterator[KafkaSettings]:
@@ -104,6 +125,8 @@ def _testcontainers_kafka(ensure_cluster_topics) -> Iterator[KafkaSettings]:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
+    # runs after tests/conftest.py's hook (tryfirst) has put the geo tests last
+    _LAST_GEO[:] = [i.nodeid for i in items if _uses_geo(i)][-1:]
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.integration)

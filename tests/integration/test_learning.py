@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from rlstream.ops import cluster
 from rlstream.producers.settings import KafkaSettings
 
 pytestmark = pytest.mark.slow
@@ -35,7 +36,11 @@ def test_short_demo_run_learns(kafka, cluster_home, unique_run, tmp_path):
         str(cluster_home),
         *("--set", "eval.eval_tasks=8", "--set", "eval.k=2"),  # eval is not what this checks
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    finally:  # the demo leaves its rollout region running; the tests after it need none
+        rollout = [r for r in cluster.load(cluster_home).regions if r != "trainer"]
+        cluster.down(home=cluster_home, log=lambda *_: None, only=rollout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["policy_versions"] >= 40, result

@@ -395,7 +395,7 @@ def test_an_unvalidated_serializer_writes_the_same_bytes_and_still_refuses_wrong
     record = EXAMPLES["feedback"]
     fast = E.serializer("feedback", validate=False)
     assert fast(record, None) == E.serializer("feedback")(record, None)
-    with pytest.raises(E.EventError, match="^invalid feedback"):
+    with pytest.raises(E.EventError, match=r"^invalid feedback"):
         fast({**record, "token_ids": 7}, None)
 
 
