@@ -24,11 +24,13 @@ broker's JIT compiler threads go quiet (at most ``--warmup-max`` seconds in all;
 ``broker_jit_core``, ``broker_jit_settled`` say how it ended). Measured on 2 cores at 64 in
 flight: the compiler used 0.2-0.6 core through the first 25 s of load and under 0.05 from about
 40 s on, while the broker's own request threads went from 0.40 to 0.16 core at about the same
-rate; a fixed 15 s warm-up measured the service against a broker still compiling. After the run the feedback topic must hold exactly as
-many records as 202 answers, warm-up included (``stored_check``). ``load_avg`` is the machine's
-1-minute load average before and after the measurement: on a machine shared with other work the
-bare endpoint's rate falls further than the service's (it has no broker to wait for), so a ratio
-measured under a load well above the core count says more about the load than the service.
+rate; a fixed 15 s warm-up measured the service against a broker still compiling.
+
+After the run the feedback topic must hold exactly as many records as 202 answers, warm-up
+included (``stored_check``). ``load_avg`` is the machine's 1-minute load average before and
+after the measurement: on a machine shared with other work the bare endpoint's rate falls
+further than the service's (it has no broker to wait for), so a ratio measured under a load
+well above the core count says more about the load than the service.
 """
 
 from __future__ import annotations
@@ -270,11 +272,11 @@ def _settle(
     Without the broker's pid (a cluster named by ``--bootstrap``) only ``--warmup`` is spent."""
     spent, core = args.warmup, None
     used = jit_cpu_seconds(broker_pid) if broker_pid else None
-    while used is not None and spent < args.warmup_max:
+    while broker_pid and used is not None and spent < args.warmup_max:
         began = time.perf_counter()
         tag = f"w-jit-{len(warmup)}"
         warmup.append(asyncio.run(_load(url, template, concurrency, JIT_SLICE_S, 10**9, tag)))
-        now = jit_cpu_seconds(broker_pid or 0)
+        now = jit_cpu_seconds(broker_pid)
         if now is None:
             break
         elapsed = time.perf_counter() - began
