@@ -107,22 +107,19 @@ def theta_q12(byte: Any) -> Any:
 
 
 @inline
-def put_bits(raw: Any, state: Any, value: Any, nbits: Any) -> Any:
-    """Append the ``nbits`` (at most 32) low bits of ``value``, least significant first;
-    ``state`` is (accumulator, bits in it, bytes written)."""
-    acc, have, pos = state
-    acc |= (u64(value) & ((u64(1) << u64(nbits)) - u64(1))) << u64(have)
-    have += nbits
-    while have >= 8:
-        raw[pos] = acc & u64(0xFF)
-        pos += 1
-        acc >>= u64(8)
-        have -= 8
-    return acc, have, pos
+def put_bits(raw: Any, at: Any, value: Any, nbits: Any) -> Any:
+    """Write the ``nbits`` (at most 32) low bits of ``value`` at bit ``at`` of ``raw`` (zeroed
+    64-bit words: bit k of the stream is bit k % 64 of word k // 64) and return the next bit.
+    No branch: a byte-at-a-time writer mispredicts how many bytes each write fills."""
+    v = u64(value) & ((u64(1) << u64(nbits)) - u64(1))
+    i, off = at >> 6, u64(at & 63)
+    raw[i] |= v << off
+    raw[i + 1] |= (v >> u64(1)) >> (u64(63) - off)
+    return at + nbits
 
 
 @inline
-def put_gamma(raw: Any, state: Any, v: Any) -> Any:
+def put_gamma(raw: Any, at: Any, v: Any) -> Any:
     """v >= 1 (uint64): its bit length n - 1 as zeros, then a one, then its n - 1 low bits."""
     n = 1
     while n < 64 and (v >> u64(n)) != u64(0):
@@ -130,15 +127,15 @@ def put_gamma(raw: Any, state: Any, v: Any) -> Any:
     zeros = n - 1
     while zeros > 0:
         z = min(32, zeros)
-        state = put_bits(raw, state, 0, z)
+        at = put_bits(raw, at, 0, z)
         zeros -= z
-    state = put_bits(raw, state, 1, 1)
+    at = put_bits(raw, at, 1, 1)
     low = n - 1
     while low > 0:
         b = min(32, low)
         low -= b
-        state = put_bits(raw, state, (v >> u64(low)) & u64((1 << b) - 1), b)
-    return state
+        at = put_bits(raw, at, (v >> u64(low)) & u64((1 << b) - 1), b)
+    return at
 
 
 @inline
@@ -179,12 +176,12 @@ def get_gamma(raw: Any, state: Any) -> Any:
 
 
 @inline
-def put_remainder(raw: Any, state: Any, g: Any, m: Any) -> Any:
+def put_remainder(raw: Any, at: Any, g: Any, m: Any) -> Any:
     """The ``m`` low bits of ``g``, in chunks of 32 from the low end."""
     if m > 32:
-        state = put_bits(raw, state, g & 0xFFFF_FFFF, 32)
-        return put_bits(raw, state, (g >> 32) & ((1 << (m - 32)) - 1), m - 32)
-    return put_bits(raw, state, g & ((1 << m) - 1), m)
+        at = put_bits(raw, at, g & 0xFFFF_FFFF, 32)
+        return put_bits(raw, at, (g >> 32) & ((1 << (m - 32)) - 1), m - 32)
+    return put_bits(raw, at, g & ((1 << m) - 1), m)
 
 
 @inline
@@ -202,12 +199,18 @@ def get_remainder(raw: Any, state: Any, m: Any) -> Any:
 
 @inline
 def rans_put(x: Any, words: Any, w: Any, start: Any, freq: Any) -> Any:
-    """Encode one symbol (``start``, ``freq``) into state ``x``; words go out in reverse."""
-    if x >= (freq << (32 - SCALE)):
-        words[w] = x & 0xFFFF
-        w += 1
-        x >>= 16
-    return ((x // freq) << SCALE) + (x % freq) + start, w
+    """Encode one symbol (``start``, ``freq``) into state ``x``; words go out in reverse.
+
+    No branch (whether the state moves out 16 bits is close to a coin flip), so ``words``
+    needs room for one word past the last one written; x < 2**32 after that, so a 32-bit
+    division serves, several times cheaper than a 64-bit one. Same words as the branching
+    form."""
+    out = np.int64(x >= (freq << (32 - SCALE)))
+    words[w] = x & 0xFFFF
+    w += out
+    x >>= out << 4
+    q = np.int64(np.uint32(x) // np.uint32(freq))
+    return (q << SCALE) + (x - q * freq) + start, w
 
 
 @inline
@@ -341,8 +344,10 @@ def put_varint(out: Any, pos: Any, v: Any) -> Any:
 
 @jit
 def encode(buckets: Any, gaps: Any, values: Any, starts: Any) -> Any:
-    """``(header, words, raw)`` of the bucket table and the per-bucket gaps and zigzag
-    differences (bucket j owns [starts[j], starts[j + 1]) of ``gaps`` and ``values``)."""
+    """``(header, words, raw, nraw)`` of the bucket table and the per-bucket gaps and zigzag
+    differences (bucket j owns [starts[j], starts[j + 1]) of ``gaps`` and ``values``): the
+    plain bits are the first ``nraw`` bytes of the 64-bit words ``raw`` written
+    little-endian."""
     nb = starts.size - 1
     shifts = np.zeros(nb, np.int64)
     gfreq = np.zeros((nb, GAP_SYMBOLS + 1), np.int64)
@@ -375,24 +380,22 @@ def encode(buckets: Any, gaps: Any, values: Any, starts: Any) -> Any:
             q = gaps[i] >> m
             rawbits += m + (2 * 64 if q >= esc else 0)
             rawbits += 1 + (2 * 64 if values[i] > u64(2 * VALUE_DIRECT) else 0)
-    raw = np.zeros(rawbits // 8 + 8, np.uint8)
-    st = (u64(0), 0, 0)
+    raw = np.zeros(rawbits // 64 + 3, np.uint64)
+    at = 0
     for j in range(nb):
         m, esc = shifts[j], gsym[j] - 1
         for i in range(starts[j], starts[j + 1]):
             q = gaps[i] >> m
             if q >= esc:
-                st = put_gamma(raw, st, u64(q - esc + 1))
-            st = put_remainder(raw, st, gaps[i], m)
+                at = put_gamma(raw, at, u64(q - esc + 1))
+            at = put_remainder(raw, at, gaps[i], m)
         for i in range(starts[j], starts[j + 1]):
             _, extra, nbits = value_symbol(values[i])
             if nbits < 0:
-                st = put_bits(raw, st, (values[i] - u64(1)) & u64(1), 1)
-                st = put_gamma(raw, st, extra)
+                at = put_bits(raw, at, (values[i] - u64(1)) & u64(1), 1)
+                at = put_gamma(raw, at, extra)
             else:
-                st = put_bits(raw, st, extra, nbits)
-    if st[1]:
-        st = put_bits(raw, st, 0, 8 - st[1])
+                at = put_bits(raw, at, extra, nbits)
     words = np.zeros(2 * gaps.size + 2, np.uint16)
     x, w = np.int64(RANS_L), 0
     gstart, vstart = np.zeros(GAP_SYMBOLS + 1, np.int64), np.zeros(VALUE_SYMBOLS + 1, np.int64)
@@ -408,7 +411,7 @@ def encode(buckets: Any, gaps: Any, values: Any, starts: Any) -> Any:
             x, w = rans_put(x, words, w, gstart[s], gfreq[j, s])
     words[w] = x & 0xFFFF
     words[w + 1] = x >> 16
-    return header[:h], words[: w + 2][::-1].copy(), raw[: st[2]]
+    return header[:h], words[: w + 2][::-1].copy(), raw, (at + 7) >> 3
 
 
 # --- decoder -----------------------------------------------------------------------------

@@ -418,10 +418,15 @@ def test_exponent3_codes_differences_of_every_bit_length(dtype: str) -> None:
 
 def test_exponent3_is_deterministic_and_decodes_golden_bytes() -> None:
     """The same change gives the same bytes; ``exponent2-delta.rlwd`` and
-    ``exponent3-delta.rlwd`` (``make_exponent3_golden.py``) still decode and apply in place."""
+    ``exponent3-delta.rlwd`` (``make_exponent3_golden.py``) still decode and apply in place,
+    and the encoder still writes the second byte for byte from its states (a faster encoder
+    must keep the format)."""
     a, b = _bf16_pair(100_000, 1e-5, seed=12)
     assert _exponent3_piece(a, b).streams == _exponent3_piece(a.copy(), b.copy()).streams
     tags = {"c.f16": "float16", "d.f32": "float32", "e.f64": "float64"}
+    old, new = _golden_states("exponent3-delta", tags)
+    again = dc.encode_delta(old, new, version=9, base_version=8, max_chunk_bytes=12_000)
+    assert dfile.pack(again) == (DATA / "exponent3-delta.rlwd").read_bytes()
     for stem, encoding in (("exponent2-delta", "exponent2"), ("exponent3-delta", "exponent3")):
         enc = dfile.unpack((DATA / f"{stem}.rlwd").read_bytes())
         old, new = _golden_states("exponent3-delta", tags)  # one input, both encoders
