@@ -40,6 +40,11 @@ Per case, medians over ``--reps`` repetitions, all single-threaded (numpy, zstd 
 - baselines in the same run: zstd (level 3) of the full new weights and of old XOR new, and
   ``memcpy_gb_per_s`` (``np.copy`` of the same bytes into new memory; ``memcpy_reuse`` into
   memory already in use);
+- ``hash_gb_per_s``: xxh3-128 of the new weights, one pass over memory (what ``apply_in_place``
+  computes to verify its result). A ceiling measured in the same run: an apply reads and
+  hashes every byte of every tensor, and an encode from fresh tensors hashes both versions,
+  so neither can run faster; on weights larger than the caches it is about the rate one core
+  reads memory at;
 - ``bit_exact``: every decoded and applied state equals the new state bit for bit (checked
   outside the timed region).
 
@@ -377,7 +382,9 @@ def _case(pairs: list[Pair], args: argparse.Namespace) -> dict[str, Any]:
     ratio = raw / encoded
     order0_x = _allows(raw_bits, sum(b.bound_bits for b in order0))
     cond_x = _allows(raw_bits, sum(b.bound_bits for b in cond))
-    t_copy, t_copy_reuse = _time_memcpy([a for _, n in pairs for _, a in n.values()], args.reps)
+    news = [a for _, n in pairs for _, a in n.values()]
+    t_copy, t_copy_reuse = _time_memcpy(news, args.reps)
+    t_hash = _time_hash(news, args.reps)
     times = {
         "encode": t_enc,
         "encode_warm": t_enc_warm,
@@ -385,6 +392,7 @@ def _case(pairs: list[Pair], args: argparse.Namespace) -> dict[str, Any]:
         "apply": t_apply,
         "memcpy": t_copy,
         "memcpy_reuse": t_copy_reuse,
+        "hash": t_hash,
     }
     return {
         "params": sum(a.size for _, a in pairs[0][1].values()),
@@ -488,6 +496,14 @@ def _time_memcpy(arrays: list[Any], reps: int) -> tuple[Timing, Timing]:
     return t_fresh, t_reuse
 
 
+def _time_hash(arrays: list[Any], reps: int) -> Timing:
+    """xxh3-128 of the same bytes, as the codec hashes a tensor."""
+    import xxhash
+
+    t_hash, _, _ = _timed(lambda: [xxhash.xxh3_128(a.data).digest() for a in arrays], reps)
+    return t_hash
+
+
 def _zstd_baselines(pairs: list[Pair]) -> dict[str, float]:
     """zstd level 3, one thread, of the full new weights and of old XOR new."""
     import zstandard
@@ -527,7 +543,8 @@ def _lines(result: dict[str, Any]) -> list[str]:
             f" bit exact: {c['bit_exact']}",
             f"  encode {c['encode_gb_per_s']:.2f} GB/s (warm {c['encode_warm_gb_per_s']:.2f}),"
             f" apply in place {c['apply_gb_per_s']:.2f} GB/s, decode {c['decode_gb_per_s']:.2f}"
-            f" GB/s, memcpy {c['memcpy_gb_per_s']:.2f} GB/s (reuse {c['memcpy_reuse_gb_per_s']:.2f})",
+            f" GB/s, memcpy {c['memcpy_gb_per_s']:.2f} GB/s (reuse {c['memcpy_reuse_gb_per_s']:.2f}),"
+            f" hash {c['hash_gb_per_s']:.2f} GB/s",
             "  by CPU time: "
             + ", ".join(f"{k} {v:.2f}" for k, v in c["cpu_time_gb_per_s"].items())
             + " GB/s",

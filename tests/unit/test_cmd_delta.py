@@ -198,6 +198,7 @@ def test_bench_deltas_json_is_the_last_stdout_line(capsys: pytest.CaptureFixture
             "apply_gb_per_s",
             "decode_gb_per_s",
             "memcpy_gb_per_s",
+            "hash_gb_per_s",
             "zstd_xor_ratio",
         ):
             assert case[key] > 0
