@@ -497,10 +497,10 @@ def _time_memcpy(arrays: list[Any], reps: int) -> tuple[Timing, Timing]:
 
 
 def _time_hash(arrays: list[Any], reps: int) -> Timing:
-    """xxh3-128 of the same bytes, as the codec hashes a tensor."""
-    import xxhash
+    """The codec's tensor hash (``bits_hash``) of the same bytes."""
+    from rlstream.schemas.deltacodec_bits import bits_hash
 
-    t_hash, _, _ = _timed(lambda: [xxhash.xxh3_128(a.data).digest() for a in arrays], reps)
+    t_hash, _, _ = _timed(lambda: [bits_hash(a) for a in arrays], reps)
     return t_hash
 
 
