@@ -25,10 +25,13 @@ Rules and guarantees:
   the text after the last tool output (markdown fences removed); an answer with no indented
   line that does not start a definition is taken as the function's body and indented.
   The program is ``prompt + answer`` (``answer`` alone when the prompt is prose).
-- Scoring runs the problem's own ``test`` against the program in the sandbox through
-  :mod:`rlstream.envs.dataset_driver`, which keeps the verdict out of the answer's reach and
-  the hidden tests out of its sight; the failing assertion (its line of test code) or the error
-  is the verdict's rationale. A sandbox that could not run is an ``error``, not a failure.
+- Scoring runs the problem's own ``test`` against the program as a judged sandbox run
+  (``sandbox.run(..., answer=...)``) of :mod:`rlstream.envs.dataset_driver`: the verdict side
+  and the answer's process are two identities, and the verdict side imports nothing the answer
+  can write and everything its tests need before the answer runs, so the verdict is out of the
+  answer's reach and the hidden tests out of its sight; the failing assertion (its line of test
+  code) or the error is the verdict's rationale. A sandbox that could not run is an ``error``,
+  not a failure.
 - Tools: ``python``, ``read``, ``write``, ``ls`` on a workspace that starts with
   ``solution.py`` = the prompt, and ``test``, which runs the prompt's doctest examples and
   ``visible_test`` (never ``test``) against the workspace's ``solution.py``.
@@ -207,16 +210,18 @@ def program_of(problem: Problem, answer: str) -> str:
 
 
 @functools.cache
-def driver_source(entry_point: str) -> str:
-    """The sandboxed test driver for one entry point."""
+def driver_source(entry_point: str, role: Literal["verdict", "answer"] = "verdict") -> str:
+    """The sandboxed test driver for one entry point, as the verdict side or the answer's."""
     source = _DRIVER.read_text(encoding="utf-8")
-    return source.replace('ENTRY = "f"', f"ENTRY = {entry_point!r}", 1)
+    source = source.replace('\nENTRY = "f"\n', f"\nENTRY = {entry_point!r}\n", 1)
+    return source.replace('\nROLE = "verdict"\n', f"\nROLE = {role!r}\n", 1)
 
 
 def run_driver(
     problem: Problem, program: str, mode: str, box: sandbox.SandboxConfig
 ) -> tuple[sandbox.SandboxResult, str | None]:
-    """Run the driver; (result, the verdict line's text after the nonce, or None if absent)."""
+    """Run the driver as a judged run (the verdict side and the answer's process apart);
+    (result, the verdict line's text after the nonce, or None if absent)."""
     nonce = secrets.token_hex(16)
     params = {
         "nonce": nonce,
@@ -226,7 +231,13 @@ def run_driver(
         "visible_test": problem.visible_test or "",
     }
     files = {"solution.py": program}
-    result = sandbox.run(driver_source(problem.entry_point), box, json.dumps(params), files)
+    result = sandbox.run(
+        driver_source(problem.entry_point),
+        box,
+        json.dumps(params),
+        files,
+        answer=driver_source(problem.entry_point, "answer"),
+    )
     verdict = None
     for line in result.stdout.splitlines():
         if line.startswith(nonce + " "):

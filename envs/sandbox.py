@@ -2,16 +2,17 @@
 
 Isolation modes, strongest first (``SandboxResult.mode`` says which one a run had):
 
-- ``full`` (needs root): the program runs in fresh mount, PID, network, IPC and UTS namespaces,
-  in a private root built by the trusted bootstrap (:mod:`rlstream.envs.sandbox_boot`): ``/usr``
-  (with ``/bin``, ``/lib*``) and the interpreter read-only, ``/dev`` with five harmless devices,
-  a fresh ``/proc`` showing only its own processes, and one size-capped tmpfs shown as ``/work``
+- ``full`` (needs root and cgroups): the program runs in fresh mount, PID, network, IPC and UTS
+  namespaces, in a private root built by the trusted bootstrap
+  (:mod:`rlstream.envs.sandbox_boot`, :mod:`rlstream.envs.sandbox_root`): ``/usr`` (with
+  ``/bin``, ``/lib*``) and the interpreter read-only, ``/dev`` with five harmless devices, a
+  fresh ``/proc`` showing only its own processes, and one size-capped tmpfs shown as ``/work``
   (the cwd and workspace), ``/tmp`` and ``/dev/shm``. The old root is detached, so nothing of the
   host's repository, virtualenv, Kafka state, checkpoints, home directories or processes is
   reachable, and there is no network at all (an empty network namespace: not even the host's
   loopback). The program runs as a fresh, unused uid with no capabilities, no-new-privs,
   non-dumpable, under a seccomp filter (no ``exec``, no new namespaces, mounts, ptrace, bpf or
-  io_uring) and a Python audit hook (defence in depth).
+  io_uring) and a Python audit hook (defence in depth), inside cgroups of its own.
 - ``userns``: the same namespaces and private root, set up inside a user namespace by a
   non-root parent; the program keeps the namespace's uid 0 (the invoking user on the host) with
   every capability dropped. Weaker: it is not a fresh host uid, and user namespaces widen the
@@ -24,43 +25,69 @@ uses the strongest mode that works here (probed once per process by running a pr
 and raises :class:`IsolationUnavailable`, with every mode's failure, when that is weaker than
 accepted: code is never run with less isolation than asked for.
 
-Limits in every mode: CPU time (``RLIMIT_CPU``), address space per process (``RLIMIT_AS``),
-processes (``RLIMIT_NPROC``, per sandbox uid), file size (``RLIMIT_FSIZE``, stdout and stderr
-included), open files, total disk (the scratch tmpfs: workspace, ``/tmp`` and ``/dev/shm``
-together), and the wall clock, enforced twice: by the bootstrap (init of the PID namespace, so
-it holds even if the parent died; when init exits the kernel kills everything left in the
-namespace) and by the parent, which kills the bootstrap's process group. The verdict (wait
+Limits for the sandbox as a whole (:mod:`rlstream.envs.sandbox_cgroup`, one cgroup per run,
+made under the caller's own and removed after the run; required by ``full``, used by the
+weaker modes wherever the host has them, ``isolation["cgroup_limits"]`` says so): the CPU
+seconds of every process together (``cpu_limit_s``; the run is stopped as ``timeout`` when
+they are spent), memory (``memory_bytes``: every process and the scratch disk together; the
+kernel kills inside the run, ``oom``) and processes (``max_processes``). ``cpu_s`` counts every
+process (the cgroup's, else the init's children's). Limits per process in every mode, the
+only ones without cgroups: CPU time (``RLIMIT_CPU``), address space (``RLIMIT_AS``), processes
+per sandbox uid (``RLIMIT_NPROC``), file size (``RLIMIT_FSIZE``, stdout and stderr included),
+open files; total disk (the scratch tmpfs: workspace, ``/tmp`` and ``/dev/shm`` together); and
+the wall clock, enforced twice: by the bootstrap (init of the PID namespace, so it holds even if
+the parent died; when init exits the kernel kills everything left in the namespace) and by the
+parent, which kills the run's cgroup and the bootstrap's process group. The status (wait
 status, CPU time) is reported by the bootstrap on a descriptor the program never holds, so it
 cannot be forged or deleted. Workspace files go in and come back out by value (``files``):
 regular files only, no link followed, capped. The environment is scrubbed to ``PATH``,
-``HOME``, ``LANG``; the interpreter runs isolated (``-I -S``). Nothing here needs Docker.
+``HOME``, ``LANG``; the interpreter runs isolated (``-I -S``: no ``site``, so no ``.pth``,
+``sitecustomize`` or ``usercustomize``). Nothing here needs Docker.
+
+Judged runs (``run(code, ..., answer=PROGRAM)``): the caller's trusted ``code`` (the verdict
+side: its exit status and output are the result) and ``PROGRAM`` (the answer's side, which
+loads the untrusted answer from the workspace) run as two processes of one sandbox, sharing its
+limits. The verdict side cannot be reached from the answer:
+
+- it runs as a fresh uid of its own, apart from the answer's (``full``; ``rlimits`` as root;
+  ``isolation["verdict_own_uid"]``), non-dumpable, so the answer can neither write what it
+  reads nor signal, trace or read it; in ``userns`` (one uid for both) it rests on the
+  read-only mounts, non-dumpable processes, the seccomp filter and a PID namespace of the
+  answer's own (no pid of the verdict side to signal); ``rlimits`` without root refuses a
+  judged run (``IsolationUnavailable``): the answer could write the host's standard library;
+- it imports only from the interpreter's own ``sys.path`` entries that the answer cannot write
+  (never the workspace, the cwd, ``/tmp`` or ``/dev/shm``), writes no bytecode, has ``/`` as
+  cwd, and reads its input (stdin) before the answer's process exists; the answer's process
+  starts only when the verdict side asks for it (descriptor 5), so what its tests need is
+  imported before any answer code runs;
+- the two talk only over two pipes (verdict side: fd 3 from the answer, fd 4 to it; answer:
+  fd 3 requests, fd 4 replies); the answer's stdin is ``/dev/null``.
 """
 
 from __future__ import annotations
 
-import atexit
 import base64
 import contextlib
 import functools
+import importlib.util
 import json
+import marshal
 import os
 import re
 import secrets
 import select
 import shutil
 import signal
-import socket
-import subprocess
-import sys
 import tempfile
-import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from rlstream.envs import sandbox_cgroup, sandbox_zygote
 
 Status = Literal["ok", "timeout", "oom", "crash", "killed", "error"]
 Mode = Literal["full", "userns", "rlimits"]
@@ -69,8 +96,8 @@ MODES: tuple[Mode, ...] = ("full", "userns", "rlimits")  # strongest first
 #: Exit code the bootstrap uses when the program raised ``MemoryError``.
 OOM_EXIT = 86
 _CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}
-_UID_BASE = 1_000_000  # sandbox uids are unused numbers above this: no /etc/passwd entry needed
-_BOOT = Path(__file__).resolve().parent / "sandbox_boot.py"
+_UID_BASE = sandbox_zygote.UID_BASE
+_BOOT = sandbox_zygote.BOOT
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
 MAX_FILES = 64
 
@@ -152,12 +179,16 @@ class SandboxResult:
     mode: str = ""
     files: dict[str, bytes] | None = None  # the workspace afterwards, when files were given
     files_skipped: list[str] = field(default_factory=list)
+    memory_peak_bytes: int | None = None  # the run's peak memory, all processes (cgroup runs)
 
 
-def mechanisms(mode: Mode, block_exec: bool) -> dict[str, bool]:
-    """What each mode rests on (recorded with every result)."""
+def mechanisms(
+    mode: Mode, block_exec: bool, cgroup: bool = False, judged: bool = False
+) -> dict[str, bool]:
+    """What each mode rests on (recorded with every result); a judged run adds whether its
+    verdict side ran as a uid of its own."""
     ns = mode != "rlimits"
-    return {
+    found = {
         "mount_namespace": ns,
         "private_root": ns,
         "pid_namespace": ns,
@@ -168,7 +199,11 @@ def mechanisms(mode: Mode, block_exec: bool) -> dict[str, bool]:
         "disk_limit": ns,
         "seccomp": block_exec,
         "audit_hook": block_exec,
+        "cgroup_limits": cgroup,
     }
+    if judged:
+        found["verdict_own_uid"] = found["own_uid"]
+    return found
 
 
 # ---------------------------------------------------------------- choosing a mode
@@ -179,6 +214,8 @@ def probe_mode(mode: Mode) -> str:
     """ "" when ``mode`` works here, else why not (probed once per process by running a program)."""
     if mode == "full" and os.geteuid() != 0:
         return "needs root (a fresh uid and the mounts need privileges)"
+    if mode == "full" and sandbox_cgroup.unavailable():
+        return f"per-sandbox limits need cgroups: {sandbox_cgroup.unavailable()}"
     try:
         r = _run_in(mode, "print('ok')", SandboxConfig(wall_timeout_s=20), "", None)
     except OSError as exc:
@@ -206,49 +243,6 @@ def choose_mode(cfg: SandboxConfig) -> Mode:
     )
 
 
-@functools.cache
-def default_python() -> str:
-    """The interpreter of rlimits mode (probed once; the namespaced modes bind this one's prefix).
-
-    Rule: as non-root, this process's own interpreter. As root the code runs as an unprivileged
-    uid, which cannot read a standard library under a private home (pyenv in ``/root``): take the
-    first of this interpreter, ``/usr/bin/python3``, ``/usr/local/bin/python3`` whose standard
-    library such a uid can import.
-    """
-    own = os.path.realpath(sys.executable)
-    if os.geteuid() != 0:
-        return own
-    for cand in (own, "/usr/bin/python3", "/usr/local/bin/python3"):
-        if os.path.exists(cand) and _stdlib_readable(cand):
-            return cand
-    return own
-
-
-def _stdlib_readable(python: str) -> bool:
-    uid = _UID_BASE + secrets.randbelow(1_000_000)
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        done = subprocess.run(
-            [python, "-I", "-S", "-c", "import json, math, traceback, collections"],
-            capture_output=True,
-            timeout=30,
-            user=uid,
-            group=uid,
-            extra_groups=[],
-            cwd="/",
-        )
-        return done.returncode == 0
-    return False
-
-
-def _interpreter(mode: Mode, cfg: SandboxConfig) -> tuple[str, list[str]]:
-    """(interpreter, read-only paths to bind for it) for ``mode``."""
-    if mode == "rlimits":
-        return cfg.python or default_python(), []
-    python = os.path.realpath(cfg.python or sys.executable)
-    prefix = sys.base_prefix if cfg.python is None else str(Path(python).parent.parent)
-    return python, [os.path.realpath(prefix)]
-
-
 # ---------------------------------------------------------------- running
 
 
@@ -257,40 +251,75 @@ def run(
     cfg: SandboxConfig | None = None,
     stdin: str = "",
     files: Mapping[str, bytes | str] | None = None,
+    answer: str | None = None,
 ) -> SandboxResult:
     """Run Python ``code`` in the sandbox and return what happened.
 
     ``files`` (relative name -> content) is the workspace the code starts in; when given, the
-    result's ``files`` is the workspace afterwards. Never raises for the program's faults;
-    raises :class:`IsolationUnavailable` when the accepted isolation cannot be set up, and
-    ``ValueError`` for a bad file name.
+    result's ``files`` is the workspace afterwards. With ``answer`` the run is *judged*: ``code``
+    is the trusted verdict side and ``answer`` the untrusted side's program, each its own process
+    and identity (see the module rules; the result's status is the verdict side's). Never raises
+    for the program's faults; raises :class:`IsolationUnavailable` when the accepted isolation
+    cannot be set up (a judged run in ``rlimits`` mode without root: the two sides would share
+    one uid), and ``ValueError`` for a bad file name.
     """
     cfg = cfg or SandboxConfig()
-    return _run_in(choose_mode(cfg), code, cfg, stdin, files)
+    mode = choose_mode(cfg)
+    if answer is not None and mode == "rlimits" and os.geteuid() != 0:
+        raise IsolationUnavailable(
+            "sandbox refused: a judged run in rlimits mode needs root (a fresh uid for the "
+            "verdict side and another for the answer); without it the answer could write "
+            "what the verdict side imports"
+        )
+    return _run_in(mode, code, cfg, stdin, files, answer)
 
 
 def _run_in(
-    mode: Mode, code: str, cfg: SandboxConfig, stdin: str, files: Mapping[str, bytes | str] | None
+    mode: Mode,
+    code: str,
+    cfg: SandboxConfig,
+    stdin: str,
+    files: Mapping[str, bytes | str] | None,
+    answer: str | None = None,
 ) -> SandboxResult:
-    uid = _UID_BASE + secrets.randbelow(1_000_000) if os.geteuid() == 0 else None
-    if mode == "userns":
-        uid = None
+    uids: list[int | None] = [_UID_BASE + secrets.randbelow(1_000_000) for _ in range(2)]
+    if mode == "userns" or os.geteuid() != 0:
+        uids = [None, None]
+    if answer is None:
+        uids[1] = None
     root = tempfile.mkdtemp(prefix="rlstream-sbx-")
+    cg = _cgroup(cfg)
     try:
-        spec = _stage(root, mode, code, cfg, uid, files)
-        python, ro_paths = _interpreter(mode, cfg)
+        spec = _stage(root, mode, code, cfg, uids, files, answer)
+        python, ro_paths = sandbox_zygote.interpreter(mode, cfg.python)
         spec["ro_paths"] = ro_paths
-        wall, timed_out, report = _execute(root, python, spec, cfg, stdin)
-        if mode == "rlimits" and uid is not None:
-            _kill_uid(uid)
-        result = _collect(cfg, root, wall, timed_out, report)
-        result.mode, result.uid = mode, uid
-        result.isolation = mechanisms(mode, cfg.block_exec)
+        spec["cgroup_tasks"] = cg.tasks_files() if cg else []
+        spec["cgroup_leave"] = cg.parent_tasks_files() if cg else []
+        wall, stop, report = _execute(root, python, spec, cfg, stdin, cg)
+        if mode == "rlimits":
+            for uid in uids:
+                if uid is not None:
+                    _kill_uid(uid)
+        result = _collect(cfg, root, wall, stop, report, cg)
+        result.mode, result.uid = mode, uids[0]
+        result.isolation = mechanisms(mode, cfg.block_exec, cg is not None, answer is not None)
         if files is not None:
             result.files, result.files_skipped = _files_back(root, result)
         return result
     finally:
         shutil.rmtree(root, ignore_errors=True)
+        if cg is not None:
+            cg.remove()
+
+
+def _cgroup(cfg: SandboxConfig) -> sandbox_cgroup.Cgroup | None:
+    """The run's cgroups where this host has them (else None: per-process rlimits only)."""
+    if sandbox_cgroup.unavailable():
+        return None
+    try:
+        return sandbox_cgroup.Cgroup.create(cfg.memory_bytes, cfg.max_processes)
+    except OSError as exc:
+        raise IsolationUnavailable(f"sandbox refused: cannot make the run's cgroup: {exc}") from exc
 
 
 def _stage(
@@ -298,11 +327,17 @@ def _stage(
     mode: Mode,
     code: str,
     cfg: SandboxConfig,
-    uid: int | None,
+    uids: list[int | None],
     files: Mapping[str, bytes | str] | None,
+    answer: str | None,
 ) -> dict[str, object]:
-    """Write the program and the workspace into ``root``; the bootstrap's spec."""
+    """Write the programs and the workspace into ``root``; the bootstrap's spec."""
     Path(root, "program.py").write_text(code, encoding="utf-8")
+    if answer is not None:  # the caller's own programs: compiled here, once per process
+        Path(root, "answer.py").write_text(answer, encoding="utf-8")
+        Path(root, "program.code").write_bytes(_bytecode(code, "verdict.py"))
+        Path(root, "answer.code").write_bytes(_bytecode(answer, "answer.py"))
+    owner = uids[1] if answer is not None else uids[0]  # the workspace is the answer's
     work = os.path.join(root, "in" if mode != "rlimits" else "work")
     os.mkdir(work, 0o700)
     for name, content in (files or {}).items():
@@ -310,12 +345,12 @@ def _stage(
         os.makedirs(os.path.dirname(path), 0o700, exist_ok=True)
         data = content.encode() if isinstance(content, str) else content
         Path(path).write_bytes(data)
-    if mode == "rlimits" and uid is not None:
+    if mode == "rlimits" and owner is not None:
         os.chmod(root, 0o711)  # the sandbox uid may traverse to work/, not list root/
         for dirpath, _dirs, names in os.walk(work):
-            os.chown(dirpath, uid, uid)
+            os.chown(dirpath, owner, owner)
             for n in names:
-                os.chown(os.path.join(dirpath, n), uid, uid)
+                os.chown(os.path.join(dirpath, n), owner, owner)
     if mode != "rlimits":
         os.mkdir(os.path.join(root, "newroot"), 0o755)
     return {
@@ -323,8 +358,13 @@ def _stage(
         "root": os.path.join(root, "newroot"),
         "in_dir": work,
         "program": os.path.join(root, "program.py"),
+        "answer": os.path.join(root, "answer.py") if answer is not None else None,
+        "program_code": os.path.join(root, "program.code") if answer is not None else None,
+        "answer_code": os.path.join(root, "answer.code") if answer is not None else None,
         "cwd": "/work" if mode != "rlimits" else work,
-        "uid": uid,
+        "uid": uids[0],
+        "answer_uid": uids[1],
+        "owner": owner,
         "cpu": cfg.cpu_limit_s,
         "mem": cfg.memory_bytes,
         "fsize": cfg.max_file_bytes,
@@ -338,6 +378,13 @@ def _stage(
     }
 
 
+@functools.lru_cache(maxsize=32)
+def _bytecode(source: str, name: str) -> bytes:
+    """``source`` compiled (a judged run's programs are its caller's code, not the answer's),
+    with this interpreter's magic number: the bootstrap compiles it itself on a mismatch."""
+    return importlib.util.MAGIC_NUMBER + marshal.dumps(compile(source, name, "exec"))
+
+
 def check_name(name: str) -> str:
     """A workspace file name: relative, ``/``-separated safe parts, no ``..``; else ValueError."""
     parts = name.split("/")
@@ -346,85 +393,24 @@ def check_name(name: str) -> str:
     return name
 
 
-class _Zygote:
-    """A trusted helper (``sandbox_boot.py --serve``) that forks every sandbox of this process.
-
-    Forking a warm interpreter instead of starting one per run keeps a sandboxed run cheap.
-    The helper holds only a scrubbed environment and a socket to us; it exits when we do.
-    """
-
-    def __init__(self, python: str) -> None:
-        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        with theirs:
-            self.proc = subprocess.Popen(
-                [python, "-I", "-S", str(_BOOT), "--serve", str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                env={"PATH": "/usr/bin:/bin", "HOME": "/work", "LANG": "C.UTF-8"},
-                start_new_session=True,
-            )
-        self.lock = threading.Lock()
-
-    def launch(self, spec: dict[str, object], fds: list[int]) -> int:
-        """Start one sandbox; its pid (the leader of its process group)."""
-        with self.lock:
-            socket.send_fds(self.sock, [json.dumps(spec).encode()], fds)
-            reply = self.sock.recv(4096)
-        if not reply:
-            raise OSError("the sandbox helper exited")
-        answer = json.loads(reply)
-        if "error" in answer:
-            raise OSError(f"the sandbox helper could not fork: {answer['error']}")
-        return int(answer["pid"])
-
-    def close(self) -> None:
-        """Close our end (the helper exits on it) and reap the helper."""
-        self.sock.close()
-        try:
-            self.proc.wait(2.0)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-_ZYGOTES: dict[tuple[int, str], _Zygote] = {}
-_ZYGOTES_LOCK = threading.Lock()
-
-
-@atexit.register
-def _close_zygotes() -> None:
-    with _ZYGOTES_LOCK:
-        mine = [k for k in _ZYGOTES if k[0] == os.getpid()]
-        for key in mine:
-            _ZYGOTES.pop(key).close()
-
-
-def _launch(python: str, spec: dict[str, object], fds: list[int]) -> int:
-    """Start a sandbox through this process's helper for ``python`` (restarted if it died)."""
-    key = (os.getpid(), python)
-    for attempt in range(2):
-        with _ZYGOTES_LOCK:
-            zygote = _ZYGOTES.get(key)
-            if zygote is None or zygote.proc.poll() is not None:
-                zygote = _ZYGOTES[key] = _Zygote(python)
-        try:
-            return zygote.launch(spec, fds)
-        except (OSError, ValueError):
-            with _ZYGOTES_LOCK:
-                _ZYGOTES.pop(key, None)
-            if attempt:
-                raise
-    raise AssertionError("unreachable")
+Stop = Literal["", "wall", "cpu"]
+_TICK_S = 0.02  # how often a run's CPU budget is checked
 
 
 def _execute(
-    root: str, python: str, spec: dict[str, object], cfg: SandboxConfig, stdin: str
-) -> tuple[float, bool, bytes]:
-    """Run one sandbox; (wall_s, timed out by the backstop, the bootstrap's status report).
+    root: str,
+    python: str,
+    spec: dict[str, object],
+    cfg: SandboxConfig,
+    stdin: str,
+    cg: sandbox_cgroup.Cgroup | None,
+) -> tuple[float, Stop, bytes]:
+    """Run one sandbox; (wall_s, why we stopped it: "" / "wall" / "cpu", the status report).
 
-    The bootstrap enforces the wall clock itself; ours (``wall + 5 s``) is a backstop that kills
-    the sandbox's process group. The status pipe reaches EOF when the sandbox's init exits.
+    The bootstrap enforces the wall clock itself; ours (``wall + 5 s``) is a backstop. The CPU
+    budget of a run with cgroups is ours: every process's CPU time together, checked every
+    ``_TICK_S``. Stopping kills every process of the run (its cgroup, else its process group).
+    The status pipe reaches EOF when the sandbox's init exits.
     """
     Path(root, "in.txt").write_text(stdin, encoding="utf-8")
     r, w = os.pipe()
@@ -438,32 +424,43 @@ def _execute(
             fds = [fin.fileno(), out.fileno(), err.fileno(), w, fl.fileno()]
             started = time.monotonic()
             try:
-                pid = _launch(python, spec, fds)
+                pid = sandbox_zygote.launch(python, spec, fds)
             finally:
                 os.close(w)
-        report, timed_out = _read_status(r, cfg.wall_timeout_s + 5.0)
-        if timed_out:
+        budget = (lambda: cg.cpu_s() >= cfg.cpu_limit_s) if cg is not None else None
+        report, stop = _read_status(r, cfg.wall_timeout_s + 5.0, budget)
+        if stop:
+            if cg is not None:
+                cg.kill()
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)
-            report, _ = _read_status(r, 5.0)
-        return time.monotonic() - started, timed_out, report
+            report, _ = _read_status(r, 5.0, None)
+        return time.monotonic() - started, stop, report
     finally:
         os.close(r)
 
 
-def _read_status(fd: int, timeout_s: float) -> tuple[bytes, bool]:
-    """Everything written on ``fd`` until EOF; (data, True) when ``timeout_s`` passed first."""
+def _read_status(
+    fd: int, timeout_s: float, over_budget: Callable[[], bool] | None
+) -> tuple[bytes, Stop]:
+    """Everything written on ``fd`` until EOF, and "" ; or what came so far and "wall" when
+    ``timeout_s`` passed first, "cpu" when ``over_budget()`` turned true first."""
     deadline = time.monotonic() + timeout_s
     poller = select.poll()
     poller.register(fd, select.POLLIN | select.POLLHUP)
     data = b""
     while True:
         left = deadline - time.monotonic()
-        if left <= 0 or not poller.poll(left * 1000):
-            return data, True
+        if left <= 0:
+            return data, "wall"
+        if over_budget is not None and over_budget():
+            return data, "cpu"
+        tick = left if over_budget is None else min(left, _TICK_S)
+        if not poller.poll(tick * 1000):
+            continue
         chunk = os.read(fd, 65536)
         if not chunk:
-            return data, False
+            return data, ""
         data += chunk
 
 
@@ -519,7 +516,12 @@ def _read_capped(path: str, cap: int) -> tuple[str, bool]:
 
 
 def _collect(
-    cfg: SandboxConfig, root: str, wall: float, timed_out: bool, raw: bytes
+    cfg: SandboxConfig,
+    root: str,
+    wall: float,
+    stop: Stop,
+    raw: bytes,
+    cg: sandbox_cgroup.Cgroup | None,
 ) -> SandboxResult:
     try:
         report = json.loads(raw) if raw else {}
@@ -529,13 +531,17 @@ def _collect(
     stderr, err_trunc = _read_capped(os.path.join(root, "err"), cfg.max_output_bytes)
     if os.path.getsize(os.path.join(root, "out")) >= cfg.max_file_bytes:
         out_trunc = True
-    cpu = float(report.get("cpu", 0.0))
+    cpu = cg.cpu_s() if cg is not None else float(report.get("cpu", 0.0))
     if "setup_error" in report:
         status: Status = "error"
         code, sig, reason = None, None, f"sandbox setup failed: {report['setup_error']}"
+    elif stop == "cpu":
+        status, code, sig, reason = "timeout", None, None, "cpu-time limit (all processes)"
     else:
-        late = timed_out or bool(report.get("timed_out"))
+        late = stop == "wall" or bool(report.get("timed_out"))
         status, code, sig, reason = classify(report.get("status"), cpu, cfg, late)
+        if status == "killed" and sig == signal.SIGKILL and cg is not None and cg.oom_kills():
+            status, reason = "oom", "memory limit (all processes)"
     if status == "crash" and code == 70 and "sandbox setup failed" in stderr:
         status, reason = "error", stderr.strip().splitlines()[-1]
     return SandboxResult(
@@ -549,6 +555,7 @@ def _collect(
         stdout_truncated=out_trunc,
         stderr_truncated=err_trunc,
         reason=reason,
+        memory_peak_bytes=cg.memory_peak() if cg is not None else None,
     )
 
 

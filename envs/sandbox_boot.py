@@ -1,9 +1,11 @@
 """The sandbox's trusted bootstrap: builds the private root, then runs the program as a nobody.
 
-Run only by :mod:`rlstream.envs.sandbox` as ``python -I -S sandbox_boot.py SPEC_JSON`` (standard
-library only, nothing of rlstream is importable here). In the namespaced modes it is PID 1 of a
-fresh PID namespace inside fresh mount, network, IPC and UTS namespaces (and, in ``userns`` mode,
-a user namespace), and it:
+Run only by :mod:`rlstream.envs.sandbox`, through its helper ``python -I -S sandbox_boot.py
+--serve FD`` (standard library only, nothing of rlstream is importable here), which forks one
+launcher per run. The launcher joins the run's cgroups (memory, CPU time and processes capped
+for the run as a whole, see :mod:`rlstream.envs.sandbox_cgroup`) before it forks anything. In
+the namespaced modes its child is PID 1 of a fresh PID namespace inside fresh mount, network,
+IPC and UTS namespaces (and, in ``userns`` mode, a user namespace), and it:
 
 1. mounts a small tmpfs as the new root holding read-only binds of ``/usr`` (and ``/bin``,
    ``/lib*``, ``/sbin`` or their symlinks), the interpreter's prefix and ``/etc/ld.so.cache``;
@@ -13,42 +15,68 @@ a user namespace), and it:
 2. copies the workspace files in, ``pivot_root``s into the new root, detaches the old one (no
    path leads back to the host) and remounts ``/`` read-only;
 3. forks the worker, which sets its rlimits, becomes an unprivileged identity (a fresh uid as
-   root; no capabilities in ``userns`` mode), sets no-new-privs and non-dumpable, closes every
-   descriptor but 0-2, installs the seccomp filter (no ``exec``, no new namespaces, no mounts,
-   no ptrace, no bpf, no io_uring, ...) and a Python audit hook, then runs the program;
+   root; no capabilities in ``userns`` mode), sets no-new-privs and non-dumpable, keeps only
+   the descriptors its role has, installs the seccomp filter (no ``exec``, no new namespaces,
+   no mounts, no ptrace, no bpf, no io_uring, ...) and a Python audit hook whose rules are
+   constants of its own code, then runs the program as a fresh ``__main__`` module;
 4. as init, enforces the wall clock itself (so it holds even when the judge that started it
    died), kills every process left in the namespace once the worker ended, copies the
    workspace back out (regular files only, never following a link, capped) and reports the
-   worker's wait status on a descriptor the worker never had.
+   worker's wait status and the CPU time of every process it reaped on a descriptor the
+   worker never had.
+
+A *judged* run has two workers (``_start_judged``): the verdict side, as one fresh uid, with
+``/`` as cwd and a ``sys.path`` of the interpreter's read-only entries only
+(``_verdict_path``), and, once the verdict side asks for it, the answer's process, as another
+fresh uid, owning the workspace. Nothing the answer can write is ever imported, read or
+executed by the verdict side, and it can neither signal nor trace it; the reported status is
+the verdict side's.
 
 In ``rlimits`` mode (no namespaces; a named weaker mode) only steps 3-4 apply, in a host
-directory. Anything failing during set-up is reported as ``setup_error`` and the program does
-not run.
+directory, with init a child subreaper. Anything failing during set-up is reported as
+``setup_error`` and the program does not run.
 """
 
 from __future__ import annotations
 
+import ast  # noqa: F401  (warm for every run: the verdict side parses tests with it)
 import binascii
 import contextlib
 import ctypes
+import importlib.util
 import json
 import linecache
+import marshal
 import os
 import resource
 import signal
 import stat
 import struct
 import sys
+import time
 import traceback
+import types
 
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_REMOUNT, MS_BIND, MS_REC, MS_RELATIME = 32, 4096, 16384, 1 << 21
-MNT_DETACH = 2
+if __package__:  # imported (tests): from the package
+    from rlstream.envs.sandbox_root import MS_REC, SetupError, build_root, check, libc, mount
+else:  # run as the bootstrap: from its own directory, which no program's sys.path keeps
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    try:
+        from sandbox_root import (  # type: ignore[no-redef]
+            MS_REC,
+            SetupError,
+            build_root,
+            check,
+            libc,
+            mount,
+        )
+    finally:
+        del sys.path[0]
+
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP = 1, 4, 24
-PR_SET_SECCOMP, PR_SET_NO_NEW_PRIVS = 22, 38
+PR_SET_SECCOMP, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 22, 38, 36
 SECCOMP_MODE_FILTER = 2
 OOM_EXIT = 86
-DEVICES = ("null", "zero", "full", "random", "urandom")
 
 #: Per-architecture audit arch and syscall numbers the filter denies (x86_64 is the tested one).
 _ARCH = {
@@ -66,138 +94,6 @@ _DENIED = {
                 428, 429, 430, 431, 432, 104, 105, 273, 265, 270, 271, 442, 438),
 }  # fmt: skip
 _NS_FLAGS = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
-
-
-class SetupError(Exception):
-    """The sandbox could not be built; the program must not run."""
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _check(ret: int, what: str) -> None:
-    if ret != 0:
-        err = ctypes.get_errno()
-        raise SetupError(f"{what}: {os.strerror(err)}")
-
-
-def _mount(src: str | None, dst: str, fstype: str | None, flags: int, data: str | None) -> None:
-    def enc(s: str | None) -> bytes | None:
-        return None if s is None else s.encode()
-
-    _check(_libc.mount(enc(src), enc(dst), enc(fstype), flags, enc(data)), f"mount {dst}")
-
-
-def _locked_flags(path: str) -> int:
-    """Mount flags a remount inside a user namespace must keep (the kernel locks them)."""
-    f = os.statvfs(path).f_flag
-    flags = f & (MS_NOSUID | MS_NODEV | MS_NOEXEC | 1024 | 2048)
-    return flags | (MS_RELATIME if f & 4096 else 0)
-
-
-def _bind_ro(src: str, dst: str) -> None:
-    _mount(src, dst, None, MS_BIND | MS_REC, None)
-    flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | _locked_flags(dst)
-    _mount(None, dst, None, flags, None)
-
-
-def _mkdirs(root: str, path: str) -> str:
-    """``root + path`` with every missing directory created 0755 (traversable by the nobody)."""
-    target = root
-    for part in path.strip("/").split("/"):
-        target = os.path.join(target, part)
-        if not os.path.isdir(target):
-            os.mkdir(target, 0o755)
-    return target
-
-
-def _touch(path: str) -> None:
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
-
-
-def _system_dirs(root: str, ro_paths: list[str]) -> None:
-    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
-        host = "/" + name
-        if os.path.islink(host):
-            os.symlink(os.readlink(host), os.path.join(root, name))
-        elif os.path.isdir(host):
-            _bind_ro(host, _mkdirs(root, host))
-    _bind_ro("/usr", _mkdirs(root, "/usr"))
-    for path in ro_paths:
-        if not path.startswith("/usr/"):
-            _bind_ro(path, _mkdirs(root, path))
-    etc = _mkdirs(root, "/etc")
-    if os.path.isfile("/etc/ld.so.cache"):
-        _touch(os.path.join(etc, "ld.so.cache"))
-        _bind_ro("/etc/ld.so.cache", os.path.join(etc, "ld.so.cache"))
-
-
-def _devices(root: str) -> None:
-    dev = _mkdirs(root, "/dev")
-    for name in DEVICES:
-        _touch(os.path.join(dev, name))
-        _mount(f"/dev/{name}", os.path.join(dev, name), None, MS_BIND, None)
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0")):
-        os.symlink(target, os.path.join(dev, name))
-    os.symlink("/proc/self/fd/1", os.path.join(dev, "stdout"))
-    os.symlink("/proc/self/fd/2", os.path.join(dev, "stderr"))
-
-
-def _scratch(root: str, spec: dict) -> None:
-    """One size-capped tmpfs shown as /work, /tmp and /dev/shm: the program's whole disk."""
-    scratch = _mkdirs(root, "/.scratch")
-    opts = f"size={spec['disk']},nr_inodes={spec['inodes']},mode=755"
-    _mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, opts)
-    owner = spec["uid"] if spec["uid"] is not None else 0
-    for name, where, mode in (("work", "/work", 0o700), ("tmp", "/tmp", 0o1777),
-                              ("shm", "/dev/shm", 0o1777)):  # fmt: skip
-        src = os.path.join(scratch, name)
-        os.mkdir(src)
-        os.chmod(src, mode)
-        os.chown(src, owner, owner)
-        _mount(src, _mkdirs(root, where), None, MS_BIND, None)
-    _copy_in(spec["in_dir"], os.path.join(root, "work"), owner)
-    _check(_libc.umount2(scratch.encode(), MNT_DETACH), "umount scratch")
-    os.rmdir(scratch)
-
-
-def _copy_in(src: str, dst: str, owner: int) -> None:
-    """The workspace files the parent staged, owned by the sandbox identity."""
-    for dirpath, dirnames, filenames in os.walk(src):
-        rel = os.path.relpath(dirpath, src)
-        target = dst if rel == "." else os.path.join(dst, rel)
-        if rel != ".":
-            os.mkdir(target, 0o700)
-            os.chown(target, owner, owner)
-        dirnames.sort()
-        for name in filenames:
-            with open(os.path.join(dirpath, name), "rb") as fh:
-                data = fh.read()
-            fd = os.open(os.path.join(target, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            os.write(fd, data)
-            os.fchown(fd, owner, owner)
-            os.close(fd)
-
-
-def build_root(spec: dict) -> None:
-    """Steps 1-2 of the module docstring; afterwards ``/`` is the private root."""
-    root = spec["root"]
-    _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,nr_inodes=4096,mode=755")
-    _system_dirs(root, spec["ro_paths"])
-    _devices(root)
-    _scratch(root, spec)
-    _mount("proc", _mkdirs(root, "/proc"), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
-    os.mkdir(os.path.join(root, ".old"))
-    os.chdir(root)
-    _check(_libc.syscall(_pivot_root_nr(), b".", b".old"), "pivot_root")
-    os.chdir("/")
-    _check(_libc.umount2(b"/.old", MNT_DETACH), "detach the old root")
-    os.rmdir("/.old")
-    _mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
-
-
-def _pivot_root_nr() -> int:
-    return {"x86_64": 155, "aarch64": 41}[os.uname().machine]
 
 
 def seccomp_program(machine: str) -> bytes:
@@ -234,32 +130,35 @@ def _install_seccomp() -> None:
     buf = ctypes.create_string_buffer(code, len(code))
     fprog = struct.pack("HxxxxxxQ", len(code) // 8, ctypes.addressof(buf))
     fbuf = ctypes.create_string_buffer(fprog, len(fprog))
-    _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, fbuf, 0, 0), "seccomp")
+    check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, fbuf, 0, 0), "seccomp")
 
 
 def _drop_capabilities() -> None:
     """userns mode: the program keeps the namespace's uid 0 but holds no capability at all."""
     for cap in range(64):
-        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
             break
     header = struct.pack("Ii", 0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
     data = ctypes.create_string_buffer(24)  # two zeroed {effective, permitted, inheritable}
-    _check(_libc.capset(ctypes.c_char_p(header), data), "capset")
+    check(libc.capset(ctypes.c_char_p(header), data), "capset")
 
 
 def _limit(name: str, soft: int, hard: int | None = None) -> None:
     resource.setrlimit(getattr(resource, name), (soft, soft if hard is None else hard))
 
 
-def _become_nobody(spec: dict) -> None:
+def _become_nobody(spec: dict, who: dict) -> None:
+    """Limits, then ``who``'s identity: its uid (or no capabilities), its descriptors, its cwd."""
     signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # Python ignores it; we want the kill
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    if who["role"] == "verdict":
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # no KeyboardInterrupt a test could swallow
     _limit("RLIMIT_CPU", spec["cpu"], spec["cpu"] + 1)
     _limit("RLIMIT_AS", spec["mem"])
     _limit("RLIMIT_FSIZE", spec["fsize"])
     _limit("RLIMIT_CORE", 0)
     _limit("RLIMIT_NOFILE", 256)
-    uid = spec["uid"]
+    uid = who["uid"]
     if uid is not None or spec["mode"] == "userns":
         _limit("RLIMIT_NPROC", spec["nproc"])  # counted per user (per user namespace)
     if uid is not None:
@@ -268,38 +167,96 @@ def _become_nobody(spec: dict) -> None:
         os.setresuid(uid, uid, uid)  # leaving uid 0 clears every capability
     elif spec["mode"] == "userns":
         _drop_capabilities()
-    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-    _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "dumpable")
-    _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
-    os.closerange(3, 65536)
-    os.chdir(spec["cwd"])
+    check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "dumpable")
+    check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
+    _keep_fds(who["fds"], who["stdin"])
+    os.chdir(who["cwd"])
     os.umask(0o077)
 
 
-_DENY_EVENTS = ("socket.", "os.exec", "os.posix_spawn", "os.spawn", "os.system", "subprocess.",
-                "ctypes.", "os.fork_exec", "_posixsubprocess")  # fmt: skip
+def _keep_fds(fds: list[int], stdin: bool) -> None:
+    """Descriptors 0-2 (0 is /dev/null unless ``stdin``), ``fds`` as 3, 4, ...; nothing else."""
+    if not stdin:
+        null = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+    parked = [os.dup2(fd, 200 + i) for i, fd in enumerate(fds)]  # under RLIMIT_NOFILE
+    os.closerange(3, 200)
+    for i, fd in enumerate(parked):
+        os.dup2(fd, 3 + i)
+    os.closerange(3 + len(fds), 65536)
+
+
+def _verdict_path(answer_uid: int | None) -> list[str]:
+    """The verdict side's ``sys.path``: the interpreter's own entries the answer cannot write.
+
+    Rule: an entry (or, when it does not exist, its closest existing parent) stays when it is on
+    a read-only mount, or owned by root and writable by nobody else (and not by ``answer_uid``).
+    The workspace, the cwd, ``/tmp`` and ``/dev/shm`` are never entries.
+    """
+    keep = []
+    for entry in sys.path:
+        if not entry or not os.path.isabs(entry):
+            continue
+        probe = entry
+        while not os.path.exists(probe):
+            probe = os.path.dirname(probe)
+        st = os.stat(probe)
+        read_only = os.statvfs(probe).f_flag & os.ST_RDONLY
+        owned = st.st_uid == 0 and st.st_uid != answer_uid and not st.st_mode & 0o022
+        if read_only or owned:
+            keep.append(entry)
+    return keep
 
 
 def _audit_hook(event: str, args: tuple) -> None:
-    if event.startswith(_DENY_EVENTS):
+    """Defence in depth under the seccomp filter. Its rules are constants of its own code: a code
+    object cannot be changed, and replacing a function's ``__code__`` is refused here, so nothing
+    the program can reach (a module global, a closure cell) switches it off."""
+    if event.startswith(
+        ("socket.", "os.exec", "os.posix_spawn", "os.spawn", "os.system", "subprocess.",
+         "ctypes.", "os.fork_exec", "_posixsubprocess")
+    ) or (event == "object.__setattr__" and args[1] == "__code__"):  # fmt: skip
         raise PermissionError("sandbox: " + event + " is not allowed")
 
 
-def worker(spec: dict, source: str) -> None:
-    """The program's process (never returns): limits, identity, filters, then the program."""
+def worker(spec: dict, who: dict, program: tuple[str, object]) -> None:
+    """One program's process (never returns): limits, identity, filters, then the program.
+
+    The program runs as the module ``__main__`` of its own (the bootstrap's module is not in
+    ``sys.modules``). The verdict side of a judged run imports only from ``_verdict_path``
+    and writes no bytecode; any other program also imports from its cwd (the workspace).
+    """
     try:
-        _become_nobody(spec)
+        path = _verdict_path(spec["answer_uid"]) if who["role"] == "verdict" else None
+        _become_nobody(spec, who)
         if spec["block"]:
             _install_seccomp()
             sys.addaudithook(_audit_hook)
     except BaseException as exc:  # report, never run the program
         os.write(2, f"sandbox setup failed: {exc}\n".encode())
         os._exit(70)
-    linecache.cache["main.py"] = (len(source), None, source.splitlines(True), "main.py")
-    sys.argv = ["main.py"]
-    sys.path.insert(0, spec["cwd"])  # the workspace's modules are importable
+    if path is None:
+        path = [who["cwd"], *sys.path]
+    else:
+        sys.dont_write_bytecode = True
+    sys.path[:] = path
+    sys.path_importer_cache.clear()
+    _run_program(program, who["name"])
+
+
+def _run_program(program: tuple[str, object], name: str) -> None:
+    source, code = program
+    if not isinstance(code, types.CodeType) or code.co_filename != name:
+        code = compile(source, name, "exec")
+    main = types.ModuleType("__main__")
+    main.__file__ = name
+    sys.modules["__main__"] = main
+    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+    sys.argv = [name]
     try:
-        exec(compile(source, "main.py", "exec"), {"__name__": "__main__"})
+        exec(code, main.__dict__)
     except MemoryError:
         os.write(2, b"MemoryError\n")
         os._exit(OOM_EXIT)
@@ -322,32 +279,35 @@ def worker(spec: dict, source: str) -> None:
 
 
 class _Clock:
-    """The wall clock, enforced by this process (init of the namespace, or the worker's parent)."""
+    """The wall clock, enforced by this process (init of the namespace, or the workers' parent)."""
 
-    def __init__(self, spec: dict, pid: int) -> None:
-        self.spec, self.pid, self.expired = spec, pid, False
+    def __init__(self, spec: dict) -> None:
+        self.spec, self.group, self.expired = spec, 0, False
         signal.signal(signal.SIGALRM, self._expire)
         signal.setitimer(signal.ITIMER_REAL, float(spec["wall"]))
 
     def _expire(self, signum: int, frame: object) -> None:
         self.expired = True
-        kill_everything(self.spec, self.pid)
+        kill_everything(self.spec, self.group)
 
     def stop(self) -> None:
         signal.setitimer(signal.ITIMER_REAL, 0)
 
 
-def kill_everything(spec: dict, pid: int) -> None:
-    """Kill what the program started: the whole namespace as its init, else its group and uid."""
+def kill_everything(spec: dict, group: int) -> None:
+    """Kill what the programs started: the whole namespace as its init, else the programs'
+    process group and every process of their uids."""
     if spec["mode"] != "rlimits":
         _kill(-1)  # from a namespace's init: every process in the namespace but init
         return
-    _kill(-pid)
-    if spec["uid"] is not None:
+    if group > 0:
+        _kill(-group)
+    uids = {spec["uid"], spec["answer_uid"]} - {None}
+    if uids:
         for entry in os.listdir("/proc"):
             if entry.isdigit():
                 try:
-                    if os.stat(f"/proc/{entry}").st_uid == spec["uid"]:
+                    if os.stat(f"/proc/{entry}").st_uid in uids:
                         _kill(int(entry))
                 except OSError:
                     pass
@@ -358,27 +318,32 @@ def _kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def supervise(spec: dict, pid: int) -> dict:
-    """Wait for the worker under the wall clock, reap everything, return the report."""
-    clock = _Clock(spec, pid)
-    status, cpu = None, 0.0
-    while True:
+def supervise(spec: dict, pid: int, clock: _Clock) -> dict:
+    """Wait for the program (the verdict side of a judged run) under the wall clock, kill and
+    reap everything left, return the report: its wait status, and the CPU time of every
+    process reaped here (all of them: init of the namespace, or a subreaper in rlimits mode)."""
+    status = None
+    while status is None:
         try:
-            got, st, ru = os.wait4(-1 if spec["mode"] != "rlimits" else pid, 0)
+            got, st, _ru = os.wait4(-1, 0)
         except ChildProcessError:
             break
         if got == pid:
-            status, cpu = st, ru.ru_utime + ru.ru_stime
-            break
+            status = st
     clock.stop()
-    kill_everything(spec, pid)
-    if spec["mode"] != "rlimits":
-        while True:  # reap the rest; as init nothing else will
-            try:
-                os.wait4(-1, 0)
-            except ChildProcessError:
-                break
-    return {"status": status, "cpu": cpu, "timed_out": clock.expired}
+    kill_everything(spec, clock.group)
+    # kill and reap the rest (nothing else will): kill(-1) from a namespace's init is one sweep
+    # that no fork escapes; rlimits mode sweeps by uid and must repeat until nothing is left
+    flags = os.WNOHANG if spec["mode"] == "rlimits" else 0
+    for _ in range(5000):
+        try:
+            if os.wait4(-1, flags)[0] == 0:
+                kill_everything(spec, clock.group)
+                time.sleep(0.001)
+        except ChildProcessError:
+            break
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"status": status, "cpu": usage.ru_utime + usage.ru_stime, "timed_out": clock.expired}
 
 
 def collect(top: str, max_files: int, max_bytes: int) -> dict:
@@ -417,24 +382,41 @@ def _collect_dir(dfd: int, prefix: str, out: dict, budget: list, cap: int, skipp
             os.close(fd)
 
 
+def _read_program(spec: dict, key: str) -> tuple[str, object]:
+    """(source, code or None): a judged run's programs come compiled by the parent (its own
+    trusted code, compiled once per process), when this interpreter reads its bytecode."""
+    with open(spec[key], encoding="utf-8") as fh:
+        source = fh.read()
+    code = None
+    if spec.get(key + "_code"):
+        with open(spec[key + "_code"], "rb") as fh:
+            data = fh.read()
+        if data[:4] == importlib.util.MAGIC_NUMBER:
+            code = marshal.loads(data[4:])
+    return source, code
+
+
 def init_main(spec: dict) -> None:
     """The sandbox's supervisor (init of its PID namespace): build, run, police, report."""
     status_fd, files_fd = spec["status_fd"], spec["files_fd"]
     try:
-        with open(spec["program"], encoding="utf-8") as fh:
-            source = fh.read()
+        sources = {key: _read_program(spec, key) for key in ("program", "answer") if spec[key]}
         if spec["mode"] != "rlimits":
-            _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "dumpable")
+            check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "dumpable")
             build_root(spec)
+        else:
+            check(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "subreaper")
     except (SetupError, OSError) as exc:
         os.write(status_fd, json.dumps({"setup_error": str(exc)}).encode())
         os._exit(3)
-    pid = os.fork()
-    if pid == 0:
-        if spec["mode"] == "rlimits":
-            os.setpgid(0, 0)
-        worker(spec, source)
-    report = supervise(spec, pid)
+    clock = _Clock(spec)
+    if "answer" in sources:
+        pid = _start_judged(spec, sources["program"], sources["answer"], clock)
+    else:
+        who = {"role": "program", "uid": spec["uid"], "cwd": spec["cwd"], "fds": [],
+               "stdin": True, "name": "main.py"}  # fmt: skip
+        pid = clock.group = _fork(spec, who, sources["program"], 0)
+    report = supervise(spec, pid, clock)
     if files_fd >= 0:
         try:
             found = collect(spec["cwd"], spec["max_files"], spec["max_collect"])
@@ -446,19 +428,69 @@ def init_main(spec: dict) -> None:
     os._exit(0)
 
 
+def _fork(spec: dict, who: dict, program: tuple[str, object], group: int) -> int:
+    """Fork a worker for ``who`` (in rlimits mode it joins process group ``group``, or leads
+    its own); its pid."""
+    pid = os.fork()
+    if pid == 0:
+        if spec["mode"] == "rlimits":
+            os.setpgid(0, group)
+        elif who["role"] == "answer":
+            os.setsid()  # no process group shared with the verdict side to signal
+        worker(spec, who, program)
+    return pid
+
+
+def _start_judged(
+    spec: dict, verdict: tuple[str, object], answer: tuple[str, object], clock: _Clock
+) -> int:
+    """A judged run's two processes; the verdict side's pid.
+
+    The verdict side starts first, with stdin, a pipe to the answer (fd 4), one from it (fd 3)
+    and a start pipe (fd 5). Only when it writes a byte on fd 5 (after it imported what its
+    tests need) is the answer's process forked: its own uid, the workspace as cwd, stdin
+    ``/dev/null``, the other ends of the two pipes (fd 3 requests, fd 4 replies) and nothing
+    else. Another uid cannot signal the verdict side; in ``userns`` mode (one uid for both) the
+    answer's process is PID 1 of a PID namespace of its own, where the verdict side has no pid. A verdict side that exits without the byte never meets the answer.
+    """
+    to_answer_r, to_answer_w = os.pipe()
+    from_answer_r, from_answer_w = os.pipe()
+    start_r, start_w = os.pipe()
+    judge = {"role": "verdict", "uid": spec["uid"], "cwd": "/", "stdin": True,
+             "fds": [from_answer_r, to_answer_w, start_w], "name": "verdict.py"}  # fmt: skip
+    pid = clock.group = _fork(spec, judge, verdict, 0)
+    for fd in (from_answer_r, to_answer_w, start_w):
+        os.close(fd)
+    with os.fdopen(start_r, "rb", buffering=0) as start:
+        go = start.read(1)  # EOF when the verdict side exits (or the clock killed it)
+    if go:
+        who = {"role": "answer", "uid": spec["answer_uid"], "cwd": spec["cwd"], "stdin": False,
+               "fds": [to_answer_r, from_answer_w], "name": "answer.py"}  # fmt: skip
+        try:
+            if spec["mode"] == "userns":  # one uid for both: a PID namespace of its own, with
+                # no pid to signal the verdict side by (other modes: another uid can't)
+                check(libc.unshare(0x20000000), "unshare the answer's PID namespace")
+            _fork(spec, who, answer, pid)
+        except (SetupError, OSError) as exc:  # no answer: the verdict side fails it
+            os.write(2, f"sandbox setup failed: {exc}\n".encode())
+    os.close(to_answer_r)
+    os.close(from_answer_w)
+    return pid
+
+
 def _unshare(mode: str) -> None:
     """Enter fresh namespaces (children enter the PID one); mounts stop propagating."""
     uid, gid = os.getuid(), os.getgid()
     flags = 0x00020000 | 0x20000000 | 0x40000000 | 0x08000000 | 0x04000000
     if mode == "userns":
         flags |= 0x10000000
-    _check(_libc.unshare(flags), "unshare")
+    check(libc.unshare(flags), "unshare")
     if mode == "userns":
         for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"),
                            ("gid_map", f"0 {gid} 1")):  # fmt: skip
             with open(f"/proc/self/{name}", "w") as fh:
                 fh.write(text)
-    _mount(None, "/", None, MS_REC | (1 << 18), None)  # MS_PRIVATE
+    mount(None, "/", None, MS_REC | (1 << 18), None)  # MS_PRIVATE
 
 
 def launch(spec: dict, fds: list[int]) -> None:
@@ -469,6 +501,9 @@ def launch(spec: dict, fds: list[int]) -> None:
         os.dup2(fd, target)
     spec["status_fd"], spec["files_fd"] = fds[3], fds[4]
     try:
+        for tasks in spec["cgroup_tasks"]:  # the run's cgroups, before anything is forked
+            with open(tasks, "w", encoding="ascii") as fh:
+                fh.write("0")  # this thread, the launcher's only one
         if spec["mode"] != "rlimits":
             _unshare(spec["mode"])
     except (SetupError, OSError) as exc:
@@ -477,10 +512,13 @@ def launch(spec: dict, fds: list[int]) -> None:
     me = os.getpid()
     pid = os.fork()
     if pid == 0:
-        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() not in (0, me):  # 0: our parent is outside the new PID namespace
             os._exit(3)
         init_main(spec)
+    for tasks in spec["cgroup_leave"]:  # init holds the run's cgroups; we only wait
+        with contextlib.suppress(OSError), open(tasks, "w", encoding="ascii") as fh:
+            fh.write("0")
     os.closerange(3, 65536)
     os.waitpid(pid, 0)
     os._exit(0)

@@ -28,6 +28,7 @@ import pytest
 
 import rlstream
 from rlstream.envs import sandbox
+from rlstream.envs.dataset import DatasetConfig, DatasetFamily, Problem
 from rlstream.envs.sandbox import SandboxConfig, SandboxResult
 
 REPO = Path(rlstream.__file__).resolve().parent
@@ -303,3 +304,238 @@ def _pids_of_uid(uid: int) -> set[int]:
 def test_report_is_json_of_the_isolation_used() -> None:
     r = attempt("print('hello')")
     assert json.loads(json.dumps(r.isolation))["private_root"] is True
+
+
+# ---------------------------------------------------------------- the verdict side
+#
+# A dataset answer runs in one process and the tests in another (the verdict side). These
+# answers are WRONG and try to reach the verdict side instead: modules named after the standard
+# library planted where an importer looks, a bytecode-only module, ``site`` start-up files,
+# signals, the audit hook, the CPU, memory and process budgets. None may score a pass.
+
+HUMANEVAL_SHAPED = [  # prompts and tests that import, as HumanEval's do
+    {
+        "task_id": "he/typing",
+        "prompt": "from typing import List\n\n\ndef total(nums: List[int]) -> int:\n"
+        '    """The sum of nums.\n    >>> total([1, 2])\n    3\n    """\n',
+        "entry_point": "total",
+        "test": "def check(candidate):\n    assert candidate([]) == 0\n"
+        "    assert candidate([1, 2, 3]) == 6\n",
+        "canonical_solution": "    return sum(nums)\n",
+    },
+    {
+        "task_id": "he/imports",
+        "prompt": 'def total(nums):\n    """The sum of nums."""\n',
+        "entry_point": "total",
+        "test": "import collections, re, json, site, fractions\n\n\ndef check(candidate):\n"
+        "    import statistics, doctest\n    assert candidate([1, 2, 3]) == 6\n",
+        "canonical_solution": "    return sum(nums)\n",
+    },
+]
+
+
+def _problem(row: dict[str, str]) -> Problem:
+    return Problem(row["task_id"], row["prompt"], row["entry_point"], row["test"])
+
+
+@pytest.mark.parametrize("kind", ["source", "bytecode", "startup"])
+@pytest.mark.parametrize("row", HUMANEVAL_SHAPED, ids=lambda r: r["task_id"])
+def test_planted_modules_cannot_forge_a_pass(kind: str, row: dict[str, str]) -> None:
+    from rlstream.envs.sandbox_attacks import planted_stdlib_answer
+
+    fam = DatasetFamily("mini", DatasetConfig())
+    problem = _problem(row)
+    good = fam.score_problem(problem, row["canonical_solution"], "userns")
+    assert good.passed, good.rationale  # the problem is solvable: a pass is possible
+    attack = planted_stdlib_answer(problem.entry_point, kind)  # type: ignore[arg-type]
+    verdict = fam.score_problem(problem, attack, "userns")
+    assert not verdict.passed, f"a wrong answer forged a pass with planted {kind} modules"
+    assert verdict.rationale.startswith("assertion failed"), verdict.rationale
+    assert run_alive()
+
+
+def test_planted_modules_through_env_score(tmp_path: Path) -> None:
+    """The public path (`rlstream env score`): every planted-module answer scores a fail."""
+    from rlstream.envs.sandbox_attacks import KINDS, planted_stdlib_answer
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(r) + "\n" for r in HUMANEVAL_SHAPED))
+    answers = tmp_path / "answers.jsonl"
+    rows = [
+        {"task_id": r["task_id"], "completion": planted_stdlib_answer(r["entry_point"], k)}
+        for r in HUMANEVAL_SHAPED
+        for k in KINDS
+    ]
+    answers.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    done = subprocess.run(
+        [sys.executable, "-m", "rlstream", "env", "score", "--tasks", str(tasks),
+         "--answers", str(answers), "--json", "--isolation", "userns"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert lines[-1] == {"tasks": len(rows), "passed": 0, "errors": 0}, done.stdout + done.stderr
+
+
+KILLER = textwrap.dedent(
+    """
+    def total(nums):
+        return None
+
+    import os, signal
+    for _pid in [int(p) for p in os.listdir('/proc') if p.isdigit()] + [os.getppid(), -1]:
+        if _pid != os.getpid():
+            for _what in ('mem', 'fd/0', 'environ'):
+                try:
+                    open(f'/proc/{_pid}/{_what}', 'rb').read(1)
+                    print('OPENED', _pid, _what)
+                except OSError:
+                    pass
+            for _sig in (signal.SIGSTOP, signal.SIGKILL):
+                try:
+                    os.kill(_pid, _sig)
+                except OSError:
+                    pass
+    """
+)  # a wrong answer that signals and opens every process it can see, then kills itself
+
+
+def test_answer_cannot_kill_or_trace_the_verdict_side() -> None:
+    """The verdict side survives the answer's attack and runs the tests to the end."""
+
+    fam = DatasetFamily("mini", DatasetConfig(wall_timeout_s=10.0))
+    verdict = fam.score_problem(_problem(HUMANEVAL_SHAPED[0]), KILLER, "userns")
+    assert not verdict.passed
+    assert verdict.rationale.startswith(("assertion failed", "RuntimeError")), verdict.rationale
+
+
+@pytest.mark.parametrize("mode", sandbox.MODES)
+def test_the_verdict_holds_in_every_mode(
+    mode: sandbox.Mode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each isolation mode keeps the verdict out of the answer's reach, or refuses to score."""
+    from rlstream.envs.sandbox_attacks import planted_stdlib_answer
+
+    if sandbox.probe_mode(mode):
+        pytest.skip(f"{mode} unavailable here: {sandbox.probe_mode(mode)}")
+    monkeypatch.setattr(sandbox, "choose_mode", lambda cfg: mode)
+    fam = DatasetFamily("mini", DatasetConfig(wall_timeout_s=10.0))
+    row = HUMANEVAL_SHAPED[0]
+    problem = _problem(row)
+    if mode == "rlimits" and os.geteuid() != 0:
+        with pytest.raises(sandbox.IsolationUnavailable, match="needs root"):
+            fam.score_problem(problem, row["canonical_solution"], "rlimits")
+        return
+    good = fam.score_problem(problem, row["canonical_solution"], "rlimits")
+    assert good.passed and good.isolation == mode, good
+    # rlimits mode shares the host's /tmp: plant in the workspace only, not for other programs
+    planted = planted_stdlib_answer(problem.entry_point, everywhere=mode != "rlimits")
+    for attack in (planted, KILLER):
+        verdict = fam.score_problem(problem, attack, "rlimits")
+        assert not verdict.passed, (mode, verdict)
+        assert verdict.rationale.startswith(("assertion failed", "RuntimeError")), verdict
+
+
+def test_the_audit_hook_cannot_be_switched_off() -> None:
+    """Neither a global of ``__main__`` nor the hook's own code: a socket stays refused."""
+    code = """
+        import gc, sys, types
+        import __main__
+        try:
+            __main__._DENY_EVENTS = ()
+        except Exception as exc:
+            print('global refused', type(exc).__name__)
+        for obj in [o for o in gc.get_objects() if isinstance(o, types.FunctionType)]:
+            if 'audit' in obj.__name__:
+                try:
+                    obj.__code__ = (lambda event, args: None).__code__
+                    print('CODE REPLACED')
+                except Exception as exc:
+                    print('code refused', type(exc).__name__)
+                for cell in obj.__closure__ or ():
+                    cell.cell_contents = ()
+        import socket
+        try:
+            socket.socket()
+            print('SOCKET')
+        except PermissionError:
+            print('socket refused')
+        """
+    r = attempt(code)
+    assert "SOCKET" not in r.stdout and "CODE REPLACED" not in r.stdout, r.stdout + r.stderr
+    assert "socket refused" in r.stdout, r.stdout + r.stderr
+
+
+SPIN = "import time\nt = time.process_time()\nwhile time.process_time() - t < 5:\n    pass\n"
+
+
+def test_children_share_the_cpu_budget() -> None:
+    """Three children spinning under cpu_limit_s=1: one budget for all, counted in cpu_s."""
+    code = (
+        "import os\nkids = []\nfor _ in range(3):\n    pid = os.fork()\n    if pid == 0:\n"
+        + textwrap.indent(SPIN, "        ")
+        + "        os._exit(0)\n    kids.append(pid)\nfor pid in kids:\n    os.waitpid(pid, 0)\n"
+        "print('all children done')\n"
+    )
+    cfg = CFG.model_copy(update={"wall_timeout_s": 20.0, "cpu_limit_s": 1})
+    r = attempt(code, cfg)
+    assert r.status == "timeout" and "cpu" in r.reason, (r.status, r.reason, r.cpu_s)
+    assert 0.9 <= r.cpu_s < 2.0, r.cpu_s
+    assert "all children done" not in r.stdout
+
+
+def test_memory_spread_over_children_is_capped_for_the_sandbox() -> None:
+    """Each child holds 60 MiB, under its own address-space limit; together they may not."""
+    code = """
+        import os, time
+        r, w = os.pipe()
+        kids = []
+        for i in range(4):
+            pid = os.fork()
+            if pid == 0:
+                block = bytearray(60 * 2**20)
+                block[::4096] = b'x' * len(block[::4096])
+                os.write(w, bytes([i]))
+                time.sleep(8)
+                os._exit(0)
+            kids.append(pid)
+        os.close(w)
+        done, deadline = b"", time.monotonic() + 3
+        while len(done) < 4 and time.monotonic() < deadline:
+            done += os.read(r, 64)
+        time.sleep(0.5)
+        alive = [i for i, pid in enumerate(kids) if os.waitpid(pid, os.WNOHANG) == (0, 0)]
+        print('held', len(set(done) & set(alive)))
+        """
+    cfg = CFG.model_copy(update={"memory_bytes": 128 * 2**20, "wall_timeout_s": 15.0})
+    r = attempt(code, cfg)
+    assert r.stdout.startswith("held"), (r.status, r.stdout, r.stderr)
+    held = int(r.stdout.split()[-1])
+    assert held * 60 <= 128, f"{held} children held 60 MiB each in a 128 MiB sandbox"
+    assert r.memory_peak_bytes is not None and r.memory_peak_bytes <= 128 * 2**20
+
+
+def test_fork_bomb_is_capped_for_the_whole_sandbox() -> None:
+    code = """
+        import os, time
+        n = 0
+        for _ in range(200):
+            try:
+                if os.fork() == 0:
+                    time.sleep(5)
+                    os._exit(0)
+                n += 1
+            except OSError:
+                break
+        print('forked', n)
+        """
+    cfg = CFG.model_copy(update={"max_processes": 8, "wall_timeout_s": 3.0})
+    r = attempt(code, cfg)
+    assert r.stdout.startswith("forked") and int(r.stdout.split()[1]) <= 8, r.stdout
+    time.sleep(0.2)
+    if r.uid is not None:
+        assert not _pids_of_uid(r.uid)
+
+
+def run_alive() -> bool:
+    r = sandbox.run("print('alive')", CFG)
+    return r.status == "ok" and r.stdout == "alive\n"
