@@ -18,7 +18,10 @@ Rules and guarantees:
   field names a held-out split (``eval``, ``test``, ``validation``, ``valid``, ``heldout``) is
   held out; without the field, a stable hash of its ``task_id`` decides (``eval_fraction``).
   ``sample`` draws training problems only; ``eval_tasks`` lists the held-out problems in file
-  order, so no held-out prompt or test is ever trained on.
+  order, so no held-out prompt or test is ever trained on. A held-out task's id carries an
+  evaluation seed (``EVAL_SEED_BASE`` and up, ``split_of_task``); an id with a training seed
+  that names a held-out problem is refused (``ValueError``) by ``problem``, ``score`` and
+  ``format_check``, and the training judge refuses evaluation ids (``envs.judges``).
 - Task ids are ``NAME-SEED:ROW`` (ROW is the file's ``task_id``): the problem is drawn from the
   seed, so the same problem released twice is two tasks (two groups), never one.
 - The policy sees ``prompt``; the completion continues it, as in HumanEval. The scored answer is
@@ -297,19 +300,39 @@ class DatasetFamily(TaskFamily):
         self.splits: dict[Split, list[str]] = {"train": [], "eval": []}
         for row, problem in self.problems.items():
             self.splits[split_of(problem, cfg.eval_fraction)].append(row)
+        self.held_out = frozenset(self.splits["eval"])
 
     def problem(self, task_id: str) -> Problem:
-        """The problem behind ``task_id`` (``NAME-SEED:ROW``); ValueError for a foreign id."""
+        """The problem behind ``task_id`` (``NAME-SEED:ROW``); ValueError for a foreign id, and
+        for a training seed naming a held-out problem (those are scored in evaluation only)."""
         _seed, sep, row = self.key(task_id).partition(":")
         if not sep or row not in self.problems:
             raise ValueError(f"task {task_id!r}: no problem {row!r} in {self.cfg.path}")
-        return self.problems[row]
+        problem = self.problems[row]
+        if self.split_of_task(task_id) == "train" and row in self.held_out:
+            raise ValueError(
+                f"task {task_id!r}: problem {row!r} is held-out; it is scored in evaluation "
+                f"only (seeds from {EVAL_SEED_BASE}), never as a training task"
+            )
+        return problem
+
+    def split_of_task(self, task_id: str) -> Split:
+        """``eval`` for an evaluation seed (``EVAL_SEED_BASE`` and up), else ``train``."""
+        seed = self.key(task_id).partition(":")[0]
+        if not seed.isdigit():
+            raise ValueError(f"task {task_id!r}: the seed {seed!r} is not a number")
+        return "eval" if int(seed) >= EVAL_SEED_BASE else "train"
 
     def sample(self, seed: int, split: Split = "train") -> FamilyTask:
+        """A problem of ``split`` drawn from ``seed`` (in ``[0, EVAL_SEED_BASE)``); held-out
+        tasks get the seed ``EVAL_SEED_BASE + seed``, so their ids say they are held out."""
+        if not 0 <= seed < EVAL_SEED_BASE:
+            raise ValueError(f"dataset seeds lie in [0, {EVAL_SEED_BASE}), not {seed}")
         rows = self.splits[split]
         if not rows:
             raise ValueError(f"{self.cfg.path}: no {split} problems (see split, eval_fraction)")
-        return self._task(seed, self.problems[rows[random.Random(seed).randrange(len(rows))]])
+        problem = self.problems[rows[random.Random(seed).randrange(len(rows))]]
+        return self._task(seed + (EVAL_SEED_BASE if split == "eval" else 0), problem)
 
     def eval_tasks(self, n: int) -> list[FamilyTask]:
         """The first ``n`` held-out problems in file order, each once."""
@@ -347,13 +370,14 @@ class DatasetFamily(TaskFamily):
         return verdict_of(result, line)
 
     def format_check(self, task_id: str, completion: str) -> tuple[bool, str]:
+        problem = self.problem(task_id)  # ValueError for a foreign or held-out task
         answer = self.answer(completion)
         if not answer.strip():
             return False, "empty answer"
         if "<run>" in answer or "<out>" in answer:
             return False, "tool tag in the answer"
         try:
-            compile(program_of(self.problem(task_id), answer), "<answer>", "exec")
+            compile(program_of(problem, answer), "<answer>", "exec")
         except (SyntaxError, ValueError) as exc:
             return False, f"does not compile: {getattr(exc, 'msg', exc)}"
         return True, ""

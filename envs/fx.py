@@ -33,6 +33,13 @@ class FxFamily(TaskFamily):
             raise ValueError(f"task id {task_id!r} is not of the fx family ({self.name}-SEED)")
         return tasks.sample_task(int(seed), self.cfg)
 
+    def split_of_task(self, task_id: str) -> Split:
+        """``eval`` for a held-out seed (``EVAL_SEED_BASE`` and up), else ``train``."""
+        seed = self.key(task_id)
+        if not seed.lstrip("-").isdigit():
+            raise ValueError(f"task id {task_id!r} is not of the fx family ({self.name}-SEED)")
+        return "eval" if tasks.split_of_seed(int(seed)) == "eval" else "train"
+
     def sample(self, seed: int, split: Split = "train") -> FamilyTask:
         """Seeds ``0 .. EVAL_SEED_BASE``; held-out tasks have seed ``EVAL_SEED_BASE + seed``
         and a held-out spec (``tasks.split_of_steps``)."""

@@ -10,6 +10,9 @@ Rubrics, for any task family (the family is read from the task id, see ``envs.fa
 
 Rules and guarantees:
 
+- A training judge refuses held-out tasks (their ids carry an evaluation seed, or name a
+  held-out problem under a training seed) in the ``tests`` and ``format`` rubrics: the reward is
+  an error, so admission rejects the group and never trains on it. Only a config with ``evaluation = true`` scores them.
 - Every reward records the isolation its code ran under in ``details`` (``isolation.full``,
   ``isolation.userns``, ``isolation.rlimits``, or ``isolation.not_run`` when no code ran).
 - A sample the judge cannot score (the sandbox cannot give the isolation the run accepts, a task
@@ -74,6 +77,11 @@ class JudgeConfig(llm_judge.LLMJudgeConfig):
     memo_size: int = Field(
         4096, ge=0, le=1_000_000, description="Verdicts remembered by (task id, answer)."
     )
+    evaluation: bool = Field(
+        False,
+        description="Score held-out tasks too (`env score`, evaluation tools). A judge role "
+        "trains on what it scores, so it refuses them (an error reward).",
+    )
 
     def run_families(self) -> dict[str, FamilySpec]:
         return fx.with_fx_options(self.families, self.tasks)
@@ -97,10 +105,22 @@ def _unscorable(why: str) -> dict[str, Any]:
     return _reward(Verdict(False, 0.0, why, error=why))
 
 
+def family_of_sample(trajectory: dict[str, Any], cfg: JudgeConfig) -> families.TaskFamily:
+    """The family that scores ``trajectory``; ValueError for a task of no family of the run, and
+    for a held-out task unless ``cfg.evaluation`` (a family that tells a task's split says so
+    by ``split_of_task``): what a training judge scores is trained on."""
+    task_id = trajectory["task_id"]
+    fam = families.family_for(cfg.run_families(), task_id)
+    split_of_task = getattr(fam, "split_of_task", None)
+    if not cfg.evaluation and split_of_task is not None and split_of_task(task_id) == "eval":
+        raise ValueError(f"task {task_id!r} is held-out: scored in evaluation only")
+    return fam
+
+
 def judge_tests(trajectory: dict[str, Any], cfg: JudgeConfig) -> dict[str, Any]:
     """The ``tests`` rubric for one trajectory of any family (never raises for the sample)."""
     try:
-        fam = families.family_for(cfg.run_families(), trajectory["task_id"])
+        fam = family_of_sample(trajectory, cfg)
         return _reward(fam.score(trajectory["task_id"], trajectory["completion"], cfg.isolation))
     except sandbox.IsolationUnavailable as exc:
         return _unscorable(str(exc))
@@ -111,7 +131,7 @@ def judge_tests(trajectory: dict[str, Any], cfg: JudgeConfig) -> dict[str, Any]:
 def judge_format(trajectory: dict[str, Any], cfg: JudgeConfig) -> dict[str, Any]:
     """The ``format`` rubric of the trajectory's family."""
     try:
-        fam = families.family_for(cfg.run_families(), trajectory["task_id"])
+        fam = family_of_sample(trajectory, cfg)
         ok, why = fam.format_check(trajectory["task_id"], trajectory["completion"])
     except ValueError as exc:
         return _unscorable(f"cannot check the format: {exc}")

@@ -78,7 +78,11 @@ def score_one(where: str, task_id: str | None, completion: str | None, cfg: Any)
     if task_id is None or completion is None:
         why = completion if task_id is None else "field 'completion' must be a string"
         return _line(task_id, False, 0.0, "not_run", f"{where}: {why}", True)
-    reward = judge_tests({"task_id": f"env-0:{task_id}", "completion": completion}, cfg)
+    from rlstream.envs.dataset import EVAL_SEED_BASE
+
+    # scoring a file is evaluation: an evaluation seed, so held-out problems are scored too
+    task = {"task_id": f"env-{EVAL_SEED_BASE}:{task_id}", "completion": completion}
+    reward = judge_tests(task, cfg)
     isolation = next(
         (k.removeprefix("isolation.") for k in reward["details"] if k.startswith("isolation.")),
         "not_run",
@@ -113,7 +117,9 @@ def _score(args: argparse.Namespace) -> int:
         problems = load(args.tasks)
         options = {"path": str(resolve(args.tasks)), "wall_timeout_s": args.timeout}
         spec = FamilySpec(plugin="dataset", options=options)
-        cfg = JudgeConfig(kind="tests", families={"env": spec}, isolation=args.isolation)
+        cfg = JudgeConfig(
+            kind="tests", families={"env": spec}, isolation=args.isolation, evaluation=True
+        )
         if args.canonical:
             todo = [
                 (f"{args.tasks} {p.task_id}", p.task_id, p.canonical_solution or "")

@@ -98,3 +98,39 @@ def test_shipped_dataset_holds_out_some_problems() -> None:
     assert not held & {mini.sample(s).spec["row"] for s in range(500)}
     p = Problem("x", "p", "f", "t", split="validation")
     assert split_of(p, 0.0) == "eval"
+
+
+def test_held_out_task_ids_are_refused_outside_evaluation() -> None:
+    """A held-out problem is never scored, format-checked or judged as a training task."""
+    import pytest
+
+    from rlstream.envs.judges import JudgeConfig, judge_format, judge_tests
+    from rlstream.envs.sandbox_attacks import heldout_task_ids
+
+    mini = DatasetFamily("mini", DatasetConfig())
+    train_id, eval_id = heldout_task_ids(mini)
+    held = mini.problems[train_id.split(":", 1)[1]]
+    assert split_of(held, mini.cfg.eval_fraction) == "eval"
+    answer = held.canonical_solution or ""
+    with pytest.raises(ValueError, match="held-out"):
+        mini.score(train_id, answer, "userns")
+    with pytest.raises(ValueError, match="held-out"):
+        mini.format_check(train_id, answer)
+    specs = {"mini": FamilySpec(plugin="dataset"), "fx": FamilySpec()}
+    judge = JudgeConfig(families=specs, isolation="userns")
+    for task_id in (train_id, eval_id):
+        for rubric in (judge_tests, judge_format):
+            reward = rubric({"task_id": task_id, "completion": answer}, judge)
+            assert reward.get("error") and not reward["passed"], (task_id, rubric, reward)
+    fx_fam = family.families({"fx": FamilySpec()})["fx"]
+    for task_id in heldout_task_ids(fx_fam):  # type: ignore[arg-type]
+        reward = judge_tests({"task_id": task_id, "completion": "return x"}, judge)
+        assert reward.get("error") and "held-out" in reward["error"], reward
+    # evaluation scores the held-out set, and the same ids are accepted there
+    evaluation = judge.model_copy(update={"evaluation": True})
+    assert judge_tests({"task_id": eval_id, "completion": answer}, evaluation)["passed"]
+    first = mini.eval_tasks(16)[0]
+    canonical = mini.problem(first.task_id).canonical_solution or ""
+    assert mini.score(first.task_id, canonical, "userns").passed
+    assert {mini.split_of_task(t.task_id) for t in mini.eval_tasks(16)} == {"eval"}
+    assert {mini.split_of_task(mini.sample(s).task_id) for s in range(50)} == {"train"}
