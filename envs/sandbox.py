@@ -466,19 +466,17 @@ def _read_status(
 
 def _kill_uid(uid: int) -> None:
     """Kill every process owned by ``uid`` (rlimits mode: there is no PID namespace)."""
-    for _ in range(50):
-        pids = []
+
+    def owned() -> list[int]:
+        found = []
         for entry in os.listdir("/proc"):
             if entry.isdigit():
                 with contextlib.suppress(OSError):
                     if os.stat(f"/proc/{entry}").st_uid == uid:
-                        pids.append(int(entry))
-        if not pids:
-            return
-        for pid in pids:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.005)
+                        found.append(int(entry))
+        return found
+
+    sandbox_cgroup.kill_until_gone(owned, rounds=50)
 
 
 def classify(

@@ -28,6 +28,7 @@ import os
 import secrets
 import signal
 import time
+from collections.abc import Callable
 
 ROOT = "/sys/fs/cgroup"
 CONTROLLERS = ("memory", "cpuacct", "pids")
@@ -146,17 +147,7 @@ class Cgroup:
 
     def kill(self) -> None:
         """SIGKILL every process of the run until none is left (forks are capped by pids.max)."""
-        for _ in range(200):
-            try:
-                left = self.pids()
-            except OSError:
-                return
-            if not left:
-                return
-            for pid in left:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.002)
+        kill_until_gone(self.pids)
 
     def remove(self) -> None:
         """Kill what is left and remove the cgroups (retried while the kernel still counts exits)."""
@@ -174,6 +165,22 @@ class Cgroup:
                         raise
                     self.kill()
                     time.sleep(0.002)
+
+
+def kill_until_gone(find: Callable[[], list[int]], rounds: int = 200) -> None:
+    """SIGKILL the processes ``find()`` lists until it lists none (or ``rounds`` passed);
+    an OSError from ``find`` means there is nothing left to look at."""
+    for _ in range(rounds):
+        try:
+            left = find()
+        except OSError:
+            return
+        if not left:
+            return
+        for pid in left:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.002)
 
 
 def _write(path: str, value: int) -> None:
