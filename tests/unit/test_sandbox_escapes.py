@@ -3,8 +3,12 @@
 Each test plays untrusted code that tries one way out (read the repository or the venv, write
 into the venv, reach a loopback port, read another process's environment, exec a shell through
 ``_posixsubprocess``, fork-bomb, fill ``/tmp`` and ``/dev/shm``, delete or forge the status
-report, outlive the wall clock with the judge killed) and then checks, from the outside, that
-nothing happened and that this process (the judge's seat) still runs sandboxes.
+report, outlive the wall clock with the judge killed, switch the audit hook off, take more than
+the sandbox's CPU or memory through children) or, as a wrong dataset answer, tries to forge its
+verdict (modules named after the standard library planted as source, bytecode or ``site``
+start-up files wherever an importer might look; signalling and opening every process it sees;
+in every isolation mode, and through ``rlstream env score``), and then checks, from the
+outside, that nothing happened and that this process (the judge's seat) still runs sandboxes.
 
 They run in the strongest mode available: ``full`` as root (CI), else the named weaker
 ``userns`` mode; they are skipped only where neither can be set up.
