@@ -231,3 +231,13 @@ def test_seccomp_program_is_well_formed() -> None:
     for machine in ("x86_64", "aarch64"):
         prog = sandbox_boot.seccomp_program(machine)
         assert len(prog) % 8 == 0 and 10 < len(prog) // 8 < 256
+
+
+def test_a_judged_run_without_two_uids_in_rlimits_mode_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """rlimits mode as a non-root user has one uid for both sides: it refuses to judge."""
+    monkeypatch.setattr(sandbox, "choose_mode", lambda cfg: "rlimits")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(sandbox.IsolationUnavailable, match="judged run in rlimits mode needs root"):
+        run("print(1)", FAST, answer="print(2)")
