@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Folders of the repository that are not part of the package.
-OUTSIDE = {"tests", "build", "dist", "artifacts", "results", "__pycache__"}
+OUTSIDE = {"tests", "build", "dist", "artifacts", "results", "docs", "__pycache__"}
 
 
 def _setuptools() -> dict:
