@@ -14,7 +14,7 @@ Rules:
 - with the run's verify key, a record's signature is checked before it is decoded: a forged,
   altered or unsigned manifest is refused, remembered in ``refused`` and never kept
   (``producers.weight_signing``);
-- versions are tied to the learner's epoch (``weight_format.VersionTips``): per model, a
+- versions are tied to the learner's epoch (``deltacodec.wire.VersionTips``): per model, a
   manifest of an epoch older than the newest accepted (a fenced learner, or an old signed manifest replayed),
   or naming a version more than ``MAX_VERSION_JUMP`` past the newest accepted (a forged
   10^12 that would pin workers and make admission call everything stale) is refused like a
@@ -50,7 +50,7 @@ from rlstream.producers import metrics
 from rlstream.producers.settings import KafkaSettings
 from rlstream.producers.weight_signing import Refused, Verifier
 from rlstream.schemas import events, topics
-from rlstream.schemas.weight_format import VersionTips
+from rlstream.schemas.deltacodec.wire import VersionTips
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ it plans a route (``plan_route``), fetches the chunks each manifest of the route
 them and decodes into a *staging* state (the codec never writes into its base), and only then
 hands the complete, verified state over: ``current()`` / ``latest()`` and the ``on_swap``
 callback. The records and how they map to the codec are the wire format
-(``schemas.weight_format``). Guarantees:
+(``schemas.deltacodec.wire``). Guarantees:
 
 - never partial: the exposed state is always one complete version whose every chunk checksum,
   tensor hash and state hash matched its manifest;
@@ -19,8 +19,8 @@ callback. The records and how they map to the codec are the wire format
 - bounds before allocation: before a manifest's chunks are fetched, the manifest is checked
   against the model's tensor table (``expected``, else the table of the first version it
   serves: ``initial`` or the first one applied) and ``max_state_bytes``
-  (``weight_format.check_bounds``), and every piece's declared sizes are checked before a
-  stream is decompressed (``weight_format.check_piece``); a manifest out of bounds, and a
+  (``deltacodec.wire.check_bounds``), and every piece's declared sizes are checked before a
+  stream is decompressed (``deltacodec.wire.check_piece``); a manifest out of bounds, and a
   ``MemoryError`` while decoding, are refusals like any other: recorded in ``failures``,
   counted in ``rlstream_weights_refused_total``, and the old version keeps serving;
 - ``refusal_of(version)`` says why a version can never be applied (every manifest of it was
@@ -75,7 +75,7 @@ from rlstream.producers import metrics
 from rlstream.producers.settings import KafkaSettings
 from rlstream.schemas import deltacodec as codec
 from rlstream.schemas import events, topics
-from rlstream.schemas.weight_format import (
+from rlstream.schemas.deltacodec.wire import (
     Bounds,
     TensorTable,
     check_bounds,

@@ -20,7 +20,7 @@ Rules:
 - weight-sync latency of version v in region R = the earliest ``timings.started_ms`` among R's
   samples generated with v, minus the manifest's ``created_ms``: publish-to-first-use, measured
   on two clocks (skew between learner and worker hosts shows up here, possibly negative);
-- weight manifests are folded only when plausible (``weight_format.implausible``, the rule every
+- weight manifests are folded only when plausible (``deltacodec.wire.implausible``, the rule every
   weight reader applies): one of an older learner epoch, or a version far beyond the newest,
   is counted in ``weights_refused`` by kind and never becomes the policy version shown;
 - held-out evaluation (``evals``): the newest eval event per version (a version is evaluated
@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlstream.schemas import topics
-from rlstream.schemas.weight_format import VersionTips
+from rlstream.schemas.deltacodec.wire import VersionTips
 
 #: Streams the charts show: every stream of a run (catalog order).
 CHART_STREAMS = topics.RUN_STREAMS

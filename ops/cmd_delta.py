@@ -14,7 +14,7 @@ when ``--old`` is a directory, copies its other files (``config.json``, tokenize
 it, so DIR is a model directory ``from_pretrained`` loads.
 numpy has no bfloat16/float8: in ``.npz`` files those tensors are stored as their bit
 patterns (uint16/uint8) and an entry ``__rlstream_dtypes__`` (JSON ``{name: dtype}``) restores
-the tag. D is the single-file container of ``rlstream.schemas.deltacodec_file``.
+the tag. D is the single-file container of ``rlstream.schemas.deltacodec.file``.
 
 Exit codes: 0 done; 1 refused (wrong base, damaged delta, failed verification: nothing is
 written); 2 unusable input (missing file, unknown extension, not a state dict).
@@ -132,7 +132,8 @@ def _warm(args: argparse.Namespace) -> int:
 
 
 def _encode_action(args: argparse.Namespace) -> int:
-    from rlstream.schemas import deltacodec, deltacodec_file
+    from rlstream.schemas import deltacodec
+    from rlstream.schemas.deltacodec import file as delta_file
 
     if args.keyframe == (args.old is not None):
         raise UsageError("give --old (delta) or --keyframe (snapshot), not both or neither")
@@ -148,7 +149,7 @@ def _encode_action(args: argparse.Namespace) -> int:
             base_version=args.base_version,
             max_chunk_bytes=args.max_chunk_bytes,
         )
-    args.out.write_bytes(deltacodec_file.pack(enc))
+    args.out.write_bytes(delta_file.pack(enc))
     m = enc.manifest
     print(
         f"wrote {args.out}: {m['kind']} v{m['version']}"
@@ -160,9 +161,10 @@ def _encode_action(args: argparse.Namespace) -> int:
 
 
 def _apply_action(args: argparse.Namespace) -> int:
-    from rlstream.schemas import deltacodec, deltacodec_file
+    from rlstream.schemas import deltacodec
+    from rlstream.schemas.deltacodec import file as delta_file
 
-    enc = deltacodec_file.unpack(_read(args.delta))
+    enc = delta_file.unpack(_read(args.delta))
     kind = enc.manifest.get("kind")
     if kind == "delta" and args.old is None:
         raise UsageError(f"{args.delta} is a delta: --old (its base state) is required")
@@ -177,9 +179,10 @@ def _apply_action(args: argparse.Namespace) -> int:
 
 
 def _inspect_action(args: argparse.Namespace) -> int:
-    from rlstream.schemas import deltacodec, deltacodec_file
+    from rlstream.schemas import deltacodec
+    from rlstream.schemas.deltacodec import file as delta_file
 
-    enc = deltacodec_file.unpack(_read(args.delta))
+    enc = delta_file.unpack(_read(args.delta))
     m = enc.manifest
     deltacodec.validate_manifest(m)
     bad = []

@@ -367,7 +367,7 @@ def final_model(
     manifest) and ``model_dir`` (``out/model``, or None when no version at or past
     ``version`` could be read back)."""
     from rlstream.consumers.weights import WeightSubscriber
-    from rlstream.schemas.deltacodec_bits import state_hash, to_torch
+    from rlstream.schemas.deltacodec.bits import state_hash, to_torch
 
     with WeightSubscriber(settings, run, config.model) as sub:
         snap = sub.wait_for(version, timeout=timeout)

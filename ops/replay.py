@@ -25,7 +25,7 @@ from rlstream.consumers.run_log import run_manifests
 from rlstream.consumers.tap import tap
 from rlstream.producers.settings import KafkaSettings
 from rlstream.schemas import arrays, topics
-from rlstream.schemas.deltacodec_bits import state_hash
+from rlstream.schemas.deltacodec.bits import state_hash
 
 
 @dataclass

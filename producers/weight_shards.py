@@ -5,21 +5,21 @@ A learner of N ranks publishes a version in parallel: each rank encodes the delt
 of its own *shard* of the published state and writes its chunks with its own producer; rank 0
 gathers every rank's chunk refs and writes the one manifest naming them all
 (``producers.weights``). The manifest and the chunks are exactly the wire format a single
-publisher writes (``schemas.weight_format``), so subscribers need not know how many ranks
+publisher writes (``schemas.deltacodec.wire``), so subscribers need not know how many ranks
 published. The rules that make that true (pure, unit-tested):
 
 - shards (``shard_ranges``): the tensor names sorted (the codec's order) are cut into N
   contiguous ranges of about equal bytes; rank ``r`` encodes range ``r``. Deterministic from
   the names and sizes alone, so every rank computes the same split without talking. Contiguous
   ranges keep the wire format's rule that the concatenated chunks hold the tensors in name
-  order (``weight_format.tensor_spans``).
+  order (``deltacodec.wire.tensor_spans``).
 - numbering (``ShardLayout``): a version's chunks are numbered rank after rank (rank 0's chunks
   first), per kind; a piece names its tensor by its index among ALL the state's tensors
   (``retensor``: a rank's encoder numbered its shard from 0, so its pieces are shifted by the
   shard's first index, and the chunk checksum recomputed).
 - merge (``merge_shards``): the version's codec manifest is the ranks' manifests concatenated
   in rank order (tensors, chunks), with sizes summed and the state hashes recomputed from the
-  tensor hashes by the codec's own rule (``deltacodec_bits.state_hash``): identical to what
+  tensor hashes by the codec's own rule (``deltacodec.bits.state_hash``): identical to what
   one publisher encoding the whole state would record.
 
 numpy only: importing this module never loads torch or Kafka.
@@ -35,8 +35,8 @@ from typing import Any, cast
 import xxhash
 
 from rlstream.schemas.deltacodec import Encoded, TensorBits, state_hash
-from rlstream.schemas.deltacodec_pieces import PIECE_HEADER
-from rlstream.schemas.weight_format import CHUNK_HEADER, parse_chunk
+from rlstream.schemas.deltacodec.pieces import PIECE_HEADER
+from rlstream.schemas.deltacodec.wire import CHUNK_HEADER, parse_chunk
 
 
 def shard_ranges(sizes: Sequence[int], ranks: int) -> list[tuple[int, int]]:

@@ -64,7 +64,7 @@ tells the ranks whether it committed. A rank that fails (or dies) fails the vers
 rank before any manifest exists; its chunks already written are orphans, never applied.
 
 The records themselves (``WeightChunk``, ``WeightManifest``, and how the codec manifest maps to
-them) are the wire format, owned by ``schemas.weight_format``; which chunks may be deleted is
+them) are the wire format, owned by ``schemas.deltacodec.wire``; which chunks may be deleted is
 the retention rule, owned by ``producers.weight_retention`` (``WeightPublisher.prune`` applies it
 to the versions this publisher wrote).
 
@@ -88,7 +88,7 @@ from rlstream.producers.weight_shards import ShardLayout, merge_shards, shard_na
 from rlstream.producers.weight_signing import Signer
 from rlstream.schemas import deltacodec as codec
 from rlstream.schemas import events, topics
-from rlstream.schemas.weight_format import Ref, chunk_record, manifest_record
+from rlstream.schemas.deltacodec.wire import Ref, chunk_record, manifest_record
 
 #: Largest chunk payload the publisher asks the codec for (the topic catalog's limit).
 MAX_CHUNK_BYTES: Final = topics.CHUNK_PAYLOAD_BYTES

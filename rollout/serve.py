@@ -79,7 +79,7 @@ from rlstream.rollout.config import PolicyConfig
 from rlstream.rollout.model import Generation, build_policy, generate
 from rlstream.schemas import arrays, topics
 from rlstream.schemas.deltacodec import to_torch
-from rlstream.schemas.deltacodec_bits import from_torch, state_hash
+from rlstream.schemas.deltacodec.bits import from_torch, state_hash
 
 MIN_TEMPERATURE = 1e-3
 """A requested temperature of 0 samples at this temperature (and is recorded so)."""

@@ -59,7 +59,7 @@ from rlstream.rollout.model import build_policy
 from rlstream.rollout.reissue import for_region
 from rlstream.schemas import arrays, topics
 from rlstream.schemas.deltacodec import to_torch
-from rlstream.schemas.deltacodec_bits import state_hash
+from rlstream.schemas.deltacodec.bits import state_hash
 
 
 class RolloutWorker:

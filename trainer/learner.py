@@ -61,7 +61,7 @@ from rlstream.producers.metrics import track_buffer
 from rlstream.producers.settings import KafkaSettings
 from rlstream.producers.weights import rank_publisher
 from rlstream.schemas import arrays, topics
-from rlstream.schemas.deltacodec_bits import state_hash
+from rlstream.schemas.deltacodec.bits import state_hash
 from rlstream.trainer.distributed import RankEnv, Ranks
 from rlstream.trainer.grpo import NonFiniteStep
 from rlstream.trainer.learner_step import (

@@ -498,7 +498,7 @@ def _time_memcpy(arrays: list[Any], reps: int) -> tuple[Timing, Timing]:
 
 def _time_hash(arrays: list[Any], reps: int) -> Timing:
     """The codec's tensor hash (``bits_hash``) of the same bytes."""
-    from rlstream.schemas.deltacodec_bits import bits_hash
+    from rlstream.schemas.deltacodec.bits import bits_hash
 
     t_hash, _, _ = _timed(lambda: [bits_hash(a) for a in arrays], reps)
     return t_hash

@@ -154,7 +154,7 @@ def _check_final_model_dir(kafka, run: str, config, last: dict, tmp: Path) -> No
     from transformers import AutoModelForCausalLM, Qwen3MoeForCausalLM
 
     from rlstream.ops.demo import final_model
-    from rlstream.schemas.deltacodec_bits import from_torch, state_hash
+    from rlstream.schemas.deltacodec.bits import from_torch, state_hash
 
     result = final_model(kafka, run, config, int(last["version"]), tmp / "out")
     assert result["final_version"] == last["version"]

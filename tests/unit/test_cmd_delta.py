@@ -17,7 +17,7 @@ import pytest
 
 from rlstream.ops import cmd_delta
 from rlstream.schemas import deltacodec as dc
-from rlstream.schemas import deltacodec_file as dfile
+from rlstream.schemas.deltacodec import file as dfile
 
 torch = pytest.importorskip("torch")
 

@@ -20,16 +20,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlstream.schemas import deltacodec as dc
-from rlstream.schemas import deltacodec_file as dfile
 from rlstream.schemas.deltacodec import TensorBits
-from rlstream.schemas.deltacodec_bits import UINT_BY_WIDTH
-from rlstream.schemas.deltacodec_pieces import (
+from rlstream.schemas.deltacodec import file as dfile
+from rlstream.schemas.deltacodec.bits import UINT_BY_WIDTH
+from rlstream.schemas.deltacodec.pieces import (
     _true_positions,
     decode_piece,
     decode_positions,
     encode_positions,
 )
-from rlstream.schemas.weight_format import parse_chunk
+from rlstream.schemas.deltacodec.wire import parse_chunk
 
 DTYPES = sorted(dc.DTYPE_WIDTHS)
 #: Bit patterns that float code tends to mangle: NaN payloads (quiet, signalling, negative),

@@ -25,17 +25,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlstream.schemas import deltacodec as dc
-from rlstream.schemas import deltacodec_file as dfile
 from rlstream.schemas.deltacodec import TensorBits
-from rlstream.schemas.deltacodec_bits import UINT_BY_WIDTH
-from rlstream.schemas.deltacodec_exponent import (
+from rlstream.schemas.deltacodec import file as dfile
+from rlstream.schemas.deltacodec.bits import UINT_BY_WIDTH
+from rlstream.schemas.deltacodec.exponent import (
     EXPONENT_FIELDS,
     FIELD_IDS,
     encode_exponent,
     encode_exponent2,
     encode_exponent3,
 )
-from rlstream.schemas.deltacodec_pieces import (
+from rlstream.schemas.deltacodec.pieces import (
     EXPONENT,
     EXPONENT2,
     EXPONENT3,
@@ -44,7 +44,7 @@ from rlstream.schemas.deltacodec_pieces import (
     find_changes,
     undo_all,
 )
-from rlstream.schemas.weight_format import parse_chunk
+from rlstream.schemas.deltacodec.wire import parse_chunk
 
 DATA = Path(__file__).parent / "data" / "deltacodec"
 FLOATS = sorted(EXPONENT_FIELDS)

@@ -26,7 +26,7 @@ from rlstream.rollout.model import (
     inference_copy,
     sequence_logprobs,
 )
-from rlstream.schemas.deltacodec_bits import from_torch, state_hash, to_torch
+from rlstream.schemas.deltacodec.bits import from_torch, state_hash, to_torch
 from rlstream.trainer.learner_step import published_state
 
 CONFIG = tiny_qwen3_moe_config(max_seq_len=64)

@@ -8,7 +8,7 @@ import numpy as np
 
 from rlstream.schemas import deltacodec as codec
 from rlstream.schemas import events
-from rlstream.schemas.weight_format import MAX_VERSION_JUMP, implausible, manifest_record
+from rlstream.schemas.deltacodec.wire import MAX_VERSION_JUMP, implausible, manifest_record
 
 
 def test_an_older_epoch_is_refused_and_a_newer_one_takes_over() -> None:

@@ -131,7 +131,7 @@ def test_a_pushed_version_is_served_only_if_it_hashes_to_what_the_caller_says(tm
     from rlstream.producers.settings import KafkaSettings
     from rlstream.rollout.hf_policy import save_state_hf
     from rlstream.rollout.serve import PolicyServer, UpdateWeightsRequest
-    from rlstream.schemas.deltacodec_bits import from_torch, state_hash
+    from rlstream.schemas.deltacodec.bits import from_torch, state_hash
 
     nowhere = KafkaSettings(bootstrap_servers="127.0.0.1:1")  # pushing needs no broker
     server = PolicyServer(nowhere, "r1", "policy", POLICY, weights="push", record_timeout_s=0.1)

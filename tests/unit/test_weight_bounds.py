@@ -16,8 +16,8 @@ import xxhash
 
 from rlstream.consumers.weights import Link, refusal
 from rlstream.schemas import deltacodec as codec
-from rlstream.schemas.deltacodec_pieces import PLANES, ZSTD, Piece
-from rlstream.schemas.weight_format import (
+from rlstream.schemas.deltacodec.pieces import PLANES, ZSTD, Piece
+from rlstream.schemas.deltacodec.wire import (
     MAX_RANGE_BYTES,
     Bounds,
     check_bounds,

@@ -17,7 +17,7 @@ from rlstream.producers.weight_shards import (
     shard_ranges,
 )
 from rlstream.schemas import deltacodec as codec
-from rlstream.schemas.weight_format import codec_manifest, manifest_record
+from rlstream.schemas.deltacodec.wire import codec_manifest, manifest_record
 
 CHUNK = 4096
 

@@ -16,7 +16,12 @@ from rlstream.producers.weight_retention import retention_cutoffs
 from rlstream.producers.weights import chunk_partitions, publish_kinds
 from rlstream.schemas import deltacodec as codec
 from rlstream.schemas import events
-from rlstream.schemas.weight_format import codec_manifest, manifest_record, tensor_spans
+from rlstream.schemas.deltacodec.wire import (
+    CHUNK_HEADER,
+    codec_manifest,
+    manifest_record,
+    tensor_spans,
+)
 
 # --- kinds -----------------------------------------------------------------------------------
 
@@ -100,11 +105,11 @@ def test_tensor_spans_tile_the_concatenated_payloads() -> None:
     spans = tensor_spans(enc.manifest)
     total = sum(c["nbytes"] for c in enc.manifest["chunks"])
     ordered = sorted((s for s in spans.values() if s[1]), key=lambda s: s[0])
-    assert ordered[0][0] == codec.CHUNK_HEADER.size
+    assert ordered[0][0] == CHUNK_HEADER.size
     assert ordered[-1][0] + ordered[-1][1] == total
     for (a, n), (b, _) in itertools.pairwise(ordered):
         assert a + n <= b  # no overlap; gaps are chunk headers only
-        assert b - (a + n) in (0, codec.CHUNK_HEADER.size)
+        assert b - (a + n) in (0, CHUNK_HEADER.size)
     assert spans["empty"][1] == 0
 
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .deltacodec_bits import TensorBits
-from .deltacodec_exponent import EXPONENT_FIELDS
-from .deltacodec_pieces import zigzag
+from .bits import TensorBits
+from .exponent import EXPONENT_FIELDS
+from .pieces import zigzag
 
 
 @dataclass(frozen=True)

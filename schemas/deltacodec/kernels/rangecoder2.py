@@ -1,7 +1,7 @@
 """The numba kernels of the second range-coder model (``exponent2`` pieces; rules in
-``deltacodec_rangecoder``), at module level so that numba's on-disk cache serves every process
+``deltacodec.rangecoder``), at module level so that numba's on-disk cache serves every process
 after the first; imported on first use only. The byte-level coder (carry, renormalisation,
-plain bits) is the first model's, imported from ``deltacodec_rangecoder_kernels``."""
+plain bits) is the first model's, imported from ``deltacodec.kernels.rangecoder``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from .deltacodec_rangecoder_kernels import dec_direct, enc_direct, refill, shift_low
+from .rangecoder import dec_direct, enc_direct, refill, shift_low
 
 # The model's constants live here, beside the kernels that compile them in: numba's cache is
 # keyed on this file, so changing one recompiles.

@@ -21,8 +21,8 @@ from typing import Final
 
 import xxhash
 
-from .deltacodec import Encoded
-from .deltacodec_manifest import ChunkCorrupt, ManifestInvalid
+from .codec import Encoded
+from .manifest import ChunkCorrupt, ManifestInvalid
 
 MAGIC: Final = b"RLWDELTA"
 _HEAD: Final = struct.Struct("<8sIIQ")

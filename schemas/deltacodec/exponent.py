@@ -12,7 +12,7 @@ own copy of the base:
   previous change, in position order) and its zigzag wrapped difference ``new - old`` of the
   bit patterns;
 - both coded with an adaptive binary range coder whose contexts belong to the bucket
-  (``deltacodec_rangecoder``): the code length follows the empirical entropy of the changed
+  (``deltacodec.rangecoder``): the code length follows the empirical entropy of the changed
   mask and of the differences conditioned on the base exponent (``conditioned_bound``), with
   no table to send.
 
@@ -32,11 +32,11 @@ learner's Adam steps change 75-100% of some tensors.
 
 ``exponent3`` pieces (encoding 8) have ``exponent2``'s layout (``aux`` the field, ``count``
 the changes, one stored stream) with the stream of the static rANS coder
-(``deltacodec_rans``): per bucket a geometric gap law and a value table measured by the
+(``deltacodec.rans``): per bucket a geometric gap law and a value table measured by the
 encoder and sent in the stream, one table-driven symbol per gap and per difference. It decodes
 ~4x and encodes ~5x faster than ``exponent2``, within ~1% of its size on Adam steps at 1-10%
 changed; the encoder writes it beside ``exponent2`` and keeps the smaller
-(``deltacodec_pieces``).
+(``deltacodec.pieces``).
 
 The per-element scans (bucket ranks when encoding, bucket countdowns when applying) are
 compiled with numba: numpy has no vector form of "the r-th element of bucket b" short of a
@@ -51,9 +51,8 @@ from typing import Any, Final
 import numpy as np
 import zstandard
 
-from . import deltacodec_rangecoder as rangecoder
-from . import deltacodec_rans as rans
-from .deltacodec_pieces import STORED, Piece, Stream, unzigzag, zigzag
+from . import rangecoder, rans
+from .pieces import STORED, Piece, Stream, unzigzag, zigzag
 
 #: Exponent field (shift, mask) of each float dtype tag the encoding is used for.
 EXPONENT_FIELDS: Final[dict[str, tuple[int, int]]] = {
@@ -82,7 +81,7 @@ def _compiled() -> dict[str, Callable[..., Any]]:
     importing the codec stays cheap."""
     if _kernels:
         return _kernels
-    from . import deltacodec_exponent_kernels as k
+    from .kernels import exponent as k
 
     _kernels.update(ranks=k.ranks, apply=k.apply)
     return _kernels

@@ -1,4 +1,4 @@
-"""The range coder's numba kernels (``deltacodec_rangecoder``), at module level so that numba's
+"""The range coder's numba kernels (``deltacodec.rangecoder``), at module level so that numba's
 on-disk cache serves every process after the first; imported on first use only."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from .deltacodec_rangecoder import FAST, MANTISSA_CONTEXT_BITS, SLOW, TOP
+from ..rangecoder import FAST, MANTISSA_CONTEXT_BITS, SLOW, TOP
 
 jit = numba.njit(cache=True, nogil=True, boundscheck=False)
 inline = numba.njit(inline="always", boundscheck=False)

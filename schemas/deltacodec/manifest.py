@@ -13,8 +13,8 @@ from typing import Any, Final
 
 import xxhash
 
-from .deltacodec_bits import DTYPE_WIDTHS
-from .deltacodec_pieces import ENCODINGS
+from .bits import DTYPE_WIDTHS
+from .pieces import ENCODINGS
 
 #: Format tag of manifests written by this codec.
 FORMAT: Final = "rlstream.weights/1"

@@ -13,7 +13,7 @@ Guarantees:
   tensors), so each chunk decodes without the others.
 - Verified: every chunk has a checksum and a size in the manifest, every tensor the hash of
   its new bits and of the base bits it was computed against, and the manifest the state
-  hashes of both versions (rules in ``deltacodec_bits``). ``decode`` checks all of them and
+  hashes of both versions (rules in ``deltacodec.bits``). ``decode`` checks all of them and
   raises a ``DeltaError`` subclass on the first failure: ``MissingChunk``, ``ChunkCorrupt``,
   ``BaseMismatch``, ``HashMismatch`` or ``ManifestInvalid``.
 - Never partial: ``decode`` builds the new state in new arrays (or in buffers the caller
@@ -22,9 +22,9 @@ Guarantees:
   own memory instead (no tensor-sized allocation): it checks everything it can before the
   first write, and on a later failure puts every written element back before raising.
 - Conditioned on the base: float tensors' changes are coded per bucket of the base's
-  exponent (``exponent3`` and ``exponent2`` pieces, ``deltacodec_exponent``; ``exponent``
+  exponent (``exponent3`` and ``exponent2`` pieces, ``deltacodec.exponent``; ``exponent``
   pieces of the first model are still decoded), as the receiver holds the base;
-  ``entropy_bound`` and ``conditioned_bound`` (``deltacodec_bound``) say what an order-0
+  ``entropy_bound`` and ``conditioned_bound`` (``deltacodec.bound``) say what an order-0
   coder, and one that sees the base exponents, could at best reach on a given change.
 - Deterministic: the same inputs give byte-identical chunks and manifest.
 
@@ -36,7 +36,7 @@ from the base; every element without base), ``hash``, ``base_hash`` (None withou
 ...]``), ``chunks`` (``[{index, nbytes, checksum}]``, checksum = xxh3_128 hex of the
 payload), ``state_hash``, ``base_state_hash``, ``raw_bytes``, ``encoded_bytes`` (sum of chunk
 sizes), ``max_chunk_bytes``. The chunk layout, the manifest's tables and their mapping to the
-Avro records are the wire format, owned by ``weight_format``: this module encodes and decodes
+Avro records are the wire format, owned by ``deltacodec.wire``: this module encodes and decodes
 through it.
 """
 
@@ -53,7 +53,7 @@ import numpy as np
 import xxhash
 import zstandard
 
-from .deltacodec_bits import (
+from .bits import (
     BITS_ONLY_DTYPES,
     DTYPE_WIDTHS,
     UINT_BY_WIDTH,
@@ -65,9 +65,9 @@ from .deltacodec_bits import (
     state_hash,
     to_torch,
 )
-from .deltacodec_bound import EntropyBound, conditioned_bound, entropy_bound
-from .deltacodec_exponent import EXPONENT_FIELDS
-from .deltacodec_manifest import (
+from .bound import EntropyBound, conditioned_bound, entropy_bound
+from .exponent import EXPONENT_FIELDS
+from .manifest import (
     FORMAT,
     BaseMismatch,
     ChunkCorrupt,
@@ -78,7 +78,7 @@ from .deltacodec_manifest import (
     validate_manifest,
     verify_chunk,
 )
-from .deltacodec_pieces import (
+from .pieces import (
     ENCODINGS,
     UNCHANGED,
     ZSTD_LEVEL,
@@ -90,7 +90,7 @@ from .deltacodec_pieces import (
     find_changes,
     undo_all,
 )
-from .weight_format import (
+from .wire import (
     CHUNK_HEADER,
     MAX_RANGE_BYTES,
     check_piece,

@@ -1,6 +1,6 @@
 """A static rANS coder for the ``exponent3`` piece's gaps and differences.
 
-Why: the adaptive binary range coder (``deltacodec_rangecoder``) spends 10-20 binary decisions
+Why: the adaptive binary range coder (``deltacodec.rangecoder``) spends 10-20 binary decisions
 per change, ~70 ns decoding and ~100 ns encoding one. Here each bucket's statistics are
 measured by the encoder and sent as a small model in the stream's header, and every gap and
 difference is one table-driven rANS symbol plus plain bits, at a code length within ~1% of the
@@ -9,7 +9,7 @@ first coder's on bf16 Adam steps. Measured on the synthetic bf16 step of ``bench
 and plain bits; the branching forms took ~80) and ~40-45 ns decoding, where the one state's
 chain of dependent table reads sets the pace (branch-free reading gained nothing there).
 
-Models, per bucket of the base exponent (``deltacodec_exponent``):
+Models, per bucket of the base exponent (``deltacodec.exponent``):
 
 - gaps under a geometric law: with the bucket's rate p = changes / (gaps + changes), a gap g
   is its quotient q = g >> m, m the smallest with (1 - p)**(2**m) <= 0.84, as one symbol of
@@ -49,7 +49,7 @@ _kernels: dict[str, Callable[..., Any]] = {}
 def _compiled() -> dict[str, Callable[..., Any]]:
     """The numba kernels, compiled (or loaded from numba's cache) on first use only."""
     if not _kernels:
-        from . import deltacodec_rans_kernels as k
+        from .kernels import rans as k
 
         _kernels.update(encode=k.encode, decode=k.decode)
     return _kernels

@@ -1,5 +1,5 @@
 """The numba kernels of the static rANS coder (``exponent3`` pieces; rules in
-``deltacodec_rans``), at module level so that numba's on-disk cache serves every process after
+``deltacodec.rans``), at module level so that numba's on-disk cache serves every process after
 the first; imported on first use only.
 
 Every read of the coded stream is bounds-checked: a kernel fed damaged bytes returns -1, and it

@@ -1,4 +1,4 @@
-"""The exponent pieces' numba kernels (``deltacodec_exponent``), at module level so that numba's
+"""The exponent pieces' numba kernels (``deltacodec.exponent``), at module level so that numba's
 on-disk cache serves every process after the first; imported on first use only."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from .deltacodec_exponent import _FAR
+from ..exponent import _FAR
 
 jit = numba.njit(cache=True, nogil=True, boundscheck=False)
 

@@ -66,8 +66,8 @@ def _compiled() -> dict[str, Callable[..., Any]]:
     variables (helpers are inlined and return it), so that it stays in registers."""
     if _kernels:
         return _kernels
-    from . import deltacodec_rangecoder2_kernels as k2
-    from . import deltacodec_rangecoder_kernels as k1
+    from .kernels import rangecoder as k1
+    from .kernels import rangecoder2 as k2
 
     _kernels.update(encode=k1.encode, decode=k1.decode, encode2=k2.encode, decode2=k2.decode)
     return _kernels

@@ -15,7 +15,7 @@ Encodings, per piece, the smallest one kept:
   planes), or as byte planes. Packing matters: ±1 ULP dominates and zstd cannot spend
   under 1 bit per byte-symbol, while four 2-bit symbols per byte can.
 - ``exponent3`` and ``exponent2`` (float dtypes): the changes coded conditioned on the base's
-  exponent field, which the decoder holds (``deltacodec_exponent`` documents them):
+  exponent field, which the decoder holds (``deltacodec.exponent`` documents them):
   ``exponent3`` with static per-bucket models and a rANS coder (fast), tried at every changed
   fraction beside ``sparse`` and the dense fallbacks; ``exponent2`` with the adaptive binary
   coder (~5x slower), tried too on pieces of few changes or of a high changed fraction, where
@@ -46,7 +46,7 @@ from typing import Final, Protocol
 import numpy as np
 import zstandard
 
-from .deltacodec_bits import UINT_BY_WIDTH, as_bytes
+from .bits import UINT_BY_WIDTH, as_bytes
 
 UNCHANGED, SPARSE, XOR, DIFF, PLANES, RAW, EXPONENT, EXPONENT2, EXPONENT3 = range(9)
 ENCODINGS: Final = (
@@ -436,7 +436,7 @@ def encode_best(
     the smallest of ``sparse`` (changed fraction <= 0.9), for a float dtype (its exponent
     ``field``) ``exponent3`` and, on few changes or many, ``exponent2``, ``xor`` and ``diff``
     (>= 0.5), and ``raw`` (its size is known without building it)."""
-    from .deltacodec_exponent import encode_exponent2, encode_exponent3
+    from .exponent import encode_exponent2, encode_exponent3
 
     n = new.size
     stop = start + n
@@ -502,7 +502,7 @@ def decode_piece(
     if piece.encoding in NEEDS_BASE and base is None:
         raise ValueError(f"{ENCODINGS[piece.encoding]} piece for a tensor without base")
     if base is not None and piece.encoding in BY_EXPONENT:
-        from .deltacodec_exponent import decode_exponent, decode_exponent2
+        from .exponent import decode_exponent, decode_exponent2
 
         if piece.encoding == EXPONENT:
             plan = decode_exponent(piece, n, dtype, dctx)

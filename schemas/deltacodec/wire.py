@@ -4,7 +4,7 @@ One module owns how a policy version looks on the wire; the codec (``deltacodec`
 publisher (``producers.weights``) and the subscriber (``consumers.weights``) only call it.
 
 - Chunk layout: ``CHUNK_HEADER`` ``<4sBxxxI`` (magic ``RLDK``, format 1, piece count), then
-  whole pieces, each laid out as ``deltacodec_pieces`` documents. ``pack_chunk`` writes a chunk
+  whole pieces, each laid out as ``deltacodec.pieces`` documents. ``pack_chunk`` writes a chunk
   and ``parse_chunk`` is its one parser: the codec's decoder and the manifest mapping both read
   chunks through it.
 - Codec manifest tables: ``piece_entry`` is a row of a tensor's piece table ``[chunk, start,
@@ -52,10 +52,10 @@ from typing import Any, Final
 
 import zstandard
 
-from . import topics
-from .deltacodec_bits import DTYPE_WIDTHS
-from .deltacodec_manifest import FORMAT, ChunkCorrupt, ManifestInvalid, MissingChunk, verify_chunk
-from .deltacodec_pieces import ENCODINGS, UNCHANGED, ZSTD, Piece, read_piece
+from .. import topics
+from .bits import DTYPE_WIDTHS
+from .manifest import FORMAT, ChunkCorrupt, ManifestInvalid, MissingChunk, verify_chunk
+from .pieces import ENCODINGS, UNCHANGED, ZSTD, Piece, read_piece
 
 CHUNK_HEADER: Final = struct.Struct("<4sBxxxI")
 CHUNK_MAGIC: Final = b"RLDK"
