@@ -2,43 +2,56 @@
 versions (rules and guarantees in ``codec``). Import the API from here:
 ``from rlstream.schemas import deltacodec``.
 
-Modules, from the bottom up: ``bits`` (tensors as bit patterns, their hashes), ``pieces`` (the
-piece layout, streams, the sparse and dense encodings), ``exponent`` with its coders
-``rangecoder`` and ``rans`` (the base-conditioned encodings), ``manifest`` (manifest rules and
-the codec's errors), ``wire`` (the weights wire format: chunks, manifest tables, Avro records),
-``bound`` (entropy bounds), ``codec`` (encode, decode, apply in place), ``file`` (a version in
-one file); ``kernels`` holds the compiled numba kernels, imported on first use only.
+Modules, from the bottom up (each imports only those before it; ``tests/unit/test_layers.py``
+checks that no import circle forms):
+
+- ``bits``: tensors as bit patterns, their hashes;
+- ``pieces``: the piece layout, streams, and the element-wise encodings (sparse, dense);
+- ``rangecoder``, ``rans``: the coders of the base-conditioned encodings, whose numba kernels
+  are in ``kernels`` (imported on first use only);
+- ``exponent``: the base-conditioned encodings written now (``exponent2``, ``exponent3``);
+- ``legacy``: decoders of encodings no longer written, for old logs;
+- ``encodings``: which encoding a piece gets, and the decoder of each;
+- ``manifest``: manifest rules and the codec's errors;
+- ``wire``: the weights wire format (chunk layout, manifest tables, Avro records); it lives
+  here because the codec writes and reads chunks through it and it builds on the pieces and
+  the manifest rules: one owner for the bytes a version is made of;
+- ``bound``: entropy bounds of a change;
+- ``codec``: encode, decode, apply in place (the rules and guarantees);
+- ``file``: a version in one file; ``warm``: compiling the kernels ahead of time.
 """
 
-from .codec import (
+from .bits import (
     BITS_ONLY_DTYPES,
-    DEFAULT_MAX_CHUNK_BYTES,
     DTYPE_WIDTHS,
-    FORMAT,
-    BaseMismatch,
-    ChunkCorrupt,
-    DeltaError,
-    Encoded,
-    EntropyBound,
-    HashMismatch,
-    ManifestInvalid,
-    MissingChunk,
     TensorBits,
-    apply_in_place,
     bits_hash,
-    compile_kernels,
-    conditioned_bound,
-    decode,
-    encode_delta,
-    encode_keyframe,
-    entropy_bound,
     from_torch,
     same_state,
     state_hash,
     to_torch,
+)
+from .bound import EntropyBound, conditioned_bound, entropy_bound
+from .codec import (
+    DEFAULT_MAX_CHUNK_BYTES,
+    Encoded,
+    apply_in_place,
+    decode,
+    encode_delta,
+    encode_keyframe,
+)
+from .manifest import (
+    FORMAT,
+    BaseMismatch,
+    ChunkCorrupt,
+    DeltaError,
+    HashMismatch,
+    ManifestInvalid,
+    MissingChunk,
     validate_manifest,
     verify_chunk,
 )
+from .warm import compile_kernels
 
 __all__ = [
     "BITS_ONLY_DTYPES",

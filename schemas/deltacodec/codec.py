@@ -54,18 +54,13 @@ import xxhash
 import zstandard
 
 from .bits import (
-    BITS_ONLY_DTYPES,
     DTYPE_WIDTHS,
     UINT_BY_WIDTH,
     TensorBits,
     as_bytes,
-    bits_hash,
-    from_torch,
-    same_state,
     state_hash,
-    to_torch,
 )
-from .bound import EntropyBound, conditioned_bound, entropy_bound
+from .encodings import decode_piece, encode_best
 from .exponent import EXPONENT_FIELDS
 from .manifest import (
     FORMAT,
@@ -73,23 +68,11 @@ from .manifest import (
     ChunkCorrupt,
     DeltaError,
     HashMismatch,
-    ManifestInvalid,
     MissingChunk,
     validate_manifest,
     verify_chunk,
 )
-from .pieces import (
-    ENCODINGS,
-    UNCHANGED,
-    ZSTD_LEVEL,
-    Changes,
-    Piece,
-    Undo,
-    decode_piece,
-    encode_best,
-    find_changes,
-    undo_all,
-)
+from .pieces import ENCODINGS, UNCHANGED, ZSTD_LEVEL, Changes, Piece, Undo, find_changes, undo_all
 from .wire import (
     CHUNK_HEADER,
     MAX_RANGE_BYTES,
@@ -99,36 +82,6 @@ from .wire import (
     piece_entry,
     tensor_entry,
 )
-
-__all__ = [
-    "BITS_ONLY_DTYPES",
-    "DEFAULT_MAX_CHUNK_BYTES",
-    "DTYPE_WIDTHS",
-    "FORMAT",
-    "BaseMismatch",
-    "ChunkCorrupt",
-    "DeltaError",
-    "Encoded",
-    "EntropyBound",
-    "HashMismatch",
-    "ManifestInvalid",
-    "MissingChunk",
-    "TensorBits",
-    "apply_in_place",
-    "bits_hash",
-    "compile_kernels",
-    "conditioned_bound",
-    "decode",
-    "encode_delta",
-    "encode_keyframe",
-    "entropy_bound",
-    "from_torch",
-    "same_state",
-    "state_hash",
-    "to_torch",
-    "validate_manifest",
-    "verify_chunk",
-]
 
 DEFAULT_MAX_CHUNK_BYTES: Final = 900_000
 #: Smallest chunk limit accepted: one element stored raw must always fit in a chunk.
@@ -146,32 +99,6 @@ class Encoded:
     def ratio(self) -> float:
         """Raw bytes of the new weights per encoded chunk byte."""
         return self.manifest["raw_bytes"] / max(1, self.manifest["encoded_bytes"])
-
-
-def compile_kernels() -> list[str]:
-    """Compile the numba kernels that encoding, applying and decoding bf16 deltas use, or
-    load them from numba's on-disk cache (next to their modules): 40-50 s of one core the
-    first time, under a second after. Every process that meets a kernel missing from the
-    cache compiles it, so a set-up step that runs this first spares the roles that start
-    together (a learner and its rollout workers) doing it each at once. Encodes, applies in
-    place and decodes two small deltas, one coded as ``exponent2`` pieces and one as
-    ``exponent3``; returns their tensors' encodings."""
-    rng = np.random.default_rng(0)
-    encodings: list[str] = []
-    # an optimizer-like step of i.i.d. weights: few changes (exponent2), then ~2% (exponent3)
-    for n, step in ((4096, 1e-5), (400_000, 1e-6)):
-        weights = rng.standard_normal(n, dtype=np.float32) * np.float32(0.01)
-        moved = weights + rng.standard_normal(n, dtype=np.float32) * np.float32(step)
-        old, new = ((w.view(np.uint32) >> 16).astype(np.uint16) for w in (weights, moved))
-        base, want = ({"w": TensorBits("bfloat16", (n,), b)} for b in (old, new))
-        enc = encode_delta(base, want, version=1, base_version=0)
-        held = {"w": TensorBits("bfloat16", (n,), old.copy())}
-        applied = apply_in_place(enc.manifest, enc.chunks, held)  # a writable base
-        decoded = decode(enc.manifest, enc.chunks, base)  # a read-only one: other kernel types
-        if not (same_state(applied, want) and same_state(decoded, want)):
-            raise AssertionError("the codec's warm-up delta did not decode bit-exactly")
-        encodings += [e["encoding"] for e in enc.manifest["tensors"]]
-    return encodings
 
 
 # --- encoding ---------------------------------------------------------------------------

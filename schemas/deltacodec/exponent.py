@@ -1,4 +1,5 @@
-"""The ``exponent`` piece encoding: changes coded conditioned on the base's exponents.
+"""The base-conditioned piece encodings ``exponent2`` and ``exponent3``: changes coded per
+bucket of the base's exponent.
 
 The decoder already holds the base. Under an optimizer step, whether a float weight changes
 depends strongly on its exponent (a step of a given size crosses a rounding boundary more
@@ -6,29 +7,20 @@ often where representable values are closer): on bf16 Adam steps the changed fra
 from ~0.1% in the largest octave to ~100% in the smallest, and the differences (in units of
 the bucket's spacing) grow as the exponent shrinks. So changes are coded per *bucket*, the
 base element's exponent field ``(bits >> shift) & mask``, which the decoder computes from its
-own copy of the base:
+own copy of the base: within bucket b, each changed element's gap (elements of bucket b
+skipped since its previous change, in position order) and its zigzag wrapped difference
+``new - old`` of the bit patterns. The code length follows the empirical entropy of the
+changed mask and of the differences conditioned on the base exponent (``conditioned_bound``).
+Decoding is exact for every bit pattern (NaN, inf, subnormals: the key is just bits of the
+pattern); any inconsistency raises ValueError, and applying checks that every gap and
+difference was used exactly.
 
-- within bucket b, each changed element's gap (elements of bucket b skipped since its
-  previous change, in position order) and its zigzag wrapped difference ``new - old`` of the
-  bit patterns;
-- both coded with an adaptive binary range coder whose contexts belong to the bucket
-  (``deltacodec.rangecoder``): the code length follows the empirical entropy of the changed
-  mask and of the differences conditioned on the base exponent (``conditioned_bound``), with
-  no table to send.
-
-Layout: piece ``count`` = changed elements, ``aux`` = 0; two stored streams: the field,
-little-endian uint32 ``[shift, mask]``, and the range coder's stream (the bucket table,
-then the gaps and differences, bucket by bucket). Decoding is exact for every bit pattern
-(NaN, inf, subnormals: the key is just bits of the pattern); any inconsistency raises
-ValueError, and applying checks that every gap and difference was used exactly.
-
-``exponent2`` pieces (what the encoder writes; ``exponent`` pieces are still decoded) code the
-same table, gaps and differences with the range coder's second model (``encode2``: geometric
-gaps, counting contexts), in one stored stream with no field stream: ``aux`` names the field
-(``FIELD_IDS``: 1 bfloat16, 2 float16, 3 float32, 4 float64), checked against the element
-width, and ``count`` is the changed elements, as before. They are tried at any changed
-fraction: with every element of a bucket changed its gaps cost almost nothing, and the
-learner's Adam steps change 75-100% of some tensors.
+``exponent2`` pieces (encoding 7) code the bucket table, gaps and differences with the
+adaptive binary range coder (``deltacodec.rangecoder``: geometric gaps, counting contexts),
+in one stored stream: ``aux`` names the field (``FIELD_IDS``: 1 bfloat16, 2 float16, 3
+float32, 4 float64), checked against the element width, and ``count`` is the changed
+elements. They are tried at any changed fraction: with every element of a bucket changed its
+gaps cost almost nothing, and the learner's Adam steps change 75-100% of some tensors.
 
 ``exponent3`` pieces (encoding 8) have ``exponent2``'s layout (``aux`` the field, ``count``
 the changes, one stored stream) with the stream of the static rANS coder
@@ -36,7 +28,8 @@ the changes, one stored stream) with the stream of the static rANS coder
 encoder and sent in the stream, one table-driven symbol per gap and per difference. It decodes
 ~4x and encodes ~5x faster than ``exponent2``, within ~1% of its size on Adam steps at 1-10%
 changed; the encoder writes it beside ``exponent2`` and keeps the smaller
-(``deltacodec.pieces``).
+(``deltacodec.encodings``). The first such encoding, ``exponent`` (encoding 6), is no longer
+written; ``deltacodec.legacy`` decodes it.
 
 The per-element scans (bucket ranks when encoding, bucket countdowns when applying) are
 compiled with numba: numpy has no vector form of "the r-th element of bucket b" short of a
@@ -45,13 +38,11 @@ stable sort of the whole range, ten times slower.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
 import numpy as np
-import zstandard
 
-from . import rangecoder, rans
+from . import kernels, rangecoder, rans
 from .pieces import STORED, Piece, Stream, unzigzag, zigzag
 
 #: Exponent field (shift, mask) of each float dtype tag the encoding is used for.
@@ -63,7 +54,6 @@ EXPONENT_FIELDS: Final[dict[str, tuple[int, int]]] = {
 }
 #: Most buckets a piece may declare (a float64 exponent has 2048).
 MAX_BUCKETS: Final = 1 << 11
-_FAR: Final = 1 << 62  # "no further change in this bucket": never counted down to 0
 #: ``aux`` of an ``exponent2`` piece: its exponent field, and the element width it goes with.
 FIELD_IDS: Final[dict[int, tuple[tuple[int, int], int]]] = {
     1: (EXPONENT_FIELDS["bfloat16"], 2),
@@ -73,20 +63,6 @@ FIELD_IDS: Final[dict[int, tuple[tuple[int, int], int]]] = {
 }
 _ID_OF_FIELD: Final = {field: i for i, (field, _) in FIELD_IDS.items()}
 
-_kernels: dict[str, Callable[..., Any]] = {}
-
-
-def _compiled() -> dict[str, Callable[..., Any]]:
-    """The numba kernels, compiled (or loaded from numba's cache) on first use only, so that
-    importing the codec stays cheap."""
-    if _kernels:
-        return _kernels
-    from .kernels import exponent as k
-
-    _kernels.update(ranks=k.ranks, apply=k.apply)
-    return _kernels
-
-
 # --- encoder ---------------------------------------------------------------------------
 
 
@@ -94,13 +70,13 @@ def _table(
     old: np.ndarray, pos: np.ndarray, diff: np.ndarray, field: tuple[int, int]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Present buckets, their per-bucket gaps and zigzag differences (bucket-major) and
-    their starts: what both models code."""
+    their starts: what both coders code."""
     shift, mask = field
     k = pos.size
     cnt = np.zeros(mask + 1, np.int64)
     gaps = np.empty(k, np.int64)
     bkt = np.empty(k, np.uint16)  # a 16-bit key: numpy sorts it by radix
-    _compiled()["ranks"](old, pos, shift, mask, cnt, gaps, bkt)
+    kernels.load("exponent").ranks(old, pos, shift, mask, cnt, gaps, bkt)
     order = np.argsort(bkt, kind="stable")
     changes = np.bincount(bkt, minlength=mask + 1)
     present = np.flatnonzero(changes)
@@ -114,7 +90,7 @@ def encode_exponent2(
     """``aux`` and the one stream of an ``exponent2`` piece of the changes ``(pos, diff)``
     (at least one) of a range whose base is ``old``."""
     present, gaps, z, starts = _table(old, pos, diff, field)
-    coded = rangecoder.encode2(present, gaps, z, starts, old.size)
+    coded = rangecoder.encode(present, gaps, z, starts, old.size)
     return _ID_OF_FIELD[field], [(STORED, coded)]
 
 
@@ -125,20 +101,6 @@ def encode_exponent3(
     static rANS coder's stream)."""
     present, gaps, z, starts = _table(old, pos, diff, field)
     return _ID_OF_FIELD[field], [(STORED, rans.encode(present, gaps, z, starts))]
-
-
-def encode_exponent(
-    old: np.ndarray,
-    pos: np.ndarray,
-    diff: np.ndarray,
-    field: tuple[int, int],
-    cctx: zstandard.ZstdCompressor,
-) -> tuple[int, list[Stream]]:
-    """Streams of the changes ``(pos, diff)`` (at least one) of a range whose base is
-    ``old``; returns ``aux`` and the streams (module docstring)."""
-    present, gaps, z, starts = _table(old, pos, diff, field)
-    coded = rangecoder.encode(present, gaps, z, starts)
-    return 0, [(STORED, np.array(field, "<u4").tobytes()), (STORED, coded)]
 
 
 # --- decoder ---------------------------------------------------------------------------
@@ -153,14 +115,14 @@ class Plan:
         self.gaps, self.deltas = gaps, deltas
         self.ptr = np.zeros(mask + 1, np.int64)
         self.end = np.zeros(mask + 1, np.int64)
-        self.rem = np.full(mask + 1, _FAR, np.int64)
+        self.rem = np.full(mask + 1, kernels.FAR, np.int64)
         self.done = np.empty(deltas.size, np.int64)
         self.old = np.empty(deltas.size, deltas.dtype)
         self.state = np.zeros(1, np.int64)
 
     def run(self, base: np.ndarray, out: np.ndarray, lo: int, hi: int) -> None:
         """Apply the changes of elements ``[lo, hi)`` (called block by block, in order)."""
-        _compiled()["apply"](
+        kernels.load("exponent").apply(
             base,
             out,
             lo,
@@ -187,25 +149,6 @@ class Plan:
             raise ValueError("exponent piece does not match its range")
 
 
-def decode_exponent(
-    piece: Piece, n: int, dtype: np.dtype, dctx: zstandard.ZstdDecompressor
-) -> Plan:
-    """The plan of an exponent piece over ``n`` elements of ``dtype`` (checks the header's
-    size before decompressing it)."""
-    k = piece.count
-    if not 0 < k <= n or len(piece.streams) != 2 or piece.aux:
-        raise ValueError("exponent piece must hold 1 to its element count changes")
-    (head_codec, head), (codec, coded) = piece.streams
-    if head_codec != STORED or codec != STORED or len(head) != 8:
-        raise ValueError("exponent piece: two stored streams, the first of 8 bytes")
-    shift, mask = (int(x) for x in np.frombuffer(head, "<u4"))
-    if shift >= 8 * dtype.itemsize or mask >= MAX_BUCKETS or mask & (mask + 1):
-        raise ValueError(f"bad exponent field ({shift}, {mask:#x})")
-    width = 8 * dtype.itemsize
-    buckets, starts, gaps, z = rangecoder.decode(np.frombuffer(coded, np.uint8), k, mask, width)
-    return _plan(shift, mask, dtype, buckets, starts, gaps, z)
-
-
 def decode_exponent2(piece: Piece, n: int, dtype: np.dtype, name: str = "exponent2") -> Plan:
     """The plan of an ``exponent2`` piece (or, ``name`` "exponent3", of an ``exponent3``
     piece: same layout, other coder) over ``n`` elements of ``dtype``."""
@@ -217,12 +160,12 @@ def decode_exponent2(piece: Piece, n: int, dtype: np.dtype, name: str = "exponen
         raise ValueError(f"{name} piece: field {piece.aux} for {dtype.itemsize}-byte elements")
     (shift, mask), width = field[0], 8 * dtype.itemsize
     coded = np.frombuffer(piece.streams[0][1], np.uint8)
-    decoder = rans.decode if name == "exponent3" else rangecoder.decode2
+    decoder = rans.decode if name == "exponent3" else rangecoder.decode
     buckets, starts, gaps, z = decoder(coded, k, mask, width, n)
-    return _plan(shift, mask, dtype, buckets, starts, gaps, z)
+    return plan_of(shift, mask, dtype, buckets, starts, gaps, z)
 
 
-def _plan(
+def plan_of(
     shift: int,
     mask: int,
     dtype: np.dtype,
@@ -231,6 +174,7 @@ def _plan(
     gaps: np.ndarray,
     z: np.ndarray,
 ) -> Plan:
+    """The plan of a decoded table (``buckets``, ``starts``) and numbers."""
     plan = Plan(shift, mask, gaps, unzigzag(z.astype(dtype)))
     plan.ptr[buckets], plan.end[buckets] = starts[:-1], starts[1:]
     plan.rem[buckets] = gaps[starts[:-1]]

@@ -4,7 +4,7 @@ A *piece* is the element range ``[start, stop)`` of one tensor, encoded on its o
 chunk (a run of whole pieces) decodes without any other chunk. Values are bit patterns
 (unsigned integers of the element width); nothing here ever reads them as floats.
 
-Encodings, per piece, the smallest one kept:
+Encodings, per piece, the smallest one kept (``deltacodec.encodings`` chooses and decodes):
 
 - ``unchanged``: no data; the base's bits are copied.
 - ``sparse``: changed positions as gaps (count of unchanged elements before each change) in
@@ -20,7 +20,7 @@ Encodings, per piece, the smallest one kept:
   fraction beside ``sparse`` and the dense fallbacks; ``exponent2`` with the adaptive binary
   coder (~5x slower), tried too on pieces of few changes or of a high changed fraction, where
   it is smaller. ``exponent`` pieces, the first form (encoding 6, no longer written), are still
-  decoded.
+  decoded (``deltacodec.legacy``).
 - ``xor`` / ``diff``: dense fallbacks, byte planes of ``old ^ new`` or of zigzag ``new - old``
   over the whole range.
 - ``planes``: no base (keyframes, new tensors): byte planes of the bits.
@@ -60,23 +60,11 @@ ENCODINGS: Final = (
     "exponent2",
     "exponent3",
 )
-NEEDS_BASE: Final = frozenset({UNCHANGED, SPARSE, XOR, DIFF, EXPONENT, EXPONENT2, EXPONENT3})
-BY_EXPONENT: Final = frozenset({EXPONENT, EXPONENT2, EXPONENT3})
 STORED, ZSTD = 0, 1
 PIECE_HEADER: Final = struct.Struct("<IQQBBBxQ")
 STREAM_HEADER: Final = struct.Struct("<BI")
 ZSTD_LEVEL: Final = 1
 
-# Sparse is tried up to this changed fraction and the dense fallbacks from the next one on:
-# on simulated bf16 RL steps sparse still wins at 90% changed, dense only near 100%.
-SPARSE_MAX_FRACTION: Final = 0.9
-DENSE_MIN_FRACTION: Final = 0.5
-# exponent2 (the adaptive coder, ~100 ns a change) is tried beside exponent3 on pieces of at
-# most this many changes, where its learning beats exponent3's header, and on pieces with at
-# least this changed fraction (the learner's Adam steps: its contexts follow the wide
-# differences 0.5-2% closer); elsewhere it would cost encode time for nothing.
-EXPONENT2_MAX_CHANGES: Final = 4096
-EXPONENT2_MIN_FRACTION: Final = 0.2
 # Pack value symbols in b bits when at least this share of them fits without an escape.
 PACK_MIN_SHARE: Final = 0.8
 # 8-byte words compared per step: two blocks of 512 KiB stay in L2 while compared and hashed.
@@ -422,47 +410,7 @@ def encode_dense(
     return Piece(tensor, start, stop, encoding, 0, new.size, streams)
 
 
-def encode_best(
-    tensor: int,
-    start: int,
-    old: np.ndarray | None,
-    new: np.ndarray,
-    ch: Changes | None,
-    cctx: zstandard.ZstdCompressor,
-    field: tuple[int, int] | None = None,
-) -> Piece:
-    """The smallest encoding of ``new`` (elements ``start..``) given ``old`` and its changes.
-    Without a base: ``planes`` or ``raw``. With one: ``unchanged`` when nothing changed, else
-    the smallest of ``sparse`` (changed fraction <= 0.9), for a float dtype (its exponent
-    ``field``) ``exponent3`` and, on few changes or many, ``exponent2``, ``xor`` and ``diff``
-    (>= 0.5), and ``raw`` (its size is known without building it)."""
-    from .exponent import encode_exponent2, encode_exponent3
-
-    n = new.size
-    stop = start + n
-    if old is None or ch is None:
-        cands = [encode_dense(tensor, start, None, new, PLANES, cctx)]
-    elif ch.pos.size == 0:
-        return Piece(tensor, start, stop, UNCHANGED, 0, 0, ())
-    else:
-        cands = []
-        k = int(ch.pos.size)
-        if k <= SPARSE_MAX_FRACTION * n:
-            cands.append(encode_sparse(tensor, start, stop, ch, cctx))
-        if field is not None:
-            aux, streams = encode_exponent3(old, ch.pos, ch.diff, field)
-            cands.append(Piece(tensor, start, stop, EXPONENT3, aux, k, tuple(streams)))
-        if field is not None and (k <= EXPONENT2_MAX_CHANGES or k >= EXPONENT2_MIN_FRACTION * n):
-            aux, streams = encode_exponent2(old, ch.pos, ch.diff, field)
-            cands.append(Piece(tensor, start, stop, EXPONENT2, aux, k, tuple(streams)))
-        if k >= DENSE_MIN_FRACTION * n:
-            cands += [encode_dense(tensor, start, old, new, e, cctx) for e in (XOR, DIFF)]
-    best = min(cands, key=lambda p: p.nbytes)
-    raw_size = PIECE_HEADER.size + STREAM_HEADER.size + new.nbytes
-    return best if best.nbytes < raw_size else encode_dense(tensor, start, None, new, RAW, cctx)
-
-
-# --- decoder ----------------------------------------------------------------------------
+# --- applying ---------------------------------------------------------------------------
 
 # Bytes applied per step: the base and output blocks stay in L2 while the block is copied,
 # patched and hashed (256 KiB measured fastest; 1 MiB is 20% slower).
@@ -483,70 +431,12 @@ def undo_all(undo: Undo) -> None:
     undo.clear()
 
 
-def decode_piece(
-    piece: Piece,
-    base: np.ndarray | None,
-    out: np.ndarray,
-    dctx: zstandard.ZstdDecompressor,
-    old_hasher: Hasher | None = None,
-    new_hasher: Hasher | None = None,
-    undo: Undo | None = None,
-) -> None:
-    """Write the piece's elements into ``out`` (the range's slice of the new tensor), reading
-    the same range of ``base``, and feed the hashers with the base and output bytes of the
-    range. ``out`` may be ``base`` itself (applied in place: each block is hashed as base
-    before it is written, only changed elements are written, and ``undo``, when given,
-    records what restores it). Never writes outside ``out``; raises ValueError when the piece
-    is inconsistent with itself or with the tensor."""
-    n, dtype = out.size, out.dtype
-    if piece.encoding in NEEDS_BASE and base is None:
-        raise ValueError(f"{ENCODINGS[piece.encoding]} piece for a tensor without base")
-    if base is not None and piece.encoding in BY_EXPONENT:
-        from .exponent import decode_exponent, decode_exponent2
-
-        if piece.encoding == EXPONENT:
-            plan = decode_exponent(piece, n, dtype, dctx)
-        else:
-            plan = decode_exponent2(piece, n, dtype, ENCODINGS[piece.encoding])
-        _blocks(base, out, old_hasher, new_hasher, plan.run)
-        if undo is not None and _same(base, out):
-            undo.append((out, plan.done[: plan.ndone], plan.old[: plan.ndone]))
-        plan.finish()
-        return
-    if base is not None and piece.encoding in (UNCHANGED, SPARSE):
-        pos, deltas = _sparse_changes(piece, n, dtype, dctx)
-        if undo is not None and _same(base, out):
-            undo.append((out, pos, base.take(pos)))
-        _apply(base, out, pos, deltas, old_hasher, new_hasher)
-        return
-    if old_hasher is not None and base is not None:
-        old_hasher.update(as_bytes(base))
-    if undo is not None:
-        undo.append((out, None, out.copy()))
-    if piece.encoding == RAW:
-        if len(piece.streams) != 1:
-            raise ValueError("raw piece needs one stream")
-        out.view(np.uint8)[:] = unpack_stream(piece.streams[0], dctx, out.nbytes)
-    else:
-        if len(piece.streams) != dtype.itemsize:
-            raise ValueError("wrong number of byte planes")
-        x = join_planes([unpack_stream(s, dctx, n) for s in piece.streams], dtype.itemsize, n)
-        if piece.encoding == XOR and base is not None:
-            np.bitwise_xor(base, x, out=out)
-        elif piece.encoding == DIFF and base is not None:
-            np.add(base, unzigzag(x), out=out)
-        else:
-            np.copyto(out, x)
-    if new_hasher is not None:
-        new_hasher.update(as_bytes(out))
-
-
-def _same(a: np.ndarray, b: np.ndarray) -> bool:
+def same_memory(a: np.ndarray, b: np.ndarray) -> bool:
     """Whether two arrays are the same memory (an in-place apply)."""
     return bool(a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
 
 
-def _blocks(
+def blocks(
     base: np.ndarray,
     out: np.ndarray,
     old_hasher: Hasher | None,
@@ -555,7 +445,7 @@ def _blocks(
 ) -> None:
     """Block by block, while the block is in cache: hash the base, copy it to ``out`` (unless
     in place), ``patch(base, out, lo, hi)``, hash the output."""
-    inplace = _same(base, out)
+    inplace = same_memory(base, out)
     step = APPLY_BLOCK_BYTES // out.itemsize
     for s in range(0, out.size, step):
         o, b = out[s : s + step], base[s : s + step]
@@ -568,7 +458,7 @@ def _blocks(
             new_hasher.update(as_bytes(o))
 
 
-def _sparse_changes(
+def sparse_changes(
     piece: Piece, n: int, dtype: np.dtype, dctx: zstandard.ZstdDecompressor
 ) -> tuple[np.ndarray, np.ndarray]:
     """Positions and wrapped differences of a sparse (or unchanged) piece."""
@@ -587,7 +477,7 @@ def _sparse_changes(
     return pos, unpack_deltas(piece, dtype, dctx)
 
 
-def _apply(
+def apply_changes(
     base: np.ndarray,
     out: np.ndarray,
     pos: np.ndarray,
@@ -609,4 +499,4 @@ def _apply(
             ob, bb = o[lo:hi], b[lo:hi]
             ob[p] = bb[p] + deltas[j0:j1]
 
-    _blocks(base, out, old_hasher, new_hasher, patch)
+    blocks(base, out, old_hasher, new_hasher, patch)

@@ -38,21 +38,9 @@ than the encoder's first, words or bits missing or left over.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import numpy as np
 
-_kernels: dict[str, Callable[..., Any]] = {}
-
-
-def _compiled() -> dict[str, Callable[..., Any]]:
-    """The numba kernels, compiled (or loaded from numba's cache) on first use only."""
-    if not _kernels:
-        from .kernels import rans as k
-
-        _kernels.update(encode=k.encode, decode=k.decode)
-    return _kernels
+from . import kernels
 
 
 def _varint(v: int) -> bytes:
@@ -67,12 +55,8 @@ def _varint(v: int) -> bytes:
 def encode(buckets: np.ndarray, gaps: np.ndarray, values: np.ndarray, starts: np.ndarray) -> bytes:
     """The coded stream of the bucket table (present buckets ascending, ``starts`` their
     ranges of ``gaps`` and ``values``) and of the per-bucket gaps and zigzag differences."""
-    header, words, raw, nraw = _compiled()["encode"](
-        np.ascontiguousarray(buckets, np.int64),
-        np.ascontiguousarray(gaps, np.int64),
-        np.ascontiguousarray(values, np.uint64),
-        np.ascontiguousarray(starts, np.int64),
-    )
+    kernel = kernels.load("rans").encode
+    header, words, raw, nraw = kernel(*kernels.table_args(buckets, gaps, values, starts))
     plain = raw.astype("<u8").tobytes()[:nraw]
     return b"".join((header.tobytes(), _varint(words.size), words.astype("<u2").tobytes(), plain))
 
@@ -80,14 +64,7 @@ def encode(buckets: np.ndarray, gaps: np.ndarray, values: np.ndarray, starts: np
 def decode(
     buf: np.ndarray, count: int, mask: int, width_bits: int, n: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``(buckets, starts, gaps, zigzag differences)`` of ``encode``'s stream of ``count``
-    changes in a range of ``n`` elements, buckets within ``mask``, differences within
-    ``width_bits``."""
-    buckets, starts = np.empty(mask + 1, np.int64), np.empty(mask + 2, np.int64)
-    gaps, values = np.empty(count, np.int64), np.empty(count, np.uint64)
-    nb = _compiled()["decode"](
-        np.ascontiguousarray(buf, np.uint8), mask, width_bits, int(n), buckets, starts, gaps, values
-    )
-    if nb < 0:
-        raise ValueError("exponent3 piece: coded stream is truncated or inconsistent")
-    return buckets[:nb], starts[: nb + 1], gaps, values
+    """Inverse of ``encode``: the table and numbers (``kernels.run_decoder``) of ``count``
+    changes in a range of ``n`` elements of ``width_bits`` bits, buckets within ``mask``."""
+    kernel = kernels.load("rans").decode
+    return kernels.run_decoder(kernel, buf, count, mask, width_bits, int(n), what="exponent3")

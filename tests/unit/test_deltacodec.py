@@ -23,9 +23,9 @@ from rlstream.schemas import deltacodec as dc
 from rlstream.schemas.deltacodec import TensorBits
 from rlstream.schemas.deltacodec import file as dfile
 from rlstream.schemas.deltacodec.bits import UINT_BY_WIDTH
+from rlstream.schemas.deltacodec.encodings import decode_piece
 from rlstream.schemas.deltacodec.pieces import (
     _true_positions,
-    decode_piece,
     decode_positions,
     encode_positions,
 )

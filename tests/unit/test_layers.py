@@ -55,6 +55,79 @@ def test_imports_point_down_only() -> None:
     assert not violations, "upward imports:\n" + "\n".join(violations)
 
 
+def _module_names() -> dict[str, Path]:
+    """Every module of the package by its absolute name (a package by its ``__init__``)."""
+    out = {}
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0] not in LAYER:
+            continue
+        parts = list(rel.with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(["rlstream", *parts])] = path
+    return out
+
+
+def _import_graph(package: str) -> dict[str, set[str]]:
+    """Which modules of ``package`` each module of it imports (``from . import x`` names the
+    module x; a submodule's implicit import of its parent package is not an edge)."""
+    modules = _module_names()
+    inside = {m: p for m, p in modules.items() if m == package or m.startswith(package + ".")}
+    graph: dict[str, set[str]] = {}
+    for name, path in inside.items():
+        here = ["rlstream", *path.relative_to(ROOT).parent.parts]
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = here[: len(here) - node.level + 1] if node.level else []
+                module = ".".join(base + ([node.module] if node.module else []))
+                for a in node.names:
+                    edges.add(f"{module}.{a.name}" if f"{module}.{a.name}" in inside else module)
+        graph[name] = (edges & inside.keys()) - {name}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import circle of ``graph`` (empty when there is none)."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return []
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return []
+
+
+def test_the_delta_codec_has_no_import_circle() -> None:
+    """Inside the codec package imports form layers too (bits <- pieces <- coders <- exponent
+    <- legacy <- encodings <- codec), lazy imports included: a circle would let a module see
+    a half-initialised one, or hide which part depends on which."""
+    graph = _import_graph("rlstream.schemas.deltacodec")
+    assert len(graph) > 10, sorted(graph)
+    assert not _cycle(graph), " -> ".join(_cycle(graph))
+
+
+def test_the_circle_check_sees_a_circle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}
+    assert _cycle(graph) == ["a", "b", "c", "a"]
+    assert not _cycle({"a": {"b"}, "b": set()})
+
+
 def test_every_layer_is_checked() -> None:
     folders = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
     assert folders - {"tests"} <= set(LAYER), folders - set(LAYER)

@@ -1,4 +1,54 @@
-"""The delta codec's numba kernels, one module per coder, at module level so that numba's
-on-disk cache (``__pycache__`` beside each module) serves every process after the first. They
-are imported on first use only, so that importing the codec stays cheap; ``rlstream delta warm``
-compiles them all once."""
+"""The delta codec's numba kernels, one module per coder (``exponent``: bucket ranks and plans;
+``rangecoder``: the adaptive binary range coder; ``rans``: the static rANS coder), at module
+level so that numba's on-disk cache (``__pycache__`` beside each module) serves every process
+after the first. They are imported on first use only (``load``), so that importing the codec
+stays cheap (no numba); ``rlstream delta warm`` compiles them all once.
+
+Each coder's decoder kernel takes the same arguments and fills the same arrays: the coded
+bytes, the bucket mask, its own header values, then ``buckets``, ``starts``, ``gaps`` and
+``values``; it returns the bucket count, or -1 for a stream it refuses (``run_decoder``).
+Encoder kernels take the bucket table and the numbers alike (``table_args``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any, Final
+
+import numpy as np
+
+#: An exponent plan's countdown for "no further change in this bucket": never reaches 0.
+FAR: Final = 1 << 62
+
+
+def load(name: str) -> ModuleType:
+    """The kernel module ``name``, compiled (or loaded from numba's cache) on first use."""
+    return importlib.import_module(f"{__name__}.{name}")
+
+
+def table_args(
+    buckets: np.ndarray, gaps: np.ndarray, values: np.ndarray, starts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A coder's bucket table and numbers as its encoder kernel takes them (contiguous)."""
+    return (
+        np.ascontiguousarray(buckets, np.int64),
+        np.ascontiguousarray(gaps, np.int64),
+        np.ascontiguousarray(values, np.uint64),
+        np.ascontiguousarray(starts, np.int64),
+    )
+
+
+def run_decoder(
+    kernel: Callable[..., Any], buf: np.ndarray, count: int, mask: int, *header: Any, what: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(buckets, starts, gaps, zigzag differences)`` a decoder kernel fills from ``buf``
+    (``count`` changes, buckets within ``mask``; ``header``: the kernel's arguments between
+    the mask and the arrays); ``ValueError`` naming ``what`` when it refuses the stream."""
+    buckets, starts = np.empty(mask + 1, np.int64), np.empty(mask + 2, np.int64)
+    gaps, values = np.empty(count, np.int64), np.empty(count, np.uint64)
+    nb = kernel(np.ascontiguousarray(buf, np.uint8), mask, *header, buckets, starts, gaps, values)
+    if nb < 0:
+        raise ValueError(f"{what} piece: coded stream is truncated or inconsistent")
+    return buckets[:nb], starts[: nb + 1], gaps, values

@@ -1,5 +1,5 @@
-"""The exponent pieces' numba kernels (``deltacodec.exponent``), at module level so that numba's
-on-disk cache serves every process after the first; imported on first use only."""
+"""The exponent pieces' numba kernels (``deltacodec.exponent``): bucket ranks when encoding,
+bucket countdowns when applying."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from ..exponent import _FAR
+from . import FAR
 
 jit = numba.njit(cache=True, nogil=True, boundscheck=False)
 
@@ -68,7 +68,7 @@ def apply(
             n += 1
             p += 1
             ptr[b] = p
-            rem[b] = gaps[p] if p < end[b] else _FAR
+            rem[b] = gaps[p] if p < end[b] else FAR
         else:
             rem[b] = r - 1
     state[0] = n
