@@ -44,7 +44,7 @@ from rlstream.consumers.admission_rules import (
 from rlstream.consumers.consumer import Record, RoleContext
 from rlstream.consumers.read_to_end import read_to_end, reader
 from rlstream.consumers.transactional import Output, TransactionalLoop
-from rlstream.consumers.versions import VersionWatcher
+from rlstream.consumers.weights.versions import VersionWatcher
 from rlstream.producers.metrics import track_buffer
 from rlstream.producers.settings import KafkaSettings
 from rlstream.schemas import arrays, topics

@@ -55,7 +55,7 @@ from rlstream.consumers.served_log import (
     with_served,
 )
 from rlstream.consumers.transactional import Output, TransactionalLoop
-from rlstream.consumers.versions import VersionWatcher
+from rlstream.consumers.weights.versions import VersionWatcher
 from rlstream.producers.settings import KafkaSettings
 from rlstream.schemas import arrays, events, topics
 

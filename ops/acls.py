@@ -124,7 +124,7 @@ ACCESS: dict[str, RoleAccess] = {
         reads=("admitted", "weights.manifests", "weights.chunks"),
         writes=("weights.manifests", "weights.chunks", "dlq"),
         group="learner",
-        prunes=("weights.chunks",),  # chunks no kept keyframe needs (producers.weight_retention)
+        prunes=("weights.chunks",),  # chunks no kept keyframe needs (producers.weights.retention)
     ),
     "feedback-rl": RoleAccess(
         reads=("feedback", "served", "trajectories", "weights.manifests", "admitted", "rejected"),

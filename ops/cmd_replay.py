@@ -46,8 +46,8 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _runs(args: argparse.Namespace) -> int:
     from rlstream.consumers.eval_log import read_evals
-    from rlstream.consumers.manifest_log import manifests_by_version as weight_manifests
     from rlstream.consumers.run_log import run_manifests
+    from rlstream.consumers.weights.manifest_log import manifests_by_version as weight_manifests
 
     settings = settings_from_args(args)
     if args.action == "delete":

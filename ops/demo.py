@@ -110,11 +110,11 @@ def sign_weights(out: Path) -> Path:
     """A signing key for the run (kept under ``out``; returns its file): the learner signs every
     weight manifest, and every role that reads manifests (the roles inherit this environment)
     refuses one that does not verify."""
-    from rlstream.producers import weight_signing
+    from rlstream.producers.weights import signing
 
-    key_file, public_hex = weight_signing.generate(out / "learner")
-    os.environ[weight_signing.SIGNING_KEY_ENV] = str(key_file)
-    os.environ[weight_signing.VERIFY_KEY_ENV] = public_hex
+    key_file, public_hex = signing.generate(out / "learner")
+    os.environ[signing.SIGNING_KEY_ENV] = str(key_file)
+    os.environ[signing.VERIFY_KEY_ENV] = public_hex
     return key_file
 
 
@@ -366,7 +366,7 @@ def final_model(
     """The run's final policy: ``final_version``, ``final_state_hash`` (the learner's, as in the
     manifest) and ``model_dir`` (``out/model``, or None when no version at or past
     ``version`` could be read back)."""
-    from rlstream.consumers.weights import WeightSubscriber
+    from rlstream.consumers.weights.subscriber import WeightSubscriber
     from rlstream.schemas.deltacodec.bits import state_hash, to_torch
 
     with WeightSubscriber(settings, run, config.model) as sub:

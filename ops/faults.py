@@ -212,8 +212,8 @@ def forge_manifests(
       learner): refused for its implausible version, not its signature."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from rlstream.consumers.manifest_log import ManifestLog
-    from rlstream.producers.weight_signing import Signer
+    from rlstream.consumers.weights.manifest_log import ManifestLog
+    from rlstream.producers.weights.signing import Signer
 
     with ManifestLog.of_run(settings, run, model) as log:
         log.catch_up(30)

@@ -20,9 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rlstream.consumers.manifest_log import manifests_by_version
 from rlstream.consumers.run_log import run_manifests
 from rlstream.consumers.tap import tap
+from rlstream.consumers.weights.manifest_log import manifests_by_version
 from rlstream.producers.settings import KafkaSettings
 from rlstream.schemas import arrays, topics
 from rlstream.schemas.deltacodec.bits import state_hash

@@ -1,6 +1,6 @@
 """The eval role: scores policy versions on the held-out tasks and decides which are released.
 
-The role follows the run's weight manifests (``consumers.weights.WeightSubscriber``) and
+The role follows the run's weight manifests (``consumers.weights.subscriber.WeightSubscriber``) and
 evaluates the warm start (version 0) and every ``every``-th version after it, in order, on the
 run's held-out task set (each family's ``eval_tasks``, disjoint from every training task by
 construction, see ``envs.family``). It generates with the rollout code (``rollout.harness``,
@@ -52,7 +52,7 @@ import torch
 
 from rlstream.consumers.consumer import RoleContext
 from rlstream.consumers.eval_log import read_evals
-from rlstream.consumers.weights import Snapshot, WeightSubscriber
+from rlstream.consumers.weights.subscriber import Snapshot, WeightSubscriber
 from rlstream.envs import family as families
 from rlstream.envs import sandbox
 from rlstream.envs.family import FamilySpec, FamilyTask

@@ -128,7 +128,7 @@ def _tasks(settings: KafkaSettings, run: str) -> list[dict[str, Any]]:
 def run_role(ctx: RoleContext) -> int:
     """Release tasks until ``max_tasks`` are released and decided, or stopped; returns how many
     were released in total."""
-    from rlstream.consumers.versions import VersionWatcher
+    from rlstream.consumers.weights.versions import VersionWatcher
 
     settings, run, cfg, stopper, log = ctx.settings, ctx.run, ctx.cfg, ctx.stopper, ctx.log
     targets = ctx.regions.rollout or (ctx.regions.trainer,)

@@ -72,7 +72,7 @@ from confluent_kafka import KafkaException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rlstream.consumers.eval_log import ReleaseFollower
-from rlstream.consumers.weights import WeightSubscriber
+from rlstream.consumers.weights.subscriber import WeightSubscriber
 from rlstream.producers.producer import DeliveryError, EventProducer
 from rlstream.producers.settings import KafkaSettings
 from rlstream.rollout.config import PolicyConfig

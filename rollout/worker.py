@@ -49,7 +49,7 @@ import torch
 
 from rlstream.consumers.consumer import Record, RoleContext, Stopper
 from rlstream.consumers.transactional import Output, Refused, TransactionalLoop
-from rlstream.consumers.weights import WeightSubscriber
+from rlstream.consumers.weights.subscriber import WeightSubscriber
 from rlstream.envs.family import environment_for
 from rlstream.producers.settings import KafkaSettings
 from rlstream.rollout.config import RolloutConfig

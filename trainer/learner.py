@@ -5,7 +5,7 @@ Guarantees:
   records that formed it commit in ONE Kafka transaction; records read but not yet trained are
   not committed, so after a crash the learner resumes from its last published version. The
   version's chunks are written and acknowledged before that transaction opens, outside it
-  (``producers.weights``), so the transaction stays short whatever the model's size; chunks of
+  (``producers.weights.publisher``), so the transaction stays short whatever the model's size; chunks of
   a version whose transaction never committed are orphans no reader applies;
 - reproducible: the manifest records which admitted records (topic, partition, offset) formed
   the step, in training order; on CPU, the same initial weights, seed and inputs in that order
@@ -31,7 +31,7 @@ the learner above: it alone reads the ledger, consumes the admitted stream (the 
 membership and the step's input offsets are its own), writes checkpoints (gathered from every
 rank) and commits; it hands every step's groups to the other ranks (``Ranks.broadcast``; a
 heartbeat while idle), each rank trains on its slice with the gradients averaged across ranks,
-and every rank publishes its share of the version (``producers.weights``): the manifest and the
+and every rank publishes its share of the version (``producers.weights.publisher``): the manifest and the
 offsets commit in one transaction by rank 0 only after every rank's chunks are acknowledged. A
 rank that dies fails the step on every rank before anything commits (a collective fails, the
 launcher stops the others); the restarted learner resumes from its last version, rank 0's
@@ -55,11 +55,11 @@ from confluent_kafka import TopicPartition
 from rlstream.consumers.consumer import RoleConsumer, RoleContext, Stopper, make_consumer
 from rlstream.consumers.dlq import dead_letter, dead_letter_at
 from rlstream.consumers.feedback_rules import online_quota
-from rlstream.consumers.manifest_log import manifests_by_version
+from rlstream.consumers.weights.manifest_log import manifests_by_version
 from rlstream.producers.admin import admin_client
 from rlstream.producers.metrics import track_buffer
 from rlstream.producers.settings import KafkaSettings
-from rlstream.producers.weights import rank_publisher
+from rlstream.producers.weights.publisher import rank_publisher
 from rlstream.schemas import arrays, topics
 from rlstream.schemas.deltacodec.bits import state_hash
 from rlstream.trainer.distributed import RankEnv, Ranks
@@ -262,7 +262,7 @@ class Learner:
 
     def _restore_from_stream(self, version: int) -> None:
         """No local checkpoint: take the published weights of ``version`` (optimizer restarts)."""
-        from rlstream.consumers.weights import WeightSubscriber
+        from rlstream.consumers.weights.subscriber import WeightSubscriber
         from rlstream.schemas.deltacodec import to_torch
 
         sub = WeightSubscriber(self.settings, self.run, self.cfg.model)

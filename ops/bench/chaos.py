@@ -202,7 +202,7 @@ class Driver:
             )
 
     def _wait_first_version(self) -> None:
-        from rlstream.consumers.versions import VersionWatcher
+        from rlstream.consumers.weights.versions import VersionWatcher
         from rlstream.schemas import topics
 
         watcher = VersionWatcher(

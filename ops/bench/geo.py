@@ -81,10 +81,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def _weights(settings: dict[str, Any], run: str, args: argparse.Namespace) -> dict[str, Any]:
     """Publish the versions one by one; per version the commit time and each subscriber's
     applied time and fetched bytes."""
-    from rlstream.consumers.weights import WeightSubscriber
+    from rlstream.consumers.weights.subscriber import WeightSubscriber
     from rlstream.ops.bench.sync import _Model
     from rlstream.producers.producer import EventProducer
-    from rlstream.producers.weights import WeightPublisher
+    from rlstream.producers.weights.publisher import WeightPublisher
 
     model = _Model(args.mb, seed=0, lr=args.lr)
     producer = EventProducer.transactional(settings["trainer"], f"rlstream.{run}.learner")

@@ -124,7 +124,7 @@ def _rank(
 ) -> None:  # pragma: no cover (runs in a spawned process)
     import torch
 
-    from rlstream.producers.weights import rank_publisher
+    from rlstream.producers.weights.publisher import rank_publisher
     from rlstream.schemas import topics
     from rlstream.trainer.learner_step import StepInput, init_model, published_state, train_step
 

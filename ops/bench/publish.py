@@ -91,7 +91,7 @@ def _bits(index: int, n: int) -> Any:
 
 def _state(specs: list[tuple[str, int]], rank: int, world: int) -> dict[str, Any]:
     """The state as rank ``rank`` of ``world`` holds it: its shard real, the rest stand-ins."""
-    from rlstream.producers.weight_shards import shard_names
+    from rlstream.producers.weights.shards import shard_names
     from rlstream.schemas.deltacodec import TensorBits
 
     sized = {name: _Sized(n * 2) for name, n in specs}
@@ -107,7 +107,7 @@ def _state(specs: list[tuple[str, int]], rank: int, world: int) -> dict[str, Any
 def _rank(
     rank: int, world: int, port: int, settings: Any, run: str, specs: list, out: Any
 ) -> None:  # pragma: no cover (runs in a spawned process)
-    from rlstream.producers.weights import rank_publisher
+    from rlstream.producers.weights.publisher import rank_publisher
     from rlstream.schemas import topics
 
     ranks = None
@@ -149,7 +149,7 @@ def _publish(settings: Any, run: str, specs: list, world: int) -> dict[str, Any]
 
 def _apply(settings: Any, run: str) -> tuple[float, Any]:
     """Seconds from a fresh subscriber to version 0 held, verified; its apply report."""
-    from rlstream.consumers.weights import WeightSubscriber
+    from rlstream.consumers.weights.subscriber import WeightSubscriber
 
     t0 = time.perf_counter()
     with WeightSubscriber(settings, run, MODEL, fetch_timeout=600) as sub:

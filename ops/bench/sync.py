@@ -338,7 +338,7 @@ class _Model:
 def _learner(cfg: dict[str, Any]) -> None:
     from rlstream.producers.producer import EventProducer
     from rlstream.producers.settings import KafkaSettings
-    from rlstream.producers.weights import WeightPublisher
+    from rlstream.producers.weights.publisher import WeightPublisher
 
     model = _Model(cfg["mb"], cfg["seed"], cfg["lr"])
     settings = KafkaSettings(bootstrap_servers=cfg["bootstrap"])
@@ -433,7 +433,7 @@ class _Engine:
 
 
 def _subscriber(cfg: dict[str, Any]) -> None:
-    from rlstream.consumers.weights import WeightSubscriber
+    from rlstream.consumers.weights.subscriber import WeightSubscriber
     from rlstream.producers.settings import KafkaSettings
     from rlstream.schemas import deltacodec as codec
 

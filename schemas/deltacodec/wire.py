@@ -1,7 +1,7 @@
 """The weight wire format: chunk bytes, the codec manifest's tables, and the Avro records.
 
 One module owns how a policy version looks on the wire; the codec (``deltacodec``), the
-publisher (``producers.weights``) and the subscriber (``consumers.weights``) only call it.
+publisher (``producers.weights.publisher``) and the subscriber (``consumers.weights.subscriber``) only call it.
 
 - Chunk layout: ``CHUNK_HEADER`` ``<4sBxxxI`` (magic ``RLDK``, format 1, piece count), then
   whole pieces, each laid out as ``deltacodec.pieces`` documents. ``pack_chunk`` writes a chunk

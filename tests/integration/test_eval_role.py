@@ -13,7 +13,7 @@ import torch
 from rlstream.ops.demo import start_role
 from rlstream.producers.admin import ensure_run_topics
 from rlstream.producers.producer import EventProducer
-from rlstream.producers.weights import WeightPublisher
+from rlstream.producers.weights.publisher import WeightPublisher
 from rlstream.rollout.config import PolicyConfig
 from rlstream.rollout.model import build_policy
 from rlstream.schemas import topics

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from helpers import decisions, stop_procs, wait_for
 
-from rlstream.consumers.manifest_log import read_manifests
+from rlstream.consumers.weights.manifest_log import read_manifests
 from rlstream.ops.demo import start_role
 from rlstream.producers.admin import ensure_run_topics
 
@@ -123,8 +123,8 @@ def _check_sharded(kafka, run: str) -> None:
     tensors); a fresh subscriber applies the newest version, verifying every hash."""
     import math
 
-    from rlstream.consumers.weights import WeightSubscriber
-    from rlstream.producers.weight_shards import shard_ranges
+    from rlstream.consumers.weights.subscriber import WeightSubscriber
+    from rlstream.producers.weights.shards import shard_ranges
     from rlstream.schemas.deltacodec import DTYPE_WIDTHS
 
     manifests = _versions(kafka, run)

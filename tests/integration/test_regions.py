@@ -6,7 +6,7 @@ from the catalog, reading ``read_committed``, writing with exactly-once support)
 rest: the rollout region's weight subscriber, reading the mirrored names, applies exactly the
 committed versions bit-exactly, and neither the aborted manifest nor the aborted trajectory
 exists in the other region's copy, even read ``read_uncommitted``. The aborted publish's chunks
-were written outside its transaction (``producers.weights``): they are orphans, and they cross
+were written outside its transaction (``producers.weights.publisher``): they are orphans, and they cross
 like every chunk, named by no manifest on either side and applied by no subscriber.
 """
 
@@ -19,12 +19,12 @@ from helpers import read_all
 from test_events import examples
 from test_weights_sync import CHUNK, MODEL, Learner
 
-from rlstream.consumers.weights import WeightSubscriber
+from rlstream.consumers.weights.subscriber import WeightSubscriber
 from rlstream.ops import cluster
 from rlstream.producers.admin import ensure_run_topics
 from rlstream.producers.producer import EventProducer
 from rlstream.producers.settings import KafkaSettings
-from rlstream.producers.weights import WeightPublisher
+from rlstream.producers.weights.publisher import WeightPublisher
 from rlstream.schemas import deltacodec as codec
 from rlstream.schemas import events, topics
 

@@ -18,7 +18,7 @@ from rlstream.envs.judges import JudgeConfig, judge_llm
 from rlstream.producers import aio
 from rlstream.producers.admin import ensure_run_topics
 from rlstream.producers.producer import EventProducer
-from rlstream.producers.weights import WeightPublisher
+from rlstream.producers.weights.publisher import WeightPublisher
 from rlstream.rollout.config import PolicyConfig
 from rlstream.rollout.model import build_policy
 from rlstream.rollout.serve import PolicyServer, make_app

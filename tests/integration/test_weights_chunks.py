@@ -4,7 +4,7 @@ publisher) are never applied and go with the older versions when retention cuts 
 
 The chunks of a version are written by the publisher's idempotent, non-transactional producer
 and acknowledged before one short transaction commits the manifest with the consumer offsets
-(``producers.weights``); these tests check what that changes for readers and for retention.
+(``producers.weights.publisher``); these tests check what that changes for readers and for retention.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from confluent_kafka import KafkaException
 from helpers import read_all
 from test_weights_sync import CHUNK, MODEL, Learner, _assert_on, _make_topics, _subscriber
 
-from rlstream.consumers.manifest_log import read_manifests
+from rlstream.consumers.weights.manifest_log import read_manifests
 from rlstream.producers.admin import admin_client
 from rlstream.producers.producer import EventProducer
 from rlstream.producers.settings import KafkaSettings
-from rlstream.producers.weight_retention import prune
-from rlstream.producers.weights import WeightPublisher
+from rlstream.producers.weights.publisher import WeightPublisher
+from rlstream.producers.weights.retention import prune
 from rlstream.schemas import deltacodec as codec
 from rlstream.schemas import events, topics
 

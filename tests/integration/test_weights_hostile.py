@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 from test_weights_sync import MODEL, Learner, _assert_on, _make_topics, _publish, _subscriber
 
-from rlstream.consumers.versions import VersionWatcher
-from rlstream.producers import metrics, weight_signing
+from rlstream.consumers.weights.versions import VersionWatcher
+from rlstream.producers import metrics
 from rlstream.producers.producer import EventProducer
 from rlstream.producers.settings import KafkaSettings
-from rlstream.producers.weights import WeightPublisher
+from rlstream.producers.weights import signing
+from rlstream.producers.weights.publisher import WeightPublisher
 from rlstream.schemas import deltacodec as codec
 from rlstream.schemas import events, topics
 
@@ -35,7 +36,7 @@ def _refused(reason: str) -> float:
 def test_out_of_bounds_and_out_of_memory_versions_are_refused_and_v2_keeps_serving(
     kafka: KafkaSettings, unique_run: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv(weight_signing.VERIFY_KEY_ENV, raising=False)
+    monkeypatch.delenv(signing.VERIFY_KEY_ENV, raising=False)
     _make_topics(kafka, unique_run)
     learner = Learner(seed=5)
     pub = _pub(kafka, unique_run, "learner")
@@ -81,9 +82,9 @@ def test_a_fenced_learner_and_a_signed_version_10_to_the_12_are_refused(
     kafka: KafkaSettings, unique_run: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _make_topics(kafka, unique_run)
-    key_file, public_hex = weight_signing.generate(tmp_path)
-    monkeypatch.setenv(weight_signing.VERIFY_KEY_ENV, public_hex)
-    signer = weight_signing.Signer.from_file(key_file)
+    key_file, public_hex = signing.generate(tmp_path)
+    monkeypatch.setenv(signing.VERIFY_KEY_ENV, public_hex)
+    signer = signing.Signer.from_file(key_file)
     learner = Learner(seed=7)
     old = _pub(kafka, unique_run, "learner-a", signer=signer, epoch=1)
     _publish(old, learner, range(3))

@@ -23,15 +23,15 @@ import numpy as np
 import pytest
 from helpers import read_all
 
-from rlstream.consumers.manifest_log import read_manifests
-from rlstream.consumers.versions import VersionWatcher
-from rlstream.consumers.weights import Snapshot, WeightSubscriber
-from rlstream.producers import weight_signing
+from rlstream.consumers.weights.manifest_log import read_manifests
+from rlstream.consumers.weights.subscriber import Snapshot, WeightSubscriber
+from rlstream.consumers.weights.versions import VersionWatcher
 from rlstream.producers.admin import admin_client, apply_topics, run_topic_wants
 from rlstream.producers.producer import EventProducer
 from rlstream.producers.settings import KafkaSettings
-from rlstream.producers.weight_retention import prune
-from rlstream.producers.weights import WeightPublisher
+from rlstream.producers.weights import signing
+from rlstream.producers.weights.publisher import WeightPublisher
+from rlstream.producers.weights.retention import prune
 from rlstream.schemas import deltacodec as codec
 from rlstream.schemas import events, topics
 
@@ -289,7 +289,7 @@ def _worker_main(argv: list[str]) -> None:
     p.add_argument("until", type=int)
     p.add_argument("slow", type=float)
     args = p.parse_args(argv)
-    logger = logging.getLogger("rlstream.consumers.weights")
+    logger = logging.getLogger("rlstream.consumers.weights.subscriber")
     logger.setLevel(logging.INFO)
     logger.addHandler(_Echo(args.slow))
     settings = KafkaSettings(bootstrap_servers=args.bootstrap)
@@ -314,15 +314,15 @@ def test_forged_manifests_are_refused_and_the_old_weights_keep_serving(
     """Signed by the run's key, versions apply; a manifest that is unsigned, signed by another
     key, or altered is refused before it is decoded (a forged version 10^12 pins nothing)."""
     _make_topics(kafka, unique_run)
-    key_file, public_hex = weight_signing.generate(tmp_path)
-    monkeypatch.setenv(weight_signing.VERIFY_KEY_ENV, public_hex)
+    key_file, public_hex = signing.generate(tmp_path)
+    monkeypatch.setenv(signing.VERIFY_KEY_ENV, public_hex)
     learner = Learner(seed=11)
-    pub = _publisher(kafka, unique_run, k=4, signer=weight_signing.Signer.from_file(key_file))
+    pub = _publisher(kafka, unique_run, k=4, signer=signing.Signer.from_file(key_file))
     _publish(pub, learner, range(3))
     real = pub.publish_version(learner.step(), 3)
     forged = {**real, "version": 10**12, "base_version": 3}
     value = events.serializer("weight_manifest")(forged, None)
-    intruder = weight_signing.Signer.from_file(weight_signing.generate(tmp_path / "other")[0])
+    intruder = signing.Signer.from_file(signing.generate(tmp_path / "other")[0])
     topic = topics.topic_name(unique_run, "weights.manifests")
     altered = bytearray(value)
     altered[-1] ^= 1  # a bit flipped after signing

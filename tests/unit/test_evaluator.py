@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from rlstream.consumers.weights import Snapshot
+from rlstream.consumers.weights.subscriber import Snapshot
 from rlstream.envs.family import FamilySpec, family_of
 from rlstream.ops.config import load_run_config
 from rlstream.rollout import evaluator as ev

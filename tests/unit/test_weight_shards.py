@@ -1,4 +1,4 @@
-"""Pure rules of sharded weight publishing (``producers.weight_shards``): the size-balanced
+"""Pure rules of sharded weight publishing (``producers.weights.shards``): the size-balanced
 split by name, and that N ranks' encodings merged into one version decode bit-exactly through
 the Avro mapping, with the same state hashes one publisher of the whole state records."""
 
@@ -9,7 +9,7 @@ import itertools
 import numpy as np
 import pytest
 
-from rlstream.producers.weight_shards import (
+from rlstream.producers.weights.shards import (
     ShardLayout,
     merge_shards,
     shard_names,

@@ -1,4 +1,4 @@
-"""The subscriber's staging step (``consumers.weights.stage_step``) without a broker.
+"""The subscriber's staging step (``consumers.weights.subscriber.stage_step``) without a broker.
 
 Properties asserted: with the spare buffers of the version before the base and the delta that
 made the base, a delta is applied in place into the spare's memory (the result is bit-exact
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlstream.consumers.weights import stage_step
+from rlstream.consumers.weights.subscriber import stage_step
 from rlstream.schemas import deltacodec as dc
 from rlstream.schemas.deltacodec import TensorBits
 

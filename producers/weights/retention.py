@@ -9,7 +9,7 @@ delete nothing.
 
 Orphan chunks (written by a publish whose manifest never committed: an aborted transaction, a
 learner that crashed between its chunks and its manifest, a fenced one; see
-``producers.weights``) are named by no manifest and never applied; they go with the versions
+``producers.weights.publisher``) are named by no manifest and never applied; they go with the versions
 around them: a cut at a kept chunk's offset deletes every orphan written before it in that
 partition. The publisher spreads chunks round-robin over the partitions, so the oldest kept
 keyframe, when it has at least as many chunks as the topic has partitions, has a chunk in every
@@ -80,7 +80,7 @@ def prune(
     """Delete the chunk records ``retention_cutoffs`` allows; returns the new low watermarks.
 
     Manifests are never deleted. ``manifests`` is the model's manifest history (for instance
-    ``rlstream.consumers.manifest_log.read_manifests``, or ``WeightPublisher.history``)."""
+    ``rlstream.consumers.weights.manifest_log.read_manifests``, or ``WeightPublisher.history``)."""
     cuts = retention_cutoffs(manifests, keep_keyframes)
     if not cuts:
         return {}

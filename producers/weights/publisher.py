@@ -22,15 +22,15 @@ the last committed version.
 
 The rule that keeps chunks outside the transaction safe: **a chunk that no committed manifest
 names is never applied**. Subscribers follow committed manifests only
-(``consumers.manifest_log`` reads ``read_committed``) and fetch exactly the chunks a manifest
-names, matched by key and checksum (``consumers.weights``); so the chunks of a publish whose
+(``consumers.weights.manifest_log`` reads ``read_committed``) and fetch exactly the chunks a manifest
+names, matched by key and checksum (``consumers.weights.subscriber``); so the chunks of a publish whose
 transaction aborted, of a learner that crashed between its chunks and its manifest, or of a
 fenced (zombie) learner (its chunk producer is not fenced, its manifest's transaction is) are
 orphans: readable, never applied. Retention deletes them with the older versions: chunks are
 spread round-robin over the chunk topic's partitions (by index, continuing where the previous
 version ended), so a keyframe of at least as many chunks as there are partitions lies after
 every older orphan in every partition, and the prune that drops the versions before that
-keyframe cuts past the orphans too (``producers.weight_retention``). Nothing transactional
+keyframe cuts past the orphans too (``producers.weights.retention``). Nothing transactional
 writes the chunk topic, so it never holds back a ``read_committed`` reader's last stable offset.
 
 ``publish`` is the same inside a transaction the caller holds open: the chunks are written (and
@@ -50,22 +50,22 @@ Rules (pure, unit-tested):
   one-chunk delta too), and a version of at least as many chunks as partitions touches all.
 - ``learner_epoch`` of a manifest is the publisher's ``epoch``: the learner's incarnation (one
   more than the newest epoch among the run's manifests, set by the learner when it starts), so
-  readers can refuse a manifest of an older incarnation (``consumers.manifest_log``).
+  readers can refuse a manifest of an older incarnation (``consumers.weights.manifest_log``).
 
 Sharded (``ranks``, a learner of N ranks on torch.distributed): every rank holds a publisher
 and calls ``publish_version`` with the same version and the whole state; each encodes only its
-shard (``weight_shards.shard_names``: contiguous, size-balanced ranges of the sorted names) and
+shard (``shards.shard_names``: contiguous, size-balanced ranges of the sorted names) and
 writes its chunks with its own chunk producer, numbered rank after rank and placed by the same
 round-robin rule as if one publisher wrote them all. The ranks then exchange (``ranks.
 all_gather``) their chunk refs once every chunk is acknowledged; rank 0 alone holds the
 transactional producer and commits the manifest naming every rank's chunks with the offsets
-(``weight_shards.merge_shards``: the same wire format, so subscribers need not know), then
+(``shards.merge_shards``: the same wire format, so subscribers need not know), then
 tells the ranks whether it committed. A rank that fails (or dies) fails the version on every
 rank before any manifest exists; its chunks already written are orphans, never applied.
 
 The records themselves (``WeightChunk``, ``WeightManifest``, and how the codec manifest maps to
 them) are the wire format, owned by ``schemas.deltacodec.wire``; which chunks may be deleted is
-the retention rule, owned by ``producers.weight_retention`` (``WeightPublisher.prune`` applies it
+the retention rule, owned by ``producers.weights.retention`` (``WeightPublisher.prune`` applies it
 to the versions this publisher wrote).
 
 numpy and Kafka only: importing this module never loads torch.
@@ -81,11 +81,11 @@ from typing import Any, Final, Protocol
 from confluent_kafka import KafkaError, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from rlstream.producers import weight_retention
 from rlstream.producers.producer import DeliveryError, EventProducer
 from rlstream.producers.settings import KafkaSettings
-from rlstream.producers.weight_shards import ShardLayout, merge_shards, shard_names, shard_part
-from rlstream.producers.weight_signing import Signer
+from rlstream.producers.weights import retention
+from rlstream.producers.weights.shards import ShardLayout, merge_shards, shard_names, shard_part
+from rlstream.producers.weights.signing import Signer
 from rlstream.schemas import deltacodec as codec
 from rlstream.schemas import events, topics
 from rlstream.schemas.deltacodec.wire import Ref, chunk_record, manifest_record
@@ -229,7 +229,7 @@ class WeightPublisher:
         self.keyframe_every, self.max_chunk_bytes = keyframe_every, max_chunk_bytes
         self.flush_timeout = flush_timeout
         self.fault_hook = fault_hook  # tests only: corrupts payloads, manifests stay truthful
-        # Manifests are signed with the run's key (``weight_signing``); None: $RLSTREAM_WEIGHTS_
+        # Manifests are signed with the run's key (``producers.weights.signing``); None: $RLSTREAM_WEIGHTS_
         # SIGNING_KEY, or unsigned when that is not set.
         self.signer = signer if signer is not None else Signer.from_env()
         self.epoch = epoch  # the learner's incarnation, written into every manifest
@@ -510,9 +510,9 @@ class WeightPublisher:
         return self._finish(staged, produce=False)
 
     def prune(self, admin: AdminClient, keep_keyframes: int = 2) -> dict[tuple[str, int], int]:
-        """``weight_retention.prune`` over the manifests this publisher wrote; forgets the ones
+        """``retention.prune`` over the manifests this publisher wrote; forgets the ones
         pruned."""
-        out = weight_retention.prune(admin, self.history, keep_keyframes=keep_keyframes)
+        out = retention.prune(admin, self.history, keep_keyframes=keep_keyframes)
         keyframes = sorted({m["version"] for m in self.history if m["kind"] == "keyframe"})
         if out and len(keyframes) >= keep_keyframes:
             oldest = keyframes[-keep_keyframes]

@@ -4,7 +4,7 @@ become one version.
 A learner of N ranks publishes a version in parallel: each rank encodes the delta (or keyframe)
 of its own *shard* of the published state and writes its chunks with its own producer; rank 0
 gathers every rank's chunk refs and writes the one manifest naming them all
-(``producers.weights``). The manifest and the chunks are exactly the wire format a single
+(``producers.weights.publisher``). The manifest and the chunks are exactly the wire format a single
 publisher writes (``schemas.deltacodec.wire``), so subscribers need not know how many ranks
 published. The rules that make that true (pure, unit-tested):
 

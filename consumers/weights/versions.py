@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from rlstream.consumers.manifest_log import ManifestLog
+from rlstream.consumers.weights.manifest_log import ManifestLog
 from rlstream.producers.settings import KafkaSettings
 
 log = logging.getLogger(__name__)

@@ -42,7 +42,7 @@ callback. The records and how they map to the codec are the wire format
   keeps its records' timestamps). Chunks are matched by key and checksum, so a wrong position
   can only cost time, never correctness;
 - only committed manifests are followed, so only chunks a committed manifest names are ever
-  applied: the publisher writes chunks outside its transaction (``producers.weights``), and
+  applied: the publisher writes chunks outside its transaction (``producers.weights.publisher``), and
   the chunks of a version whose manifest never committed (orphans) are visible to this
   ``read_committed`` reader but never asked for; one sharing a key with a wanted chunk is told
   apart by its checksum.
@@ -70,7 +70,7 @@ from typing import Any, NamedTuple
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from rlstream.consumers.manifest_log import Key, ManifestLog
+from rlstream.consumers.weights.manifest_log import Key, ManifestLog
 from rlstream.producers import metrics
 from rlstream.producers.settings import KafkaSettings
 from rlstream.schemas import deltacodec as codec

@@ -13,7 +13,7 @@ Rules:
   written before, outside it, and a chunk no committed manifest names is never applied);
 - with the run's verify key, a record's signature is checked before it is decoded: a forged,
   altered or unsigned manifest is refused, remembered in ``refused`` and never kept
-  (``producers.weight_signing``);
+  (``producers.weights.signing``);
 - versions are tied to the learner's epoch (``deltacodec.wire.VersionTips``): per model, a
   manifest of an epoch older than the newest accepted (a fenced learner, or an old signed manifest replayed),
   or naming a version more than ``MAX_VERSION_JUMP`` past the newest accepted (a forged
@@ -48,7 +48,7 @@ from rlstream.consumers.consumer import load_schema_topic
 from rlstream.consumers.read_to_end import partitions_of, read_to_end, reader
 from rlstream.producers import metrics
 from rlstream.producers.settings import KafkaSettings
-from rlstream.producers.weight_signing import Refused, Verifier
+from rlstream.producers.weights.signing import Refused, Verifier
 from rlstream.schemas import events, topics
 from rlstream.schemas.deltacodec.wire import VersionTips
 
@@ -71,7 +71,7 @@ class ManifestLog(Mapping[Key, dict[str, Any]]):
         verifier: Verifier | None = None,
     ) -> None:
         self.settings, self.topic, self.model = settings, topic, model
-        # The run's public key (``weight_signing``); None: $RLSTREAM_WEIGHTS_VERIFY_KEY, or
+        # The run's public key (``producers.weights.signing``); None: $RLSTREAM_WEIGHTS_VERIFY_KEY, or
         # manifests are accepted unchecked when that is not set either.
         self.verifier = verifier if verifier is not None else Verifier.from_env()
         if self.verifier is None:
