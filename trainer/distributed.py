@@ -161,7 +161,7 @@ def _sharded_like(value: Any, param: torch.Tensor) -> Any:
 
 
 class Ranks:
-    """This process's membership of the learner's process group (``producers.weights.publisher.Ranks``
+    """This process's membership of the learner's process group (``producers.weights.shards.Ranks``
     for the sharded publisher, plus what training needs)."""
 
     def __init__(self, env: RankEnv, backend: str | None = None) -> None:

@@ -8,8 +8,8 @@ encodes the state with the delta codec, then
    MODEL/VERSION/INDEX) with its *chunk producer*: an idempotent (acks=all), non-transactional
    producer with the same settings and credentials as the transactional one
    (``EventProducer.non_transactional``), and waits until the broker has acknowledged every
-   chunk, so that the manifest can name each chunk's log position (``ChunkRef.ref``); only
-   then
+   chunk, so that the manifest can name each chunk's log position (``ChunkRef.ref``;
+   ``producers.weights.chunks``); only then
 2. opens one short transaction (``EventProducer.transaction``) that holds the
    ``WeightManifest`` (on ``weights.manifests``, key MODEL) and the consumer offsets, and
    commits it: the manifest and the offsets become visible together or not at all.
@@ -37,20 +37,8 @@ writes the chunk topic, so it never holds back a ``read_committed`` reader's las
 acknowledged) at once, the manifest inside the caller's transaction; when that aborts, call
 ``rollback``, and the chunks are orphans.
 
-Rules (pure, unit-tested):
-
-- kinds (``publish_kinds``): a version is a *keyframe* when forced, when the publisher has no
-  previous state (version 0, a fresh process, a resume without state) or when
-  ``version % keyframe_every == 0``; every version that has a previous state is also published
-  as a *delta* against it, so at a keyframe version both exist (delta first). Workers that
-  follow live never download a keyframe; new or lost workers start from one.
-- ``keyframe_version`` of a manifest is the newest keyframe at or before its version.
-- partitions (``chunk_partitions``): the chunks of a publish go round-robin over the chunk
-  topic's partitions, starting where the previous publish's chunks ended: an even spread (a
-  one-chunk delta too), and a version of at least as many chunks as partitions touches all.
-- ``learner_epoch`` of a manifest is the publisher's ``epoch``: the learner's incarnation (one
-  more than the newest epoch among the run's manifests, set by the learner when it starts), so
-  readers can refuse a manifest of an older incarnation (``consumers.weights.manifest_log``).
+The rules (which kinds a version is published as, which keyframe it follows, where its chunks
+go, the learner's epoch in every manifest) are pure functions in ``producers.weights.rules``.
 
 Sharded (``ranks``, a learner of N ranks on torch.distributed): every rank holds a publisher
 and calls ``publish_version`` with the same version and the whole state; each encodes only its
@@ -76,15 +64,23 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
-from confluent_kafka import KafkaError, Message, TopicPartition
+from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from rlstream.producers.producer import DeliveryError, EventProducer
 from rlstream.producers.settings import KafkaSettings
 from rlstream.producers.weights import retention
-from rlstream.producers.weights.shards import ShardLayout, merge_shards, shard_names, shard_part
+from rlstream.producers.weights.chunks import write_chunks
+from rlstream.producers.weights.rules import chunk_partitions, keyframe_of, publish_kinds
+from rlstream.producers.weights.shards import (
+    Ranks,
+    ShardLayout,
+    merge_shards,
+    shard_names,
+    shard_part,
+)
 from rlstream.producers.weights.signing import Signer
 from rlstream.schemas import deltacodec as codec
 from rlstream.schemas import events, topics
@@ -99,44 +95,7 @@ State = Mapping[str, codec.TensorBits]
 FaultHook = Callable[[int, str, int, bytes], bytes]
 
 
-# --- rules -----------------------------------------------------------------------------------
-
-
-def publish_kinds(
-    version: int, keyframe_every: int, has_base: bool, force_keyframe: bool = False
-) -> tuple[str, ...]:
-    """What to publish for ``version``: ``("delta",)``, ``("keyframe",)`` or both, delta first.
-
-    Rule: a keyframe when forced, without a previous state, or when ``version`` is a multiple of
-    ``keyframe_every``; a delta whenever there is a previous state to diff against."""
-    if keyframe_every < 1:
-        raise ValueError(f"keyframe_every must be >= 1, got {keyframe_every}")
-    keyframe = force_keyframe or not has_base or version % keyframe_every == 0
-    return (("delta",) if has_base else ()) + (("keyframe",) if keyframe else ())
-
-
-def chunk_partitions(start: int, count: int, partitions: int) -> list[int]:
-    """Partitions of ``count`` chunks written from partition ``start`` on, round-robin.
-
-    Rule: chunk ``i`` goes to ``(start + i) % partitions``; the next publish starts at
-    ``(start + count) % partitions``."""
-    if partitions < 1:
-        raise ValueError(f"a topic has at least one partition, got {partitions}")
-    return [(start + i) % partitions for i in range(count)]
-
-
 # --- the publisher ---------------------------------------------------------------------------
-
-
-class Ranks(Protocol):
-    """The ranks publishing together (``trainer.distributed`` implements it on
-    torch.distributed): this one's rank, their number, and an all-gather of small objects that
-    every rank calls in the same order."""
-
-    rank: int
-    world: int
-
-    def all_gather(self, obj: Any) -> list[Any]: ...
 
 
 @dataclass(frozen=True)
@@ -244,7 +203,6 @@ class WeightPublisher:
         self._chunk_partitions: int | None = None  # the chunk topic's, read once
         self._serialize_chunk = events.serializer("weight_chunk", self.chunk_producer.store)
         self._serialize_manifest = events.serializer("weight_manifest", producer.store)
-        self._chunk_limit = topics.STREAMS["weights.chunks"].max_value_bytes
         self._manifest_limit = topics.STREAMS["weights.manifests"].max_value_bytes
 
     @property
@@ -318,7 +276,7 @@ class WeightPublisher:
         encode_s = time.perf_counter() - t0
         created_ms = int(time.time() * 1000)  # before the chunks: readers scan from this time
         refs = self._produce_chunks(version, kinds, encoded)
-        keyframe_version = version if "keyframe" in kinds else _keyframe_of(last)
+        keyframe_version = keyframe_of(version, kinds, last.keyframe_version if last else None)
         records = self._manifest_records(
             [e.manifest for e in encoded],
             [refs[k] for k in kinds],
@@ -401,7 +359,7 @@ class WeightPublisher:
             merge_shards(enc.manifest, [g["parts"][k] for g in gathered], base_hash)
             for k, enc in enumerate(encoded)
         ]
-        keyframe_version = version if "keyframe" in kinds else _keyframe_of(last)
+        keyframe_version = keyframe_of(version, kinds, last.keyframe_version if last else None)
         refs = [
             {i: tuple(r) for g in gathered for i, r in g["parts"][k]["refs"].items()}
             for k in range(len(kinds))
@@ -563,28 +521,14 @@ class WeightPublisher:
     def _write_chunks(
         self, version: int, items: Sequence[tuple[Any, dict[str, Any], int]]
     ) -> dict[Any, Ref]:
-        """Produce ``(slot, record, partition)`` chunk records and wait for the broker's
-        acknowledgements; their refs by slot, or ``DeliveryError``."""
-        out = self.chunk_producer
-        out.announce_schema(out.store.current("weight_chunk")[0])
-        refs: dict[Any, Ref] = {}
-        errors: list[str] = []
-        for slot, rec, part in items:
-            value = self._serialize_chunk(rec, None)
-            if len(value) > self._chunk_limit:
-                raise ValueError(f"chunk record of {len(value)} bytes > {self._chunk_limit}")
-            key = topics.record_key("weights.chunks", rec)
-            on_delivery = _on_ref(refs, slot, errors)
-            out.produce_raw(self.chunk_topic, value, key, on_delivery=on_delivery, partition=part)
-        try:
-            out.flush(self.flush_timeout)  # the chunks, and the schema record before them
-        except DeliveryError as exc:
-            errors.append(str(exc))
-        missing = len(items) - len(refs)
-        if errors or missing:
-            detail = "; ".join(errors[:3]) or f"{missing} chunk(s) unacknowledged"
-            raise DeliveryError(f"weight chunks of version {version} not written: {detail}")
-        return refs
+        return write_chunks(
+            self.chunk_producer,
+            self.chunk_topic,
+            items,
+            self._serialize_chunk,
+            self.flush_timeout,
+            f"version {version}",
+        )
 
     def _shard(self, state: State) -> tuple[State, int]:
         """This rank's shard of ``state`` and the index of its first tensor in the whole."""
@@ -631,20 +575,3 @@ def rank_publisher(
     return WeightPublisher(
         producer, run, model, keyframe_every=keyframe_every, ranks=ranks, chunk_producer=producer
     )
-
-
-def _keyframe_of(last: _Published | None) -> int:
-    """Keyframe version carried over to a delta-only version (which always has a base)."""
-    if last is None or last.keyframe_version is None:
-        raise AssertionError("a delta-only version needs a known keyframe before it")
-    return last.keyframe_version
-
-
-def _on_ref(into: dict[Any, Ref], slot: Any, errors: list[str]) -> Callable[..., None]:
-    def on_delivery(err: KafkaError | None, msg: Message) -> None:
-        if err is not None:
-            errors.append(f"chunk {slot}: {err.str()}")
-        else:
-            into[slot] = (msg.topic() or "", msg.partition() or 0, msg.offset() or 0)
-
-    return on_delivery

@@ -30,13 +30,24 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import xxhash
 
 from rlstream.schemas.deltacodec import Encoded, TensorBits, state_hash
 from rlstream.schemas.deltacodec.pieces import PIECE_HEADER
 from rlstream.schemas.deltacodec.wire import CHUNK_HEADER, parse_chunk
+
+
+class Ranks(Protocol):
+    """The ranks publishing together (``trainer.distributed`` implements it on
+    torch.distributed): this one's rank, their number, and an all-gather of small objects that
+    every rank calls in the same order."""
+
+    rank: int
+    world: int
+
+    def all_gather(self, obj: Any) -> list[Any]: ...
 
 
 def shard_ranges(sizes: Sequence[int], ranks: int) -> list[tuple[int, int]]:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import xxhash
 
-from rlstream.consumers.weights.subscriber import Link, refusal
+from rlstream.consumers.weights.routes import Link, refusal
 from rlstream.schemas import deltacodec as codec
 from rlstream.schemas.deltacodec.pieces import PLANES, ZSTD, Piece
 from rlstream.schemas.deltacodec.wire import (

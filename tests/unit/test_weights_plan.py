@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rlstream.consumers.weights.subscriber import Link, Route, fetch_windows, plan_route
-from rlstream.producers.weights.publisher import chunk_partitions, publish_kinds
+from rlstream.consumers.weights.routes import Link, Route, fetch_windows, plan_route
 from rlstream.producers.weights.retention import retention_cutoffs
+from rlstream.producers.weights.rules import chunk_partitions, publish_kinds
 from rlstream.schemas import deltacodec as codec
 from rlstream.schemas import events
 from rlstream.schemas.deltacodec.wire import (
