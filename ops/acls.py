@@ -137,7 +137,7 @@ ACCESS: dict[str, RoleAccess] = {
         group=None,
     ),
     # the network services of `rlstream serve` (ops.cmd_serve), each its own principal too
-    "feedback-ingest": RoleAccess(  # producers.feedback_http; its durable dedupe reads back
+    "feedback-ingest": RoleAccess(  # producers.feedback.service; its durable dedupe reads back
         reads=("feedback",),
         writes=("feedback",),
         group=None,

@@ -2,7 +2,7 @@
 
 ``serve policy`` serves the run's current policy over an OpenAI-compatible completions API
 (see ``rlstream.rollout.serve``). ``serve feedback`` runs feedback-ingest, the HTTP endpoint the
-editor backend posts user feedback to (see ``rlstream.producers.feedback_http``). Each service
+editor backend posts user feedback to (see ``rlstream.producers.feedback.service``). Each service
 registers itself with one ``_register_<service>`` function, so adding one is one function and
 one line in ``register``. Heavy modules (aiohttp, confluent_kafka) are imported only when a
 service starts.
@@ -68,7 +68,7 @@ def _register_feedback(ssub: argparse._SubParsersAction) -> None:
 
 def feedback_service_config(args: argparse.Namespace) -> Any:
     """The service config: the --service-config file (if any) with --run/--host/--port on top."""
-    from rlstream.producers.feedback_models import FeedbackServiceConfig
+    from rlstream.producers.feedback.models import FeedbackServiceConfig
 
     data: dict[str, Any] = {}
     if args.service_config:
@@ -89,7 +89,7 @@ def _serve_feedback(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         raise SystemExit(f"error: invalid feedback service config: {exc}") from None
     from rlstream.producers.admin import admin_client, apply_topics, run_topic_wants
-    from rlstream.producers.feedback_http import serve
+    from rlstream.producers.feedback.service import serve
     from rlstream.schemas import topics
 
     settings = service_settings(args, FEEDBACK_USER)
@@ -215,7 +215,7 @@ def durable_dedupe(cfg: Any, settings: Any) -> Any:
     """The stream-backed dedupe of a feedback service (None when the config turns it off)."""
     if not cfg.durable_dedupe:
         return None
-    from rlstream.consumers.feedback_seen import FeedbackIdLog
+    from rlstream.consumers.feedback.seen import FeedbackIdLog
 
     dedupe = FeedbackIdLog(settings, cfg.run, cfg.idempotency_window_s, cfg.idempotency_max_ids)
     print(f"feedback-ingest: {dedupe.loaded} stored ids read back", file=sys.stderr)

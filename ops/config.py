@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rlstream.consumers.admission_rules import AdmissionConfig
-from rlstream.consumers.feedback_rules import FeedbackRLConfig
+from rlstream.consumers.feedback.rules import FeedbackRLConfig
 from rlstream.envs import family as task_families
 from rlstream.envs import sandbox
 from rlstream.envs import tasks as task_family

@@ -315,8 +315,8 @@ def replay_feedback(service: FeedbackService, tag: str) -> dict[str, Any]:
     altered. Returns every answer's status by attempt and the feedback id."""
     import json
 
-    from rlstream.producers import feedback_auth as fa
-    from rlstream.producers import feedback_models as fm
+    from rlstream.producers.feedback import auth as fa
+    from rlstream.producers.feedback import models as fm
 
     fid = f"chaos-feedback-{tag}"
     body = json.dumps(_feedback_event(fid)).encode()

@@ -33,7 +33,7 @@ ROLES = {
     "judge": "rlstream.envs.judges",
     "admission": "rlstream.consumers.admission",
     "learner": "rlstream.trainer.learner",
-    "feedback-rl": "rlstream.consumers.feedback_rl",
+    "feedback-rl": "rlstream.consumers.feedback.rl",
     "eval": "rlstream.rollout.evaluator",
 }
 

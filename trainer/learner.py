@@ -54,7 +54,7 @@ from confluent_kafka import TopicPartition
 
 from rlstream.consumers.consumer import RoleConsumer, RoleContext, Stopper, make_consumer
 from rlstream.consumers.dlq import dead_letter, dead_letter_at
-from rlstream.consumers.feedback_rules import online_quota
+from rlstream.consumers.feedback.rules import online_quota
 from rlstream.consumers.weights.manifest_log import manifests_by_version
 from rlstream.producers.admin import admin_client
 from rlstream.producers.metrics import track_buffer

@@ -133,8 +133,8 @@ def _bare_server() -> None:
 
 def _feedback_server(run: str, bootstrap: str) -> None:
     from rlstream.ops.cmd_serve import durable_dedupe
-    from rlstream.producers.feedback_http import serve
-    from rlstream.producers.feedback_models import FeedbackServiceConfig
+    from rlstream.producers.feedback.models import FeedbackServiceConfig
+    from rlstream.producers.feedback.service import serve
     from rlstream.producers.settings import KafkaSettings
 
     cfg = FeedbackServiceConfig(run=run, port=0, tokens=[TOKEN], user_id_salt="bench")

@@ -30,11 +30,11 @@ from helpers import read_all
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlstream.consumers.feedback_seen import FeedbackIdLog
-from rlstream.producers import feedback_auth as fa
-from rlstream.producers import feedback_models as fm
+from rlstream.consumers.feedback.seen import FeedbackIdLog
 from rlstream.producers.admin import ensure_run_topics
-from rlstream.producers.feedback_http import running_service
+from rlstream.producers.feedback import auth as fa
+from rlstream.producers.feedback import models as fm
+from rlstream.producers.feedback.service import running_service
 from rlstream.producers.settings import KafkaSettings
 from rlstream.schemas import events, topics
 

@@ -30,7 +30,7 @@ ROLE = textwrap.dedent(
     """
     import json, os, sys
     from rlstream.consumers.consumer import Stopper
-    from rlstream.consumers.feedback_rl import FeedbackRL, FeedbackRLConfig
+    from rlstream.consumers.feedback.rl import FeedbackRL, FeedbackRLConfig
     from rlstream.producers.settings import KafkaSettings
 
     bootstrap, run, crash_after = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -193,7 +193,7 @@ def test_a_restarted_role_still_drops_retries_of_decided_feedback(
     kafka: KafkaSettings, unique_run: str
 ) -> None:
     from rlstream.consumers.consumer import Stopper
-    from rlstream.consumers.feedback_rl import FeedbackRL, FeedbackRLConfig
+    from rlstream.consumers.feedback.rl import FeedbackRL, FeedbackRLConfig
 
     run = unique_run
     ensure_run_topics(kafka, run)
@@ -224,7 +224,7 @@ def test_feedback_by_trajectory_ref_is_trained_on_the_referenced_tokens(
     from test_events import examples
 
     from rlstream.consumers.consumer import Stopper
-    from rlstream.consumers.feedback_rl import FeedbackRL, FeedbackRLConfig
+    from rlstream.consumers.feedback.rl import FeedbackRL, FeedbackRLConfig
 
     run = unique_run
     ensure_run_topics(kafka, run)

@@ -31,7 +31,7 @@ from helpers import decode_all, first_record
 from pydantic import SecretStr
 
 from rlstream.consumers.consumer import make_consumer
-from rlstream.consumers.feedback_seen import FeedbackIdLog
+from rlstream.consumers.feedback.seen import FeedbackIdLog
 from rlstream.consumers.read_to_end import read_to_end, reader
 from rlstream.ops import acls, cluster
 from rlstream.ops.cluster import security

@@ -29,11 +29,11 @@ from test_feedback_ingest import TOKEN, post_json
 from test_serve_policy import POLICY, _post, _publisher, _Serving, _state
 
 from rlstream.consumers.consumer import Stopper
-from rlstream.consumers.feedback_rl import FeedbackRL, FeedbackRLConfig
+from rlstream.consumers.feedback.rl import FeedbackRL, FeedbackRLConfig
 from rlstream.envs import tasks as task_family
-from rlstream.producers import feedback_models as fm
 from rlstream.producers.admin import admin_client, apply_topics, ensure_run_topics, run_topic_wants
-from rlstream.producers.feedback_http import running_service
+from rlstream.producers.feedback import models as fm
+from rlstream.producers.feedback.service import running_service
 from rlstream.producers.settings import KafkaSettings
 from rlstream.rollout.serve import PolicyServer, make_app
 from rlstream.schemas import arrays, events, topics

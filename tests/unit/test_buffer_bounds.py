@@ -10,11 +10,11 @@ from typing import Any
 from test_arrays import trajectory
 
 from rlstream.consumers.admission_rules import DecidedSet
-from rlstream.consumers.feedback_rules import online_quota
-from rlstream.consumers.feedback_seen import FeedbackIdLog
+from rlstream.consumers.feedback.rules import online_quota
+from rlstream.consumers.feedback.seen import FeedbackIdLog
 from rlstream.envs.judges import LATENCY_WINDOW, Judge, JudgeConfig
 from rlstream.producers import metrics
-from rlstream.producers.feedback_dedupe import IdempotencyLRU
+from rlstream.producers.feedback.dedupe import IdempotencyLRU
 from rlstream.schemas import arrays as A
 from rlstream.trainer.learner import make_room, pick_step
 from rlstream.trainer.learner_step import StepInput

@@ -102,9 +102,9 @@ def test_the_policy_server_records_routes_at_the_policys_width() -> None:
 
 
 def test_feedback_on_a_wide_served_completion_keeps_its_width() -> None:
-    from rlstream.consumers.feedback_rl import FeedbackRLConfig
-    from rlstream.consumers.feedback_rules import ClassWindow, Item
-    from rlstream.consumers.served_log import SERVED_FIELDS
+    from rlstream.consumers.feedback.rl import FeedbackRLConfig
+    from rlstream.consumers.feedback.rules import ClassWindow, Item
+    from rlstream.consumers.feedback.served_log import SERVED_FIELDS
     from rlstream.consumers.tap import jsonable
 
     assert "expert_bytes" in SERVED_FIELDS  # copied from the served record onto the feedback

@@ -18,7 +18,7 @@ import pydantic_core
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from rlstream.consumers.feedback_rules import (
+from rlstream.consumers.feedback.rules import (
     FeedbackRLConfig,
     Item,
     RunningMean,
@@ -28,16 +28,16 @@ from rlstream.consumers.feedback_rules import (
     update_baseline,
     window_decisions,
 )
-from rlstream.producers import feedback_auth as fa
-from rlstream.producers import feedback_models as fm
-from rlstream.producers.feedback_dedupe import IdempotencyLRU
-from rlstream.producers.feedback_http import (
+from rlstream.producers.feedback import auth as fa
+from rlstream.producers.feedback import models as fm
+from rlstream.producers.feedback.dedupe import IdempotencyLRU
+from rlstream.producers.feedback.openapi import openapi_document
+from rlstream.producers.feedback.service import (
     INLINE_PARSE_BYTES,
     Delivery,
     FeedbackService,
     Unavailable,
 )
-from rlstream.producers.feedback_openapi import openapi_document
 from rlstream.schemas import arrays, events
 
 

@@ -145,7 +145,7 @@ def test_reading_a_recipe_and_the_policy_free_roles_import_no_torch() -> None:
         "from rlstream.ops.config import load_run_config\n"
         "load_run_config(None, [])\n"
         "import rlstream.ops.roles, rlstream.consumers.admission, rlstream.envs.judges\n"
-        "import rlstream.rollout.scheduler, rlstream.consumers.feedback_rl\n"
+        "import rlstream.rollout.scheduler, rlstream.consumers.feedback.rl\n"
         "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlstream.consumers.feedback_rules import online_quota
+from rlstream.consumers.feedback.rules import online_quota
 from rlstream.trainer.learner import commit_offsets, pick_step
 from rlstream.trainer.learner_step import StepInput
 

@@ -1,4 +1,4 @@
-"""Feedback that names a served request, without a broker: what ``served_log`` copies in.
+"""Feedback that names a served request, without a broker: what ``consumers.feedback.served_log`` copies in.
 
 Properties: a served completion (the record ``serve policy`` writes) turns feedback carrying only
 its request id into an admitted online sample whose tokens, behaviour logprobs and routes are the
@@ -14,8 +14,8 @@ import pytest
 import torch
 from test_serve_shapes import _context, _generated
 
-from rlstream.consumers.feedback_rules import FeedbackRLConfig, Item, untrainable, window_decisions
-from rlstream.consumers.served_log import (
+from rlstream.consumers.feedback.rules import FeedbackRLConfig, Item, untrainable, window_decisions
+from rlstream.consumers.feedback.served_log import (
     NotServed,
     ServedCompletion,
     feedback_choice,

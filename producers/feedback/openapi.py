@@ -10,8 +10,8 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from rlstream.producers.feedback_auth import KEY_ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER
-from rlstream.producers.feedback_models import (
+from rlstream.producers.feedback.auth import KEY_ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER
+from rlstream.producers.feedback.models import (
     FEEDBACK_PATH,
     IDEMPOTENCY_HEADER,
     AcceptedResponse,

@@ -27,7 +27,7 @@ import time
 from confluent_kafka import Message, TopicPartition
 
 from rlstream.consumers.read_to_end import partitions_of, read_to_end, reader, retrying
-from rlstream.producers.feedback_dedupe import IdempotencyLRU
+from rlstream.producers.feedback.dedupe import IdempotencyLRU
 from rlstream.producers.metrics import track_buffer
 from rlstream.producers.settings import KafkaSettings
 from rlstream.schemas import topics

@@ -1,8 +1,8 @@
 """feedback-ingest deduplication: the feedback ids the broker acknowledged recently.
 
 A retried request is stored once: the service answers ``duplicate`` for an id its ``Dedupe``
-contains, without writing again (see ``feedback_http`` for the in-flight half).
-``IdempotencyLRU`` is the memory of one process; ``consumers.feedback_seen.FeedbackIdLog``
+contains, without writing again (see ``producers.feedback.service`` for the in-flight half).
+``IdempotencyLRU`` is the memory of one process; ``consumers.feedback.seen.FeedbackIdLog``
 fills one from the feedback stream itself, so it survives restarts and is shared by replicas.
 """
 

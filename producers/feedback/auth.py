@@ -22,7 +22,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rlstream.producers.feedback_models import IDEMPOTENCY_HEADER
+from rlstream.producers.feedback.models import IDEMPOTENCY_HEADER
 
 KEY_ID_HEADER = "X-Rlstream-Key-Id"
 SIGNATURE_HEADER = "X-Rlstream-Signature"

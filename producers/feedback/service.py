@@ -3,7 +3,7 @@
 ``rlstream serve feedback --run RUN`` runs it. Endpoints:
 
 - ``POST /v1/feedback``: one event (a JSON object) or ``{"events": [...]}``; authenticated by a
-  bearer token or an HMAC signature (see ``feedback_auth``), validated by ``feedback_models``;
+  bearer token or an HMAC signature (see ``producers.feedback.auth``), validated by ``producers.feedback.models``;
 - ``GET /healthz``, ``GET /metrics`` (Prometheus text format, from ``producers.metrics``),
   ``GET /openapi.json`` (OpenAPI 3.1 generated from the pydantic models, so the document and the
   validation cannot drift).
@@ -16,7 +16,7 @@ Guarantees:
   answered ``duplicate`` without writing, and a retry racing the original waits for the
   original's delivery instead of writing again. The ids come from a ``Dedupe``: by default
   (``rlstream serve feedback``) one read back from the feedback stream itself, so a restart or
-  another replica knows them too (``consumers.feedback_seen``). Records are keyed by request id
+  another replica knows them too (``consumers.feedback.seen``). Records are keyed by request id
   and carry the feedback id (value and ``feedback_id`` header) so late duplicates are
   detectable downstream;
 - when Kafka cannot take the write (broker down, delivery timeout ``message_timeout_ms``, local
@@ -58,15 +58,15 @@ from confluent_kafka import KafkaError, KafkaException, Message
 from pydantic import BaseModel
 
 from rlstream.producers import aio
-from rlstream.producers.feedback_auth import (
+from rlstream.producers.feedback.auth import (
     UNAUTHORIZED,
     Target,
     authenticate,
     check_bearer,
     check_headers,
 )
-from rlstream.producers.feedback_dedupe import Dedupe, IdempotencyLRU
-from rlstream.producers.feedback_models import (
+from rlstream.producers.feedback.dedupe import Dedupe, IdempotencyLRU
+from rlstream.producers.feedback.models import (
     FEEDBACK_PATH,
     IDEMPOTENCY_HEADER,
     AcceptedResponse,
@@ -79,7 +79,7 @@ from rlstream.producers.feedback_models import (
     parse_body,
     to_record,
 )
-from rlstream.producers.feedback_openapi import openapi_document
+from rlstream.producers.feedback.openapi import openapi_document
 from rlstream.producers.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rlstream.producers.metrics import Registry
 from rlstream.producers.producer import make_producer

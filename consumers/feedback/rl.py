@@ -1,6 +1,6 @@
 """feedback-rl: real-time RL from editor feedback. Windows of the feedback stream become online
 groups (``source=online``) in the admitted stream, next to the rollout groups; the rules that
-decide a window are in ``feedback_rules``.
+decide a window are in ``consumers.feedback.rules``.
 
 Windows: per input partition, consecutive feedback records; a window closes when it holds
 ``window_size`` records or ``window_seconds`` after its first record arrived. A feedback id
@@ -18,11 +18,11 @@ which shifts rewards by a baseline but never duplicates or loses feedback.
 
 Where the tokens come from, in order: the feedback's own token arrays; else its
 ``trajectory_ref`` (the record at that position); else its request id, looked up in the run's
-served stream (``served_log.ServedLookup``: what ``serve policy`` recorded for that request,
+served stream (``consumers.feedback.served_log.ServedLookup``: what ``serve policy`` recorded for that request,
 bounded by ``served_lookup_ids`` per partition). A served completion brings its tokens, behaviour
 logprobs, routes, temperature, served policy version and model, and its position (the admitted
 sample's ``trajectory``). Feedback whose completion is found nowhere is rejected as untrainable
-with the reason (``feedback_rules``), never dropped.
+with the reason (``consumers.feedback.rules``), never dropped.
 
 ``mix_online_groups``/``mix_rollout_groups`` are read by the learner, not enforced here: see
 ``online_quota``.
@@ -40,20 +40,15 @@ from typing import Any
 from confluent_kafka import TopicPartition
 
 from rlstream.consumers.consumer import Record, RoleContext, Stopper
-from rlstream.consumers.feedback_rules import (
-    FeedbackRLConfig,
-    Item,
-    RunningMean,
-    window_decisions,
-)
-from rlstream.consumers.read_to_end import read_at, read_to_end, reader
-from rlstream.consumers.served_log import (
+from rlstream.consumers.feedback.rules import FeedbackRLConfig, Item, RunningMean, window_decisions
+from rlstream.consumers.feedback.served_log import (
     SERVED_FIELDS,
     NotServed,
     ServedLookup,
     feedback_choice,
     with_served,
 )
+from rlstream.consumers.read_to_end import read_at, read_to_end, reader
 from rlstream.consumers.transactional import Output, TransactionalLoop
 from rlstream.consumers.weights.versions import VersionWatcher
 from rlstream.producers.settings import KafkaSettings
