@@ -32,12 +32,8 @@ from rlstream.producers.feedback import auth as fa
 from rlstream.producers.feedback import models as fm
 from rlstream.producers.feedback.dedupe import IdempotencyLRU
 from rlstream.producers.feedback.openapi import openapi_document
-from rlstream.producers.feedback.service import (
-    INLINE_PARSE_BYTES,
-    Delivery,
-    FeedbackService,
-    Unavailable,
-)
+from rlstream.producers.feedback.service import INLINE_PARSE_BYTES, FeedbackService
+from rlstream.producers.feedback.sink import Delivery, Unavailable
 from rlstream.schemas import arrays, events
 
 
