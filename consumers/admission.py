@@ -45,8 +45,8 @@ from rlstream.consumers.consumer import Record, RoleContext
 from rlstream.consumers.read_to_end import read_to_end, reader
 from rlstream.consumers.transactional import Output, TransactionalLoop
 from rlstream.consumers.weights.versions import VersionWatcher
-from rlstream.producers.metrics import track_buffer
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.settings import KafkaSettings
+from rlstream.producers.runtime.metrics import track_buffer
 from rlstream.schemas import arrays, topics
 from rlstream.schemas.arrays import Reassembler
 

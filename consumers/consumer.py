@@ -21,7 +21,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
 from rlstream.consumers.read_to_end import read_topic, reader
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import events, topics
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from rlstream.consumers.read_to_end import partitions_of, read_topic, reader
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import events, topics
 
 log = logging.getLogger(__name__)

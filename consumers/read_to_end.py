@@ -33,7 +33,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import events
 
 _READER = {

@@ -21,7 +21,7 @@ from typing import Any
 
 from rlstream.consumers.consumer import load_schema_topic
 from rlstream.consumers.read_to_end import read_topic
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import events, topics
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, Message, Top
 
 from rlstream.consumers.consumer import load_schema_topic
 from rlstream.consumers.read_to_end import partitions_of, read_to_end, reader
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import arrays, events
 
 _ARRAY_DTYPES: dict[str, np.dtype[Any]] = {

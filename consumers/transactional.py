@@ -48,9 +48,9 @@ from confluent_kafka import KafkaException, TopicPartition
 
 from rlstream.consumers.consumer import Record, RoleConsumer, Stopper, make_consumer, next_offsets
 from rlstream.consumers.dlq import dead_letter, dead_letter_headers
-from rlstream.producers.metrics import LoopMetrics
-from rlstream.producers.producer import EventProducer, TransactionAborted
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.producer import EventProducer, TransactionAborted
+from rlstream.producers.client.settings import KafkaSettings
+from rlstream.producers.runtime.metrics import LoopMetrics
 
 log = logging.getLogger(__name__)
 

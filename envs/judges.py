@@ -48,7 +48,7 @@ from rlstream.envs import family as families
 from rlstream.envs import fx, llm_judge, sandbox
 from rlstream.envs import tasks as task_family
 from rlstream.envs.family import FamilySpec, Verdict
-from rlstream.producers.metrics import track_buffer
+from rlstream.producers.runtime.metrics import track_buffer
 from rlstream.schemas import arrays, topics
 
 JUDGE_VERSION = "2"

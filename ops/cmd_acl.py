@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from rlstream.ops.kafka_env import add_kafka_args, settings_from_args
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.settings import KafkaSettings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -128,7 +128,7 @@ def apply(
     their ACLs; returns how many of each were applied."""
     from rlstream.ops import acls
     from rlstream.ops.cluster import security
-    from rlstream.producers.admin import ensure_run_topics
+    from rlstream.producers.client.admin import ensure_run_topics
 
     regions = regions or acls.SINGLE_REGION
     here = regions.check(here or regions.trainer)

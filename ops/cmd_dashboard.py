@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from rlstream.ops.kafka_env import add_kafka_args, settings_from_args
 
 if TYPE_CHECKING:
-    from rlstream.producers.settings import KafkaSettings
+    from rlstream.producers.client.settings import KafkaSettings
 
 
 def register(sub: argparse._SubParsersAction) -> None:

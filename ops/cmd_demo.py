@@ -136,7 +136,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _start_regions(args, run, config, regions) -> dict:
     """Start the local regions and their MirrorMaker 2 links; create each region's topics."""
     from rlstream.ops import cluster, demo
-    from rlstream.producers.admin import ensure_run_topics
+    from rlstream.producers.client.admin import ensure_run_topics
 
     local = [r for r in regions.names if r not in config.regions.clusters]
     secure = True if args.secure else None  # None: a running cluster stays as it was started

@@ -99,8 +99,8 @@ def _eval_text(row: dict) -> str:
 
 
 def _delete(settings, run: str | None) -> int:
-    from rlstream.producers.admin import admin_client, delete_topics
-    from rlstream.producers.producer import EventProducer
+    from rlstream.producers.client.admin import admin_client, delete_topics
+    from rlstream.producers.client.producer import EventProducer
     from rlstream.schemas import topics
 
     if not run:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from rlstream.ops.kafka_env import add_kafka_args
 
 if TYPE_CHECKING:
-    from rlstream.producers.settings import KafkaSettings
+    from rlstream.producers.client.settings import KafkaSettings
 
 FEEDBACK_USER = "feedback-ingest"
 POLICY_USER = "policy-server"
@@ -88,7 +88,7 @@ def _serve_feedback(args: argparse.Namespace) -> int:
         cfg = feedback_service_config(args)
     except ValidationError as exc:
         raise SystemExit(f"error: invalid feedback service config: {exc}") from None
-    from rlstream.producers.admin import admin_client, apply_topics, run_topic_wants
+    from rlstream.producers.client.admin import admin_client, apply_topics, run_topic_wants
     from rlstream.producers.feedback.service import serve
     from rlstream.schemas import topics
 
@@ -158,8 +158,8 @@ def _register_policy(ssub: argparse._SubParsersAction) -> None:
 
 def _serve_policy(args: argparse.Namespace) -> int:
     from rlstream.ops.config import load_run_config
-    from rlstream.producers import aio
-    from rlstream.producers.admin import admin_client, apply_topics, run_topic_wants
+    from rlstream.producers.client.admin import admin_client, apply_topics, run_topic_wants
+    from rlstream.producers.runtime import aio
     from rlstream.rollout.serve import PolicyServer, make_app
     from rlstream.schemas import topics
 
@@ -202,7 +202,7 @@ def service_settings(args: argparse.Namespace, user: str) -> KafkaSettings:
     when it is secured."""
     from rlstream.ops.cluster import DEFAULT_REGION
     from rlstream.ops.regions import local_settings
-    from rlstream.producers.settings import KafkaSettings
+    from rlstream.producers.client.settings import KafkaSettings
 
     given = KafkaSettings.from_env(getattr(args, "bootstrap", None))
     if given is not None:

@@ -33,8 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _apply(args: argparse.Namespace) -> int:
     from rlstream.ops.config import load_run_config
-    from rlstream.producers.admin import ensure_run_topics
-    from rlstream.producers.settings import KafkaSettings
+    from rlstream.producers.client.admin import ensure_run_topics
+    from rlstream.producers.client.settings import KafkaSettings
 
     cfg = load_run_config(args.config, args.set).regions
     regions = cfg.topology()

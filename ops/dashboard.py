@@ -33,8 +33,8 @@ from aiohttp import web
 
 from rlstream.consumers.consumer import Stopper
 from rlstream.ops.analytics import RunAnalytics
-from rlstream.producers import aio
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.settings import KafkaSettings
+from rlstream.producers.runtime import aio
 
 log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).parent / "static"
@@ -107,7 +107,7 @@ class Dashboard:
 
     def _poll_lag(self) -> None:
         from rlstream.ops.run_reader import measure_lag
-        from rlstream.producers.admin import admin_client
+        from rlstream.producers.client.admin import admin_client
 
         admin = admin_client(self.settings)
         while not self.stopper.stopped:

@@ -33,7 +33,7 @@ from typing import Any
 
 from rlstream.consumers.consumer import Stopper
 from rlstream.ops.analytics import RunAnalytics
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import topics
 
 
@@ -228,7 +228,7 @@ def record_run_manifest(
 ) -> None:
     """Put the run manifest (resolved config, seeds, code version, topics) in ``rl.runs``."""
     from rlstream import __version__
-    from rlstream.producers.producer import EventProducer
+    from rlstream.producers.client.producer import EventProducer
 
     record = {
         "run": run,

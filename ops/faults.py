@@ -25,8 +25,8 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartition
 
-from rlstream.producers.producer import EventProducer
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.producer import EventProducer
+from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import events, topics
 
 POISON_PREFIX = "chaos-poison-"

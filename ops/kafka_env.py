@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.settings import KafkaSettings
 
 
 def add_kafka_args(parser: argparse.ArgumentParser) -> None:

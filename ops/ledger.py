@@ -26,7 +26,7 @@ from typing import Any
 
 from rlstream.consumers.read_to_end import read_topic
 from rlstream.consumers.weights.manifest_log import ManifestLog
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import events, topics
 
 

@@ -23,7 +23,7 @@ from typing import Any
 from rlstream.consumers.run_log import run_manifests
 from rlstream.consumers.tap import tap
 from rlstream.consumers.weights.manifest_log import manifests_by_version
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import arrays, topics
 from rlstream.schemas.deltacodec.bits import state_hash
 
@@ -207,8 +207,8 @@ def rescore(
     """Copy ``run``'s trajectories into ``into`` and judge them there with ``judge``."""
     from rlstream.envs.judges import Judge, JudgeConfig
     from rlstream.ops.config import RunConfig
-    from rlstream.producers.admin import ensure_run_topics
-    from rlstream.producers.producer import EventProducer
+    from rlstream.producers.client.admin import ensure_run_topics
+    from rlstream.producers.client.producer import EventProducer
 
     runs = run_manifests(settings)
     config = (

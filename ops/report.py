@@ -424,7 +424,7 @@ def build_report(
 
     from rlstream.consumers.run_log import run_manifests
     from rlstream.ops.run_reader import RunReader, measure_lag
-    from rlstream.producers.admin import admin_client
+    from rlstream.producers.client.admin import admin_client
 
     analytics = RunAnalytics(run=run)
     reader = RunReader(settings, run)

@@ -19,8 +19,8 @@ import json
 import os
 import sys
 
-from rlstream.producers.producer import exit_when_hung
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.producer import exit_when_hung
+from rlstream.producers.client.settings import KafkaSettings
 
 #: A supervised role whose transactional call blocks this long exits and is restarted
 #: (``RLSTREAM_HUNG_TRANSACTION_S`` overrides it).
@@ -42,7 +42,7 @@ def start(args: argparse.Namespace) -> int:
     """Run the role ``args.role`` of run ``args.run`` until it stops; returns the exit code."""
     from rlstream.consumers.consumer import RoleContext, Stopper
     from rlstream.ops.config import load_run_config
-    from rlstream.producers.admin import ensure_run_topics
+    from rlstream.producers.client.admin import ensure_run_topics
 
     role = args.role
     if role == "judge" and not args.name:

@@ -27,7 +27,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartitio
 from rlstream.consumers.consumer import load_schema_topic
 from rlstream.consumers.read_to_end import read_to_end, reader
 from rlstream.ops.analytics import role_of_group, run_topic_regex
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import events
 
 Sink = Callable[[str, dict[str, Any], int | None], None]
@@ -167,7 +167,7 @@ _BENIGN = (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaErr
 
 def measure_lag(admin: Any, run: str, timeout: float = 10.0) -> dict[str, dict[str, int]]:
     """Lag per topic of every consumer group of ``run`` that has committed offsets."""
-    from rlstream.producers.admin import group_lag
+    from rlstream.producers.client.admin import group_lag
 
     listing = admin.list_consumer_groups(request_timeout=timeout).result()
     groups = sorted(g.group_id for g in listing.valid if role_of_group(run, g.group_id))

@@ -57,8 +57,8 @@ from rlstream.envs import family as families
 from rlstream.envs import sandbox
 from rlstream.envs.family import FamilySpec, FamilyTask
 from rlstream.envs.fx import with_fx_options
-from rlstream.producers.producer import EventProducer
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.producer import EventProducer
+from rlstream.producers.client.settings import KafkaSettings
 from rlstream.rollout.config import EvalConfig
 from rlstream.rollout.harness import Rollout
 from rlstream.rollout.model import PolicyModel, build_policy, generate

@@ -41,8 +41,8 @@ from rlstream.envs import family as families
 from rlstream.envs import tasks as task_family
 from rlstream.envs.family import FamilySpec
 from rlstream.envs.fx import with_fx_options
-from rlstream.producers.producer import EventProducer
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.producer import EventProducer
+from rlstream.producers.client.settings import KafkaSettings
 from rlstream.rollout.reissue import REGION_TAG, Ledger
 from rlstream.schemas import topics
 

@@ -73,8 +73,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rlstream.consumers.eval_log import ReleaseFollower
 from rlstream.consumers.weights.subscriber import WeightSubscriber
-from rlstream.producers.producer import DeliveryError, EventProducer
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.producer import DeliveryError, EventProducer
+from rlstream.producers.client.settings import KafkaSettings
 from rlstream.rollout.config import PolicyConfig
 from rlstream.rollout.model import Generation, build_policy, generate
 from rlstream.schemas import arrays, topics

@@ -51,7 +51,7 @@ from rlstream.consumers.consumer import Record, RoleContext, Stopper
 from rlstream.consumers.transactional import Output, Refused, TransactionalLoop
 from rlstream.consumers.weights.subscriber import WeightSubscriber
 from rlstream.envs.family import environment_for
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.settings import KafkaSettings
 from rlstream.rollout.config import RolloutConfig
 from rlstream.rollout.engines import Engine, OpenAIEngine
 from rlstream.rollout.harness import PromptTooLong, Rollout, Sample, tool_details

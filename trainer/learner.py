@@ -56,9 +56,9 @@ from rlstream.consumers.consumer import RoleConsumer, RoleContext, Stopper, make
 from rlstream.consumers.dlq import dead_letter, dead_letter_at
 from rlstream.consumers.feedback.rules import online_quota
 from rlstream.consumers.weights.manifest_log import manifests_by_version
-from rlstream.producers.admin import admin_client
-from rlstream.producers.metrics import track_buffer
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.admin import admin_client
+from rlstream.producers.client.settings import KafkaSettings
+from rlstream.producers.runtime.metrics import track_buffer
 from rlstream.producers.weights.publisher import rank_publisher
 from rlstream.schemas import arrays, topics
 from rlstream.schemas.deltacodec.bits import state_hash

@@ -51,7 +51,7 @@ from rlstream.consumers.feedback.served_log import (
 from rlstream.consumers.read_to_end import read_at, read_to_end, reader
 from rlstream.consumers.transactional import Output, TransactionalLoop
 from rlstream.consumers.weights.versions import VersionWatcher
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import arrays, events, topics
 
 __all__ = ["FeedbackRL", "FeedbackRLConfig", "decided_ids", "run_role"]

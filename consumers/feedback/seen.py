@@ -27,9 +27,9 @@ import time
 from confluent_kafka import Message, TopicPartition
 
 from rlstream.consumers.read_to_end import partitions_of, read_to_end, reader, retrying
+from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.feedback.dedupe import IdempotencyLRU
-from rlstream.producers.metrics import track_buffer
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.runtime.metrics import track_buffer
 from rlstream.schemas import topics
 
 #: How long the broker may hold a follower fetch for more data: the bound on the follower's lag.

@@ -30,7 +30,7 @@ from typing import Any
 from confluent_kafka import TopicPartition
 
 from rlstream.consumers.read_to_end import partitions_of, read_at, read_to_end, reader, retrying
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import arrays, topics
 
 

@@ -46,8 +46,8 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartitio
 
 from rlstream.consumers.consumer import load_schema_topic
 from rlstream.consumers.read_to_end import partitions_of, read_to_end, reader
-from rlstream.producers import metrics
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.settings import KafkaSettings
+from rlstream.producers.runtime import metrics
 from rlstream.producers.weights.signing import Refused, Verifier
 from rlstream.schemas import events, topics
 from rlstream.schemas.deltacodec.wire import VersionTips

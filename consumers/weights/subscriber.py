@@ -72,8 +72,8 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from rlstream.consumers.weights.manifest_log import Key, ManifestLog
 from rlstream.consumers.weights.routes import Link, Route, fetch_windows, plan_route, refusal
-from rlstream.producers import metrics
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.settings import KafkaSettings
+from rlstream.producers.runtime import metrics
 from rlstream.schemas import deltacodec as codec
 from rlstream.schemas import events, topics
 from rlstream.schemas.deltacodec.wire import (

@@ -17,7 +17,7 @@ import logging
 import threading
 
 from rlstream.consumers.weights.manifest_log import ManifestLog
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 

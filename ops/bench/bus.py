@@ -115,7 +115,7 @@ def _run_once(settings: Any, topic: str, path: _Path, n: int, rate: float | None
     """Produce ``n`` events (paced at ``rate`` if given) while a consumer drains them."""
     from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 
-    from rlstream.producers.producer import make_producer
+    from rlstream.producers.client.producer import make_producer
 
     consumer = Consumer(
         {
@@ -178,7 +178,7 @@ def _run_once(settings: Any, topic: str, path: _Path, n: int, rate: float | None
 
 
 def _main(args: argparse.Namespace) -> int:
-    from rlstream.producers.admin import TopicWant, admin_client, apply_topics
+    from rlstream.producers.client.admin import TopicWant, admin_client, apply_topics
 
     raw, rl, size = _paths(args)
     with bench_kafka(args) as settings:

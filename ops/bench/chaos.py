@@ -100,7 +100,7 @@ def held(r: dict[str, Any]) -> bool:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from rlstream.ops.config import load_run_config
-    from rlstream.producers.admin import ensure_run_topics
+    from rlstream.producers.client.admin import ensure_run_topics
 
     name = args.run or time.strftime("chaos-%Y%m%d-%H%M%S")
     out = Path(args.out) / name

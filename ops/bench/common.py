@@ -78,7 +78,7 @@ def bench_kafka(args: Any) -> Iterator[Any]:
 def bench_broker(args: Any) -> Iterator[tuple[Any, int | None]]:
     """``bench_kafka``'s settings with the broker's pid when it is a local cluster's (None for a
     cluster named by its bootstrap address: the bench cannot see its process)."""
-    from rlstream.producers.settings import KafkaSettings
+    from rlstream.producers.client.settings import KafkaSettings
 
     settings = KafkaSettings.from_env(getattr(args, "bootstrap", None))
     if settings is not None:

@@ -61,7 +61,7 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from rlstream.producers.admin import ensure_run_topics
+    from rlstream.producers.client.admin import ensure_run_topics
     from rlstream.schemas import topics
 
     run_name = f"bench-geo-{uuid.uuid4().hex[:8]}"
@@ -83,7 +83,7 @@ def _weights(settings: dict[str, Any], run: str, args: argparse.Namespace) -> di
     applied time and fetched bytes."""
     from rlstream.consumers.weights.subscriber import WeightSubscriber
     from rlstream.ops.bench.sync import _Model
-    from rlstream.producers.producer import EventProducer
+    from rlstream.producers.client.producer import EventProducer
     from rlstream.producers.weights.publisher import WeightPublisher
 
     model = _Model(args.mb, seed=0, lr=args.lr)
@@ -132,7 +132,7 @@ def _trajectories(
     """Seconds from each rollout transaction's commit in ``where`` to its last record read in
     the trainer region (from the copy when ``where`` is a rollout region)."""
     from rlstream.consumers.consumer import RoleConsumer, make_consumer
-    from rlstream.producers.producer import EventProducer
+    from rlstream.producers.client.producer import EventProducer
     from rlstream.schemas import topics
 
     local = topics.topic_name(run, "trajectories")

@@ -111,7 +111,7 @@ def _bare_server() -> None:
     """The baseline: a bare aiohttp 202 endpoint on the same event loop (uvloop) as the service."""
     from aiohttp import web
 
-    from rlstream.producers import aio
+    from rlstream.producers.runtime import aio
 
     async def handle(request: web.Request) -> web.Response:
         await request.read()
@@ -133,9 +133,9 @@ def _bare_server() -> None:
 
 def _feedback_server(run: str, bootstrap: str) -> None:
     from rlstream.ops.cmd_serve import durable_dedupe
+    from rlstream.producers.client.settings import KafkaSettings
     from rlstream.producers.feedback.models import FeedbackServiceConfig
     from rlstream.producers.feedback.service import serve
-    from rlstream.producers.settings import KafkaSettings
 
     cfg = FeedbackServiceConfig(run=run, port=0, tokens=[TOKEN], user_id_salt="bench")
     settings = KafkaSettings(bootstrap_servers=bootstrap)
@@ -290,7 +290,7 @@ def _settle(
 
 
 def _main(args: argparse.Namespace) -> int:
-    from rlstream.producers.admin import admin_client, ensure_run_topics
+    from rlstream.producers.client.admin import admin_client, ensure_run_topics
     from rlstream.schemas import topics
 
     with bench_broker(args) as (settings, broker_pid):

@@ -178,7 +178,7 @@ def _measure(settings: Any, run: str, cfg: Any, groups: list, world: int) -> dic
 def run(args: argparse.Namespace, settings: Any, tmp: Path) -> dict[str, Any]:
     """Measure every rank count in ``args.ranks``; returns the figures (module docstring)."""
     from rlstream.ops.bench.common import progress
-    from rlstream.producers.admin import admin_client, ensure_run_topics
+    from rlstream.producers.client.admin import admin_client, ensure_run_topics
     from rlstream.schemas import topics
 
     cfg = _config(args, args.cache or str(tmp / "warm.pt"))

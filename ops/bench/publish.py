@@ -164,7 +164,7 @@ def _apply(settings: Any, run: str) -> tuple[float, Any]:
 def run(args: argparse.Namespace, settings: Any) -> dict[str, Any]:
     """Measure every rank count in ``args.ranks``; returns the figures (module docstring)."""
     from rlstream.ops.bench.common import progress
-    from rlstream.producers.admin import admin_client, ensure_run_topics
+    from rlstream.producers.client.admin import admin_client, ensure_run_topics
     from rlstream.schemas import topics
 
     specs = _tensors(args.gb, args.tensor_mb)

@@ -212,7 +212,7 @@ def _lines(r: dict[str, Any]) -> list[str]:
 
 
 def _make_topics(settings: Any, run: str) -> None:
-    from rlstream.producers.admin import admin_client, apply_topics, run_topic_wants
+    from rlstream.producers.client.admin import admin_client, apply_topics, run_topic_wants
     from rlstream.schemas import topics
 
     wanted = {topics.topic_name(run, s) for s in ("weights.manifests", "weights.chunks")}
@@ -336,8 +336,8 @@ class _Model:
 
 
 def _learner(cfg: dict[str, Any]) -> None:
-    from rlstream.producers.producer import EventProducer
-    from rlstream.producers.settings import KafkaSettings
+    from rlstream.producers.client.producer import EventProducer
+    from rlstream.producers.client.settings import KafkaSettings
     from rlstream.producers.weights.publisher import WeightPublisher
 
     model = _Model(cfg["mb"], cfg["seed"], cfg["lr"])
@@ -434,7 +434,7 @@ class _Engine:
 
 def _subscriber(cfg: dict[str, Any]) -> None:
     from rlstream.consumers.weights.subscriber import WeightSubscriber
-    from rlstream.producers.settings import KafkaSettings
+    from rlstream.producers.client.settings import KafkaSettings
     from rlstream.schemas import deltacodec as codec
 
     engine = _Engine(cfg["swap"])

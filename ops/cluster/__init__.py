@@ -29,7 +29,7 @@ from rlstream.ops.cluster import broker, mirror, procs
 from rlstream.ops.cluster.artifacts import SetupError
 from rlstream.ops.cluster.broker import Region
 from rlstream.ops.cluster.mirror import Flow, Mirror, link_flows, parse_flow
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.settings import KafkaSettings
 
 __all__ = [
     "Cluster",
@@ -184,7 +184,7 @@ def _check_secure(cluster: Cluster, names: list[str], secure: bool | None) -> bo
 
 def _create_cluster_topics(cluster: Cluster, regions: list[str]) -> None:
     """Every region gets ``rl.schemas`` and ``rl.runs`` so any consumer there can decode."""
-    from rlstream.producers.admin import ensure_cluster_topics
+    from rlstream.producers.client.admin import ensure_cluster_topics
 
     for name in regions:
         ensure_cluster_topics(cluster.settings(name))

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rlstream.ops.cluster import artifacts, procs, security
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.settings import KafkaSettings
 
 MARKER = "kafka.Kafka"  # with the properties path, identifies our broker process
 PORT_WAIT_S = 30.0  # how long a restart waits for its kept ports before it takes new ones

@@ -43,7 +43,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.settings import KafkaSettings
 
 ADMIN = "admin"
 BROKER_CN = "rlstream-broker"
@@ -144,7 +144,7 @@ def authorize(
     credential of each of ``users`` (generated once in ``home``) and the ALLOW ACLs of
     ``grants`` (``ops.acls.Grant``) in the cluster it reaches. Kafka keeps one copy of an ACL
     created twice, so this is idempotent."""
-    from rlstream.producers.admin import admin_client
+    from rlstream.producers.client.admin import admin_client
 
     users = tuple(users)
     ensure_secrets(home, users)

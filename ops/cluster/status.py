@@ -8,7 +8,7 @@ from rlstream.ops.cluster import Cluster
 
 
 def describe(cluster: Cluster, timeout: float = 5.0) -> dict[str, Any]:
-    from rlstream.producers.admin import admin_client, group_lag
+    from rlstream.producers.client.admin import admin_client, group_lag
 
     report: dict[str, Any] = {"home": str(cluster.home), "trainer": cluster.trainer, "regions": {}}
     for name, region in cluster.regions.items():

@@ -4,7 +4,7 @@
 
 - ``POST /v1/feedback``: one event (a JSON object) or ``{"events": [...]}``; authenticated by a
   bearer token or an HMAC signature (see ``producers.feedback.auth``), validated by ``producers.feedback.models``;
-- ``GET /healthz``, ``GET /metrics`` (Prometheus text format, from ``producers.metrics``),
+- ``GET /healthz``, ``GET /metrics`` (Prometheus text format, from ``producers.runtime.metrics``),
   ``GET /openapi.json`` (OpenAPI 3.1 generated from the pydantic models, so the document and the
   validation cannot drift).
 
@@ -56,7 +56,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel
 
-from rlstream.producers import aio
+from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.feedback.auth import (
     UNAUTHORIZED,
     Target,
@@ -80,9 +80,9 @@ from rlstream.producers.feedback.models import (
 )
 from rlstream.producers.feedback.openapi import openapi_document
 from rlstream.producers.feedback.sink import Delivery, KafkaSink, Sink, Unavailable
-from rlstream.producers.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from rlstream.producers.metrics import Registry
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.runtime import aio
+from rlstream.producers.runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from rlstream.producers.runtime.metrics import Registry
 from rlstream.schemas import events, topics
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from rlstream.producers.producer import make_producer
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.producer import make_producer
+from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import events, topics
 
 log = logging.getLogger(__name__)

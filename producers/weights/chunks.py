@@ -10,7 +10,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message
 
-from rlstream.producers.producer import DeliveryError, EventProducer
+from rlstream.producers.client.producer import DeliveryError, EventProducer
 from rlstream.schemas import topics
 from rlstream.schemas.deltacodec.wire import Ref
 

@@ -69,8 +69,8 @@ from typing import Any, Final
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from rlstream.producers.producer import DeliveryError, EventProducer
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.producer import DeliveryError, EventProducer
+from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.weights import retention
 from rlstream.producers.weights.chunks import write_chunks
 from rlstream.producers.weights.rules import chunk_partitions, keyframe_of, publish_kinds

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.settings import KafkaSettings
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +44,7 @@ def cluster_home() -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def kafka(cluster_home: Path) -> Iterator[KafkaSettings]:
     """Settings for the session's broker (region ``trainer``)."""
-    from rlstream.producers.admin import ensure_cluster_topics
+    from rlstream.producers.client.admin import ensure_cluster_topics
 
     external = KafkaSettings.from_env()
     if external is not None:

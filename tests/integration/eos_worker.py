@@ -11,7 +11,7 @@ import time
 
 from rlstream.consumers.consumer import Stopper
 from rlstream.consumers.transactional import Output, TransactionalLoop
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.settings import KafkaSettings
 
 
 def main() -> None:

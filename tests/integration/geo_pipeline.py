@@ -24,8 +24,8 @@ from helpers import read_all
 from rlstream.ops import cluster
 from rlstream.ops.demo import start_role
 from rlstream.ops.ledger import Ledger, read_ledger
-from rlstream.producers.admin import ensure_run_topics
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.admin import ensure_run_topics
+from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import topics
 
 SETTINGS = [

@@ -19,8 +19,8 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from rlstream.producers.admin import TopicWant, admin_client, apply_topics
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.admin import TopicWant, admin_client, apply_topics
+from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import events
 
 

@@ -28,9 +28,9 @@ from confluent_kafka import Consumer, TopicPartition
 from helpers import make_topics
 from test_events import examples
 
-from rlstream.producers.admin import ensure_run_topics
-from rlstream.producers.producer import EventProducer
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.admin import ensure_run_topics
+from rlstream.producers.client.producer import EventProducer
+from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import topics
 
 if TYPE_CHECKING:
@@ -184,7 +184,7 @@ def test_report_reads_the_run_to_its_end(
     kafka: KafkaSettings, unique_run: str, tmp_path: Path
 ) -> None:
     from rlstream.ops.report import build_report
-    from rlstream.producers.admin import ensure_cluster_topics
+    from rlstream.producers.client.admin import ensure_cluster_topics
 
     run = unique_run
     ensure_run_topics(kafka, run, partitions=2)

@@ -18,7 +18,7 @@ import pytest
 from helpers import decisions, decode_all, stop_procs, wait_for
 
 from rlstream.ops.demo import start_role
-from rlstream.producers.admin import ensure_run_topics
+from rlstream.producers.client.admin import ensure_run_topics
 from rlstream.schemas import topics
 
 pytestmark = pytest.mark.slow

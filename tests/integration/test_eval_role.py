@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 
 from rlstream.ops.demo import start_role
-from rlstream.producers.admin import ensure_run_topics
-from rlstream.producers.producer import EventProducer
+from rlstream.producers.client.admin import ensure_run_topics
+from rlstream.producers.client.producer import EventProducer
 from rlstream.producers.weights.publisher import WeightPublisher
 from rlstream.rollout.config import PolicyConfig
 from rlstream.rollout.model import build_policy

@@ -17,7 +17,7 @@ from test_events import examples
 
 from rlstream.consumers.consumer import Stopper, load_schema_topic, schema_topics
 from rlstream.consumers.transactional import Output, TransactionalLoop
-from rlstream.producers.producer import EventProducer
+from rlstream.producers.client.producer import EventProducer
 from rlstream.schemas import events, topics
 
 

@@ -31,11 +31,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlstream.consumers.feedback.seen import FeedbackIdLog
-from rlstream.producers.admin import ensure_run_topics
+from rlstream.producers.client.admin import ensure_run_topics
+from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.feedback import auth as fa
 from rlstream.producers.feedback import models as fm
 from rlstream.producers.feedback.service import running_service
-from rlstream.producers.settings import KafkaSettings
 from rlstream.schemas import events, topics
 
 TOKEN = "it-token"

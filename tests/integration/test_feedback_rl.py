@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 from helpers import decode_all, read_all
 
-from rlstream.producers.admin import ensure_run_topics
-from rlstream.producers.producer import EventProducer
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.admin import ensure_run_topics
+from rlstream.producers.client.producer import EventProducer
+from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import arrays, topics
 
 ROLE = textwrap.dedent(
@@ -31,7 +31,7 @@ ROLE = textwrap.dedent(
     import json, os, sys
     from rlstream.consumers.consumer import Stopper
     from rlstream.consumers.feedback.rl import FeedbackRL, FeedbackRLConfig
-    from rlstream.producers.settings import KafkaSettings
+    from rlstream.producers.client.settings import KafkaSettings
 
     bootstrap, run, crash_after = sys.argv[1], sys.argv[2], int(sys.argv[3])
     cfg = FeedbackRLConfig(window_size=3, window_seconds=1.0, batch_size=4, max_staleness=1)

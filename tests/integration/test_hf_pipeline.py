@@ -21,7 +21,7 @@ from helpers import decode_all, stop_procs, wait_for
 from hf_checkpoints import bpe_checkpoint
 
 from rlstream.ops.demo import start_role
-from rlstream.producers.admin import ensure_run_topics
+from rlstream.producers.client.admin import ensure_run_topics
 from rlstream.schemas import topics
 
 pytestmark = pytest.mark.slow

@@ -28,7 +28,7 @@ from helpers import decisions, stop_procs, wait_for
 
 from rlstream.consumers.weights.manifest_log import read_manifests
 from rlstream.ops.demo import start_role
-from rlstream.producers.admin import ensure_run_topics
+from rlstream.producers.client.admin import ensure_run_topics
 
 pytestmark = pytest.mark.slow
 

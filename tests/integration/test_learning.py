@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from rlstream.ops import cluster
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.settings import KafkaSettings
 
 pytestmark = pytest.mark.slow
 

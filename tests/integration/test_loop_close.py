@@ -16,8 +16,8 @@ from helpers import decode_all, make_topics, read_all, task
 
 from rlstream.consumers.consumer import Record, Stopper
 from rlstream.consumers.transactional import Output, TransactionalLoop
-from rlstream.producers.producer import EventProducer
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.producer import EventProducer
+from rlstream.producers.client.settings import KafkaSettings
 
 
 def _loop(

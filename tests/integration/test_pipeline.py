@@ -23,8 +23,8 @@ import pytest
 from helpers import decisions, decode_all, stop_procs, wait_for
 
 from rlstream.ops.demo import start_role
-from rlstream.producers.admin import ensure_run_topics
-from rlstream.producers.producer import EventProducer
+from rlstream.producers.client.admin import ensure_run_topics
+from rlstream.producers.client.producer import EventProducer
 from rlstream.schemas import topics
 
 pytestmark = pytest.mark.slow

@@ -21,9 +21,9 @@ from test_weights_sync import CHUNK, MODEL, Learner
 
 from rlstream.consumers.weights.subscriber import WeightSubscriber
 from rlstream.ops import cluster
-from rlstream.producers.admin import ensure_run_topics
-from rlstream.producers.producer import EventProducer
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.admin import ensure_run_topics
+from rlstream.producers.client.producer import EventProducer
+from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.weights.publisher import WeightPublisher
 from rlstream.schemas import deltacodec as codec
 from rlstream.schemas import events, topics

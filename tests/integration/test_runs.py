@@ -12,8 +12,8 @@ from rlstream.consumers.run_log import run_manifests
 from rlstream.ops.config import RunConfig
 from rlstream.ops.demo import record_run_manifest
 from rlstream.ops.replay import rescore
-from rlstream.producers.admin import admin_client, ensure_run_topics
-from rlstream.producers.producer import EventProducer
+from rlstream.producers.client.admin import admin_client, ensure_run_topics
+from rlstream.producers.client.producer import EventProducer
 from rlstream.schemas import topics
 
 

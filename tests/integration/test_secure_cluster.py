@@ -39,9 +39,9 @@ from rlstream.ops.cmd_acl import apply
 from rlstream.ops.cmd_serve import FEEDBACK_USER, POLICY_USER, service_settings
 from rlstream.ops.demo import RoleProcess, start_role, stop_roles
 from rlstream.ops.regions import local_settings
-from rlstream.producers.admin import ensure_run_topics
-from rlstream.producers.producer import EventProducer
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.admin import ensure_run_topics
+from rlstream.producers.client.producer import EventProducer
+from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import topics
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

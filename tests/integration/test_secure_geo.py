@@ -28,8 +28,8 @@ from rlstream.consumers.consumer import make_consumer
 from rlstream.consumers.read_to_end import partitions_of, read_to_end, reader
 from rlstream.ops import acls, cluster
 from rlstream.ops.cmd_acl import apply
-from rlstream.producers.producer import EventProducer
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.producer import EventProducer
+from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import topics
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

@@ -15,9 +15,9 @@ import torch
 from aiohttp import web
 
 from rlstream.envs.judges import JudgeConfig, judge_llm
-from rlstream.producers import aio
-from rlstream.producers.admin import ensure_run_topics
-from rlstream.producers.producer import EventProducer
+from rlstream.producers.client.admin import ensure_run_topics
+from rlstream.producers.client.producer import EventProducer
+from rlstream.producers.runtime import aio
 from rlstream.producers.weights.publisher import WeightPublisher
 from rlstream.rollout.config import PolicyConfig
 from rlstream.rollout.model import build_policy

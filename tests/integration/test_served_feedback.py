@@ -31,10 +31,15 @@ from test_serve_policy import POLICY, _post, _publisher, _Serving, _state
 from rlstream.consumers.consumer import Stopper
 from rlstream.consumers.feedback.rl import FeedbackRL, FeedbackRLConfig
 from rlstream.envs import tasks as task_family
-from rlstream.producers.admin import admin_client, apply_topics, ensure_run_topics, run_topic_wants
+from rlstream.producers.client.admin import (
+    admin_client,
+    apply_topics,
+    ensure_run_topics,
+    run_topic_wants,
+)
+from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.feedback import models as fm
 from rlstream.producers.feedback.service import running_service
-from rlstream.producers.settings import KafkaSettings
 from rlstream.rollout.serve import PolicyServer, make_app
 from rlstream.schemas import arrays, events, topics
 
@@ -42,7 +47,7 @@ LEARNER = textwrap.dedent(
     """
     import sys
     from rlstream.consumers.consumer import Stopper
-    from rlstream.producers.settings import KafkaSettings
+    from rlstream.producers.client.settings import KafkaSettings
     from rlstream.rollout.config import PolicyConfig
     from rlstream.trainer.learner import Learner
     from rlstream.trainer.config import LearnerConfig

@@ -18,9 +18,9 @@ from helpers import read_all
 from test_weights_sync import CHUNK, MODEL, Learner, _assert_on, _make_topics, _subscriber
 
 from rlstream.consumers.weights.manifest_log import read_manifests
-from rlstream.producers.admin import admin_client
-from rlstream.producers.producer import EventProducer
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.admin import admin_client
+from rlstream.producers.client.producer import EventProducer
+from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.weights.publisher import WeightPublisher
 from rlstream.producers.weights.retention import prune
 from rlstream.schemas import deltacodec as codec

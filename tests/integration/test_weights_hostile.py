@@ -12,9 +12,9 @@ import pytest
 from test_weights_sync import MODEL, Learner, _assert_on, _make_topics, _publish, _subscriber
 
 from rlstream.consumers.weights.versions import VersionWatcher
-from rlstream.producers import metrics
-from rlstream.producers.producer import EventProducer
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.producer import EventProducer
+from rlstream.producers.client.settings import KafkaSettings
+from rlstream.producers.runtime import metrics
 from rlstream.producers.weights import signing
 from rlstream.producers.weights.publisher import WeightPublisher
 from rlstream.schemas import deltacodec as codec

@@ -26,9 +26,9 @@ from helpers import read_all
 from rlstream.consumers.weights.manifest_log import read_manifests
 from rlstream.consumers.weights.subscriber import Snapshot, WeightSubscriber
 from rlstream.consumers.weights.versions import VersionWatcher
-from rlstream.producers.admin import admin_client, apply_topics, run_topic_wants
-from rlstream.producers.producer import EventProducer
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.admin import admin_client, apply_topics, run_topic_wants
+from rlstream.producers.client.producer import EventProducer
+from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.weights import signing
 from rlstream.producers.weights.publisher import WeightPublisher
 from rlstream.producers.weights.retention import prune

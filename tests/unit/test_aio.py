@@ -1,4 +1,4 @@
-"""The HTTP services' event loop: every way ``producers.aio`` gives one out is a uvloop loop."""
+"""The HTTP services' event loop: every way ``producers.runtime.aio`` gives one out is a uvloop loop."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import uvloop
 
-from rlstream.producers import aio
+from rlstream.producers.runtime import aio
 
 
 def test_services_run_on_uvloop() -> None:

@@ -13,8 +13,8 @@ from rlstream.consumers.admission_rules import DecidedSet
 from rlstream.consumers.feedback.rules import online_quota
 from rlstream.consumers.feedback.seen import FeedbackIdLog
 from rlstream.envs.judges import LATENCY_WINDOW, Judge, JudgeConfig
-from rlstream.producers import metrics
 from rlstream.producers.feedback.dedupe import IdempotencyLRU
+from rlstream.producers.runtime import metrics
 from rlstream.schemas import arrays as A
 from rlstream.trainer.learner import make_room, pick_step
 from rlstream.trainer.learner_step import StepInput

@@ -1,5 +1,5 @@
 """A supervised role whose transactional call blocks for good exits, so its supervisor restarts
-it (``producers.producer.exit_when_hung``); without the policy nothing exits."""
+it (``producers.client.producer.exit_when_hung``); without the policy nothing exits."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 SCRIPT = """
 import time
-from rlstream.producers import producer as p
+from rlstream.producers.client import producer as p
 p.exit_when_hung({limit})
 with p._hang_guard("send offsets"):
     time.sleep({block})

@@ -18,7 +18,7 @@ import urllib.request
 import pytest
 
 from rlstream.consumers.transactional import LoopStats
-from rlstream.producers import metrics as M
+from rlstream.producers.runtime import metrics as M
 
 # One sample line: name, optional {labels}, a value (Prometheus text format 0.0.4).
 _LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\\\|\\"|\\n)*"'

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from rlstream.producers import producer as p
+from rlstream.producers.client import producer as p
 
 
 def _failing(errors: list[KafkaError]):

@@ -128,7 +128,7 @@ def test_served_record_is_a_trajectory_keyed_by_the_request_id() -> None:
 
 
 def test_a_pushed_version_is_served_only_if_it_hashes_to_what_the_caller_says(tmp_path) -> None:
-    from rlstream.producers.settings import KafkaSettings
+    from rlstream.producers.client.settings import KafkaSettings
     from rlstream.rollout.hf_policy import save_state_hf
     from rlstream.rollout.serve import PolicyServer, UpdateWeightsRequest
     from rlstream.schemas.deltacodec.bits import from_torch, state_hash

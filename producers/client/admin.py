@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.settings import KafkaSettings
 
 if TYPE_CHECKING:
     from rlstream.schemas.topics import Regions

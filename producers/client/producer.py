@@ -38,7 +38,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from rlstream.producers.settings import KafkaSettings
+from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import events, topics
 
 #: Settings every rlstream producer has; callers may add, not weaken.
