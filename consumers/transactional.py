@@ -51,6 +51,7 @@ from rlstream.consumers.dlq import dead_letter, dead_letter_headers
 from rlstream.producers.client.producer import EventProducer, TransactionAborted
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.runtime.metrics import LoopMetrics
+from rlstream.schemas.errors import Refused
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +68,6 @@ class Output:
     value: Any
     key: str | bytes | None = None
     headers: Sequence[tuple[str, bytes]] = ()
-
-
-class Refused(Exception):
-    """Raised by a processor for one record it cannot accept; the record is dead-lettered."""
-
-    def __init__(self, record: Record, reason: str) -> None:
-        super().__init__(reason)
-        self.record, self.reason = record, reason
 
 
 Processor = Callable[[list[Record]], Iterable[Output]]

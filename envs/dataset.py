@@ -57,6 +57,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rlstream.envs import sandbox, tools
 from rlstream.envs.family import FamilyTask, Split, TaskFamily, Verdict
 from rlstream.envs.tools import Environment, Tool, ToolResult, Workspace
+from rlstream.schemas.errors import RlstreamError
 
 DATA = Path(__file__).resolve().parent / "data"
 EVAL_SEED_BASE = 10**12  # the seeds of held-out tasks' ids (as fx's)
@@ -65,7 +66,7 @@ ToolName = Literal["python", "read", "write", "ls", "test"]
 _FENCE = "```"
 
 
-class DatasetError(ValueError):
+class DatasetError(RlstreamError, ValueError):
     """A dataset file that cannot be used, with ``FILE:LINE`` of the first problem found."""
 
 

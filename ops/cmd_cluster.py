@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from rlstream.schemas.errors import SetupError
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("cluster", help="start, stop or inspect the local Kafka cluster")
@@ -70,7 +72,7 @@ def _up(args: argparse.Namespace) -> int:
             trainer=args.trainer,
             secure=args.secure,
         )
-    except (cluster.SetupError, ValueError) as exc:
+    except (SetupError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     for name, region in state.regions.items():
@@ -99,7 +101,7 @@ def _fetch(args: argparse.Namespace) -> int:
 
     try:
         print(artifacts.libs_dir())
-    except artifacts.SetupError as exc:
+    except SetupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -30,11 +30,13 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from rlstream.schemas.errors import RlstreamError
+
 DTYPES_KEY = "__rlstream_dtypes__"
 REFUSED, UNUSABLE = 1, 2
 
 
-class UsageError(Exception):
+class UsageError(RlstreamError):
     """An input the tool cannot use (exit code 2)."""
 
 

@@ -52,9 +52,10 @@ from rlstream.rollout.config import HarnessConfig
 from rlstream.rollout.engines import Engine, GenerateFn, Prior, TorchEngine
 from rlstream.rollout.model import Generation, PolicyModel, generate, inference_copy
 from rlstream.schemas import arrays
+from rlstream.schemas.errors import RlstreamError
 
 
-class PromptTooLong(ValueError):
+class PromptTooLong(RlstreamError, ValueError):
     """The prompt leaves no room to generate in the policy's context window."""
 
 

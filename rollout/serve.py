@@ -80,6 +80,7 @@ from rlstream.rollout.model import Generation, build_policy, generate
 from rlstream.schemas import arrays, topics
 from rlstream.schemas.deltacodec import to_torch
 from rlstream.schemas.deltacodec.bits import from_torch, state_hash
+from rlstream.schemas.errors import RlstreamError
 
 MIN_TEMPERATURE = 1e-3
 """A requested temperature of 0 samples at this temperature (and is recorded so)."""
@@ -123,7 +124,7 @@ class UpdateWeightsRequest(BaseModel):
     state_hash: str | None = Field(None, max_length=256)
 
 
-class NotRecorded(RuntimeError):
+class NotRecorded(RlstreamError, RuntimeError):
     """The completion could not be written to the served stream; it is not answered."""
 
 

@@ -47,6 +47,8 @@ from typing import Any
 import fastavro
 import fastavro.schema
 
+from .errors import RlstreamError
+
 MAGIC = b"\xc3\x01"
 FINGERPRINT_SIZE = 8
 HEADER_SIZE = len(MAGIC) + FINGERPRINT_SIZE
@@ -82,7 +84,7 @@ ParsedSchema = Any  # fastavro's parsed form: dicts, lists and names, opaque to 
 Serializer = Callable[..., bytes]
 
 
-class EventError(ValueError):
+class EventError(RlstreamError, ValueError):
     """A record does not fit its schema, or a schema is unusable.
 
     ``reason`` is a ``DeadLetter.reason`` symbol, so a consumer can route the failure as is.

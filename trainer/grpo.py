@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from rlstream.rollout.model import PolicyModel, sequence_logprobs
+from rlstream.schemas.errors import RlstreamError
 from rlstream.trainer.config import GrpoConfig
 
 
@@ -160,7 +161,7 @@ def make_batch(
     )
 
 
-class NonFiniteStep(ArithmeticError):
+class NonFiniteStep(RlstreamError, ArithmeticError):
     """A step's loss or gradient is not finite; no update was made."""
 
 

@@ -32,9 +32,10 @@ from confluent_kafka import TopicPartition
 from rlstream.consumers.read_to_end import partitions_of, read_at, read_to_end, reader, retrying
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import arrays, topics
+from rlstream.schemas.errors import RlstreamError
 
 
-class NotServed(LookupError):
+class NotServed(RlstreamError, LookupError):
     """The request id (or its choice) is not in the served stream's indexed window."""
 
 

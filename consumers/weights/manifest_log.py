@@ -48,9 +48,10 @@ from rlstream.consumers.consumer import load_schema_topic
 from rlstream.consumers.read_to_end import partitions_of, read_to_end, reader
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.runtime import metrics
-from rlstream.producers.weights.signing import Refused, Verifier
+from rlstream.producers.weights.signing import Verifier
 from rlstream.schemas import events, topics
 from rlstream.schemas.deltacodec.wire import VersionTips
+from rlstream.schemas.errors import Refused
 
 log = logging.getLogger(__name__)
 

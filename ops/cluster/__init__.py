@@ -26,15 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlstream.ops.cluster import broker, mirror, procs
-from rlstream.ops.cluster.artifacts import SetupError
 from rlstream.ops.cluster.broker import Region
 from rlstream.ops.cluster.mirror import Flow, Mirror, link_flows, parse_flow
 from rlstream.producers.client.settings import KafkaSettings
+from rlstream.schemas.errors import SetupError
 
 __all__ = [
     "Cluster",
     "Flow",
-    "SetupError",
     "authorize_links",
     "default_home",
     "down",

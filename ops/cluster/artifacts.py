@@ -14,11 +14,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from rlstream.schemas.errors import SetupError
+
 POM = Path(__file__).resolve().parent.parent / "kafka" / "pom.xml"
-
-
-class SetupError(RuntimeError):
-    """Something the user must fix on their machine (missing Java or Maven, a failed download)."""
 
 
 def kafka_version() -> str:

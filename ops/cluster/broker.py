@@ -21,6 +21,7 @@ from pathlib import Path
 
 from rlstream.ops.cluster import artifacts, procs, security
 from rlstream.producers.client.settings import KafkaSettings
+from rlstream.schemas.errors import SetupError
 
 MARKER = "kafka.Kafka"  # with the properties path, identifies our broker process
 PORT_WAIT_S = 30.0  # how long a restart waits for its kept ports before it takes new ones
@@ -204,7 +205,7 @@ def _format(region: Region, heap: str) -> None:
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise artifacts.SetupError(
+        raise SetupError(
             f"formatting Kafka storage for region {region.name} failed:\n{proc.stdout}{proc.stderr}"
         )
 
@@ -234,7 +235,7 @@ def wait_ready(region: Region, timeout: float, proc: subprocess.Popen | None = N
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if (proc.poll() is not None) if proc else not region.running():
-            raise artifacts.SetupError(
+            raise SetupError(
                 f"the Kafka broker of region {region.name} exited during start-up. Last lines "
                 f"of {region.log}:\n{procs.tail(region.log)}\n{procs.tail(region.stdout_log, 10)}"
             )
@@ -243,7 +244,7 @@ def wait_ready(region: Region, timeout: float, proc: subprocess.Popen | None = N
             return
         except Exception:
             time.sleep(0.5)
-    raise artifacts.SetupError(
+    raise SetupError(
         f"the Kafka broker of region {region.name} did not answer on {region.bootstrap} within "
         f"{timeout:.0f}s. Last lines of {region.log}:\n{procs.tail(region.log)}"
     )

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from rlstream.ops.cluster import artifacts, procs, security
 from rlstream.ops.cluster.broker import LOG4J2, Region
+from rlstream.schemas.errors import SetupError
 
 MARKER = "org.apache.kafka.connect.mirror.MirrorMaker"
 FLOW = re.compile(r"^(?P<src>[A-Za-z0-9_-]+)->(?P<dst>[A-Za-z0-9_-]+):(?P<regex>.+)$")
@@ -208,7 +209,7 @@ def _wait_started(mirror: Mirror, proc: subprocess.Popen, timeout: float) -> Non
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise artifacts.SetupError(
+            raise SetupError(
                 f"MirrorMaker 2 exited during start-up (status {proc.returncode}). Last lines "
                 f"of {mirror.log}:\n{procs.tail(mirror.log)}\n"
                 f"{procs.tail(mirror.dir / 'logs' / 'stdout.log', 10)}"
@@ -217,7 +218,7 @@ def _wait_started(mirror: Mirror, proc: subprocess.Popen, timeout: float) -> Non
         if "Kafka MirrorMaker started" in text:
             return
         time.sleep(0.5)
-    raise artifacts.SetupError(
+    raise SetupError(
         f"MirrorMaker 2 did not start within {timeout:.0f}s. Last lines of {mirror.log}:\n"
         f"{procs.tail(mirror.log)}"
     )

@@ -40,6 +40,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer, Topic
 
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import events, topics
+from rlstream.schemas.errors import RlstreamError
 
 #: Settings every rlstream producer has; callers may add, not weaken.
 PRODUCER_DEFAULTS = {
@@ -57,7 +58,7 @@ DeliveryCallback = Callable[[KafkaError | None, Message], None]
 log = logging.getLogger(__name__)
 
 
-class DeliveryError(RuntimeError):
+class DeliveryError(RlstreamError, RuntimeError):
     """One or more records were not acknowledged by the broker."""
 
 
@@ -114,7 +115,7 @@ def _hang_guard(what: str) -> Iterator[None]:
         timer.cancel()
 
 
-class TransactionAborted(RuntimeError):
+class TransactionAborted(RlstreamError, RuntimeError):
     """The broker required the transaction to abort, and it was: nothing of it is visible."""
 
 

@@ -41,6 +41,7 @@ from pydantic import (
 )
 
 from rlstream.schemas import arrays, topics
+from rlstream.schemas.errors import RlstreamError
 
 TOKENS_ENV = "RLSTREAM_FEEDBACK_TOKENS"
 SALT_ENV = "RLSTREAM_FEEDBACK_SALT"
@@ -301,7 +302,7 @@ class AcceptedResponse(BaseModel):
 # --- parsing --------------------------------------------------------------------------------
 
 
-class RequestError(Exception):
+class RequestError(RlstreamError):
     """A request refused before Kafka: HTTP ``status`` and the ``ErrorResponse`` to send."""
 
     def __init__(self, status: int, body: ErrorResponse) -> None:

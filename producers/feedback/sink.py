@@ -20,6 +20,7 @@ from confluent_kafka import KafkaError, KafkaException, Message
 from rlstream.producers.client.producer import make_producer
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import events, topics
+from rlstream.schemas.errors import RlstreamError
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ class Delivery:
 _ACKED = Delivery(True)
 
 
-class Unavailable(Exception):
+class Unavailable(RlstreamError):
     """Kafka cannot take a record now (local queue full, producer failed)."""
 
 

@@ -29,6 +29,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from rlstream.schemas.errors import Refused
+
 log = logging.getLogger(__name__)
 
 SIGNATURE_HEADER = "rlstream.weights.signature"
@@ -37,10 +39,6 @@ SIGNING_KEY_ENV = "RLSTREAM_WEIGHTS_SIGNING_KEY"
 VERIFY_KEY_ENV = "RLSTREAM_WEIGHTS_VERIFY_KEY"
 
 Headers = Sequence[tuple[str, bytes | str | None]] | Mapping[str, bytes | str | None]
-
-
-class Refused(ValueError):
-    """A manifest whose signature does not verify; ``reason`` says why."""
 
 
 def _raw(public: Ed25519PublicKey) -> bytes:

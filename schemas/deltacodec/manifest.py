@@ -13,6 +13,7 @@ from typing import Any, Final
 
 import xxhash
 
+from ..errors import RlstreamError
 from .bits import DTYPE_WIDTHS
 from .pieces import ENCODINGS
 
@@ -20,7 +21,7 @@ from .pieces import ENCODINGS
 FORMAT: Final = "rlstream.weights/1"
 
 
-class DeltaError(Exception):
+class DeltaError(RlstreamError):
     """A version could not be decoded or verified; nothing was applied."""
 
 
