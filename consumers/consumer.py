@@ -78,7 +78,7 @@ class RoleContext:
 
     settings: KafkaSettings
     run: str
-    cfg: Any  # the role's typed config (``ops.config``)
+    cfg: Any  # the role's typed config (``ops.run.config``)
     stopper: Stopper
     member: str = "0"  # stable member name: static membership and transactional id
     name: str | None = None  # the judge's rubric name (judge role only)

@@ -1,7 +1,7 @@
 """The rollout side's settings: the policy's shape, the harness, rollout workers and the eval
 role, as pydantic models.
 
-They live apart from the code that runs them so that reading a recipe (``ops.config``) imports
+They live apart from the code that runs them so that reading a recipe (``ops.run.config``) imports
 neither torch nor transformers: roles that never touch the policy (admission, judges, the
 scheduler) start in a fraction of a second and stay small.
 """

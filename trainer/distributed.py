@@ -38,7 +38,7 @@ Backends: ``gloo`` on CPU (tested: FSDP2's all-gather and reduce-scatter run on 
 when the ranks have GPUs (the code path exists, it is unverified: no GPU where this was
 written).
 
-Environment (set by ``rlstream run learner --ranks N``'s launcher, ``ops.ranks``, or by
+Environment (set by ``rlstream run learner --ranks N``'s launcher, ``ops.run.ranks``, or by
 ``torchrun``): ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``.
 """
 

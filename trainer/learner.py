@@ -25,7 +25,7 @@ Sizes and bounds are exported as ``rlstream_buffer_items`` / ``rlstream_buffer_b
 (``learner.waiting``, ``learner.parts``).
 
 Ranks (``trainer.distributed``): with ``WORLD_SIZE`` > 1 in its environment (``rlstream run
-learner --ranks N`` starts the ranks, ``ops.ranks``; or ``torchrun``) the learner is N data-
+learner --ranks N`` starts the ranks, ``ops.run.ranks``; or ``torchrun``) the learner is N data-
 parallel processes whose weights, gradients and Adam moments are sharded by FSDP2. Rank 0 is
 the learner above: it alone reads the ledger, consumes the admitted stream (the group
 membership and the step's input offsets are its own), writes checkpoints (gathered from every

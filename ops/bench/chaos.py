@@ -10,7 +10,7 @@ the local one at ``--home`` when its trainer region runs (its broker is killed a
 too), else a temporary one started in its own state directory and stopped (by pid) at the end.
 
 Once the learner has published version 1, the faults of a plan drawn from ``--seed`` happen at
-random times within ``--chaos-seconds`` (``ops.faults``): ``--role-kills`` SIGKILLs of a random
+random times within ``--chaos-seconds`` (``ops.run.faults``): ``--role-kills`` SIGKILLs of a random
 role's process (never the same role twice within ``SAME_ROLE_GAP_S``: its supervisor restarts
 it with backoff), ``--broker-kills`` SIGKILLs of the broker (restarted on its data and ports
 after ``--broker-down`` seconds), ``--poison-rounds`` rounds of poison records in the
@@ -21,7 +21,7 @@ Then the driver waits until the scheduler has seen every task released and decid
 Figures (``--json``: the last stdout line), each read from what the roles wrote or logged:
 ``groups_released``/``groups_decided``/``groups_lost`` (released and never decided: must be
 0)/``groups_trained_twice`` (named by two versions' inputs: must be 0) from the run's streams
-(``ops.ledger``); ``poison_dead_lettered``: injected poison records some role wrote a dead
+(``ops.observe.ledger``); ``poison_dead_lettered``: injected poison records some role wrote a dead
 letter for (the dead-letter stream, with ``dead_letters_by_reason``), and ``poison_missed``
 those none did; ``forged_refused``: forged manifests the roles logged refusing;
 ``role_restarts``: restarts the supervisors logged; ``feedback_replays_refused``: 4xx answers to
@@ -99,7 +99,7 @@ def held(r: dict[str, Any]) -> bool:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from rlstream.ops.config import load_run_config
+    from rlstream.ops.run.config import load_run_config
     from rlstream.producers.client.admin import ensure_run_topics
 
     name = args.run or time.strftime("chaos-%Y%m%d-%H%M%S")
@@ -157,8 +157,8 @@ class Driver:
     # --- the run ----------------------------------------------------------------------------
 
     def run(self) -> None:
-        from rlstream.ops import demo
-        from rlstream.ops.faults import FeedbackService
+        from rlstream.ops.run import demo
+        from rlstream.ops.run.faults import FeedbackService
         from rlstream.trainer.learner_step import init_model
 
         progress(f"run {self.run_name}: logs in {self.logs}")
@@ -180,7 +180,7 @@ class Driver:
             demo.stop_roles(self.roles)
 
     def _start_roles(self) -> list[Any]:
-        from rlstream.ops.demo import start_role
+        from rlstream.ops.run.demo import start_role
 
         def start(role: str, name: str = "", *more: str) -> Any:
             extra = [*more, *self.extra]
@@ -244,7 +244,7 @@ class Driver:
             last = time.monotonic()
 
     def _fault_role(self, i: int) -> str:
-        from rlstream.ops.faults import kill9, role_child
+        from rlstream.ops.run.faults import kill9, role_child
 
         now = time.monotonic()
         able = [
@@ -264,28 +264,28 @@ class Driver:
         return f"killed {role.name} (pid {child}) with SIGKILL"
 
     def _fault_broker(self, i: int) -> str:
-        from rlstream.ops.faults import restart_broker
+        from rlstream.ops.run.faults import restart_broker
 
         restart_broker(self.home, "trainer", HEAP, self.args.broker_down)
         self.broker_kills += 1
         return f"killed the broker with SIGKILL; restarted after {self.args.broker_down:.0f}s"
 
     def _fault_poison(self, i: int) -> str:
-        from rlstream.ops.faults import inject_poison
+        from rlstream.ops.run.faults import inject_poison
 
         landed = inject_poison(self.settings, self.run_name, f"{self.args.seed}-{i}", self.rng)
         self.injected += landed
         return f"injected {len(landed)} poison records ({', '.join(p.kind for p in landed)})"
 
     def _fault_forge(self, i: int) -> str:
-        from rlstream.ops.faults import forge_manifests
+        from rlstream.ops.run.faults import forge_manifests
 
         landed = forge_manifests(self.settings, self.run_name, self.config.model, self.key_file)
         self.forged += landed
         return f"published {len(landed)} forged manifests ({', '.join(f.kind for f in landed)})"
 
     def _fault_feedback(self, i: int) -> str:
-        from rlstream.ops.faults import replay_feedback
+        from rlstream.ops.run.faults import replay_feedback
 
         self.feedback_replay = replay_feedback(self.feedback, f"{self.run_name}-{i}")
         answers = self.feedback_replay["answers"]
@@ -343,8 +343,8 @@ class Driver:
         )
 
     def figures(self) -> dict[str, Any]:
-        from rlstream.ops.faults import POISON_PREFIX
-        from rlstream.ops.ledger import read_ledger
+        from rlstream.ops.observe.ledger import read_ledger
+        from rlstream.ops.run.faults import POISON_PREFIX
 
         ledger = read_ledger(self.settings, self.run_name).figures(
             foreign=lambda g: g.startswith(POISON_PREFIX)
@@ -405,8 +405,8 @@ class Driver:
     def _success(self) -> dict[str, Any]:
         """The demo's success figures, from the run's rewards (poison left out)."""
         from rlstream.consumers.read_to_end import read_topic
-        from rlstream.ops.analytics import RunAnalytics
-        from rlstream.ops.faults import POISON_PREFIX
+        from rlstream.ops.observe.analytics import RunAnalytics
+        from rlstream.ops.run.faults import POISON_PREFIX
         from rlstream.schemas import events, topics
 
         analytics = RunAnalytics(self.run_name)

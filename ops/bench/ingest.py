@@ -132,7 +132,7 @@ def _bare_server() -> None:
 
 
 def _feedback_server(run: str, bootstrap: str) -> None:
-    from rlstream.ops.cmd_serve import durable_dedupe
+    from rlstream.ops.cli.cmd_serve import durable_dedupe
     from rlstream.producers.client.settings import KafkaSettings
     from rlstream.producers.feedback.models import FeedbackServiceConfig
     from rlstream.producers.feedback.service import serve

@@ -72,7 +72,7 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace, cache: str) -> Any:
-    from rlstream.ops.config import load_run_config
+    from rlstream.ops.run.config import load_run_config
 
     sets = [*args.set, f"learner.warm_start_cache={cache}"]
     sets.append(f"groups_per_step={args.groups_per_step}")
@@ -170,7 +170,7 @@ def _rank(
 
 
 def _measure(settings: Any, run: str, cfg: Any, groups: list, world: int) -> dict[str, Any]:
-    from rlstream.ops.ranks import run_local_ranks
+    from rlstream.ops.run.ranks import run_local_ranks
 
     return run_local_ranks(_rank, world, (settings, run, cfg, groups), "learner")
 

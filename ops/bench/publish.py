@@ -142,7 +142,7 @@ def _rank(
 
 
 def _publish(settings: Any, run: str, specs: list, world: int) -> dict[str, Any]:
-    from rlstream.ops.ranks import run_local_ranks
+    from rlstream.ops.run.ranks import run_local_ranks
 
     return run_local_ranks(_rank, world, (settings, run, specs), "publishing")
 

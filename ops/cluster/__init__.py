@@ -213,8 +213,8 @@ def _ensure_link(cluster: Cluster, region: str, log) -> None:
 def _authorize_link(cluster: Cluster, region: str, run: str | None) -> str:
     """Write the link user of ``region`` and its ACLs (``acls.mirror_grants``) into both
     clusters of the link, as admin; returns the user."""
-    from rlstream.ops import acls
     from rlstream.ops.cluster import security
+    from rlstream.ops.run import acls
 
     user = acls.mirror_user(region)
     for on in (cluster.trainer, region):
@@ -227,7 +227,7 @@ def authorize_links(cluster: Cluster, run: str) -> int:
     """Give every secured link whose two regions are running the ACLs of ``run``'s streams, on
     both of its clusters; returns how many ACLs were written. A link added (or a region that
     was down) later gets them from the next ``acl apply --run RUN``."""
-    from rlstream.ops import acls
+    from rlstream.ops.run import acls
 
     count = 0
     running = set(cluster.running_regions())

@@ -8,13 +8,13 @@ Listeners of a secured region:
 - the controller listener speaks TLS with client certificates required (mutual TLS); only the
   broker holds a certificate, so no client can reach the controller;
 - ``StandardAuthorizer`` with ``allow.everyone.if.no.acl.found=false``: a principal may do only
-  what an ACL allows (``ops.acls`` plans them per role, ``rlstream acl apply`` writes them).
+  what an ACL allows (``ops.run.acls`` plans them per role, ``rlstream acl apply`` writes them).
 
 Principals: ``admin`` (a super user: ``cluster up``, ``acl apply``, the operator's tools), the
 broker itself (``User:CN=rlstream-broker``, super user, for the controller link), one user per
-role and per ``rlstream serve`` service (``ops.acls.PRINCIPALS``), created in a region by ``acl
-apply`` with its ACLs there, only where it runs (``ops.acls.roles_in``), and one per MirrorMaker 2
-link (``ops.acls.mirror_user``), created with its ACLs on both clusters of
+role and per ``rlstream serve`` service (``ops.run.acls.PRINCIPALS``), created in a region by ``acl
+apply`` with its ACLs there, only where it runs (``ops.run.acls.roles_in``), and one per MirrorMaker 2
+link (``ops.run.acls.mirror_user``), created with its ACLs on both clusters of
 its link by ``cluster up`` before the link starts (``authorize``).
 
 Every region of a local cluster shares the one CA and ``credentials.json``; a user's SCRAM
@@ -142,7 +142,7 @@ def authorize(
 ) -> None:
     """As ``admin_settings``'s super user, create (or set again, to the same password) the SCRAM
     credential of each of ``users`` (generated once in ``home``) and the ALLOW ACLs of
-    ``grants`` (``ops.acls.Grant``) in the cluster it reaches. Kafka keeps one copy of an ACL
+    ``grants`` (``ops.run.acls.Grant``) in the cluster it reaches. Kafka keeps one copy of an ACL
     created twice, so this is idempotent."""
     from rlstream.producers.client.admin import admin_client
 

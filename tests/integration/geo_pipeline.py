@@ -3,7 +3,7 @@
 ``GeoRun`` starts learner, admission, the ``tests`` judge and the scheduler in the trainer
 region and one rollout worker per rollout region, each ``rlstream run ... --region R`` against
 the session's local multi-region cluster (``geo``). ``ledger`` reads back, from the trainer
-region's streams (``rlstream.ops.ledger``), what was released (with each task's attempts and
+region's streams (``rlstream.ops.observe.ledger``), what was released (with each task's attempts and
 regions), decided (admitted or rejected) and trained; ``reconcile`` asserts nothing was lost and
 nothing trained twice.
 """
@@ -22,8 +22,8 @@ from typing import Any
 from helpers import read_all
 
 from rlstream.ops import cluster
-from rlstream.ops.demo import start_role
-from rlstream.ops.ledger import Ledger, read_ledger
+from rlstream.ops.observe.ledger import Ledger, read_ledger
+from rlstream.ops.run.demo import start_role
 from rlstream.producers.client.admin import ensure_run_topics
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import topics

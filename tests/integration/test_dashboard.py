@@ -131,7 +131,7 @@ def drive_page(
     reason="needs headless Chromium at /usr/bin/chromium (apt-get install chromium)",
 )
 def test_dashboard_page_follows_the_run_in_chromium(kafka: KafkaSettings, unique_run: str) -> None:
-    from rlstream.ops.dashboard import serve_dashboard
+    from rlstream.ops.observe.dashboard import serve_dashboard
 
     run = unique_run
     ensure_run_topics(kafka, run, partitions=2)
@@ -183,7 +183,7 @@ def test_dashboard_page_follows_the_run_in_chromium(kafka: KafkaSettings, unique
 def test_report_reads_the_run_to_its_end(
     kafka: KafkaSettings, unique_run: str, tmp_path: Path
 ) -> None:
-    from rlstream.ops.report import build_report
+    from rlstream.ops.observe.report import build_report
     from rlstream.producers.client.admin import ensure_cluster_topics
 
     run = unique_run

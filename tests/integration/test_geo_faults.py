@@ -20,7 +20,8 @@ import pytest
 from geo_pipeline import GeoRun, settings_of
 from helpers import decode_all
 
-from rlstream.ops import cluster, faults
+from rlstream.ops import cluster
+from rlstream.ops.run import faults
 from rlstream.schemas import topics
 
 pytestmark = pytest.mark.slow

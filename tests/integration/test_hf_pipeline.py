@@ -20,7 +20,7 @@ import pytest
 from helpers import decode_all, stop_procs, wait_for
 from hf_checkpoints import bpe_checkpoint
 
-from rlstream.ops.demo import start_role
+from rlstream.ops.run.demo import start_role
 from rlstream.producers.client.admin import ensure_run_topics
 from rlstream.schemas import topics
 
@@ -90,7 +90,7 @@ def test_hf_policy_runs_the_pipeline_keyed_by_hf_names(kafka, unique_run, tmp_pa
 
 
 def _check_hf_names(manifests: list[dict], sets: list[str]) -> None:
-    from rlstream.ops.config import load_run_config
+    from rlstream.ops.run.config import load_run_config
     from rlstream.rollout.model import build_policy
 
     model = build_policy(load_run_config(None, sets).policy)
@@ -103,7 +103,7 @@ def _check_hf_names(manifests: list[dict], sets: list[str]) -> None:
 
 
 def _check_prompts_are_the_checkpoints_tokens(kafka, run: str, sets: list[str]) -> None:
-    from rlstream.ops.config import load_run_config
+    from rlstream.ops.run.config import load_run_config
     from rlstream.rollout.model import build_policy
     from rlstream.schemas import arrays
 
@@ -125,7 +125,7 @@ def _check_prompts_are_the_checkpoints_tokens(kafka, run: str, sets: list[str]) 
 
 
 def _check_trained_groups_admitted(kafka, run: str) -> None:
-    from rlstream.ops.ledger import trained_groups
+    from rlstream.ops.observe.ledger import trained_groups
 
     admitted = {
         d.record["group_id"]
@@ -138,9 +138,9 @@ def _check_trained_groups_admitted(kafka, run: str) -> None:
 
 
 def _check_replay_is_bit_exact(kafka, run: str, tmp: Path, last_version: int):
-    from rlstream.ops.config import load_run_config
-    from rlstream.ops.demo import record_run_manifest
-    from rlstream.ops.replay import replay
+    from rlstream.ops.run.config import load_run_config
+    from rlstream.ops.run.demo import record_run_manifest
+    from rlstream.ops.run.replay import replay
 
     config = load_run_config(None, _sets(tmp))
     record_run_manifest(kafka, run, config, "finished", int(time.time() * 1000), ["trainer"])
@@ -153,7 +153,7 @@ def _check_replay_is_bit_exact(kafka, run: str, tmp: Path, last_version: int):
 def _check_final_model_dir(kafka, run: str, config, last: dict, tmp: Path) -> None:
     from transformers import AutoModelForCausalLM, Qwen3MoeForCausalLM
 
-    from rlstream.ops.demo import final_model
+    from rlstream.ops.run.demo import final_model
     from rlstream.schemas.deltacodec.bits import from_torch, state_hash
 
     result = final_model(kafka, run, config, int(last["version"]), tmp / "out")

@@ -27,7 +27,7 @@ import pytest
 from helpers import decisions, stop_procs, wait_for
 
 from rlstream.consumers.weights.manifest_log import read_manifests
-from rlstream.ops.demo import start_role
+from rlstream.ops.run.demo import start_role
 from rlstream.producers.client.admin import ensure_run_topics
 
 pytestmark = pytest.mark.slow
@@ -99,7 +99,7 @@ def test_two_ranks_one_killed_resume_train_each_group_once_and_replay_bit_exact(
 
 
 def _trained(kafka, run: str) -> list[str]:
-    from rlstream.ops.ledger import trained_groups
+    from rlstream.ops.observe.ledger import trained_groups
 
     return trained_groups(kafka, run)
 
@@ -139,9 +139,9 @@ def _check_sharded(kafka, run: str) -> None:
 
 
 def _check_replay(kafka, run: str, tmp: Path) -> None:
-    from rlstream.ops.config import load_run_config
-    from rlstream.ops.demo import record_run_manifest
-    from rlstream.ops.replay import replay
+    from rlstream.ops.run.config import load_run_config
+    from rlstream.ops.run.demo import record_run_manifest
+    from rlstream.ops.run.replay import replay
 
     sets = [*SETTINGS, f"learner.state_dir={tmp / 'learner'}", f"learner.warm_start_cache={tmp / 'warm.pt'}", "learner.ranks=2"]  # fmt: skip
     config = load_run_config(None, sets)

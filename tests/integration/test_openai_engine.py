@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from helpers import decode_all, stop_procs, wait_for
 
-from rlstream.ops.demo import start_role
+from rlstream.ops.run.demo import start_role
 from rlstream.producers.client.admin import ensure_run_topics
 from rlstream.schemas import topics
 
@@ -141,7 +141,7 @@ def test_openai_engine_worker_trains_against_serve_policy(kafka, unique_run, tmp
     assert 0 in pushed and max(pushed) >= 1, pushed  # the worker moves to the newest it has
     assert served_versions <= pushed
 
-    from rlstream.ops.ledger import trained_groups
+    from rlstream.ops.observe.ledger import trained_groups
 
     admitted = {
         d.record["group_id"]

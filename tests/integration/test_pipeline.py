@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from helpers import decisions, decode_all, stop_procs, wait_for
 
-from rlstream.ops.demo import start_role
+from rlstream.ops.run.demo import start_role
 from rlstream.producers.client.admin import ensure_run_topics
 from rlstream.producers.client.producer import EventProducer
 from rlstream.schemas import topics
@@ -116,7 +116,7 @@ def test_roles_killed_and_restarted_lose_nothing_and_train_nothing_twice(
 
 def _trained_groups(kafka, run: str) -> tuple[list[str], int]:
     """Group ids behind every step's inputs (from the manifests), and how many there are."""
-    from rlstream.ops.ledger import trained_groups
+    from rlstream.ops.observe.ledger import trained_groups
 
     groups = trained_groups(kafka, run)
     return groups, len(groups)
@@ -150,9 +150,9 @@ def _check_stale_rejected(kafka, run: str, procs: dict) -> None:
 
 
 def _check_replay_is_bit_exact(kafka, run: str, tmp: Path, last_version: int) -> None:
-    from rlstream.ops.config import load_run_config
-    from rlstream.ops.demo import record_run_manifest
-    from rlstream.ops.replay import replay
+    from rlstream.ops.run.config import load_run_config
+    from rlstream.ops.run.demo import record_run_manifest
+    from rlstream.ops.run.replay import replay
 
     sets = [v for i, v in enumerate(SETTINGS) if SETTINGS[i - 1] == "--set"]
     sets += [f"learner.state_dir={tmp / 'learner'}", f"learner.warm_start_cache={tmp / 'warm.pt'}"]

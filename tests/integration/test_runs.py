@@ -9,9 +9,9 @@ from helpers import decode_all
 from test_events import examples
 
 from rlstream.consumers.run_log import run_manifests
-from rlstream.ops.config import RunConfig
-from rlstream.ops.demo import record_run_manifest
-from rlstream.ops.replay import rescore
+from rlstream.ops.run.config import RunConfig
+from rlstream.ops.run.demo import record_run_manifest
+from rlstream.ops.run.replay import rescore
 from rlstream.producers.client.admin import admin_client, ensure_run_topics
 from rlstream.producers.client.producer import EventProducer
 from rlstream.schemas import topics
@@ -52,7 +52,7 @@ def test_list_rescore_and_delete_a_run(kafka, unique_run):
     copies = decode_all(kafka, topics.topic_name(second, "trajectories"))
     assert [d.record["run"] for d in copies] == [second] * len(answers)
 
-    from rlstream.ops.cmd_replay import _delete
+    from rlstream.ops.cli.cmd_replay import _delete
 
     assert _delete(kafka, first) == 0
     assert first not in run_manifests(kafka)

@@ -33,12 +33,13 @@ from pydantic import SecretStr
 from rlstream.consumers.consumer import make_consumer
 from rlstream.consumers.feedback.seen import FeedbackIdLog
 from rlstream.consumers.read_to_end import read_to_end, reader
-from rlstream.ops import acls, cluster
+from rlstream.ops import cluster
+from rlstream.ops.cli.cmd_acl import apply
+from rlstream.ops.cli.cmd_serve import FEEDBACK_USER, POLICY_USER, service_settings
 from rlstream.ops.cluster import security
-from rlstream.ops.cmd_acl import apply
-from rlstream.ops.cmd_serve import FEEDBACK_USER, POLICY_USER, service_settings
-from rlstream.ops.demo import RoleProcess, start_role, stop_roles
-from rlstream.ops.regions import local_settings
+from rlstream.ops.run import acls
+from rlstream.ops.run.demo import RoleProcess, start_role, stop_roles
+from rlstream.ops.run.regions import local_settings
 from rlstream.producers.client.admin import ensure_run_topics
 from rlstream.producers.client.producer import EventProducer
 from rlstream.producers.client.settings import KafkaSettings

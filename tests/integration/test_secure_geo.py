@@ -1,5 +1,5 @@
 """A secured multi-region cluster: MirrorMaker 2 copies committed records across a link as its
-own user, within the ACLs ``ops.acls.mirror_grants`` plans; a rollout worker's user in the
+own user, within the ACLs ``ops.run.acls.mirror_grants`` plans; a rollout worker's user in the
 rollout region reads the trainer region's copies and its trajectories cross home; every cluster
 refuses a client that does not authenticate.
 
@@ -26,8 +26,9 @@ from helpers import first_record
 
 from rlstream.consumers.consumer import make_consumer
 from rlstream.consumers.read_to_end import partitions_of, read_to_end, reader
-from rlstream.ops import acls, cluster
-from rlstream.ops.cmd_acl import apply
+from rlstream.ops import cluster
+from rlstream.ops.cli.cmd_acl import apply
+from rlstream.ops.run import acls
 from rlstream.producers.client.producer import EventProducer
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import topics

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlstream.ops import acls
-from rlstream.ops.roles import ROLES
+from rlstream.ops.run import acls
+from rlstream.ops.run.roles import ROLES
 from rlstream.schemas import topics
 
 RUN = "r1"

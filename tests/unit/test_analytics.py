@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from test_events import examples
 
-from rlstream.ops import analytics as A
-from rlstream.ops.report import rebin, write_report
+from rlstream.ops.observe import analytics as A
+from rlstream.ops.observe.report import rebin, write_report
 from rlstream.schemas import events
 
 RUN = "r1"
@@ -285,7 +285,7 @@ def test_report_writes_page_and_pngs(tmp_path) -> None:
 
 
 def test_web_app_serves_snapshot_and_server_sent_events() -> None:
-    from rlstream.ops.dashboard import Server, make_app
+    from rlstream.ops.observe.dashboard import Server, make_app
 
     a = _full_analytics()
     calls = []

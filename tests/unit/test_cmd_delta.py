@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rlstream.ops import cmd_delta
+from rlstream.ops.cli import cmd_delta
 from rlstream.schemas import deltacodec as dc
 from rlstream.schemas.deltacodec import file as dfile
 

@@ -8,7 +8,7 @@ import pytest
 
 from rlstream.consumers.weights.subscriber import Snapshot
 from rlstream.envs.family import FamilySpec, family_of
-from rlstream.ops.config import load_run_config
+from rlstream.ops.run.config import load_run_config
 from rlstream.rollout import evaluator as ev
 from rlstream.rollout.scheduler import SchedulerConfig, task_record
 

@@ -13,7 +13,7 @@ import pytest
 from rlstream.envs import family, tasks
 from rlstream.envs.family import FamilySpec, family_of, pick_family
 from rlstream.envs.judges import JudgeConfig, judge_format, judge_tests
-from rlstream.ops.config import RunConfig, load_run_config
+from rlstream.ops.run.config import RunConfig, load_run_config
 from rlstream.rollout.scheduler import SchedulerConfig, task_record
 
 

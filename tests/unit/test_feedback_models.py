@@ -510,7 +510,7 @@ def test_openapi_document_is_generated_from_the_models() -> None:
 
 
 def test_serve_command_reads_config_table_and_flags(tmp_path: Any) -> None:
-    from rlstream.ops import cmd_serve
+    from rlstream.ops.cli import cmd_serve
 
     path = tmp_path / "svc.toml"
     path.write_text('[serve.feedback]\nport = 9000\ntokens = ["x"]\nmax_batch = 7\n')
@@ -620,7 +620,7 @@ def test_online_quota_mixes_n_per_m() -> None:
 
 
 def test_role_config_from_recipe_table_and_overrides(tmp_path: Any) -> None:
-    from rlstream.ops.config import load_run_config
+    from rlstream.ops.run.config import load_run_config
 
     def feedback_config(path: str | None, overrides: list[str]) -> Any:
         return load_run_config(path, overrides).role("feedback-rl")

@@ -13,7 +13,7 @@ from pathlib import Path
 from rlstream.envs import family, tasks
 from rlstream.envs.dataset import DatasetConfig, DatasetFamily, Problem, split_of
 from rlstream.envs.family import FamilySpec
-from rlstream.ops.config import load_run_config
+from rlstream.ops.run.config import load_run_config
 from rlstream.rollout.scheduler import SchedulerConfig, task_record
 
 

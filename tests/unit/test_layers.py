@@ -142,9 +142,9 @@ def test_reading_a_recipe_and_the_policy_free_roles_import_no_torch() -> None:
 
     code = (
         "import sys\n"
-        "from rlstream.ops.config import load_run_config\n"
+        "from rlstream.ops.run.config import load_run_config\n"
         "load_run_config(None, [])\n"
-        "import rlstream.ops.roles, rlstream.consumers.admission, rlstream.envs.judges\n"
+        "import rlstream.ops.run.roles, rlstream.consumers.admission, rlstream.envs.judges\n"
         "import rlstream.rollout.scheduler, rlstream.consumers.feedback.rl\n"
         "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
     )

@@ -14,7 +14,7 @@ import pytest
 import rank_targets
 import torch
 
-from rlstream.ops.ranks import launch, rank_env, run_local_ranks
+from rlstream.ops.run.ranks import launch, rank_env, run_local_ranks
 from rlstream.trainer.distributed import RankEnv, loss_weight, slice_of
 
 

@@ -15,8 +15,8 @@ from pydantic import ValidationError
 
 from rlstream.ops.cluster.broker import Region
 from rlstream.ops.cluster.mirror import link_flows, mm2_properties
-from rlstream.ops.config import load_run_config
-from rlstream.ops.regions import RegionsConfig
+from rlstream.ops.run.config import load_run_config
+from rlstream.ops.run.regions import RegionsConfig
 from rlstream.schemas import topics
 
 

@@ -6,7 +6,7 @@ import random
 import subprocess
 import sys
 
-from rlstream.ops.supervise import RestartPolicy, supervise
+from rlstream.ops.run.supervise import RestartPolicy, supervise
 
 
 def test_restart_delays_double_with_jitter_up_to_the_cap() -> None:

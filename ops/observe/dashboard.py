@@ -1,17 +1,17 @@
 """``rlstream dashboard``: a live web page of a run's figures, pushed by server-sent events.
 
-One process: a reader thread folds the run's streams (``ops.run_reader``, no consumer group,
-nothing committed) into ``ops.analytics.RunAnalytics``; a second thread measures the consumer
+One process: a reader thread folds the run's streams (``ops.observe.run_reader``, no consumer group,
+nothing committed) into ``ops.observe.analytics.RunAnalytics``; a second thread measures the consumer
 lag of every group ``rlstream.RUN.*`` every ``lag_every_s``; an aiohttp server serves
 
-- ``GET /``: the page (``ops/static/dashboard.html``, with its own small canvas charts; no CDN,
+- ``GET /``: the page (``ops/observe/static/dashboard.html``, with its own small canvas charts; no CDN,
   so it works on a machine without internet),
 - ``GET /events``: ``text/event-stream``, one ``snapshot`` event (the JSON of
   ``RunAnalytics.snapshot`` plus a ``status`` block) every ``interval_s``,
 - ``GET /api/snapshot``: the same JSON once.
 
 Guarantees: the dashboard only reads (it cannot disturb a run); figures follow the rules of
-``ops.analytics``, so they match ``rlstream report``; the analytics are touched under one lock,
+``ops.observe.analytics``, so they match ``rlstream report``; the analytics are touched under one lock,
 so a snapshot is never taken halfway through folding a record; stopping ends every SSE stream
 and both threads, and closes the Kafka clients.
 """
@@ -32,7 +32,7 @@ from typing import Any
 from aiohttp import web
 
 from rlstream.consumers.consumer import Stopper
-from rlstream.ops.analytics import RunAnalytics
+from rlstream.ops.observe.analytics import RunAnalytics
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.runtime import aio
 
@@ -83,7 +83,7 @@ class Dashboard:
 
     def _follow(self) -> None:
         """Fold the run's records until stopped; on a Kafka error, report it and start over."""
-        from rlstream.ops.run_reader import RunReader
+        from rlstream.ops.observe.run_reader import RunReader
 
         while not self.stopper.stopped:
             reader = None
@@ -106,7 +106,7 @@ class Dashboard:
                     reader.close()
 
     def _poll_lag(self) -> None:
-        from rlstream.ops.run_reader import measure_lag
+        from rlstream.ops.observe.run_reader import measure_lag
         from rlstream.producers.client.admin import admin_client
 
         admin = admin_client(self.settings)

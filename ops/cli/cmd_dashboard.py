@@ -1,7 +1,7 @@
 """``rlstream dashboard`` (live web page over SSE) and ``rlstream report`` (static HTML + PNGs).
 
 Both only read a run's streams: no consumer group is joined and nothing is committed, so they
-can watch a run in production. See ``ops.dashboard`` and ``ops.report``.
+can watch a run in production. See ``ops.observe.dashboard`` and ``ops.observe.report``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlstream.ops.kafka_env import add_kafka_args, settings_from_args
+from rlstream.ops.run.kafka_env import add_kafka_args, settings_from_args
 
 if TYPE_CHECKING:
     from rlstream.producers.client.settings import KafkaSettings
@@ -50,7 +50,7 @@ def _pick_run(args: argparse.Namespace, settings: KafkaSettings) -> str:
 
 def _dashboard(args: argparse.Namespace) -> int:
     from rlstream.consumers.consumer import Stopper
-    from rlstream.ops.dashboard import serve_dashboard
+    from rlstream.ops.observe.dashboard import serve_dashboard
 
     settings = settings_from_args(args)
     run = _pick_run(args, settings)
@@ -70,7 +70,7 @@ def _dashboard(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from rlstream.ops.report import build_report
+    from rlstream.ops.observe.report import build_report
     from rlstream.schemas.topics import validate_name
 
     settings = settings_from_args(args)

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from rlstream.consumers.consumer import Stopper
-from rlstream.ops.analytics import RunAnalytics
+from rlstream.ops.observe.analytics import RunAnalytics
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import topics
 
@@ -58,7 +58,7 @@ def start_role(
     with its credentials when it has any).
 
     With ``home`` (the local cluster's state directory) the role is given no address: it finds
-    ``region`` there and, when the cluster is secured, connects as its own user (``ops.roles``);
+    ``region`` there and, when the cluster is secured, connects as its own user (``ops.run.roles``);
     no ``RLSTREAM_BOOTSTRAP``/``RLSTREAM_KAFKA_*`` is passed on that would make it someone else.
     """
     name = name or role

@@ -22,12 +22,12 @@ from rlstream.envs import tasks as task_family
 from rlstream.envs.family import FamilySpec
 from rlstream.envs.fx import with_fx_options
 from rlstream.envs.judges import JudgeConfig
-from rlstream.ops.regions import RegionsConfig
+from rlstream.ops.run.regions import RegionsConfig
 from rlstream.rollout.config import EvalConfig, PolicyConfig, RolloutConfig
 from rlstream.rollout.scheduler import SchedulerConfig
 from rlstream.trainer.config import LearnerConfig
 
-RECIPES = Path(__file__).resolve().parent / "recipes"
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 
 
 def _default_judges() -> dict[str, JudgeConfig]:

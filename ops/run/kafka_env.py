@@ -30,7 +30,7 @@ def settings_from_args(args: argparse.Namespace) -> KafkaSettings:
     if settings is not None:
         return settings
     from rlstream.ops import cluster
-    from rlstream.ops.regions import local_settings
+    from rlstream.ops.run.regions import local_settings
 
     region = getattr(args, "region", None) or cluster.DEFAULT_REGION
     return local_settings(region, getattr(args, "home", None))

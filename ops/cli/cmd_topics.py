@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from rlstream.ops.kafka_env import add_kafka_args
+from rlstream.ops.run.kafka_env import add_kafka_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _apply(args: argparse.Namespace) -> int:
-    from rlstream.ops.config import load_run_config
+    from rlstream.ops.run.config import load_run_config
     from rlstream.producers.client.admin import ensure_run_topics
     from rlstream.producers.client.settings import KafkaSettings
 

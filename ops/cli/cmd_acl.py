@@ -1,4 +1,4 @@
-"""``rlstream acl show | apply --run RUN``: each principal's least-privilege ACLs (``ops.acls``).
+"""``rlstream acl show | apply --run RUN``: each principal's least-privilege ACLs (``ops.run.acls``).
 
 ``show`` prints the plan, one grant a line (or ``--json``: per principal, its topics, group and
 transactional ids); it needs no broker. ``apply`` makes a secured cluster ready for the run, as
@@ -9,7 +9,7 @@ kept in the state directory's ``secrets/credentials.json``, mode 0600, never pri
 topics, the cluster topics and the MirrorMaker 2 copies the region receives (roles may not
 create topics), then their ACLs for that region. On the local cluster (no ``--bootstrap``) it
 also grants each secured MirrorMaker 2 link the run's streams on both of its clusters
-(``ops.acls.mirror_grants``), whatever ``--region``.
+(``ops.run.acls.mirror_grants``), whatever ``--region``.
 
 The run's regions (``--regions trainer,eu``, the trainer region first) decide which copies a
 role reads where (``topics.Regions.sources``); by default they are the local cluster's regions
@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rlstream.ops.kafka_env import add_kafka_args, settings_from_args
+from rlstream.ops.run.kafka_env import add_kafka_args, settings_from_args
 from rlstream.producers.client.settings import KafkaSettings
 
 
@@ -74,7 +74,8 @@ def topology(args: argparse.Namespace, home: Path) -> Any:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from rlstream.ops import acls, cluster
+    from rlstream.ops import cluster
+    from rlstream.ops.run import acls
 
     home = Path(args.home) if args.home else cluster.default_home()
     try:
@@ -126,8 +127,8 @@ def apply(
     trainer region) of ``regions`` (a ``topics.Regions``, default one region): create the users
     of the principals that run there, the run's topics with the copies the region receives, and
     their ACLs; returns how many of each were applied."""
-    from rlstream.ops import acls
     from rlstream.ops.cluster import security
+    from rlstream.ops.run import acls
     from rlstream.producers.client.admin import ensure_run_topics
 
     regions = regions or acls.SINGLE_REGION

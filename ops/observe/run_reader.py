@@ -2,7 +2,7 @@
 
 Like ``rlstream run tap``, the reader assigns partitions itself and never commits, so watching
 a run never moves a role's offsets, never shows up as a consumer group and never triggers a
-rebalance. Topics are found by pattern (``ops.analytics.run_topic_regex``): the run's local
+rebalance. Topics are found by pattern (``ops.observe.analytics.run_topic_regex``): the run's local
 streams and their MirrorMaker 2 copies ``REGION.rl.RUN.STREAM``. A reader either follows
 (``pump``: it looks for new topics and partitions every ``refresh_s``, as a region's mirror may
 appear mid-run) or reads to the end once (``read_to_end``, through the one read-to-end helper:
@@ -26,7 +26,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartitio
 
 from rlstream.consumers.consumer import load_schema_topic
 from rlstream.consumers.read_to_end import read_to_end, reader
-from rlstream.ops.analytics import role_of_group, run_topic_regex
+from rlstream.ops.observe.analytics import role_of_group, run_topic_regex
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import events
 

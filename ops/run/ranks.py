@@ -1,6 +1,6 @@
 """The launcher of a learner's ranks on one machine: ``rlstream run learner --ranks N``.
 
-The supervised learner process (``ops.supervise``) becomes this launcher when the learner has
+The supervised learner process (``ops.run.supervise``) becomes this launcher when the learner has
 several ranks and its environment names none: it starts N copies of its own command line, each
 with ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` (127.0.0.1) and ``MASTER_PORT``
 (a free port found by binding port 0), the variables ``torchrun`` sets, so that each copy runs
@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlstream.ops.cluster.procs import free_port
-from rlstream.ops.supervise import _die_with_parent
+from rlstream.ops.run.supervise import _die_with_parent
 
 #: Seconds the other ranks have to exit after one exited 0.
 STOP_GRACE_S = 60.0

@@ -1,8 +1,8 @@
 """``rlstream report RUN --out DIR``: a static HTML report of a run, with PNG plots.
 
 The run's streams are read from the beginning to the end they have when the report starts
-(``ops.run_reader``, no consumer group, nothing committed), folded by the same rules as the live
-dashboard (``ops.analytics``), and written to ``DIR``:
+(``ops.observe.run_reader``, no consumer group, nothing committed), folded by the same rules as the live
+dashboard (``ops.observe.analytics``), and written to ``DIR``:
 
 - ``index.html``: headline figures, every plot, tables, and the run manifest from ``rl.runs``
   (with its resolved config pretty-printed) when there is one;
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlstream.ops.analytics import RUN_BUCKET_S, RunAnalytics
+from rlstream.ops.observe.analytics import RUN_BUCKET_S, RunAnalytics
 
 MAX_TIME_BINS = 240
 Figure = Any  # matplotlib.figure.Figure, imported lazily
@@ -423,7 +423,7 @@ def build_report(
     import time
 
     from rlstream.consumers.run_log import run_manifests
-    from rlstream.ops.run_reader import RunReader, measure_lag
+    from rlstream.ops.observe.run_reader import RunReader, measure_lag
     from rlstream.producers.client.admin import admin_client
 
     analytics = RunAnalytics(run=run)

@@ -4,11 +4,11 @@ Every role is one process; every consuming role is one consumer group whose id i
 (``rlstream.RUN.ROLE[.NAME]``). Role options come from the role's typed config: a TOML recipe
 (``--config``) and ``--set key=value`` overrides on top; the resolved config is printed.
 
-A role runs supervised (``ops.supervise``): the command starts it as a child process and
+A role runs supervised (``ops.run.supervise``): the command starts it as a child process and
 restarts it with backoff when it fails, giving up with a message after repeated fast failures.
 
 ``rlstream run learner --ranks N`` (or ``learner.ranks = N``) runs the learner as N ranks on
-torch.distributed: the supervised child launches them (``ops.ranks``) and fails when one fails,
+torch.distributed: the supervised child launches them (``ops.run.ranks``) and fails when one fails,
 so all restart together. Under ``torchrun`` (``WORLD_SIZE`` in the environment) the command runs
 one rank, unsupervised: torchrun starts, watches and restarts the ranks.
 """
@@ -19,9 +19,9 @@ import argparse
 import os
 import sys
 
-from rlstream.ops.kafka_env import add_kafka_args
+from rlstream.ops.run.kafka_env import add_kafka_args
 
-#: What ``rlstream run`` starts: the roles of ``ops.roles.ROLES`` (one module each, entry point
+#: What ``rlstream run`` starts: the roles of ``ops.run.roles.ROLES`` (one module each, entry point
 #: ``run_role(ctx)``), plus ``tap``, which reads a stream and belongs to no role's group.
 ROLE_NAMES = (
     "tap", "scheduler", "rollout", "judge", "admission", "learner", "feedback-rl", "eval",
@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         rp = rsub.add_parser(role, help=f"run the {role} role")
         rp.add_argument("--run", required=True, help="run name (topics rl.RUN.*)")
         if role == "tap":
-            from rlstream.ops.cmd_events import add_tap_args
+            from rlstream.ops.cli.cmd_events import add_tap_args
 
             add_tap_args(rp)
         else:
@@ -80,15 +80,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _run_role(args: argparse.Namespace) -> int:
     if args.role == "tap":
-        from rlstream.ops.cmd_events import tap_role
+        from rlstream.ops.cli.cmd_events import tap_role
 
         return tap_role(args)
     # the supervised child, or one rank under torchrun (which supervises the ranks itself)
     if args.once or (args.role == "learner" and "WORLD_SIZE" in os.environ):
-        from rlstream.ops.roles import start
+        from rlstream.ops.run.roles import start
 
         return start(args)
-    from rlstream.ops.supervise import RestartPolicy, supervise
+    from rlstream.ops.run.supervise import RestartPolicy, supervise
 
     policy = RestartPolicy(base_s=args.restart_backoff, max_fast=args.max_fast_failures)
     child = [sys.executable, "-m", "rlstream", *sys.argv[1:], "--once"]

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from rlstream.ops.kafka_env import add_kafka_args, settings_from_args
+from rlstream.ops.run.kafka_env import add_kafka_args, settings_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:

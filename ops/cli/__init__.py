@@ -14,18 +14,18 @@ import sys
 
 #: Subcommand modules, in the order ``--help`` lists them.
 COMMANDS = (
-    "rlstream.ops.cmd_cluster",
-    "rlstream.ops.cmd_topics",
-    "rlstream.ops.cmd_run",
-    "rlstream.ops.cmd_events",
-    "rlstream.ops.cmd_delta",
-    "rlstream.ops.cmd_bench",
-    "rlstream.ops.cmd_demo",
-    "rlstream.ops.cmd_replay",
-    "rlstream.ops.cmd_serve",
-    "rlstream.ops.cmd_dashboard",
-    "rlstream.ops.cmd_env",
-    "rlstream.ops.cmd_acl",
+    "rlstream.ops.cli.cmd_cluster",
+    "rlstream.ops.cli.cmd_topics",
+    "rlstream.ops.cli.cmd_run",
+    "rlstream.ops.cli.cmd_events",
+    "rlstream.ops.cli.cmd_delta",
+    "rlstream.ops.cli.cmd_bench",
+    "rlstream.ops.cli.cmd_demo",
+    "rlstream.ops.cli.cmd_replay",
+    "rlstream.ops.cli.cmd_serve",
+    "rlstream.ops.cli.cmd_dashboard",
+    "rlstream.ops.cli.cmd_env",
+    "rlstream.ops.cli.cmd_acl",
 )
 # Command modules added as the features land are appended here.
 

@@ -5,9 +5,9 @@ that module. Starting a role resolves the run config (recipe + ``--set``), print
 part, makes sure the run's topics exist (idempotent), installs SIGTERM/SIGINT handling, and
 hands the role a ``RoleContext`` to run until stopped. A learner of several ranks
 (``--ranks N`` or ``learner.ranks``) whose environment names no ranks yet is started as N rank
-processes instead (``ops.ranks.launch``), each of which comes back here with its rank in its
+processes instead (``ops.run.ranks.launch``), each of which comes back here with its rank in its
 environment. A role runs in one region (``--region``,
-default the recipe's trainer region) and reaches that region's cluster only (``ops.regions``);
+default the recipe's trainer region) and reaches that region's cluster only (``ops.run.regions``);
 its topics there include the mirrored copies the region receives.
 """
 
@@ -41,7 +41,7 @@ ROLES = {
 def start(args: argparse.Namespace) -> int:
     """Run the role ``args.role`` of run ``args.run`` until it stops; returns the exit code."""
     from rlstream.consumers.consumer import RoleContext, Stopper
-    from rlstream.ops.config import load_run_config
+    from rlstream.ops.run.config import load_run_config
     from rlstream.producers.client.admin import ensure_run_topics
 
     role = args.role
@@ -53,7 +53,7 @@ def start(args: argparse.Namespace) -> int:
     cfg = config.role(role, args.name)
     world = int(getattr(cfg, "ranks", 1))
     if role == "learner" and world > 1 and "WORLD_SIZE" not in os.environ:
-        from rlstream.ops.ranks import launch
+        from rlstream.ops.run.ranks import launch
 
         return launch([sys.executable, "-m", "rlstream", *sys.argv[1:]], world)
     region = args.region or config.regions.trainer
@@ -69,7 +69,7 @@ def start(args: argparse.Namespace) -> int:
         regions.check(region)
     except ValueError as exc:
         raise SystemExit(f"error: --region: {exc}") from None
-    # on a secured local cluster the role connects as its own user (ops.acls)
+    # on a secured local cluster the role connects as its own user (ops.run.acls)
     settings = KafkaSettings.from_env(args.bootstrap) or config.regions.settings(
         region, args.home, user=role
     )

@@ -1,6 +1,6 @@
 """Least-privilege ACLs per role, planned from the stream catalog: pure, no broker needed.
 
-Every role of ``ops.roles.ROLES`` is its own principal (``User:ROLE``), and so is each network
+Every role of ``ops.run.roles.ROLES`` is its own principal (``User:ROLE``), and so is each network
 service of ``rlstream serve`` (``SERVICES``: ``feedback-ingest``, ``policy-server``). ``ACCESS``
 states, per principal, the streams it reads and writes; ``plan`` turns it into Kafka ACL grants
 for one run in one region's cluster (``here``, of the run's ``topics.Regions``; by default the
@@ -136,7 +136,7 @@ ACCESS: dict[str, RoleAccess] = {
         writes=("evals",),
         group=None,
     ),
-    # the network services of `rlstream serve` (ops.cmd_serve), each its own principal too
+    # the network services of `rlstream serve` (ops.cli.cmd_serve), each its own principal too
     "feedback-ingest": RoleAccess(  # producers.feedback.service; its durable dedupe reads back
         reads=("feedback",),
         writes=("feedback",),

@@ -78,7 +78,7 @@ def recorded_ranks(manifests: dict[int, dict[str, Any]], configured: int) -> int
 
 
 def _learner_config(settings: KafkaSettings, run: str) -> Any:
-    from rlstream.ops.config import RunConfig
+    from rlstream.ops.run.config import RunConfig
     from rlstream.trainer.config import LearnerConfig
 
     runs = run_manifests(settings)
@@ -115,7 +115,7 @@ def _replay_ranks(
     manifests: dict[int, dict[str, Any]],
 ) -> ReplayResult:
     """``_replay`` on ``world`` local rank processes (gloo); rank 0's result."""
-    from rlstream.ops.ranks import run_local_ranks
+    from rlstream.ops.run.ranks import run_local_ranks
 
     args = (settings, run, to_version, cfg, manifests)
     lines, result = run_local_ranks(_replay_rank, world, args, "replay", timeout=3600)
@@ -206,7 +206,7 @@ def rescore(
 ) -> int:
     """Copy ``run``'s trajectories into ``into`` and judge them there with ``judge``."""
     from rlstream.envs.judges import Judge, JudgeConfig
-    from rlstream.ops.config import RunConfig
+    from rlstream.ops.run.config import RunConfig
     from rlstream.producers.client.admin import ensure_run_topics
     from rlstream.producers.client.producer import EventProducer
 

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from rlstream.ops.kafka_env import add_kafka_args, settings_from_args
+from rlstream.ops.run.kafka_env import add_kafka_args, settings_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from rlstream.ops.replay import replay, rescore
+    from rlstream.ops.run.replay import replay, rescore
 
     settings = settings_from_args(args)
     if args.judge or args.into:

@@ -10,11 +10,11 @@ service starts.
 ``--config`` means what it means for ``rlstream run ROLE``: the run recipe. feedback-ingest does
 not need the recipe; its own settings (credentials, limits) come from ``--service-config``.
 
-Kafka is found as a role finds it (``ops.roles``): ``--bootstrap`` / ``RLSTREAM_BOOTSTRAP`` with
+Kafka is found as a role finds it (``ops.run.roles``): ``--bootstrap`` / ``RLSTREAM_BOOTSTRAP`` with
 the ``RLSTREAM_KAFKA_*`` credentials as given, else the local cluster's region, where on a secured
 cluster each service connects as its own user (``service_settings``: ``feedback-ingest``,
 ``policy-server``), never as ``admin``; ``rlstream acl apply --run RUN`` creates those users and
-their least-privilege ACLs (``ops.acls``) with the run's topics, which the services cannot create.
+their least-privilege ACLs (``ops.run.acls``) with the run's topics, which the services cannot create.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlstream.ops.kafka_env import add_kafka_args
+from rlstream.ops.run.kafka_env import add_kafka_args
 
 if TYPE_CHECKING:
     from rlstream.producers.client.settings import KafkaSettings
@@ -157,7 +157,7 @@ def _register_policy(ssub: argparse._SubParsersAction) -> None:
 
 
 def _serve_policy(args: argparse.Namespace) -> int:
-    from rlstream.ops.config import load_run_config
+    from rlstream.ops.run.config import load_run_config
     from rlstream.producers.client.admin import admin_client, apply_topics, run_topic_wants
     from rlstream.producers.runtime import aio
     from rlstream.rollout.serve import PolicyServer, make_app
@@ -201,7 +201,7 @@ def service_settings(args: argparse.Namespace, user: str) -> KafkaSettings:
     credentials, else the local cluster's ``--region`` (default the trainer region), as ``user``
     when it is secured."""
     from rlstream.ops.cluster import DEFAULT_REGION
-    from rlstream.ops.regions import local_settings
+    from rlstream.ops.run.regions import local_settings
     from rlstream.producers.client.settings import KafkaSettings
 
     given = KafkaSettings.from_env(getattr(args, "bootstrap", None))

@@ -1,4 +1,4 @@
-"""``rlstream demo``: the main job on the embedded default (see ``ops.demo``).
+"""``rlstream demo``: the main job on the embedded default (see ``ops.run.demo``).
 
 Multi-region by default (``--regions trainer,eu``): the first region (or ``trainer``) trains, the
 others roll out; the rollout workers run outside the trainer region, spread over the rollout
@@ -59,8 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _demo(args: argparse.Namespace) -> int:
     from rlstream.consumers.consumer import Stopper
-    from rlstream.ops import demo
-    from rlstream.ops.config import load_run_config
+    from rlstream.ops.run import demo
+    from rlstream.ops.run.config import load_run_config
     from rlstream.trainer.config import LearnerConfig
     from rlstream.trainer.learner_step import init_model
 
@@ -135,7 +135,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _start_regions(args, run, config, regions) -> dict:
     """Start the local regions and their MirrorMaker 2 links; create each region's topics."""
-    from rlstream.ops import cluster, demo
+    from rlstream.ops import cluster
+    from rlstream.ops.run import demo
     from rlstream.producers.client.admin import ensure_run_topics
 
     local = [r for r in regions.names if r not in config.regions.clusters]
@@ -157,7 +158,7 @@ def _start_regions(args, run, config, regions) -> dict:
 def _authorize(run: str, regions, settings: dict, home: Path) -> None:
     """As admin: each region's users, topics and ACLs for the run, then the links' ACLs."""
     from rlstream.ops import cluster
-    from rlstream.ops.cmd_acl import apply
+    from rlstream.ops.cli.cmd_acl import apply
 
     for name in regions.names:
         counts = apply(settings[name], run, home, regions, name)
@@ -174,7 +175,7 @@ def _start_roles(args, run, config, regions, settings, logs: Path, extra: list[s
     """Trainer-region roles in the trainer region; rollout workers in the rollout regions."""
     from functools import partial
 
-    from rlstream.ops import demo
+    from rlstream.ops.run import demo
 
     home, here = settings[regions.trainer], regions.trainer
     # secured: each role finds the cluster in the state directory and connects as its own user
@@ -239,7 +240,7 @@ def _print_summary(run: str, result: dict, wall: float, png: Path, out: Path) ->
 
 
 def _watch(args, roles, progress, stopper, started, regions) -> None:
-    from rlstream.ops import demo
+    from rlstream.ops.run import demo
 
     last = 0.0
     while not stopper.stopped:
