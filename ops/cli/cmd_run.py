@@ -20,12 +20,11 @@ import os
 import sys
 
 from rlstream.ops.run.kafka_env import add_kafka_args
+from rlstream.ops.run.roles import RUN_ROLES
 
-#: What ``rlstream run`` starts: the roles of ``ops.run.roles.ROLES`` (one module each, entry point
-#: ``run_role(ctx)``), plus ``tap``, which reads a stream and belongs to no role's group.
-ROLE_NAMES = (
-    "tap", "scheduler", "rollout", "judge", "admission", "learner", "feedback-rl", "eval",
-)  # fmt: skip
+#: What ``rlstream run`` starts: the roles declared in ``ops.run.roles`` (one module each, entry
+#: point ``run_role(ctx)``), plus ``tap``, which reads a stream and belongs to no role's group.
+ROLE_NAMES = ("tap", *RUN_ROLES)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlstream.ops.run.kafka_env import add_kafka_args
+from rlstream.ops.run.roles import SERVICES
 
 if TYPE_CHECKING:
     from rlstream.producers.client.settings import KafkaSettings
 
-FEEDBACK_USER = "feedback-ingest"
-POLICY_USER = "policy-server"
+FEEDBACK_USER = SERVICES["feedback"]  # the principals, as declared in ops.run.roles
+POLICY_USER = SERVICES["policy"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:

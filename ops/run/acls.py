@@ -2,7 +2,8 @@
 
 Every role of ``ops.run.roles.ROLES`` is its own principal (``User:ROLE``), and so is each network
 service of ``rlstream serve`` (``SERVICES``: ``feedback-ingest``, ``policy-server``). ``ACCESS``
-states, per principal, the streams it reads and writes; ``plan`` turns it into Kafka ACL grants
+states, per principal, the streams it reads and writes (each role's ``access``, declared with the
+role); ``plan`` turns it into Kafka ACL grants
 for one run in one region's cluster (``here``, of the run's ``topics.Regions``; by default the
 single-region run):
 
@@ -69,6 +70,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from rlstream.ops.run.roles import ROLES, RoleAccess
+from rlstream.ops.run.roles import SERVICES as SERVED
 from rlstream.schemas import topics
 
 Resource = Literal["topic", "group", "transactional_id"]
@@ -78,80 +81,10 @@ Operation = Literal[
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class RoleAccess:
-    """What one role does with Kafka, in the catalog's terms."""
+#: What each role and service reads and writes, from its declaration (``ops.run.roles``).
+ACCESS: dict[str, RoleAccess] = {name: role.access for name, role in ROLES.items()}
 
-    reads: tuple[str, ...]
-    """Streams it consumes or reads to the end."""
-    writes: tuple[str, ...]
-    """Streams it produces to."""
-    group: str | None
-    """Suffix of its consumer group ``rlstream.RUN.<group>``; None: it joins no group."""
-    group_prefix: bool = False
-    """True when several groups share the suffix as a prefix (one judge group per rubric)."""
-    transactional: bool = True
-    """Whether it writes in transactions (ids ``rlstream.RUN.<role>`` or ``...<role>.*``)."""
-    prunes: tuple[str, ...] = ()
-    """Streams whose old records it deletes (``DeleteRecords``)."""
-
-
-#: What each role reads and writes (see each role's module); keep in step with the roles.
-ACCESS: dict[str, RoleAccess] = {
-    "scheduler": RoleAccess(
-        reads=("tasks", "weights.manifests", "admitted", "rejected"),
-        writes=("tasks",),
-        group=None,
-        transactional=False,
-    ),
-    "rollout": RoleAccess(
-        reads=("tasks", "weights.manifests", "weights.chunks"),
-        writes=("trajectories", "dlq"),
-        group="rollout",
-    ),
-    "judge": RoleAccess(
-        reads=("trajectories",),
-        writes=("rewards", "dlq"),
-        group="judge.",
-        group_prefix=True,
-    ),
-    "admission": RoleAccess(
-        reads=("trajectories", "rewards", "weights.manifests", "admitted", "rejected"),
-        writes=("admitted", "rejected", "dlq"),
-        group="admission",
-    ),
-    "learner": RoleAccess(
-        reads=("admitted", "weights.manifests", "weights.chunks"),
-        writes=("weights.manifests", "weights.chunks", "dlq"),
-        group="learner",
-        prunes=("weights.chunks",),  # chunks no kept keyframe needs (producers.weights.retention)
-    ),
-    "feedback-rl": RoleAccess(
-        reads=("feedback", "served", "trajectories", "weights.manifests", "admitted", "rejected"),
-        writes=("admitted", "rejected", "dlq"),
-        group="feedback-rl",
-    ),
-    "eval": RoleAccess(
-        reads=("weights.manifests", "weights.chunks", "evals"),
-        writes=("evals",),
-        group=None,
-    ),
-    # the network services of `rlstream serve` (ops.cli.cmd_serve), each its own principal too
-    "feedback-ingest": RoleAccess(  # producers.feedback.service; its durable dedupe reads back
-        reads=("feedback",),
-        writes=("feedback",),
-        group=None,
-        transactional=False,
-    ),
-    "policy-server": RoleAccess(  # rollout.serve: weights, releases (evals), records served
-        reads=("weights.manifests", "weights.chunks", "evals"),
-        writes=("served",),
-        group=None,
-        transactional=False,
-    ),
-}
-
-SERVICES: tuple[str, ...] = ("feedback-ingest", "policy-server")
+SERVICES: tuple[str, ...] = tuple(SERVED.values())
 """The principals of ``rlstream serve feedback`` and ``rlstream serve policy``."""
 
 PRINCIPALS: tuple[str, ...] = tuple(ACCESS)

@@ -2,7 +2,8 @@
 
 Values every role must agree on (seed, model name, policy shape, task family, group size, step
 size, staleness budget) are set once at the top of the recipe and injected into each role's own
-config by ``RunConfig.role``; the resolved config is what the run manifest records.
+config by ``RunConfig.role`` (each role's rule is declared with the role, ``ops.run.roles``); the
+resolved config is what the run manifest records.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from rlstream.envs.family import FamilySpec
 from rlstream.envs.fx import with_fx_options
 from rlstream.envs.judges import JudgeConfig
 from rlstream.ops.run.regions import RegionsConfig
+from rlstream.ops.run.roles import role_config
 from rlstream.rollout.config import EvalConfig, PolicyConfig, RolloutConfig
 from rlstream.rollout.scheduler import SchedulerConfig
 from rlstream.trainer.config import LearnerConfig
@@ -92,80 +94,10 @@ class RunConfig(BaseModel):
         """The families with the shared fx difficulty filled in."""
         return with_fx_options(self.families, self.tasks)
 
-    def _judge(self, name: str | None) -> BaseModel:
-        if name not in self.judges:
-            raise SystemExit(f"error: no judge {name!r} in the config (have {sorted(self.judges)})")
-        shared = {
-            "families": self.families,
-            "isolation": self.isolation,
-            "policy_model": self.model,
-        }
-        return self.judges[name].model_copy(update={"tasks": self.tasks, **shared})
-
     def role(self, role: str, name: str | None = None) -> BaseModel:
-        """The config of ``role`` (judge ``name``) with the shared values injected."""
-        if role == "scheduler":
-            return self.scheduler.model_copy(
-                update={
-                    "group_size": self.group_size,
-                    "groups_per_step": self.groups_per_step,
-                    "max_staleness": self.max_staleness,
-                    "seed": self.seed,
-                    "tasks": self.tasks,
-                    "families": self.families,
-                }
-            )
-        if role == "rollout":
-            box = self.rollout.harness.tool_sandbox.model_copy(update={"isolation": self.isolation})
-            harness = self.rollout.harness.model_copy(update={"tool_sandbox": box})
-            return self.rollout.model_copy(
-                update={
-                    "model": self.model,
-                    "policy": self.policy,
-                    "seed": self.seed,
-                    "harness": harness,
-                    "max_staleness": self.max_staleness,
-                }
-            )
-        if role == "judge":
-            return self._judge(name)
-        if role == "admission":
-            return self.admission.model_copy(update={"max_staleness": self.max_staleness})
-        if role == "learner":
-            warm = self.learner.warm_start.model_copy(update={"task": self.tasks})
-            return self.learner.model_copy(
-                update={
-                    "model": self.model,
-                    "policy": self.policy,
-                    "seed": self.seed,
-                    "groups_per_step": self.groups_per_step,
-                    "warm_start": warm,
-                    "mix_online_groups": self.feedback_rl.mix_online_groups,
-                    "mix_rollout_groups": self.feedback_rl.mix_rollout_groups,
-                }
-            )
-        if role == "eval":
-            rollout = self.role("rollout")
-            assert isinstance(rollout, RolloutConfig)
-            harness = rollout.harness.model_copy(update={"max_turns": self.scheduler.max_turns})
-            return self.eval.model_copy(
-                update={
-                    "model": self.model,
-                    "policy": self.policy,
-                    "families": self.families,
-                    "tasks": self.tasks,
-                    "harness": harness,
-                    "isolation": self.isolation,
-                    "seed": self.seed,
-                }
-            )
-        if role == "feedback-rl":
-            # Online feedback may keep its own staleness budget; by default it is the run's.
-            update: dict[str, Any] = {"model": self.model}
-            if "max_staleness" not in self.feedback_rl.model_fields_set:
-                update["max_staleness"] = self.max_staleness
-            return self.feedback_rl.model_copy(update=update)
-        raise SystemExit(f"error: unknown role {role!r}")
+        """The config of ``role`` (judge ``name``) with the shared values injected (how, for
+        each role: its ``configure`` in ``ops.run.roles``)."""
+        return role_config(self, role, name)
 
 
 def load_run_config(path: str | None = None, overrides: list[str] | None = None) -> RunConfig:

@@ -1,14 +1,23 @@
-"""Entry points of ``rlstream run ROLE``: parse the config first, then import the role.
+"""The roles of a run, each declared once, and ``rlstream run ROLE``'s start.
 
-Every role lives in one module that exposes ``run_role(ctx: RoleContext)``; ``ROLES`` names
-that module. Starting a role resolves the run config (recipe + ``--set``), prints the role's
-part, makes sure the run's topics exist (idempotent), installs SIGTERM/SIGINT handling, and
-hands the role a ``RoleContext`` to run until stopped. A learner of several ranks
-(``--ranks N`` or ``learner.ranks``) whose environment names no ranks yet is started as N rank
-processes instead (``ops.run.ranks.launch``), each of which comes back here with its rank in its
-environment. A role runs in one region (``--region``,
-default the recipe's trainer region) and reaches that region's cluster only (``ops.run.regions``);
-its topics there include the mirrored copies the region receives.
+``ROLES`` declares every principal of a run: the roles ``rlstream run`` starts and the network
+services of ``rlstream serve``. One ``Role`` record says its name, the module that runs it (a
+role's module exposes ``run_role(ctx: RoleContext)``), the section of the run recipe that holds
+its config and how the run's shared values are injected into it (``configure``), and what it
+does with Kafka (``access``). Everything else is derived from that record, never listed again:
+the ``rlstream run`` subcommands (``ops.cli.cmd_run``), the dispatch (``start``), the config
+chain (``RunConfig.role``), the principals and their ACLs (``ops.run.acls``) and the users of
+``rlstream serve`` (``ops.cli.cmd_serve``). This module imports the standard library only, so
+the command line that reads it starts fast.
+
+Starting a role resolves the run config (recipe + ``--set``), prints the role's part, makes
+sure the run's topics exist (idempotent), installs SIGTERM/SIGINT handling, and hands the role
+a ``RoleContext`` to run until stopped. A learner of several ranks (``--ranks N`` or
+``learner.ranks``) whose environment names no ranks yet is started as N rank processes instead
+(``ops.run.ranks.launch``), each of which comes back here with its rank in its environment. A
+role runs in one region (``--region``, default the recipe's trainer region) and reaches that
+region's cluster only (``ops.run.regions``); its topics there include the mirrored copies the
+region receives.
 """
 
 from __future__ import annotations
@@ -18,24 +27,242 @@ import importlib
 import json
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from rlstream.producers.client.producer import exit_when_hung
-from rlstream.producers.client.settings import KafkaSettings
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from rlstream.ops.run.config import RunConfig
 
 #: A supervised role whose transactional call blocks this long exits and is restarted
 #: (``RLSTREAM_HUNG_TRANSACTION_S`` overrides it).
 HUNG_TRANSACTION_S = 90.0
 
-#: role -> the module whose ``run_role(ctx)`` runs it.
-ROLES = {
-    "scheduler": "rlstream.rollout.scheduler",
-    "rollout": "rlstream.rollout.worker",
-    "judge": "rlstream.envs.judges",
-    "admission": "rlstream.consumers.admission",
-    "learner": "rlstream.trainer.learner",
-    "feedback-rl": "rlstream.consumers.feedback.rl",
-    "eval": "rlstream.rollout.evaluator",
-}
+
+@dataclass(frozen=True, slots=True)
+class RoleAccess:
+    """What one role does with Kafka, in the catalog's terms."""
+
+    reads: tuple[str, ...]
+    """Streams it consumes or reads to the end."""
+    writes: tuple[str, ...]
+    """Streams it produces to."""
+    group: str | None
+    """Suffix of its consumer group ``rlstream.RUN.<group>``; None: it joins no group."""
+    group_prefix: bool = False
+    """True when several groups share the suffix as a prefix (one judge group per rubric)."""
+    transactional: bool = True
+    """Whether it writes in transactions (ids ``rlstream.RUN.<role>`` or ``...<role>.*``)."""
+    prunes: tuple[str, ...] = ()
+    """Streams whose old records it deletes (``DeleteRecords``)."""
+
+
+Configure = Callable[["RunConfig", "str | None"], "BaseModel"]
+
+
+@dataclass(frozen=True, slots=True)
+class Role:
+    """One role or service of a run, declared once (see the module docstring)."""
+
+    name: str
+    """The role's name: ``rlstream run NAME``, its Kafka principal ``User:NAME``, its group."""
+    module: str
+    """The module that runs it (a role's exposes ``run_role(ctx)``)."""
+    access: RoleAccess
+    """What it reads, writes and prunes (its ACLs follow: ``ops.run.acls``)."""
+    section: str | None = None
+    """The run recipe's section of its config (None: a service, configured on its command)."""
+    configure: Configure | None = None
+    """Its config from the run's: the section with the shared values injected."""
+    serve: str | None = None
+    """A network service: its ``rlstream serve`` subcommand (not started by ``rlstream run``)."""
+    named: bool = False
+    """Several of it run side by side, each picked by ``--name`` (the judges, one per rubric)."""
+    example: str = ""
+    """A ``--name`` to show in errors (named roles)."""
+
+
+# --- how each role gets its config (the shared values set once at the top of the recipe) ------
+
+
+def _scheduler(run: RunConfig, name: str | None) -> BaseModel:
+    shared = {"group_size": run.group_size, "groups_per_step": run.groups_per_step}
+    shared |= {"max_staleness": run.max_staleness, "seed": run.seed}
+    return run.scheduler.model_copy(update={**shared, "tasks": run.tasks, "families": run.families})
+
+
+def _rollout(run: RunConfig, name: str | None) -> BaseModel:
+    box = run.rollout.harness.tool_sandbox.model_copy(update={"isolation": run.isolation})
+    harness = run.rollout.harness.model_copy(update={"tool_sandbox": box})
+    shared = {"model": run.model, "policy": run.policy, "seed": run.seed}
+    return run.rollout.model_copy(
+        update={**shared, "harness": harness, "max_staleness": run.max_staleness}
+    )
+
+
+def _judge(run: RunConfig, name: str | None) -> BaseModel:
+    if name not in run.judges:
+        raise SystemExit(f"error: no judge {name!r} in the config (have {sorted(run.judges)})")
+    shared = {"families": run.families, "isolation": run.isolation, "policy_model": run.model}
+    return run.judges[name].model_copy(update={"tasks": run.tasks, **shared})
+
+
+def _admission(run: RunConfig, name: str | None) -> BaseModel:
+    return run.admission.model_copy(update={"max_staleness": run.max_staleness})
+
+
+def _learner(run: RunConfig, name: str | None) -> BaseModel:
+    warm = run.learner.warm_start.model_copy(update={"task": run.tasks})
+    shared = {"model": run.model, "policy": run.policy, "seed": run.seed}
+    mix = {
+        "mix_online_groups": run.feedback_rl.mix_online_groups,
+        "mix_rollout_groups": run.feedback_rl.mix_rollout_groups,
+    }
+    return run.learner.model_copy(
+        update={**shared, "groups_per_step": run.groups_per_step, "warm_start": warm, **mix}
+    )
+
+
+def _eval(run: RunConfig, name: str | None) -> BaseModel:
+    rollout: Any = _rollout(run, None)
+    harness = rollout.harness.model_copy(update={"max_turns": run.scheduler.max_turns})
+    shared = {"model": run.model, "policy": run.policy, "families": run.families}
+    shared |= {"tasks": run.tasks, "isolation": run.isolation, "seed": run.seed}
+    return run.eval.model_copy(update={**shared, "harness": harness})
+
+
+def _feedback_rl(run: RunConfig, name: str | None) -> BaseModel:
+    # Online feedback may keep its own staleness budget; by default it is the run's.
+    update: dict[str, Any] = {"model": run.model}
+    if "max_staleness" not in run.feedback_rl.model_fields_set:
+        update["max_staleness"] = run.max_staleness
+    return run.feedback_rl.model_copy(update=update)
+
+
+# --- the declaration ---------------------------------------------------------------------------
+
+_ROLES = (
+    Role(
+        "scheduler",
+        "rlstream.rollout.scheduler",
+        RoleAccess(
+            reads=("tasks", "weights.manifests", "admitted", "rejected"),
+            writes=("tasks",),
+            group=None,
+            transactional=False,
+        ),
+        section="scheduler",
+        configure=_scheduler,
+    ),
+    Role(
+        "rollout",
+        "rlstream.rollout.worker",
+        RoleAccess(
+            reads=("tasks", "weights.manifests", "weights.chunks"),
+            writes=("trajectories", "dlq"),
+            group="rollout",
+        ),
+        section="rollout",
+        configure=_rollout,
+    ),
+    Role(
+        "judge",
+        "rlstream.envs.judges",
+        RoleAccess(
+            reads=("trajectories",), writes=("rewards", "dlq"), group="judge.", group_prefix=True
+        ),
+        section="judges",
+        configure=_judge,
+        named=True,
+        example="tests",
+    ),
+    Role(
+        "admission",
+        "rlstream.consumers.admission",
+        RoleAccess(
+            reads=("trajectories", "rewards", "weights.manifests", "admitted", "rejected"),
+            writes=("admitted", "rejected", "dlq"),
+            group="admission",
+        ),
+        section="admission",
+        configure=_admission,
+    ),
+    Role(
+        "learner",
+        "rlstream.trainer.learner",
+        RoleAccess(
+            reads=("admitted", "weights.manifests", "weights.chunks"),
+            writes=("weights.manifests", "weights.chunks", "dlq"),
+            group="learner",
+            prunes=(
+                "weights.chunks",
+            ),  # chunks no kept keyframe needs (producers.weights.retention)
+        ),
+        section="learner",
+        configure=_learner,
+    ),
+    Role(
+        "feedback-rl",
+        "rlstream.consumers.feedback.rl",
+        RoleAccess(
+            reads=(
+                "feedback",
+                "served",
+                "trajectories",
+                "weights.manifests",
+                "admitted",
+                "rejected",
+            ),
+            writes=("admitted", "rejected", "dlq"),
+            group="feedback-rl",
+        ),
+        section="feedback_rl",
+        configure=_feedback_rl,
+    ),
+    Role(
+        "eval",
+        "rlstream.rollout.evaluator",
+        RoleAccess(
+            reads=("weights.manifests", "weights.chunks", "evals"), writes=("evals",), group=None
+        ),
+        section="eval",
+        configure=_eval,
+    ),
+    # the network services of `rlstream serve`, each its own principal too
+    Role(
+        "feedback-ingest",
+        "rlstream.producers.feedback.service",  # its durable dedupe reads the feedback back
+        RoleAccess(reads=("feedback",), writes=("feedback",), group=None, transactional=False),
+        serve="feedback",
+    ),
+    Role(
+        "policy-server",
+        "rlstream.rollout.serve",  # weights, releases (evals), records what it served
+        RoleAccess(
+            reads=("weights.manifests", "weights.chunks", "evals"),
+            writes=("served",),
+            group=None,
+            transactional=False,
+        ),
+        serve="policy",
+    ),
+)
+#: Every role and service of a run, by name, in the order ``--help`` and the ACLs list them.
+ROLES: dict[str, Role] = {r.name: r for r in _ROLES}
+#: What ``rlstream run`` starts.
+RUN_ROLES: tuple[str, ...] = tuple(r.name for r in _ROLES if r.serve is None)
+#: The principal of each ``rlstream serve`` subcommand.
+SERVICES: dict[str, str] = {r.serve: r.name for r in _ROLES if r.serve is not None}
+
+
+def role_config(run: RunConfig, role: str, name: str | None = None) -> BaseModel:
+    """The config of ``role`` (a named role's ``name``) with the run's shared values injected."""
+    spec = ROLES.get(role)
+    if spec is None or spec.configure is None:
+        raise SystemExit(f"error: unknown role {role!r}")
+    return spec.configure(run, name)
 
 
 def start(args: argparse.Namespace) -> int:
@@ -43,10 +270,12 @@ def start(args: argparse.Namespace) -> int:
     from rlstream.consumers.consumer import RoleContext, Stopper
     from rlstream.ops.run.config import load_run_config
     from rlstream.producers.client.admin import ensure_run_topics
+    from rlstream.producers.client.producer import exit_when_hung
+    from rlstream.producers.client.settings import KafkaSettings
 
     role = args.role
-    if role == "judge" and not args.name:
-        raise SystemExit("error: the judge role needs --name (e.g. --name tests)")
+    if ROLES[role].named and not args.name:
+        raise SystemExit(f"error: the {role} role needs --name (e.g. --name {ROLES[role].example})")
     ranks = getattr(args, "ranks", None)
     sets = [*args.set, *([f"learner.ranks={ranks}"] if ranks else [])]
     config = load_run_config(args.config, sets)
@@ -88,6 +317,6 @@ def start(args: argparse.Namespace) -> int:
         region=region,
         regions=regions,
     )
-    result = importlib.import_module(ROLES[role]).run_role(ctx)
+    result = importlib.import_module(ROLES[role].module).run_role(ctx)
     print(f"{role}: stopped, {json.dumps(result)}", file=sys.stderr)
     return 0
