@@ -55,12 +55,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlstream.envs import sandbox, tools
-from rlstream.envs.family import FamilyTask, Split, TaskFamily, Verdict
+from rlstream.envs.family import EVAL_SEED_BASE, FamilyTask, Split, TaskFamily, Verdict
 from rlstream.envs.tools import Environment, Tool, ToolResult, Workspace
 from rlstream.schemas.errors import RlstreamError
 
 DATA = Path(__file__).resolve().parent / "data"
-EVAL_SEED_BASE = 10**12  # the seeds of held-out tasks' ids (as fx's)
 _DRIVER = Path(__file__).resolve().parent / "dataset_driver.py"
 ToolName = Literal["python", "read", "write", "ls", "test"]
 _FENCE = "```"

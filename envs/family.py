@@ -28,6 +28,9 @@ Rules and guarantees:
   problem's id), so no held-out spec, prompt or test is ever trained on.
 - Hidden tests never leave the family: a task's ``spec`` (what rollout workers get) holds the
   prompt and what the tools need, never what scoring checks against.
+- A family may teach: ``demonstration`` writes a teacher's answer to one of its tasks, which is
+  what the supervised warm start trains on (``fx`` has a weak teacher; the warm start goes
+  through this interface, never around it).
 - ``score`` never raises for the answer's faults: a wrong answer is ``passed=False`` with the
   failing assertion or error in ``rationale``; a sandbox that could not run the answer is
   ``error`` (not the answer's fault). Every verdict records the isolation its code ran under.
@@ -42,7 +45,7 @@ import random
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -54,6 +57,9 @@ NAME_PATTERN = r"^[a-z][a-z0-9_]{0,39}$"
 _NAME = re.compile(NAME_PATTERN)
 Split = Literal["train", "eval"]
 SPLITS: tuple[Split, ...] = ("train", "eval")
+#: Task seeds a family samples from lie below this; a held-out task's seed is at or above it, so
+#: no training draw ever names a held-out task (every family's ids follow it).
+EVAL_SEED_BASE: Final = 10**12
 
 
 class FamilySpec(BaseModel):
@@ -125,6 +131,12 @@ class TaskFamily(ABC):
     @abstractmethod
     def answer(self, completion: str) -> str:
         """The part of a completion that is scored (equal answers score equally)."""
+
+    def demonstration(self, task: FamilyTask, rng: random.Random, teacher: Any = None) -> str:
+        """A teacher's answer to ``task``, drawn with ``rng``: the supervised warm start's data
+        (``trainer.warmstart``). ``teacher`` is the family's own teacher config (None: its
+        default). A family without a teacher raises ``NotImplementedError``."""
+        raise NotImplementedError(f"task family {self.plugin!r} has no demonstrations")
 
     @classmethod
     @abstractmethod

@@ -12,9 +12,10 @@ guards, in a sandbox of at least the isolation the judge accepts.
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
-from rlstream.envs import sandbox, tasks
+from rlstream.envs import protocol, sandbox, tasks
 from rlstream.envs.family import FamilySpec, FamilyTask, Split, TaskFamily, Verdict
 from rlstream.envs.tools import Environment, code_only
 
@@ -76,11 +77,18 @@ class FxFamily(TaskFamily):
         reason = str(details.get("reason", "all hidden tests pass"))
         return Verdict(passed, 1.0 if passed else 0.0, reason, numbers, mode)
 
+    def demonstration(
+        self, task: FamilyTask, rng: random.Random, teacher: tasks.TeacherConfig | None = None
+    ) -> str:
+        """The weak teacher's answer (``tasks.demonstration``: each step right with probability
+        ``p_correct``, an echo of the visible example with ``p_hack``)."""
+        return tasks.demonstration(self.task(task.task_id), rng, teacher)
+
     def format_check(self, task_id: str, completion: str) -> tuple[bool, str]:
         return tasks.format_check(completion)
 
     def answer(self, completion: str) -> str:
-        return tasks.final_answer(completion)
+        return protocol.final_answer(completion)
 
     @classmethod
     def environment(cls, spec: dict[str, Any]) -> Environment:

@@ -30,8 +30,8 @@ Rules and guarantees:
   ``p_correct``, otherwise a plausible slip (``x**2`` for "double", ``x/2`` for "half", ...), and
   with probability ``p_hack`` it echoes the visible example. Supervised warm start on these gives
   a policy that knows the format and the vocabulary but is unreliable: RL has room to improve.
-- The tokenizer is character-level with single-token tags (``<run>``, ``</run>``, ``<out>``,
-  ``</out>``, ``<sum>``, ``</sum>``) so the harness's tool protocol costs one token per tag.
+- The agent protocol's tags and the character vocabulary the demo policy speaks are not the
+  family's: they are :mod:`rlstream.envs.protocol`.
 """
 
 from __future__ import annotations
@@ -44,48 +44,8 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlstream.envs import sandbox
-
-# ---------------------------------------------------------------- tokenizer
-
-PAD, BOS, EOS = 0, 1, 2
-TAGS = ("<run>", "</run>", "<out>", "</out>", "<sum>", "</sum>")
-RUN, RUN_END, OUT, OUT_END, SUM, SUM_END = range(3, 3 + len(TAGS))
-_CHARS = "\n" + "".join(chr(c) for c in range(32, 127))
-_FIRST_CHAR = 3 + len(TAGS)
-VOCAB_SIZE = 128  # 105 used; rounded up
-_CHAR_ID = {c: _FIRST_CHAR + i for i, c in enumerate(_CHARS)}
-_UNKNOWN = _CHAR_ID["?"]
-
-
-def encode(text: str) -> list[int]:
-    """Token ids of ``text``: tags become one token each, other characters one token each.
-
-    Rule: characters outside printable ASCII and newline map to ``?``; no BOS/EOS is added.
-    """
-    ids: list[int] = []
-    i = 0
-    while i < len(text):
-        if text[i] == "<":
-            tag = next((t for t in TAGS if text.startswith(t, i)), None)
-            if tag is not None:
-                ids.append(3 + TAGS.index(tag))
-                i += len(tag)
-                continue
-        ids.append(_CHAR_ID.get(text[i], _UNKNOWN))
-        i += 1
-    return ids
-
-
-def decode(ids: list[int]) -> str:
-    """Text of ``ids``; PAD, BOS and EOS decode to nothing."""
-    out = []
-    for t in ids:
-        if t >= _FIRST_CHAR and t - _FIRST_CHAR < len(_CHARS):
-            out.append(_CHARS[t - _FIRST_CHAR])
-        elif 3 <= t < _FIRST_CHAR:
-            out.append(TAGS[t - 3])
-    return "".join(out)
-
+from rlstream.envs.family import EVAL_SEED_BASE
+from rlstream.envs.protocol import TAGS, final_answer
 
 # ---------------------------------------------------------------- the task family
 
@@ -113,7 +73,6 @@ OPS: tuple[Op, ...] = (
     Op("inc", (), "x=x+1", ("x=x-1", "x=x+2")),
 )
 _OP_BY_WORD = {op.word: op for op in OPS}
-EVAL_SEED_BASE = 10**12  # training seeds are below this, evaluation seeds at or above it
 
 
 class TaskConfig(BaseModel):
@@ -243,14 +202,6 @@ def eval_tasks(n: int, cfg: TaskConfig | None = None) -> list[Task]:
 
 
 # ---------------------------------------------------------------- checks and scoring
-
-
-def final_answer(text: str) -> str:
-    """The answer part of a completion: what follows the last tool output, first line only."""
-    for tag in ("</out>", "</sum>"):
-        if tag in text:
-            text = text.rsplit(tag, 1)[1]
-    return text.strip().split("\n", 1)[0].strip()
 
 
 def format_check(completion: str) -> tuple[bool, str]:

@@ -13,7 +13,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rlstream.envs import sandbox
+from rlstream.envs import protocol, sandbox
 from rlstream.envs import tasks as task_family
 from rlstream.envs.family import FamilySpec
 
@@ -95,7 +95,7 @@ class HarnessConfig(BaseModel):
 
 def task_policy() -> PolicyConfig:
     """The default policy shape of every role: the built-in task family's vocabulary."""
-    return PolicyConfig(vocab_size=task_family.VOCAB_SIZE)
+    return PolicyConfig(vocab_size=protocol.VOCAB_SIZE)
 
 
 def rollout_harness() -> HarnessConfig:

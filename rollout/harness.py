@@ -1,6 +1,6 @@
 """Multi-turn rollout harness: the policy may run code before it answers.
 
-Protocol (single tokens for the tags, see :mod:`rlstream.envs.tasks`; text and token ids are
+Protocol (single tokens for the tags, see :mod:`rlstream.envs.protocol`; text and token ids are
 the policy's own tokenizer's, :mod:`rlstream.rollout.text`: the prompt goes through its chat
 template when it has one): the policy generates until an end-of-sequence token (its final
 answer) or ``</run>``. A ``<run>CALL</run>`` block is one tool call of the
@@ -46,7 +46,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from rlstream.envs import tasks
+from rlstream.envs import protocol
 from rlstream.envs.tools import Environment, Workspace, code_only
 from rlstream.rollout.config import HarnessConfig
 from rlstream.rollout.engines import Engine, GenerateFn, Prior, TorchEngine
@@ -136,7 +136,7 @@ def _routes(gen: Generation, row: int, n: int, offset: int, expert_bytes: int) -
 
 
 def _observation(text: str, cfg: HarnessConfig) -> str:
-    for tag in tasks.TAGS:  # tool output must not forge protocol tags
+    for tag in protocol.TAGS:  # tool output must not forge protocol tags
         text = text.replace(tag, tag.replace("<", "[").replace(">", "]"))
     return text[: cfg.tool_output_chars]
 

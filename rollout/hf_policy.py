@@ -27,8 +27,7 @@ harness and GRPO take it. Rules this module guarantees:
 - ``cache`` is a :class:`rlstream.rollout.model.KVCache`: per decoder layer keys/values
   ``[B, kv_heads, T, head_dim]`` (rotary positions applied), ``length`` positions filled, extended
   in place; ``KVCache.select`` works on it.
-- ``char_tokenizer()`` is a tokenizers-backed HF tokenizer whose ids equal
-  :func:`rlstream.envs.tasks.encode` for every string, saved and reloaded with the model.
+- the demo's tokenizer is ``rollout.text.char_tokenizer()``, saved and reloaded with the model.
 - An instance runs one forward at a time: the forced routes and the recorded routes sit on its
   blocks for the duration of a forward (``last_router_probs`` keeps the last one's router
   probabilities).
@@ -52,64 +51,21 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 from torch import Tensor, nn
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
     PreTrainedModel,
     PreTrainedTokenizerBase,
-    PreTrainedTokenizerFast,
     Qwen3MoeConfig,
 )
 from transformers.cache_utils import DynamicCache
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
-from rlstream.envs import tasks
+from rlstream.envs import protocol
 from rlstream.rollout.config import PolicyConfig
 from rlstream.rollout.model import KVCache, load_balance_loss
-from rlstream.rollout.text import PolicyText, with_protocol_tags
-
-# ---------------------------------------------------------------- tokenizer
-
-_SPECIALS = {"<pad>": tasks.PAD, "<s>": tasks.BOS, "</s>": tasks.EOS}
-
-
-def char_tokenizer() -> PreTrainedTokenizerFast:
-    """The demo's char-level tokenizer as an HF tokenizer: ids equal ``tasks.encode``.
-
-    Rules: each tag is one added (non-special) token; every other character is one token, and a
-    character outside printable ASCII and newline is ``?`` (the word-level model's unknown
-    token). PAD/BOS/EOS (``<pad>``, ``<s>``, ``</s>``) and fillers up to ``VOCAB_SIZE`` are special
-    tokens that text never produces (``split_special_tokens``: ``"<s>"`` in text is three
-    characters, as ``encode`` reads it) and that ``decode(..., skip_special_tokens=True)`` drops,
-    as ``tasks.decode`` does. No BOS/EOS is added on encoding.
-    """
-    vocab = dict(_SPECIALS)
-    vocab.update({tag: tasks.RUN + i for i, tag in enumerate(tasks.TAGS)})
-    vocab.update(
-        {tasks.decode([i]): i for i in range(tasks.RUN + len(tasks.TAGS), tasks.VOCAB_SIZE)}
-    )
-    vocab = {k: v for k, v in vocab.items() if k}  # ids past the characters decode to ""
-    fillers = [f"<|unused{i}|>" for i in range(len(vocab), tasks.VOCAB_SIZE)]
-    vocab.update({f: len(vocab) + i for i, f in enumerate(fillers)})
-    if sorted(vocab.values()) != list(range(len(vocab))):
-        raise AssertionError("char vocabulary ids are not contiguous")
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="?"))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    backend.decoder = decoders.Fuse()
-    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in tasks.TAGS])
-    specials = [*_SPECIALS, *fillers]
-    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        pad_token="<pad>",
-        bos_token="<s>",
-        eos_token="</s>",
-        split_special_tokens=True,
-        clean_up_tokenization_spaces=False,
-    )
-
+from rlstream.rollout.text import PolicyText, char_tokenizer, with_protocol_tags
 
 # ---------------------------------------------------------------- config
 
@@ -123,7 +79,7 @@ def tiny_qwen3_moe_config(
     top_k: int = 2,
     d_expert: int = 32,
     max_seq_len: int = 256,
-    vocab_size: int = tasks.VOCAB_SIZE,
+    vocab_size: int = protocol.VOCAB_SIZE,
 ) -> Qwen3MoeConfig:
     """A small Qwen3-MoE config for the CPU demo: every layer sparse, tied embeddings."""
     return Qwen3MoeConfig(
@@ -141,9 +97,9 @@ def tiny_qwen3_moe_config(
         mlp_only_layers=[],
         max_position_embeddings=max_seq_len,
         tie_word_embeddings=True,
-        pad_token_id=tasks.PAD,
-        bos_token_id=tasks.BOS,
-        eos_token_id=tasks.EOS,
+        pad_token_id=protocol.PAD,
+        bos_token_id=protocol.BOS,
+        eos_token_id=protocol.EOS,
     )
 
 

@@ -3,14 +3,14 @@
 Every role that turns text into the policy's tokens or back (the rollout harness, the policy
 server, the warm start) goes through a ``PolicyText``, built from the policy's own tokenizer:
 the tokenizer files of ``policy.hf_dir``, or the demo's character tokenizer
-(``hf_policy.char_tokenizer``, whose ids equal ``envs.tasks.encode``). Rules:
+(``char_tokenizer``, whose ids equal ``envs.protocol.encode``). Rules:
 
 - ``prompt(text)``: with a chat template, the template applied to one user message with the
   generation prompt (``apply_chat_template(..., add_generation_prompt=True)``); without one, the
   BOS token (when the tokenizer has one) then ``encode(text)``.
 - ``encode`` adds no special token; ``decode`` leaves out PAD, BOS and the end-of-sequence ids
   and every other special token, and keeps the protocol tags.
-- The harness's tool protocol (``envs.tasks.TAGS``: ``<run>``, ``</run>``, ``<out>``, ...) needs
+- The harness's tool protocol (``envs.protocol.TAGS``: ``<run>``, ``</run>``, ``<out>``, ...) needs
   each tag to be one token that is not special: ``with_protocol_tags`` adds the missing ones to
   a tokenizer (as non-special added tokens, so they decode as text); a tokenizer that holds a
   tag as a special token is refused (decoding would drop it).
@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rlstream.envs import tasks
+from rlstream.envs import protocol
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 
 def with_protocol_tags(tokenizer: Any) -> Any:
@@ -33,11 +36,11 @@ def with_protocol_tags(tokenizer: Any) -> Any:
     from tokenizers import AddedToken
 
     special = set(tokenizer.all_special_tokens)
-    clash = [t for t in tasks.TAGS if t in special]
+    clash = [t for t in protocol.TAGS if t in special]
     if clash:
         raise ValueError(f"the tokenizer holds protocol tags as special tokens: {clash}")
     vocab = tokenizer.get_vocab()
-    missing = [t for t in tasks.TAGS if t not in vocab]
+    missing = [t for t in protocol.TAGS if t not in vocab]
     if missing:
         tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in missing])
     return tokenizer
@@ -48,7 +51,7 @@ class PolicyText:
 
     def __init__(self, tokenizer: Any, eos_ids: Sequence[int] = ()) -> None:
         self.tokenizer = with_protocol_tags(tokenizer)
-        ids = self.tokenizer.convert_tokens_to_ids(list(tasks.TAGS))
+        ids = self.tokenizer.convert_tokens_to_ids(list(protocol.TAGS))
         self.run, self.run_end, self.out, self.out_end = ids[:4]
         eos = [tokenizer.eos_token_id, *eos_ids]
         self.eos_ids: tuple[int, ...] = tuple(dict.fromkeys(i for i in eos if i is not None))
@@ -67,8 +70,6 @@ class PolicyText:
     @functools.cache
     def chars(cls) -> PolicyText:
         """The demo's character tokenizer (one per process)."""
-        from rlstream.rollout.hf_policy import char_tokenizer
-
         return cls(char_tokenizer())
 
     def encode(self, text: str) -> list[int]:
@@ -87,3 +88,48 @@ class PolicyText:
             ids = out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out
             return [int(i) for i in ids]
         return [*([self.bos] if self.bos is not None else []), *self.encode(text)]
+
+
+_SPECIALS = {"<pad>": protocol.PAD, "<s>": protocol.BOS, "</s>": protocol.EOS}
+
+
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    """The demo's char-level tokenizer as an HF tokenizer: ids equal ``protocol.encode``.
+
+    Rules: each tag is one added (non-special) token; every other character is one token, and a
+    character outside printable ASCII and newline is ``?`` (the word-level model's unknown
+    token). PAD/BOS/EOS (``<pad>``, ``<s>``, ``</s>``) and fillers up to ``VOCAB_SIZE`` are special
+    tokens that text never produces (``split_special_tokens``: ``"<s>"`` in text is three
+    characters, as ``encode`` reads it) and that ``decode(..., skip_special_tokens=True)`` drops,
+    as ``protocol.decode`` does. No BOS/EOS is added on encoding.
+    """
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = dict(_SPECIALS)
+    vocab.update({tag: protocol.RUN + i for i, tag in enumerate(protocol.TAGS)})
+    vocab.update(
+        {
+            protocol.decode([i]): i
+            for i in range(protocol.RUN + len(protocol.TAGS), protocol.VOCAB_SIZE)
+        }
+    )
+    vocab = {k: v for k, v in vocab.items() if k}  # ids past the characters decode to ""
+    fillers = [f"<|unused{i}|>" for i in range(len(vocab), protocol.VOCAB_SIZE)]
+    vocab.update({f: len(vocab) + i for i, f in enumerate(fillers)})
+    if sorted(vocab.values()) != list(range(len(vocab))):
+        raise AssertionError("char vocabulary ids are not contiguous")
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="?"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in protocol.TAGS])
+    specials = [*_SPECIALS, *fillers]
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        split_special_tokens=True,
+        clean_up_tokenization_spaces=False,
+    )

@@ -29,7 +29,7 @@ from collections.abc import Callable
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from rlstream.envs import tasks
+from rlstream.envs import protocol, tasks
 from rlstream.rollout.config import HarnessConfig, PolicyConfig
 from rlstream.rollout.harness import Rollout, Sample
 from rlstream.rollout.model import PolicyModel, clone_policy
@@ -45,7 +45,7 @@ class LocalLoopConfig(BaseModel):
 
     seed: int = Field(default=0, ge=0, description="Seed of task order and sampling.")
     policy: PolicyConfig = Field(
-        default_factory=lambda: PolicyConfig(vocab_size=tasks.VOCAB_SIZE),
+        default_factory=lambda: PolicyConfig(vocab_size=protocol.VOCAB_SIZE),
         description="Policy shape.",
     )
     warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig, description="Warm start.")
@@ -84,7 +84,7 @@ class Scorer:
         self.memo: dict[tuple[int, str], bool] = {}
 
     def __call__(self, pairs: list[tuple[tasks.Task, str]]) -> list[float]:
-        keys = [(t.seed, tasks.final_answer(c)) for t, c in pairs]
+        keys = [(t.seed, protocol.final_answer(c)) for t, c in pairs]
         todo = {k: p for k, p in zip(keys, pairs, strict=True) if k not in self.memo}
         futures = {k: self.pool.submit(tasks.score, t, c) for k, (t, c) in todo.items()}
         for k, fut in futures.items():

@@ -3,7 +3,8 @@
 Rules and guarantees:
 
 - Each step draws fresh training tasks (seeds below ``EVAL_SEED_BASE``, never the evaluation
-  set) and one demonstration each from :func:`rlstream.envs.tasks.demonstration`; the loss is
+  set) and one demonstration each, through the task-family interface (``envs.family``:
+  ``sample`` and ``demonstration`` of the ``fx`` family, whose weak teacher it imitates); the loss is
   next-token cross-entropy on the answer and its EOS only (the prompt is context), plus a small
   Switch-style load-balancing term so every expert gets used.
 - The result depends only on the policy config and this config: same seeds, same data order,
@@ -26,10 +27,14 @@ import torch
 import torch.nn.functional as F
 
 from rlstream.envs import tasks
+from rlstream.envs.family import EVAL_SEED_BASE, FamilySpec, families
 from rlstream.rollout.config import PolicyConfig
 from rlstream.rollout.model import PolicyModel, build_policy
 from rlstream.rollout.text import PolicyText
 from rlstream.trainer.config import WarmStartConfig
+
+#: The family whose teacher the warm start imitates (its ``demonstration``).
+TEACHING = "fx"
 
 
 def demo_batch(
@@ -39,18 +44,21 @@ def demo_batch(
     task_cfg: tasks.TaskConfig,
     text: PolicyText | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``n`` demonstrations as (tokens ``[n, T]`` right-padded, target mask ``[n, T]``) in the
-    policy's ``text`` (default: the demo's character tokenizer).
+    """``n`` demonstrations of the ``fx`` family of difficulty ``task_cfg`` as (tokens ``[n, T]``
+    right-padded, target mask ``[n, T]``) in the policy's ``text`` (default: the demo's
+    character tokenizer).
 
     Rule: a row is ``prompt answer EOS`` (``text.prompt``: BOS, or the chat template); the mask
     is 1 on answer and EOS tokens only.
     """
     text = text or PolicyText.chars()
+    spec = FamilySpec(plugin=TEACHING, options=task_cfg.model_dump())
+    teaching = families({TEACHING: spec})[TEACHING]
     rows, masks = [], []
     for _ in range(n):
-        task = tasks.sample_task(rng.randrange(tasks.EVAL_SEED_BASE), task_cfg)
+        task = teaching.sample(rng.randrange(EVAL_SEED_BASE), "train")
         prompt = text.prompt(task.prompt)
-        answer = [*text.encode(tasks.demonstration(task, rng, teacher)), text.eos_ids[0]]
+        answer = [*text.encode(teaching.demonstration(task, rng, teacher)), text.eos_ids[0]]
         rows.append(prompt + answer)
         masks.append([0] * len(prompt) + [1] * len(answer))
     width = max(map(len, rows))

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Measure the mismatch; returns the metrics (see the module docstring)."""
     import torch
 
-    from rlstream.envs import tasks
+    from rlstream.envs import protocol, tasks
     from rlstream.rollout.config import HarnessConfig, PolicyConfig
     from rlstream.rollout.harness import Rollout
     from rlstream.trainer import grpo
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     started = time.perf_counter()
-    policy_cfg = PolicyConfig(vocab_size=tasks.VOCAB_SIZE)
+    policy_cfg = PolicyConfig(vocab_size=protocol.VOCAB_SIZE)
     ws = WarmStartConfig(steps=getattr(args, "warm_steps", 150), seed=args.seed)
     model = warm_start(policy_cfg, ws, getattr(args, "cache", None), _progress)
     rollout = Rollout(model, HarnessConfig(max_new_tokens=48, inference_dtype="bfloat16"))

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rlstream.consumers.admission_rules import AdmissionConfig
 from rlstream.consumers.feedback.rules import FeedbackRLConfig
 from rlstream.envs import family as task_families
-from rlstream.envs import sandbox
+from rlstream.envs import protocol, sandbox
 from rlstream.envs import tasks as task_family
 from rlstream.envs.family import FamilySpec
 from rlstream.envs.fx import with_fx_options
@@ -47,7 +47,7 @@ class RunConfig(BaseModel):
     groups_per_step: int = Field(4, ge=1, description="Admitted groups per learner step B.")
     max_staleness: int = Field(2, ge=0, description="Staleness budget (versions).")
     policy: PolicyConfig = Field(
-        default_factory=lambda: PolicyConfig(vocab_size=task_family.VOCAB_SIZE),
+        default_factory=lambda: PolicyConfig(vocab_size=protocol.VOCAB_SIZE),
         description="Policy architecture and shape, shared by every role that holds the model.",
     )
     tasks: task_family.TaskConfig = Field(

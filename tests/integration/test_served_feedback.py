@@ -30,7 +30,7 @@ from test_serve_policy import POLICY, _post, _publisher, _Serving, _state
 
 from rlstream.consumers.consumer import Stopper
 from rlstream.consumers.feedback.rl import FeedbackRL, FeedbackRLConfig
-from rlstream.envs import tasks as task_family
+from rlstream.envs import protocol
 from rlstream.producers.client.admin import (
     admin_client,
     apply_topics,
@@ -151,7 +151,7 @@ def test_feedback_on_a_served_completion_is_trained_on(
             got = arrays.unpack_tokens(record)
             p = record["prompt_tokens"]
             assert got.logprobs[p:].tolist() == lp.token_logprobs  # float32 values, bit for bit
-            assert task_family.decode(got.token_ids[p:].tolist()) == choice.text
+            assert protocol.decode(got.token_ids[p:].tolist()) == choice.text
             assert got.routed_experts.shape == (len(got.token_ids), POLICY.n_layers, POLICY.top_k)
             assert record["policy_version"] == 0
             assert record["outcome"]["details"]["seed"] == "11"

@@ -209,13 +209,14 @@ def test_hugging_face_directories_round_trip(tmp_path: Path) -> None:
     loads, bit-exact to the new one (bf16 weights as saved, config and tokenizer copied)."""
     transformers = pytest.importorskip("transformers")
     from rlstream.rollout import hf_policy
+    from rlstream.rollout.text import char_tokenizer
 
     old = hf_policy.build_hf_policy(hf_policy.tiny_qwen3_moe_config(), seed=1).to(torch.bfloat16)
     new = hf_policy.build_hf_policy(hf_policy.tiny_qwen3_moe_config(), seed=1).to(torch.bfloat16)
     with torch.no_grad():
         first = next(p for p in new.parameters() if p.ndim == 2)
         first.view(-1)[::7] += 0.125
-    tokenizer = hf_policy.char_tokenizer()
+    tokenizer = char_tokenizer()
     hf_policy.save_hf(old, tokenizer, tmp_path / "old")
     hf_policy.save_hf(new, tokenizer, tmp_path / "new")
     delta, out = tmp_path / "v1.rld", tmp_path / "applied"

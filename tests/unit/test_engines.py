@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlstream.envs import tasks
+from rlstream.envs import protocol
 from rlstream.rollout.config import HarnessConfig, PolicyConfig
 from rlstream.rollout.engines import EngineError, OpenAIEngine, TorchEngine, generation_of
 from rlstream.rollout.harness import Rollout
@@ -19,7 +19,7 @@ from rlstream.rollout.model import build_policy
 from rlstream.rollout.serve import CompletionRequest, UpdateWeightsRequest
 from rlstream.schemas import arrays
 
-SMALL = PolicyConfig(vocab_size=tasks.VOCAB_SIZE, d_model=32, n_heads=4, d_expert=32)
+SMALL = PolicyConfig(vocab_size=protocol.VOCAB_SIZE, d_model=32, n_heads=4, d_expert=32)
 PROMPT = "f(x): inc\nf(1)=2\n"
 
 
@@ -42,10 +42,10 @@ def test_torch_engine_is_the_reference_path_bit_for_bit() -> None:
 
 def _answer(routes: bool) -> dict:
     choices = []
-    for i, ids in enumerate([[5, 6, tasks.EOS], [7]]):
+    for i, ids in enumerate([[5, 6, protocol.EOS], [7]]):
         choice = {
             "index": i,
-            "finish_reason": "stop" if ids[-1] == tasks.EOS else "length",
+            "finish_reason": "stop" if ids[-1] == protocol.EOS else "length",
             "logprobs": {
                 "tokens": [f"token_id:{t}" for t in ids],
                 "token_logprobs": [-0.5 - t / 100 for t in ids],
@@ -60,10 +60,10 @@ def _answer(routes: bool) -> dict:
 
 def test_an_openai_answer_becomes_the_harness_arrays() -> None:
     gen = generation_of(_answer(routes=True), fed=3, skip=2)
-    assert gen.tokens.tolist() == [[5, 6, tasks.EOS], [7, 0, 0]]
+    assert gen.tokens.tolist() == [[5, 6, protocol.EOS], [7, 0, 0]]
     assert gen.lengths.tolist() == [3, 1] and gen.stopped.tolist() == [True, False]
     assert gen.logprobs.dtype == torch.float32
-    assert torch.allclose(gen.logprobs[0], torch.tensor([-0.55, -0.56, -0.5 - tasks.EOS / 100]))
+    assert torch.allclose(gen.logprobs[0], torch.tensor([-0.55, -0.56, -0.5 - protocol.EOS / 100]))
     assert gen.prompt_len == 3 and gen.routes.shape == (2, 3 + 3, 2, 2)
     assert gen.routes[0, 0, 0].tolist() == [2, 3]  # the history's two positions were skipped
 
@@ -91,7 +91,7 @@ def test_a_harness_on_a_remote_engine_sends_the_segment_and_records_the_answer(
 
     def fake_post(url: str, body: dict, timeout: float) -> dict:
         sent.append(body)
-        lp = {"tokens": [f"token_id:{tasks.EOS}"], "token_logprobs": [-0.25]}
+        lp = {"tokens": [f"token_id:{protocol.EOS}"], "token_logprobs": [-0.25]}
         choices = [{"index": i, "finish_reason": "stop", "logprobs": lp} for i in range(body["n"])]
         return {"policy_version": 4, "choices": choices}
 
@@ -100,12 +100,12 @@ def test_a_harness_on_a_remote_engine_sends_the_segment_and_records_the_answer(
     samples = Rollout(model, HarnessConfig(max_new_tokens=8), engine=engine).group(
         PROMPT, 2, torch.Generator().manual_seed(1)
     )
-    assert len(sent) == 1 and sent[0]["n"] == 2 and sent[0]["prompt"][0] == tasks.BOS
-    assert sent[0]["stop_token_ids"] == [tasks.EOS, tasks.RUN_END]
+    assert len(sent) == 1 and sent[0]["n"] == 2 and sent[0]["prompt"][0] == protocol.BOS
+    assert sent[0]["stop_token_ids"] == [protocol.EOS, protocol.RUN_END]
     assert sent[0]["return_tokens_as_token_ids"] and sent[0]["logprobs"] == 0
     assert engine.served_versions == [4]
     for s in samples:
-        assert s.token_ids[-1] == tasks.EOS and s.logprobs[-1] == np.float32(-0.25)
+        assert s.token_ids[-1] == protocol.EOS and s.logprobs[-1] == np.float32(-0.25)
         assert s.routes.shape == (len(s.token_ids), 0, 0) and s.finished
 
 

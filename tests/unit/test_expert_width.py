@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rlstream.consumers.admission_rules import AdmissionConfig, PendingGroup, admitted_samples
-from rlstream.envs import tasks
+from rlstream.envs import protocol
 from rlstream.rollout.config import HarnessConfig, PolicyConfig
 from rlstream.rollout.harness import rollout_group
 from rlstream.rollout.model import build_policy, generate, sequence_logprobs
@@ -24,7 +24,13 @@ from rlstream.trainer import grpo
 from rlstream.trainer.learner_step import group_sequences
 
 WIDE = PolicyConfig(
-    vocab_size=tasks.VOCAB_SIZE, d_model=16, n_heads=2, n_experts=300, top_k=2, d_expert=8, seed=3
+    vocab_size=protocol.VOCAB_SIZE,
+    d_model=16,
+    n_heads=2,
+    n_experts=300,
+    top_k=2,
+    d_expert=8,
+    seed=3,
 )
 PROMPT = "f(x): inc\nf(1)=2\n"
 
@@ -46,7 +52,7 @@ def test_the_learner_replays_the_experts_of_a_300_expert_policy_exactly() -> Non
     model = build_policy(WIDE)
     samples = rollout_group(model, PROMPT, 2, HarnessConfig(max_new_tokens=10))
     assert int(max(s.routes.max() for s in samples)) >= 256, "needs ids uint8 would wrap"
-    prompt_tokens = 1 + len(tasks.encode(PROMPT))
+    prompt_tokens = 1 + len(protocol.encode(PROMPT))
     cfg = AdmissionConfig(judges={"tests": 1.0}, max_staleness=2, timeout_s=10)
     group = PendingGroup("g1", "t1", len(samples), first_seen_ms=0)
     for s in samples:
@@ -79,7 +85,7 @@ def test_the_learner_replays_the_experts_of_a_300_expert_policy_exactly() -> Non
 
 def test_the_policy_server_records_routes_at_the_policys_width() -> None:
     model = build_policy(WIDE).eval()
-    prompt = [tasks.BOS, *tasks.encode(PROMPT)]
+    prompt = [protocol.BOS, *protocol.encode(PROMPT)]
     out = generate(model, torch.tensor([prompt] * 2), 6, 1.0, torch.Generator().manual_seed(1))
     assert int(out.routes.max()) >= 256
     with pytest.raises(arrays.ArrayError, match="do not fit uint8"):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlstream.envs import tasks
+from rlstream.envs import protocol, tasks
 from rlstream.envs.tools import READ, WRITE, Environment, Tool, ToolResult, Workspace, code_only
 from rlstream.rollout.harness import (
     HarnessConfig,
@@ -31,7 +31,7 @@ from rlstream.rollout.model import (
 from rlstream.schemas import arrays
 from rlstream.schemas import events as E
 
-SMALL = PolicyConfig(vocab_size=tasks.VOCAB_SIZE, d_model=32, n_heads=4, d_expert=32)
+SMALL = PolicyConfig(vocab_size=protocol.VOCAB_SIZE, d_model=32, n_heads=4, d_expert=32)
 
 
 @pytest.fixture(autouse=True)
@@ -90,7 +90,7 @@ def _check_aligned(s: Sample, model: PolicyModel) -> None:
     assert np.all(s.logprobs[s.loss_mask == 1] < 0)
     assert s.segments[0].start == 0 and s.segments[-1].end == t
     for seg in s.segments:
-        assert s.token_ids[seg.start] == tasks.BOS, "each segment is a self-contained context"
+        assert s.token_ids[seg.start] == protocol.BOS, "each segment is a self-contained context"
         ids = torch.from_numpy(s.token_ids[seg.start : seg.end].astype(np.int64))[None]
         routes = torch.from_numpy(s.routes[seg.start : seg.end].astype(np.int64))[None]
         with torch.no_grad():
@@ -105,8 +105,8 @@ PROMPT = "f(x): inc\nf(1)=2\n"
 
 def test_tool_call_output_is_appended_and_masked_out() -> None:
     model = build_policy(SMALL)
-    run_call = [tasks.RUN, *tasks.encode("print(6*7)"), tasks.RUN_END]
-    answer = [*tasks.encode("x=x+1;return x"), tasks.EOS]
+    run_call = [protocol.RUN, *protocol.encode("print(6*7)"), protocol.RUN_END]
+    answer = [*protocol.encode("x=x+1;return x"), protocol.EOS]
     cfg = HarnessConfig(max_new_tokens=32)
     samples = Rollout(model, cfg, scripted([run_call, answer, answer])).group(
         PROMPT, 2, torch.Generator().manual_seed(0)
@@ -115,9 +115,9 @@ def test_tool_call_output_is_appended_and_masked_out() -> None:
     s = samples[0]
     assert s.turns == 1 and s.finished and len(s.segments) == 1
     assert s.segments[0].reason == "final"
-    observation = tasks.decode(s.token_ids[s.loss_mask == 0].tolist())
+    observation = protocol.decode(s.token_ids[s.loss_mask == 0].tolist())
     assert observation == PROMPT + "<out>42\n</out>"
-    assert tasks.final_answer(s.completion) == "x=x+1;return x"
+    assert protocol.final_answer(s.completion) == "x=x+1;return x"
     assert tasks.score(tasks.sample_task(0), s.completion)[1]["format_ok"]
     assert s.timings["tool_s"] > 0
     _check_aligned(s, model)
@@ -125,30 +125,30 @@ def test_tool_call_output_is_appended_and_masked_out() -> None:
 
 def test_tool_budget_exhausted_is_said_not_run() -> None:
     model = build_policy(SMALL)
-    run_call = [tasks.RUN, *tasks.encode("print(1)"), tasks.RUN_END]
-    answer = [*tasks.encode("return x"), tasks.EOS]
+    run_call = [protocol.RUN, *protocol.encode("print(1)"), protocol.RUN_END]
+    answer = [*protocol.encode("return x"), protocol.EOS]
     cfg = HarnessConfig(max_new_tokens=32, max_turns=0)
     (s,) = Rollout(model, cfg, scripted([run_call, answer])).group(
         PROMPT, 1, torch.Generator().manual_seed(0)
     )
     assert s.turns == 0
-    assert "<out>no tool calls left</out>" in tasks.decode(s.token_ids.tolist())
+    assert "<out>no tool calls left</out>" in protocol.decode(s.token_ids.tolist())
     _check_aligned(s, model)
 
 
 def test_overflow_compacts_into_a_new_segment() -> None:
     model = build_policy(SMALL.model_copy(update={"max_seq_len": 64}))
-    run_call = [tasks.RUN, *tasks.encode("print('a'*50)"), tasks.RUN_END]
-    answer = [*tasks.encode("return x"), tasks.EOS]
+    run_call = [protocol.RUN, *protocol.encode("print('a'*50)"), protocol.RUN_END]
+    answer = [*protocol.encode("return x"), protocol.EOS]
     cfg = HarnessConfig(max_new_tokens=20, tool_output_chars=60, summary_chars=20)
     (s,) = Rollout(model, cfg, scripted([run_call, answer])).group(
         PROMPT, 1, torch.Generator().manual_seed(0)
     )
     assert [seg.reason for seg in s.segments] == ["compacted", "final"]
     second = s.segments[1]
-    context = tasks.decode(s.token_ids[second.start : second.end].tolist())
+    context = protocol.decode(s.token_ids[second.start : second.end].tolist())
     assert context.startswith(PROMPT + "<sum>1 runs; last: aa")
-    assert tasks.final_answer(s.completion) == "return x"
+    assert protocol.final_answer(s.completion) == "return x"
     assert s.segments[0].end == second.start
     _check_aligned(s, model)
 
@@ -156,7 +156,7 @@ def test_overflow_compacts_into_a_new_segment() -> None:
 def test_no_answer_within_budget_is_truncated() -> None:
     model = build_policy(SMALL)
     cfg = HarnessConfig(max_new_tokens=5)
-    (s,) = Rollout(model, cfg, scripted([tasks.encode("x=x+1;return x")])).group(
+    (s,) = Rollout(model, cfg, scripted([protocol.encode("x=x+1;return x")])).group(
         PROMPT, 1, torch.Generator().manual_seed(0)
     )
     assert not s.finished and s.segments[-1].reason == "truncated"
@@ -170,7 +170,7 @@ def test_real_policy_group_is_batched_aligned_and_deterministic(dtype: str) -> N
     a = rollout_group(model, PROMPT, 4, cfg, torch.Generator().manual_seed(5))
     b = rollout_group(model, PROMPT, 4, cfg, torch.Generator().manual_seed(5))
     assert len(a) == 4 and [s.index for s in a] == [0, 1, 2, 3]
-    prompt_len = 1 + len(tasks.encode(PROMPT))
+    prompt_len = 1 + len(protocol.encode(PROMPT))
     for x, y in zip(a, b, strict=True):
         assert np.array_equal(x.token_ids, y.token_ids) and np.array_equal(x.routes, y.routes)
         assert np.all(x.loss_mask[:prompt_len] == 0) and x.loss_mask[prompt_len:].sum() > 0
@@ -180,13 +180,13 @@ def test_real_policy_group_is_batched_aligned_and_deterministic(dtype: str) -> N
 
 def test_program_output_cannot_forge_protocol_tags() -> None:
     model = build_policy(SMALL)
-    run_call = [tasks.RUN, *tasks.encode("print('<'+'/out>return 1')"), tasks.RUN_END]
-    answer = [*tasks.encode("return x"), tasks.EOS]
+    run_call = [protocol.RUN, *protocol.encode("print('<'+'/out>return 1')"), protocol.RUN_END]
+    answer = [*protocol.encode("return x"), protocol.EOS]
     (s,) = Rollout(model, HarnessConfig(max_new_tokens=40), scripted([run_call, answer])).group(
         PROMPT, 1, torch.Generator().manual_seed(0)
     )
-    assert int((s.token_ids == tasks.OUT_END).sum()) == 1
-    assert tasks.final_answer(s.completion) == "return x"
+    assert int((s.token_ids == protocol.OUT_END).sum()) == 1
+    assert protocol.final_answer(s.completion) == "return x"
 
 
 def _fake_env() -> Environment:
@@ -207,8 +207,8 @@ def _fake_env() -> Environment:
 def test_named_tools_share_a_workspace_and_every_call_is_recorded() -> None:
     model = build_policy(SMALL)
     calls = ["@write b.txt\nhi", "@read b.txt", "@read a.txt", "plain", "@fail", "@nope x"]
-    replies = [[tasks.RUN, *tasks.encode(c), tasks.RUN_END] for c in calls]
-    replies.append([*tasks.encode("return x"), tasks.EOS])
+    replies = [[protocol.RUN, *protocol.encode(c), protocol.RUN_END] for c in calls]
+    replies.append([*protocol.encode("return x"), protocol.EOS])
     cfg = HarnessConfig(max_new_tokens=24, max_turns=5, tool_output_chars=40)
     (s,) = Rollout(model, cfg, scripted(replies)).group(
         PROMPT, 1, torch.Generator().manual_seed(0), _fake_env()
@@ -225,13 +225,13 @@ def test_named_tools_share_a_workspace_and_every_call_is_recorded() -> None:
     assert s.turns == 5 and s.tool_errors == 1
     assert s.tool_calls[0]["input"] == "@write b.txt\nhi"
     assert json.loads(tool_details(s)["tool_calls"])[1]["output"] == "hi"
-    assert "<out>echo:plain</out>" in tasks.decode(s.token_ids.tolist())
+    assert "<out>echo:plain</out>" in protocol.decode(s.token_ids.tolist())
     _check_aligned(s, model)
 
 
 def test_an_unknown_tool_is_an_error_the_policy_sees() -> None:
     model = build_policy(SMALL)
-    replies = [[tasks.RUN, *tasks.encode("@nope x"), tasks.RUN_END], [tasks.EOS]]
+    replies = [[protocol.RUN, *protocol.encode("@nope x"), protocol.RUN_END], [protocol.EOS]]
     (s,) = Rollout(model, HarnessConfig(max_new_tokens=40), scripted(replies)).group(
         PROMPT, 1, torch.Generator().manual_seed(0), _fake_env()
     )
@@ -241,8 +241,8 @@ def test_an_unknown_tool_is_an_error_the_policy_sees() -> None:
 
 def test_fx_environment_runs_code_in_the_sandbox_and_records_isolation() -> None:
     model = build_policy(SMALL)
-    run_call = [tasks.RUN, *tasks.encode("print(6*7)"), tasks.RUN_END]
-    answer = [*tasks.encode("return x"), tasks.EOS]
+    run_call = [protocol.RUN, *protocol.encode("print(6*7)"), protocol.RUN_END]
+    answer = [*protocol.encode("return x"), protocol.EOS]
     (s,) = Rollout(model, HarnessConfig(max_new_tokens=32), scripted([run_call, answer])).group(
         PROMPT, 1, torch.Generator().manual_seed(0), code_only()
     )
@@ -258,7 +258,13 @@ def test_a_prompt_that_leaves_no_room_is_refused_clearly() -> None:
 
 
 WIDE = PolicyConfig(
-    vocab_size=tasks.VOCAB_SIZE, d_model=16, n_heads=2, n_experts=300, top_k=2, d_expert=8, seed=3
+    vocab_size=protocol.VOCAB_SIZE,
+    d_model=16,
+    n_heads=2,
+    n_experts=300,
+    top_k=2,
+    d_expert=8,
+    seed=3,
 )
 """More experts than uint8 holds: the harness must record routes 2 bytes wide."""
 
@@ -266,10 +272,10 @@ WIDE = PolicyConfig(
 def test_a_policy_with_more_than_256_experts_records_uint16_routes() -> None:
     model = build_policy(WIDE)
     with torch.no_grad():
-        _, direct = model(torch.tensor([[tasks.BOS, *tasks.encode(PROMPT)]]))
+        _, direct = model(torch.tensor([[protocol.BOS, *protocol.encode(PROMPT)]]))
     assert int(direct.max()) >= 256, "the test needs ids that a uint8 cast would wrap"
-    run_call = [tasks.RUN, *tasks.encode("print(6*7)"), tasks.RUN_END]
-    answer = [*tasks.encode("x=x+1;return x"), tasks.EOS]
+    run_call = [protocol.RUN, *protocol.encode("print(6*7)"), protocol.RUN_END]
+    answer = [*protocol.encode("x=x+1;return x"), protocol.EOS]
     scripted_samples = Rollout(
         model, HarnessConfig(max_new_tokens=32), scripted([run_call, answer])
     ).group(PROMPT, 1, torch.Generator().manual_seed(0))

@@ -8,11 +8,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3MoeForCausalLM
 
-from rlstream.envs import tasks
+from rlstream.envs import protocol
 from rlstream.rollout.hf_policy import (
     HFPolicy,
     build_hf_policy,
-    char_tokenizer,
     load_hf,
     save_hf,
     save_state_hf,
@@ -26,6 +25,7 @@ from rlstream.rollout.model import (
     inference_copy,
     sequence_logprobs,
 )
+from rlstream.rollout.text import char_tokenizer
 from rlstream.schemas.deltacodec.bits import from_torch, state_hash, to_torch
 from rlstream.trainer.learner_step import published_state
 
@@ -53,38 +53,38 @@ def policy() -> HFPolicy:
 
 def _tokens(b: int, t: int, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(3, tasks.VOCAB_SIZE, (b, t), generator=g)
+    return torch.randint(3, protocol.VOCAB_SIZE, (b, t), generator=g)
 
 
 def test_tokenizer_ids_equal_encode(tmp_path: Path) -> None:
     tok = char_tokenizer()
     tok.save_pretrained(tmp_path)
     again = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
-    assert len(again) == tasks.VOCAB_SIZE
+    assert len(again) == protocol.VOCAB_SIZE
     assert (again.pad_token_id, again.bos_token_id, again.eos_token_id) == (
-        tasks.PAD,
-        tasks.BOS,
-        tasks.EOS,
+        protocol.PAD,
+        protocol.BOS,
+        protocol.EOS,
     )
     for t in (tok, again):
         for text in TEXTS:
-            ids = tasks.encode(text)
+            ids = protocol.encode(text)
             assert t(text)["input_ids"] == ids, text
             assert t.encode(text) == ids, text
-            framed = [tasks.BOS, *ids, tasks.EOS, tasks.PAD]
-            assert t.decode(framed, skip_special_tokens=True) == tasks.decode(framed), text
+            framed = [protocol.BOS, *ids, protocol.EOS, protocol.PAD]
+            assert t.decode(framed, skip_special_tokens=True) == protocol.decode(framed), text
 
 
 def test_forward_shapes_and_names(policy: HFPolicy) -> None:
     logits, routes = policy(_tokens(3, 10))
-    assert logits.shape == (3, 10, tasks.VOCAB_SIZE) and logits.dtype == torch.float32
+    assert logits.shape == (3, 10, protocol.VOCAB_SIZE) and logits.dtype == torch.float32
     assert routes.shape == (3, 10, CONFIG.num_hidden_layers, CONFIG.num_experts_per_tok)
     assert routes.dtype == torch.int64
     assert int(routes.min()) >= 0 and int(routes.max()) < CONFIG.num_experts
     assert (routes[..., 0] != routes[..., 1]).all()
     cfg = policy.cfg
     assert (cfg.n_layers, cfg.top_k, cfg.n_experts) == (2, 2, CONFIG.num_experts)
-    assert (cfg.max_seq_len, cfg.vocab_size) == (64, tasks.VOCAB_SIZE)
+    assert (cfg.max_seq_len, cfg.vocab_size) == (64, protocol.VOCAB_SIZE)
     plain = Qwen3MoeForCausalLM(CONFIG)
     # transformers' own names, the tied head held once (as the embedding)
     assert list(policy.state_dict()) == [k for k in plain.state_dict() if k != "lm_head.weight"]
@@ -148,7 +148,7 @@ def test_replay_gradient_reaches_router_and_only_chosen_experts() -> None:
 
 
 def test_sequence_logprobs_and_greedy_generate(policy: HFPolicy) -> None:
-    prompt = torch.tensor([[tasks.BOS, *tasks.encode("f(x): double\nf(2)=4")]])
+    prompt = torch.tensor([[protocol.BOS, *protocol.encode("f(x): double\nf(2)=4")]])
     a = generate(policy, prompt.repeat(2, 1), max_new=12, greedy=True)
     b = generate(policy, prompt.repeat(2, 1), max_new=12, greedy=True)
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.routes, b.routes)
@@ -209,7 +209,7 @@ def test_save_load_round_trip(policy: HFPolicy, tmp_path: Path) -> None:
     state, again = policy.state_dict(), loaded.state_dict()
     assert list(state) == list(again)
     assert all(torch.equal(state[k], again[k]) for k in state)
-    assert tok.encode(TEXTS[2]) == tasks.encode(TEXTS[2])
+    assert tok.encode(TEXTS[2]) == protocol.encode(TEXTS[2])
 
 
 def test_dense_layers_keep_cache_and_route_only_moe_layers() -> None:
@@ -229,7 +229,7 @@ def test_dense_layers_keep_cache_and_route_only_moe_layers() -> None:
 # ---------------------------------------------------------------- behind build_policy
 
 HF_CFG = PolicyConfig(
-    architecture="qwen3_moe", vocab_size=tasks.VOCAB_SIZE, max_seq_len=64, d_expert=32
+    architecture="qwen3_moe", vocab_size=protocol.VOCAB_SIZE, max_seq_len=64, d_expert=32
 )
 
 
@@ -247,12 +247,14 @@ def test_build_policy_makes_the_configured_qwen3_moe_from_the_seed() -> None:
         HF_CFG.top_k,
         HF_CFG.d_expert,
     )
-    assert policy.cfg.max_seq_len == 64 and policy.cfg.vocab_size == tasks.VOCAB_SIZE
+    assert policy.cfg.max_seq_len == 64 and policy.cfg.vocab_size == protocol.VOCAB_SIZE
     state, again = policy.state_dict(), build_policy(HF_CFG).state_dict()
     assert all(torch.equal(state[k], again[k]) for k in state)
     other = build_policy(HF_CFG.model_copy(update={"seed": 1})).state_dict()
     assert not torch.equal(state["model.embed_tokens.weight"], other["model.embed_tokens.weight"])
-    assert isinstance(build_policy(PolicyConfig(vocab_size=tasks.VOCAB_SIZE)), HFPolicy)  # default
+    assert isinstance(
+        build_policy(PolicyConfig(vocab_size=protocol.VOCAB_SIZE)), HFPolicy
+    )  # default
 
 
 def test_build_policy_loads_hf_dir_as_float32(tmp_path: Path) -> None:
@@ -301,4 +303,4 @@ def test_published_state_written_as_hf_dir_hashes_to_the_state_hash(tmp_path: Pa
     loaded = {k: v for k, v in plain.state_dict().items() if k != "lm_head.weight"}
     assert state_hash(from_torch({k: v.bfloat16() for k, v in loaded.items()})) == state_hash(state)
     tok = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
-    assert tok.encode(TEXTS[0]) == tasks.encode(TEXTS[0])
+    assert tok.encode(TEXTS[0]) == protocol.encode(TEXTS[0])

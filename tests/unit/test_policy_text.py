@@ -13,7 +13,7 @@ import pytest
 import torch
 from hf_checkpoints import bpe_checkpoint, bpe_tokenizer
 
-from rlstream.envs import tasks
+from rlstream.envs import protocol, tasks
 from rlstream.rollout.config import HarnessConfig, PolicyConfig
 from rlstream.rollout.harness import Rollout
 from rlstream.rollout.hf_policy import load_hf
@@ -32,11 +32,11 @@ def test_the_character_tokenizer_keeps_the_task_family_ids() -> None:
     text = PolicyText.chars()
     rng = random.Random(0)
     for _ in range(500):
-        ids = [rng.randrange(tasks.VOCAB_SIZE) for _ in range(rng.randrange(40))]
-        assert text.decode(ids) == tasks.decode(ids)
-        assert text.encode(tasks.decode(ids)) == tasks.encode(tasks.decode(ids))
-    assert text.prompt("f(x): add 3") == [tasks.BOS, *tasks.encode("f(x): add 3")]
-    assert text.stop_ids == (tasks.EOS, tasks.RUN_END)
+        ids = [rng.randrange(protocol.VOCAB_SIZE) for _ in range(rng.randrange(40))]
+        assert text.decode(ids) == protocol.decode(ids)
+        assert text.encode(protocol.decode(ids)) == protocol.encode(protocol.decode(ids))
+    assert text.prompt("f(x): add 3") == [protocol.BOS, *protocol.encode("f(x): add 3")]
+    assert text.stop_ids == (protocol.EOS, protocol.RUN_END)
 
 
 def test_a_checkpoint_is_tokenized_by_its_own_tokenizer(bpe_dir: Path) -> None:
@@ -48,9 +48,9 @@ def test_a_checkpoint_is_tokenized_by_its_own_tokenizer(bpe_dir: Path) -> None:
     )
     want = want["input_ids"] if hasattr(want, "keys") else want
     assert text.prompt(prompt) == list(want)
-    assert text.prompt(prompt) != [tasks.BOS, *tasks.encode(prompt)]
+    assert text.prompt(prompt) != [protocol.BOS, *protocol.encode(prompt)]
     assert text.bos is None and text.eos_ids == (own.convert_tokens_to_ids("<|im_end|>"),)
-    for tag in tasks.TAGS:  # each tag one token, decoded as itself
+    for tag in protocol.TAGS:  # each tag one token, decoded as itself
         ids = text.encode(f"x{tag}y")
         assert len([i for i in ids if own.convert_ids_to_tokens(i) == tag]) == 1
         assert text.decode(ids) == f"x{tag}y"

@@ -14,7 +14,7 @@ import pydantic
 import pytest
 import torch
 
-from rlstream.envs import tasks as task_family
+from rlstream.envs import protocol
 from rlstream.rollout.config import PolicyConfig
 from rlstream.rollout.model import build_policy, generate
 from rlstream.rollout.serve import (
@@ -37,7 +37,7 @@ def _one_thread() -> None:
 
 def _generated(top_n: int, n: int = 2, temperature: float = 0.8):
     model = build_policy(POLICY).eval()
-    prompt = [task_family.BOS, *task_family.encode("f(x): double\n")]
+    prompt = [protocol.BOS, *protocol.encode("f(x): double\n")]
     gen = torch.Generator().manual_seed(5)
     out = generate(
         model,
@@ -45,7 +45,7 @@ def _generated(top_n: int, n: int = 2, temperature: float = 0.8):
         12,
         temperature,
         gen,
-        stop_ids=(task_family.EOS,),
+        stop_ids=(protocol.EOS,),
         top_n=top_n,
     )
     return out, prompt
@@ -83,10 +83,10 @@ def test_answer_logprobs_are_the_sampler_logprobs_with_n_alternatives() -> None:
     for row in range(2):
         choice = served_choice(out, row, prompt)
         n = int(out.lengths[row])
-        lp = choice_logprobs(choice, task_family.decode)
+        lp = choice_logprobs(choice, protocol.decode)
         assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["text_offset"]) == n
         assert lp["token_logprobs"] == out.logprobs[row, :n].tolist()  # exactly, not approx
-        assert "".join(lp["tokens"]) == task_family.decode(choice.token_ids)
+        assert "".join(lp["tokens"]) == protocol.decode(choice.token_ids)
         text = "".join(lp["tokens"])
         for token, offset in zip(lp["tokens"], lp["text_offset"], strict=True):
             assert text[offset : offset + len(token)] == token
@@ -99,7 +99,7 @@ def test_answer_logprobs_are_the_sampler_logprobs_with_n_alternatives() -> None:
 
 def test_logprobs_zero_lists_the_sampled_token_only() -> None:
     out, prompt = _generated(top_n=0, n=1)
-    lp = choice_logprobs(served_choice(out, 0, prompt), task_family.decode)
+    lp = choice_logprobs(served_choice(out, 0, prompt), protocol.decode)
     assert all(len(top) == 1 for top in lp["top_logprobs"])
 
 
@@ -108,7 +108,7 @@ def test_served_record_is_a_trajectory_keyed_by_the_request_id() -> None:
     ctx = _context()
     for row in range(2):
         choice = served_choice(out, row, prompt)
-        rec = served_record(ctx, row, 2, choice, task_family.decode(choice.token_ids))
+        rec = served_record(ctx, row, 2, choice, protocol.decode(choice.token_ids))
         events.validate("trajectory", rec)
         decoded = events.decode(events.encode("trajectory", rec)).record
         assert topics.record_key("served", decoded) == b"req-abc"

@@ -22,7 +22,7 @@ from rlstream.consumers.feedback.served_log import (
     remember,
     with_served,
 )
-from rlstream.envs import tasks as task_family
+from rlstream.envs import protocol
 from rlstream.rollout.serve import served_choice, served_record
 from rlstream.schemas import events
 
@@ -54,7 +54,7 @@ def test_feedback_naming_a_served_request_becomes_an_admitted_online_sample() ->
     items = []
     for row, action in enumerate(("accepted", "rejected")):
         choice = served_choice(out, row, prompt)
-        rec = served_record(ctx, row, 2, choice, task_family.decode(choice.token_ids))
+        rec = served_record(ctx, row, 2, choice, protocol.decode(choice.token_ids))
         served = events.decode(events.encode("trajectory", rec)).record
         ref = {"topic": "rl.r1.served", "partition": 3, "offset": 10 + row}
         feedback = _feedback(row, action, metadata={"choice": str(row)})

@@ -6,25 +6,25 @@ import random
 
 import pytest
 
-from rlstream.envs import tasks
+from rlstream.envs import protocol, tasks
 from rlstream.envs.tasks import Task
 
 
 def test_tokenizer_round_trip_and_single_token_tags() -> None:
     text = "f(x): add 3\nf(2)=5\n<run>print(1)</run><out>1\n</out>x=x+3;return x"
-    ids = tasks.encode(text)
-    assert tasks.decode(ids) == text
-    assert tasks.encode("<run></run><out></out><sum></sum>") == [
-        tasks.RUN,
-        tasks.RUN_END,
-        tasks.OUT,
-        tasks.OUT_END,
-        tasks.SUM,
-        tasks.SUM_END,
+    ids = protocol.encode(text)
+    assert protocol.decode(ids) == text
+    assert protocol.encode("<run></run><out></out><sum></sum>") == [
+        protocol.RUN,
+        protocol.RUN_END,
+        protocol.OUT,
+        protocol.OUT_END,
+        protocol.SUM,
+        protocol.SUM_END,
     ]
-    assert max(tasks.encode("".join(chr(c) for c in range(32, 127)))) < tasks.VOCAB_SIZE
-    assert tasks.decode(tasks.encode("é")) == "?"
-    assert tasks.decode([tasks.BOS, *tasks.encode("a"), tasks.EOS, tasks.PAD]) == "a"
+    assert max(protocol.encode("".join(chr(c) for c in range(32, 127)))) < protocol.VOCAB_SIZE
+    assert protocol.decode(protocol.encode("é")) == "?"
+    assert protocol.decode([protocol.BOS, *protocol.encode("a"), protocol.EOS, protocol.PAD]) == "a"
 
 
 def test_tasks_are_a_function_of_the_seed_and_eval_is_held_out() -> None:
@@ -108,8 +108,8 @@ def test_format_check(answer: str, ok: bool) -> None:
 
 def test_final_answer_takes_the_text_after_the_last_observation() -> None:
     text = "<run>print(1)</run><out>1\n</out>x=x+1;return x\nignored"
-    assert tasks.final_answer(text) == "x=x+1;return x"
-    assert tasks.final_answer("<sum>2 runs</sum>return x") == "return x"
+    assert protocol.final_answer(text) == "x=x+1;return x"
+    assert protocol.final_answer("<sum>2 runs</sum>return x") == "return x"
 
 
 def test_demonstrations_follow_the_teacher() -> None:
