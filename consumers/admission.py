@@ -10,7 +10,7 @@ Exactly once and restart-safe without a state store of its own:
   partition p of both and skips those group ids.
 
 Bounded memory: the decided ids are the newest ``max_decided`` (``admission_rules.DecidedSet``),
-split trajectories wait in bounded reassemblers (``arrays.Reassembler``: a sample evicted there
+split trajectories wait in bounded reassemblers (``reassembly.Reassembler``: a sample evicted there
 never completes, so its group times out and is rejected), and pending groups leave when decided
 or timed out. Sizes and bounds are exported as ``rlstream_buffer_items`` /
 ``rlstream_buffer_bound`` (``admission.decided``, ``admission.segments``).
@@ -47,8 +47,8 @@ from rlstream.consumers.transactional import Output, TransactionalLoop
 from rlstream.consumers.weights.versions import VersionWatcher
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.runtime.metrics import track_buffer
-from rlstream.schemas import arrays, topics
-from rlstream.schemas.arrays import Reassembler
+from rlstream.schemas import arrays, reassembly, topics
+from rlstream.schemas.reassembly import Reassembler
 
 Copy = tuple[str, str]  # (group id, the region that rolled this copy out)
 
@@ -146,7 +146,7 @@ class Admission:
             return None
         copy = self.copy_of(rec)
         if rec.event and rec.event.event == "trajectory":
-            value = self.segments.setdefault(copy, arrays.trajectory_reassembler()).add(value)
+            value = self.segments.setdefault(copy, reassembly.trajectory_reassembler()).add(value)
             if value is None:
                 return None  # more segments to come
         key = (group_id, copy)
@@ -239,7 +239,9 @@ class Admission:
     def _report(self) -> None:
         track_buffer("admission.decided", len(self.decided), self.decided.bound)
         pieces = sum(r.pieces for r in self.segments.values())
-        track_buffer("admission.segments", pieces, arrays.MAX_PENDING_PIECES * len(self.segments))
+        track_buffer(
+            "admission.segments", pieces, reassembly.MAX_PENDING_PIECES * len(self.segments)
+        )
 
     def _reset(self) -> None:
         """Forget pending state and the aborted transaction's decisions: both are rebuilt by

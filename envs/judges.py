@@ -27,7 +27,7 @@ Rewards are produced in the judge's consume-transform-produce transaction (see
 trajectories. Long trajectories arriving in segments are reassembled first.
 
 Bounded memory: the latencies kept are the latest ``LATENCY_WINDOW``; split trajectories wait
-in a bounded reassembler (``arrays.Reassembler``: a sample evicted there is never judged, so
+in a bounded reassembler (``reassembly.Reassembler``: a sample evicted there is never judged, so
 admission times its group out); the verdict memo holds ``memo_size`` entries. Sizes and bounds
 are exported as ``rlstream_buffer_items`` / ``rlstream_buffer_bound`` (``judge.NAME.latencies``,
 ``judge.NAME.segments``).
@@ -49,7 +49,7 @@ from rlstream.envs import fx, llm_judge, sandbox
 from rlstream.envs import tasks as task_family
 from rlstream.envs.family import FamilySpec, Verdict
 from rlstream.producers.runtime.metrics import track_buffer
-from rlstream.schemas import arrays, topics
+from rlstream.schemas import reassembly, topics
 
 JUDGE_VERSION = "2"
 #: Judging latencies kept (the latest), for the role's figures.
@@ -155,7 +155,7 @@ class Judge:
         self.run, self.name, self.cfg = run, name, cfg
         self.rubric = RUBRICS[cfg.kind]
         self.rewards_topic = topics.topic_name(run, "rewards")
-        self.segments = arrays.trajectory_reassembler()
+        self.segments = reassembly.trajectory_reassembler()
         self.latencies_ms: deque[float] = deque(maxlen=LATENCY_WINDOW)  # the latest
         self.memo: OrderedDict[tuple[str, str], dict[str, Any]] = OrderedDict()
         self.pool = ThreadPoolExecutor(cfg.max_concurrency) if cfg.kind == "llm" else None

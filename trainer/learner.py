@@ -20,7 +20,7 @@ Bounded memory: the waiting list (complete groups not yet trained) holds at most
 ``MAX_WAITING`` groups: the admitted stream is read only while there is room (it keeps the rest
 durably), and when the list is full of groups no step can take (online groups the mix quota
 defers) the oldest online group is dead-lettered to make room (``make_room``). Split groups wait
-in a bounded reassembler (``arrays.Reassembler``); a group evicted there is dead-lettered too.
+in a bounded reassembler (``reassembly.Reassembler``); a group evicted there is dead-lettered too.
 Sizes and bounds are exported as ``rlstream_buffer_items`` / ``rlstream_buffer_bound``
 (``learner.waiting``, ``learner.parts``).
 
@@ -60,7 +60,7 @@ from rlstream.producers.client.admin import admin_client
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.runtime.metrics import track_buffer
 from rlstream.producers.weights.publisher import rank_publisher
-from rlstream.schemas import arrays, topics
+from rlstream.schemas import reassembly, topics
 from rlstream.schemas.deltacodec.bits import state_hash
 from rlstream.trainer.distributed import RankEnv, Ranks
 from rlstream.trainer.grpo import NonFiniteStep
@@ -194,7 +194,7 @@ class Learner:
         self.admin = admin_client(settings)
         self.version = self._resume()
         self._said = time.monotonic()  # when rank 0 last broadcast to the other ranks
-        self.parts = arrays.group_reassembler()
+        self.parts = reassembly.group_reassembler()
         self.part_refs: dict[str, list[tuple[str, int, int]]] = {}
         self.waiting: list[StepInput] = []
         self.max_waiting = max(MAX_WAITING, cfg.groups_per_step)

@@ -24,7 +24,7 @@ from rlstream.consumers.run_log import run_manifests
 from rlstream.consumers.tap import tap
 from rlstream.consumers.weights.manifest_log import manifests_by_version
 from rlstream.producers.client.settings import KafkaSettings
-from rlstream.schemas import arrays, topics
+from rlstream.schemas import reassembly, topics
 from rlstream.schemas.deltacodec.bits import state_hash
 
 
@@ -53,7 +53,7 @@ def step_inputs(
     """The step's groups, in training order, joined from their parts."""
     from rlstream.trainer.learner_step import StepInput
 
-    parts = arrays.group_reassembler()
+    parts = reassembly.group_reassembler()
     inputs = []
     for ref in manifest["step_inputs"]:
         key = (ref["topic"], ref["partition"], ref["offset"])

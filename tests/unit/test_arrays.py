@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from rlstream.schemas import arrays as A
 from rlstream.schemas import events as E
+from rlstream.schemas import reassembly as R
 from rlstream.schemas import topics as T
 
 
@@ -218,7 +219,7 @@ def test_join_group_refuses_missing_parts() -> None:
 
 
 def test_reassemblers_release_items_when_complete() -> None:
-    reassembler = A.trajectory_reassembler()
+    reassembler = R.trajectory_reassembler()
     a = A.split_segments(trajectory(3000, seed=0), 60_000)
     b = A.split_segments(trajectory(3000, seed=1), 60_000)
     interleaved = [x for pair in zip(a, b, strict=True) for x in pair]
@@ -230,7 +231,7 @@ def test_reassemblers_release_items_when_complete() -> None:
     assert reassembler.discard(("r1", "g-1", 0)) == 1 and len(reassembler) == 0
     assert reassembler.add(trajectory(5)) is not None  # unsplit records pass through
     assert len(reassembler) == 0
-    groups = A.group_reassembler()
+    groups = R.group_reassembler()
     parts = A.split_group(decision([sample(i, 400) for i in range(6)]), 60_000)
     results = [groups.add(p) for p in parts]
     assert results[:-1] == [None] * (len(parts) - 1) and results[-1] is not None
@@ -368,7 +369,7 @@ def test_384_expert_trajectory_splits_and_joins_exactly() -> None:
         A.unpack_tokens(joined).routed_experts, A.unpack_tokens(record).routed_experts
     )
     assert int(A.unpack_tokens(joined).routed_experts.max()) == N_EXPERTS - 1
-    reassembler = A.trajectory_reassembler()
+    reassembler = R.trajectory_reassembler()
     done = [j for seg in decoded if (j := reassembler.add(seg)) is not None]
     assert len(done) == 1 and E.encode("trajectory", done[0]) == whole
 

@@ -16,6 +16,7 @@ from rlstream.envs.judges import LATENCY_WINDOW, Judge, JudgeConfig
 from rlstream.producers.feedback.dedupe import IdempotencyLRU
 from rlstream.producers.runtime import metrics
 from rlstream.schemas import arrays as A
+from rlstream.schemas import reassembly as R
 from rlstream.trainer.learner import make_room, pick_step
 from rlstream.trainer.learner_step import StepInput
 
@@ -28,7 +29,7 @@ def test_a_reassembler_never_holds_more_pieces_than_its_bound_and_evicts_the_old
     items = [A.split_segments(trajectory(3000, seed=s), 20_000) for s in range(4)]
     assert all(len(segments) == 13 for segments in items)
     keys = [(s[0]["run"], s[0]["group_id"], s[0]["sample_index"]) for s in items]
-    reassembler = A.trajectory_reassembler(max_pieces=16)
+    reassembler = R.trajectory_reassembler(max_pieces=16)
     for segments in items:  # six pieces of each item: none completes
         for seg in segments[:6]:
             assert reassembler.add(seg) is None
