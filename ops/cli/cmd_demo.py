@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import threading
 import time
@@ -61,6 +62,7 @@ def _demo(args: argparse.Namespace) -> int:
     from rlstream.consumers.consumer import Stopper
     from rlstream.ops.run import demo
     from rlstream.ops.run.config import load_run_config
+    from rlstream.producers.client.settings import log_librdkafka_to
     from rlstream.trainer.config import LearnerConfig
     from rlstream.trainer.learner_step import init_model
 
@@ -68,6 +70,9 @@ def _demo(args: argparse.Namespace) -> int:
     run = args.run or time.strftime("demo-%Y%m%d-%H%M%S")
     out = Path(args.out) / run
     (out / "logs").mkdir(parents=True, exist_ok=True)
+    # librdkafka's own lines (BGQUEUE, GETPID ...) go beside the role logs, not between the
+    # progress lines
+    log_librdkafka_to(logging.FileHandler(out / "logs" / "demo-kafka-clients.log"))
     cache = str(Path(args.out) / "warm-start.pt")
     # Every role gets the same overrides; the run manifest records the config they resolve to.
     sets = [

@@ -12,7 +12,8 @@ the command line that reads it starts fast.
 
 Starting a role resolves the run config (recipe + ``--set``), prints the role's part, makes
 sure the run's topics exist (idempotent), installs SIGTERM/SIGINT handling, and hands the role
-a ``RoleContext`` to run until stopped. A learner of several ranks (``--ranks N`` or
+a ``RoleContext`` to run until stopped; librdkafka's own log lines go to the role's stderr (its
+log) through the role's logger (``producers.client.settings.LIBRDKAFKA_LOGGER``). A learner of several ranks (``--ranks N`` or
 ``learner.ranks``) whose environment names no ranks yet is started as N rank processes instead
 (``ops.run.ranks.launch``), each of which comes back here with its rank in its environment. A
 role runs in one region (``--region``, default the recipe's trainer region) and reaches that
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -271,8 +273,9 @@ def start(args: argparse.Namespace) -> int:
     from rlstream.ops.run.config import load_run_config
     from rlstream.producers.client.admin import ensure_run_topics
     from rlstream.producers.client.producer import exit_when_hung
-    from rlstream.producers.client.settings import KafkaSettings
+    from rlstream.producers.client.settings import KafkaSettings, log_librdkafka_to
 
+    log_librdkafka_to(logging.StreamHandler(sys.stderr))  # the role's log, as its own lines
     role = args.role
     if ROLES[role].named and not args.name:
         raise SystemExit(f"error: the {role} role needs --name (e.g. --name {ROLES[role].example})")

@@ -43,7 +43,7 @@ class ApplyReport:
 
 
 def admin_client(settings: KafkaSettings) -> AdminClient:
-    conf: dict[str, str | int | float | bool] = {**settings.librdkafka()}
+    conf: dict[str, Any] = {**settings.librdkafka()}
     return AdminClient(conf)
 
 

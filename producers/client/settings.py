@@ -5,16 +5,38 @@ Fields are snake_case and map to librdkafka's dotted keys (``bootstrap_servers``
 ``extra`` unchanged. Nothing connects at import time: a role builds clients from these settings
 when it starts. ``from_env`` reads ``RLSTREAM_BOOTSTRAP`` and ``RLSTREAM_KAFKA_*`` variables, so an
 existing cluster (Confluent Cloud, MSK, Redpanda, on-prem) is used with configuration only.
+
+librdkafka's own log lines (a refused connection, ``BGQUEUE``, ``GETPID`` ...) never go to the
+process's stderr on their own: every client made from these settings hands them to the Python
+logger ``LIBRDKAFKA_LOGGER`` (confluent-kafka's ``logger`` setting; they are delivered while
+the client polls). A role sends that logger to its log (``ops.run.roles``), ``rlstream demo`` to
+a file beside the role logs (``log_librdkafka_to``); with no handler, only warnings and errors
+reach stderr, through Python's last-resort handler.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from typing import Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 _ENV_PREFIX = "RLSTREAM_KAFKA_"
+#: The Python logger librdkafka's log lines go to (from every client made from ``KafkaSettings``).
+LIBRDKAFKA_LOGGER: Final = "rlstream.librdkafka"
+
+
+def log_librdkafka_to(handler: logging.Handler, level: int = logging.INFO) -> None:
+    """Send librdkafka's log lines at ``level`` and above to ``handler`` only (not to the
+    process's other handlers: a command's progress lines stay its own)."""
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s librdkafka %(message)s"))
+    log = logging.getLogger(LIBRDKAFKA_LOGGER)
+    for old in log.handlers[:]:
+        log.removeHandler(old)
+    log.addHandler(handler)
+    log.setLevel(level)
+    log.propagate = False
 
 
 class KafkaSettings(BaseModel):
@@ -35,9 +57,10 @@ class KafkaSettings(BaseModel):
         default_factory=dict, description="Other librdkafka keys, passed through verbatim."
     )
 
-    def librdkafka(self) -> dict[str, str]:
-        """The librdkafka configuration dict for these settings."""
-        conf: dict[str, str] = {
+    def librdkafka(self) -> dict[str, Any]:
+        """The configuration of a confluent-kafka client for these settings: librdkafka's keys,
+        and ``logger`` (``LIBRDKAFKA_LOGGER``: see the module docstring)."""
+        conf: dict[str, Any] = {
             "bootstrap.servers": self.bootstrap_servers,
             "client.id": self.client_id,
         }
@@ -48,6 +71,7 @@ class KafkaSettings(BaseModel):
         if self.sasl_password is not None:
             conf["sasl.password"] = self.sasl_password.get_secret_value()
         conf.update(self.extra)
+        conf["logger"] = logging.getLogger(LIBRDKAFKA_LOGGER)
         return conf
 
     @classmethod
