@@ -29,6 +29,7 @@ from confluent_kafka import Message, TopicPartition
 from rlstream.consumers.read_to_end import partitions_of, read_to_end, reader, retrying
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.feedback.dedupe import IdempotencyLRU
+from rlstream.producers.feedback.models import FeedbackServiceConfig
 from rlstream.producers.runtime.metrics import track_buffer
 from rlstream.schemas import topics
 
@@ -125,6 +126,14 @@ class FeedbackIdLog:
             ids = _ids_of(self._reader.consume(_BATCH, 0.2))
             if ids:
                 self.add_many(ids)
+
+
+def durable_dedupe(cfg: FeedbackServiceConfig, settings: KafkaSettings) -> FeedbackIdLog | None:
+    """The stream-backed dedupe of a feedback service, read back from the run's feedback
+    stream (None when ``cfg`` turns it off)."""
+    if not cfg.durable_dedupe:
+        return None
+    return FeedbackIdLog(settings, cfg.run, cfg.idempotency_window_s, cfg.idempotency_max_ids)
 
 
 def _ids_of(msgs: list[Message]) -> list[tuple[str, float]]:

@@ -132,14 +132,17 @@ def _bare_server() -> None:
 
 
 def _feedback_server(run: str, bootstrap: str) -> None:
-    from rlstream.ops.cli.cmd_serve import durable_dedupe
+    from rlstream.consumers.feedback.seen import durable_dedupe
     from rlstream.producers.client.settings import KafkaSettings
     from rlstream.producers.feedback.models import FeedbackServiceConfig
     from rlstream.producers.feedback.service import serve
 
     cfg = FeedbackServiceConfig(run=run, port=0, tokens=[TOKEN], user_id_salt="bench")
     settings = KafkaSettings(bootstrap_servers=bootstrap)
-    serve(cfg, settings, lambda url: print(url, flush=True), durable_dedupe(cfg, settings))
+    dedupe = durable_dedupe(cfg, settings)
+    if dedupe is not None:
+        print(f"feedback-ingest: {dedupe.loaded} stored ids read back", file=sys.stderr)
+    serve(cfg, settings, lambda url: print(url, flush=True), dedupe)
 
 
 def _start(call: str) -> tuple[subprocess.Popen[str], str]:

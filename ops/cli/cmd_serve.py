@@ -89,6 +89,7 @@ def _serve_feedback(args: argparse.Namespace) -> int:
         cfg = feedback_service_config(args)
     except ValidationError as exc:
         raise SystemExit(f"error: invalid feedback service config: {exc}") from None
+    from rlstream.consumers.feedback.seen import durable_dedupe
     from rlstream.producers.client.admin import admin_client, apply_topics, run_topic_wants
     from rlstream.producers.feedback.service import serve
     from rlstream.schemas import topics
@@ -109,6 +110,8 @@ def _serve_feedback(args: argparse.Namespace) -> int:
         )
 
     dedupe = durable_dedupe(cfg, settings)
+    if dedupe is not None:
+        print(f"feedback-ingest: {dedupe.loaded} stored ids read back", file=sys.stderr)
     try:
         serve(cfg, settings, on_start=started, dedupe=dedupe)
     except ValueError as exc:  # e.g. no credentials configured
@@ -210,14 +213,3 @@ def service_settings(args: argparse.Namespace, user: str) -> KafkaSettings:
         return given
     region = getattr(args, "region", None) or DEFAULT_REGION
     return local_settings(region, getattr(args, "home", None), user=user)
-
-
-def durable_dedupe(cfg: Any, settings: Any) -> Any:
-    """The stream-backed dedupe of a feedback service (None when the config turns it off)."""
-    if not cfg.durable_dedupe:
-        return None
-    from rlstream.consumers.feedback.seen import FeedbackIdLog
-
-    dedupe = FeedbackIdLog(settings, cfg.run, cfg.idempotency_window_s, cfg.idempotency_max_ids)
-    print(f"feedback-ingest: {dedupe.loaded} stored ids read back", file=sys.stderr)
-    return dedupe

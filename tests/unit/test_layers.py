@@ -6,6 +6,11 @@ one; ``schemas`` imports nothing of ours. So ``producers`` never reaches for a c
 harness live in ``rollout`` where generation happens, and ``trainer`` builds on all of them. The
 check reads the source (import statements anywhere, including inside functions), so a lazy upward
 import fails too.
+
+Inside a layer, concepts live in rooms (subpackages: ``producers/weights``, ``ops/cli`` ...): a room
+imports only the rooms of its layer that ``ROOMS`` lists (the command line is the top of ``ops``:
+no other room imports it), every subpackage is a declared room, and the delta codec has no
+import circle.
 """
 
 from __future__ import annotations
@@ -126,6 +131,83 @@ def test_the_circle_check_sees_a_circle() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}
     assert _cycle(graph) == ["a", "b", "c", "a"]
     assert not _cycle({"a": {"b"}, "b": set()})
+
+
+#: The rooms of a layer (its subpackages, one concept each) and the rooms of the same layer each
+#: may import. A layer's modules outside any room (the roles, the consumer, the producer's
+#: base) may use every room of their layer; a room never reaches into one not listed here.
+ROOMS: dict[str, set[str]] = {
+    "schemas.deltacodec": set(),
+    "schemas.deltacodec.kernels": set(),
+    "producers.client": set(),
+    "producers.runtime": set(),
+    "producers.weights": {"producers.client", "producers.runtime"},
+    "producers.feedback": {"producers.client", "producers.runtime"},
+    "consumers.weights": set(),
+    "consumers.feedback": {"consumers.weights"},  # feedback-rl follows the policy version
+    "ops.observe": set(),
+    "ops.run": {"ops.cluster", "ops.observe"},
+    "ops.cluster": {"ops.run"},  # a link's user and ACLs: ops.run.acls
+    "ops.bench": {"ops.run", "ops.observe", "ops.cluster"},
+    "ops.cli": {"ops.run", "ops.observe", "ops.cluster", "ops.bench"},  # the top: none imports it
+}
+
+
+def _room_of(module: str) -> str | None:
+    """The declared room (the longest) a module of ours lies in, or None."""
+    parts = module.split(".")[1:]
+    for n in range(len(parts), 1, -1):
+        if ".".join(parts[:n]) in ROOMS:
+            return ".".join(parts[:n])
+    return None
+
+
+def _room_violations(imports: dict[str, list[str]]) -> list[str]:
+    """``module -> what it imports`` checked against ``ROOMS``."""
+    out = []
+    for module, names in imports.items():
+        here = _room_of(module)
+        for name in names:
+            there = _room_of(name) if name.startswith("rlstream.") else None
+            if here is None or there is None or there == here:
+                continue
+            if there.split(".")[0] != here.split(".")[0]:
+                continue  # another layer: the layering test's business
+            if there.startswith(here + ".") or here.startswith(there + "."):
+                continue  # a room and its own inner room
+            if there not in ROOMS[here]:
+                out.append(f"{module} ({here}) imports {name} ({there})")
+    return out
+
+
+def test_rooms_import_only_the_rooms_they_may() -> None:
+    imports = {}
+    for layer in LAYER:
+        for path in (ROOT / layer).rglob("*.py"):
+            rel = path.relative_to(ROOT).with_suffix("")
+            parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+            imports[".".join(["rlstream", *parts])] = _imports(path)
+    violations = _room_violations(imports)
+    assert not violations, "imports across rooms:\n" + "\n".join(violations)
+
+
+def test_the_room_check_sees_a_reach_into_another_room() -> None:
+    bad = {"rlstream.ops.run.demo": ["rlstream.ops.cli.cmd_demo"]}
+    assert _room_violations(bad) == [
+        "rlstream.ops.run.demo (ops.run) imports rlstream.ops.cli.cmd_demo (ops.cli)"
+    ]
+    fine = {"rlstream.ops.cli.cmd_demo": ["rlstream.ops.run.demo", "rlstream.schemas.topics"]}
+    assert _room_violations(fine) == []
+
+
+def test_every_room_is_declared() -> None:
+    found = {
+        ".".join(p.parent.relative_to(ROOT).parts)
+        for layer in LAYER
+        for p in (ROOT / layer).rglob("__init__.py")
+        if p.parent != ROOT / layer
+    }
+    assert found == set(ROOMS), (found - set(ROOMS), set(ROOMS) - found)
 
 
 def test_every_layer_is_checked() -> None:
