@@ -9,8 +9,8 @@ the consumer-group membership and the step's input offsets) and hands each step'
 others (``Ranks.broadcast``); every rank trains on its slice of them (``slice_of``); FSDP2
 all-gathers a unit's weights for its forward and backward and reduce-scatters its gradients
 (the average over ranks) before the one optimizer step on the shards. Publishing is sharded too
-(``producers.weights.publisher``: each rank encodes and writes the chunks of its share of the tensors,
-rank 0 commits the manifest with the offsets once every rank's chunks are acknowledged).
+(``producers.weights.publisher``: each rank encodes and writes the chunks of its share of the
+tensors, rank 0 commits the manifest with the offsets once every rank's chunks are acknowledged).
 
 Rules (pure, unit-tested):
 

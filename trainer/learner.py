@@ -5,8 +5,8 @@ Guarantees:
   records that formed it commit in ONE Kafka transaction; records read but not yet trained are
   not committed, so after a crash the learner resumes from its last published version. The
   version's chunks are written and acknowledged before that transaction opens, outside it
-  (``producers.weights.publisher``), so the transaction stays short whatever the model's size; chunks of
-  a version whose transaction never committed are orphans no reader applies;
+  (``producers.weights.publisher``), so the transaction stays short whatever the model's size;
+  chunks of a version whose transaction never committed are orphans no reader applies;
 - reproducible: the manifest records which admitted records (topic, partition, offset) formed
   the step, in training order; on CPU, the same initial weights, seed and inputs in that order
   give bit-identical versions (``rlstream replay`` checks the state hashes);
@@ -24,19 +24,19 @@ in a bounded reassembler (``reassembly.Reassembler``); a group evicted there is 
 Sizes and bounds are exported as ``rlstream_buffer_items`` / ``rlstream_buffer_bound``
 (``learner.waiting``, ``learner.parts``).
 
-Ranks (``trainer.distributed``): with ``WORLD_SIZE`` > 1 in its environment (``rlstream run
-learner --ranks N`` starts the ranks, ``ops.run.ranks``; or ``torchrun``) the learner is N data-
-parallel processes whose weights, gradients and Adam moments are sharded by FSDP2. Rank 0 is
-the learner above: it alone reads the ledger, consumes the admitted stream (the group
-membership and the step's input offsets are its own), writes checkpoints (gathered from every
-rank) and commits; it hands every step's groups to the other ranks (``Ranks.broadcast``; a
-heartbeat while idle), each rank trains on its slice with the gradients averaged across ranks,
-and every rank publishes its share of the version (``producers.weights.publisher``): the manifest and the
-offsets commit in one transaction by rank 0 only after every rank's chunks are acknowledged. A
-rank that dies fails the step on every rank before anything commits (a collective fails, the
-launcher stops the others); the restarted learner resumes from its last version, rank 0's
-weights and optimizer state handed to every rank and sharded (``Ranks.adopt``). Manifests of a
-multi-rank learner record ``stats.ranks``: ``rlstream replay`` replays on as many ranks.
+Ranks (``trainer.distributed``): with ``WORLD_SIZE`` > 1 in its environment (``rlstream run learner
+--ranks N`` starts the ranks, ``ops.run.ranks``; or ``torchrun``) the learner is N data-parallel
+processes whose weights, gradients and Adam moments are sharded by FSDP2. Rank 0 is the learner
+above: it alone reads the ledger, consumes the admitted stream (the group membership and the step's
+input offsets are its own), writes checkpoints (gathered from every rank) and commits; it hands
+every step's groups to the other ranks (``Ranks.broadcast``; a heartbeat while idle), each rank
+trains on its slice with the gradients averaged across ranks, and every rank publishes its share of
+the version (``producers.weights.publisher``): the manifest and the offsets commit in one
+transaction by rank 0 only after every rank's chunks are acknowledged. A rank that dies fails the
+step on every rank before anything commits (a collective fails, the launcher stops the others); the
+restarted learner resumes from its last version, rank 0's weights and optimizer state handed to
+every rank and sharded (``Ranks.adopt``). Manifests of a multi-rank learner record ``stats.ranks``:
+``rlstream replay`` replays on as many ranks.
 
 The step itself (config, GRPO with router replay, checkpoints) is ``trainer.learner_step``;
 this module is the Kafka loop around it and the pure rules of which groups form a step.

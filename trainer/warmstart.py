@@ -4,8 +4,8 @@ Rules and guarantees:
 
 - Each step draws fresh training tasks (seeds below ``EVAL_SEED_BASE``, never the evaluation
   set) and one demonstration each, through the task-family interface (``envs.family``:
-  ``sample`` and ``demonstration`` of the ``fx`` family, whose weak teacher it imitates); the loss is
-  next-token cross-entropy on the answer and its EOS only (the prompt is context), plus a small
+  ``sample`` and ``demonstration`` of the ``fx`` family, whose weak teacher it imitates); the loss
+  is next-token cross-entropy on the answer and its EOS only (the prompt is context), plus a small
   Switch-style load-balancing term so every expert gets used.
 - The result depends only on the policy config and this config: same seeds, same data order,
   single-threaded CPU math -> the same weights.

@@ -16,13 +16,13 @@ close in offset order, so no decided record is ever re-read. Baselines and remem
 only with a committed transaction (restored on abort); after a restart baselines start over,
 which shifts rewards by a baseline but never duplicates or loses feedback.
 
-Where the tokens come from, in order: the feedback's own token arrays; else its
-``trajectory_ref`` (the record at that position); else its request id, looked up in the run's
-served stream (``consumers.feedback.served_log.ServedLookup``: what ``serve policy`` recorded for that request,
+Where the tokens come from, in order: the feedback's own token arrays; else its ``trajectory_ref``
+(the record at that position); else its request id, looked up in the run's served stream
+(``consumers.feedback.served_log.ServedLookup``: what ``serve policy`` recorded for that request,
 bounded by ``served_lookup_ids`` per partition). A served completion brings its tokens, behaviour
 logprobs, routes, temperature, served policy version and model, and its position (the admitted
-sample's ``trajectory``). Feedback whose completion is found nowhere is rejected as untrainable
-with the reason (``consumers.feedback.rules``), never dropped.
+sample's ``trajectory``). Feedback whose completion is found nowhere is rejected as untrainable with
+the reason (``consumers.feedback.rules``), never dropped.
 
 ``mix_online_groups``/``mix_rollout_groups`` are read by the learner, not enforced here: see
 ``online_quota``.

@@ -8,15 +8,16 @@ trained on, and its state hash).
 Rules:
 
 - a log reads ``weights.manifests`` (the run's, or its MirrorMaker copy in a rollout region,
-  ``of_run(..., source=REGION)``, or the topic given) from the beginning with a reader of its own: no consumer group, no commits, committed
-  records only (the manifest's transaction is what makes a version exist: its chunks are
-  written before, outside it, and a chunk no committed manifest names is never applied);
+  ``of_run(..., source=REGION)``, or the topic given) from the beginning with a reader of its own:
+  no consumer group, no commits, committed records only (the manifest's transaction is what makes a
+  version exist: its chunks are written before, outside it, and a chunk no committed manifest names
+  is never applied);
 - with the run's verify key, a record's signature is checked before it is decoded: a forged,
   altered or unsigned manifest is refused, remembered in ``refused`` and never kept
   (``producers.weights.signing``);
 - versions are tied to the learner's epoch (``deltacodec.wire.VersionTips``): per model, a
-  manifest of an epoch older than the newest accepted (a fenced learner, or an old signed manifest replayed),
-  or naming a version more than ``MAX_VERSION_JUMP`` past the newest accepted (a forged
+  manifest of an epoch older than the newest accepted (a fenced learner, or an old signed manifest
+  replayed), or naming a version more than ``MAX_VERSION_JUMP`` past the newest accepted (a forged
   10^12 that would pin workers and make admission call everything stale) is refused like a
   bad signature: remembered in ``refused``, never kept;
 - every refusal is counted in ``rlstream_weights_refused_total{model, reason}`` (reason
@@ -72,8 +73,8 @@ class ManifestLog(Mapping[Key, dict[str, Any]]):
         verifier: Verifier | None = None,
     ) -> None:
         self.settings, self.topic, self.model = settings, topic, model
-        # The run's public key (``producers.weights.signing``); None: $RLSTREAM_WEIGHTS_VERIFY_KEY, or
-        # manifests are accepted unchecked when that is not set either.
+        # The run's public key (``producers.weights.signing``); None: $RLSTREAM_WEIGHTS_VERIFY_KEY,
+        # or manifests are accepted unchecked when that is not set either.
         self.verifier = verifier if verifier is not None else Verifier.from_env()
         if self.verifier is None:
             log.info("manifests of %s are not verified: no verify key", topic)

@@ -1,11 +1,11 @@
 """Weight subscription: follow a model's manifests, fetch, verify, stage, then swap.
 
 A ``WeightSubscriber`` follows the model's manifests through a ``ManifestLog`` (the one reader of
-``weights.manifests``: from the beginning, no consumer group). Whenever a newer version is known
-it plans a route (``plan_route``, ``consumers.weights.routes``), fetches the chunks each manifest of the route names, verifies
-them and decodes into a *staging* state (the codec never writes into its base), and only then
-hands the complete, verified state over: ``current()`` / ``latest()`` and the ``on_swap``
-callback. The records and how they map to the codec are the wire format
+``weights.manifests``: from the beginning, no consumer group). Whenever a newer version is known it
+plans a route (``plan_route``, ``consumers.weights.routes``), fetches the chunks each manifest of
+the route names, verifies them and decodes into a *staging* state (the codec never writes into its
+base), and only then hands the complete, verified state over: ``current()`` / ``latest()`` and the
+``on_swap`` callback. The records and how they map to the codec are the wire format
 (``schemas.deltacodec.wire``). Guarantees:
 
 - never partial: the exposed state is always one complete version whose every chunk checksum,
@@ -34,16 +34,16 @@ callback. The records and how they map to the codec are the wire format
   ``SOURCE.`` + the chunk topic the manifest names; it never reaches another region's cluster.
   MirrorMaker copies each topic on its own, so a manifest may cross before its chunks: reading
   a copy, a version whose chunks are not all there yet is recorded in ``deferred`` and tried
-  again ``RETRY_S`` later, not refused (the scan still stops at the end of the copy, so a worker between two tasks
-  never waits on a link);
+  again ``RETRY_S`` later, not refused (the scan still stops at the end of the copy, so a worker
+  between two tasks never waits on a link);
 - chunk fetches go straight to the positions the manifest names (``ChunkRef.ref``); when those
   are absent or belong to another cluster (a MirrorMaker copy keeps the topic's data but not
   its offsets), the partitions are scanned from the previous manifest's time instead (a copy
   keeps its records' timestamps). Chunks are matched by key and checksum, so a wrong position
   can only cost time, never correctness;
 - only committed manifests are followed, so only chunks a committed manifest names are ever
-  applied: the publisher writes chunks outside its transaction (``producers.weights.publisher``), and
-  the chunks of a version whose manifest never committed (orphans) are visible to this
+  applied: the publisher writes chunks outside its transaction (``producers.weights.publisher``),
+  and the chunks of a version whose manifest never committed (orphans) are visible to this
   ``read_committed`` reader but never asked for; one sharing a key with a wanted chunk is told
   apart by its checksum.
 

@@ -1,4 +1,5 @@
-"""``rlstream acl show | apply --run RUN``: each principal's least-privilege ACLs (``ops.run.acls``).
+"""``rlstream acl show | apply --run RUN``: each principal's least-privilege ACLs
+(``ops.run.acls``).
 
 ``show`` prints the plan, one grant a line (or ``--json``: per principal, its topics, group and
 transactional ids); it needs no broker. ``apply`` makes a secured cluster ready for the run, as

@@ -14,7 +14,8 @@ Kafka is found as a role finds it (``ops.run.roles``): ``--bootstrap`` / ``RLSTR
 the ``RLSTREAM_KAFKA_*`` credentials as given, else the local cluster's region, where on a secured
 cluster each service connects as its own user (``service_settings``: ``feedback-ingest``,
 ``policy-server``), never as ``admin``; ``rlstream acl apply --run RUN`` creates those users and
-their least-privilege ACLs (``ops.run.acls``) with the run's topics, which the services cannot create.
+their least-privilege ACLs (``ops.run.acls``) with the run's topics, which the services cannot
+create.
 """
 
 from __future__ import annotations

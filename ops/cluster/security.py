@@ -13,8 +13,8 @@ Listeners of a secured region:
 Principals: ``admin`` (a super user: ``cluster up``, ``acl apply``, the operator's tools), the
 broker itself (``User:CN=rlstream-broker``, super user, for the controller link), one user per
 role and per ``rlstream serve`` service (``ops.run.acls.PRINCIPALS``), created in a region by ``acl
-apply`` with its ACLs there, only where it runs (``ops.run.acls.roles_in``), and one per MirrorMaker 2
-link (``ops.run.acls.mirror_user``), created with its ACLs on both clusters of
+apply`` with its ACLs there, only where it runs (``ops.run.acls.roles_in``), and one per MirrorMaker
+2 link (``ops.run.acls.mirror_user``), created with its ACLs on both clusters of
 its link by ``cluster up`` before the link starts (``authorize``).
 
 Every region of a local cluster shares the one CA and ``credentials.json``; a user's SCRAM

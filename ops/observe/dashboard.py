@@ -1,18 +1,18 @@
 """``rlstream dashboard``: a live web page of a run's figures, pushed by server-sent events.
 
 One process: a reader thread folds the run's streams (``ops.observe.run_reader``, no consumer group,
-nothing committed) into ``ops.observe.analytics.RunAnalytics``; a second thread measures the consumer
-lag of every group ``rlstream.RUN.*`` every ``lag_every_s``; an aiohttp server serves
+nothing committed) into ``ops.observe.analytics.RunAnalytics``; a second thread measures the
+consumer lag of every group ``rlstream.RUN.*`` every ``lag_every_s``; an aiohttp server serves
 
-- ``GET /``: the page (``ops/observe/static/dashboard.html``, with its own small canvas charts; no CDN,
-  so it works on a machine without internet),
+- ``GET /``: the page (``ops/observe/static/dashboard.html``, with its own small canvas charts; no
+  CDN, so it works on a machine without internet),
 - ``GET /events``: ``text/event-stream``, one ``snapshot`` event (the JSON of
   ``RunAnalytics.snapshot`` plus a ``status`` block) every ``interval_s``,
 - ``GET /api/snapshot``: the same JSON once.
 
 Guarantees: the dashboard only reads (it cannot disturb a run); figures follow the rules of
-``ops.observe.analytics``, so they match ``rlstream report``; the analytics are touched under one lock,
-so a snapshot is never taken halfway through folding a record; stopping ends every SSE stream
+``ops.observe.analytics``, so they match ``rlstream report``; the analytics are touched under one
+lock, so a snapshot is never taken halfway through folding a record; stopping ends every SSE stream
 and both threads, and closes the Kafka clients.
 """
 

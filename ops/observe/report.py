@@ -1,8 +1,8 @@
 """``rlstream report RUN --out DIR``: a static HTML report of a run, with PNG plots.
 
 The run's streams are read from the beginning to the end they have when the report starts
-(``ops.observe.run_reader``, no consumer group, nothing committed), folded by the same rules as the live
-dashboard (``ops.observe.analytics``), and written to ``DIR``:
+(``ops.observe.run_reader``, no consumer group, nothing committed), folded by the same rules as the
+live dashboard (``ops.observe.analytics``), and written to ``DIR``:
 
 - ``index.html``: headline figures, every plot, tables, and the run manifest from ``rl.runs``
   (with its resolved config pretty-printed) when there is one;

@@ -10,15 +10,15 @@ chain (``RunConfig.role``), the principals and their ACLs (``ops.run.acls``) and
 ``rlstream serve`` (``ops.cli.cmd_serve``). This module imports the standard library only, so
 the command line that reads it starts fast.
 
-Starting a role resolves the run config (recipe + ``--set``), prints the role's part, makes
-sure the run's topics exist (idempotent), installs SIGTERM/SIGINT handling, and hands the role
-a ``RoleContext`` to run until stopped; librdkafka's own log lines go to the role's stderr (its
-log) through the role's logger (``producers.client.settings.LIBRDKAFKA_LOGGER``). A learner of several ranks (``--ranks N`` or
-``learner.ranks``) whose environment names no ranks yet is started as N rank processes instead
-(``ops.run.ranks.launch``), each of which comes back here with its rank in its environment. A
-role runs in one region (``--region``, default the recipe's trainer region) and reaches that
-region's cluster only (``ops.run.regions``); its topics there include the mirrored copies the
-region receives.
+Starting a role resolves the run config (recipe + ``--set``), prints the role's part, makes sure the
+run's topics exist (idempotent), installs SIGTERM/SIGINT handling, and hands the role a
+``RoleContext`` to run until stopped; librdkafka's own log lines go to the role's stderr (its log)
+through the role's logger (``producers.client.settings.LIBRDKAFKA_LOGGER``). A learner of several
+ranks (``--ranks N`` or ``learner.ranks``) whose environment names no ranks yet is started as N rank
+processes instead (``ops.run.ranks.launch``), each of which comes back here with its rank in its
+environment. A role runs in one region (``--region``, default the recipe's trainer region) and
+reaches that region's cluster only (``ops.run.regions``); its topics there include the mirrored
+copies the region receives.
 """
 
 from __future__ import annotations

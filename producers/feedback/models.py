@@ -12,10 +12,10 @@ or a socket:
 - privacy: the user id is replaced by HMAC-SHA256(salt, user id) before the record is built; the
   raw id is never stored or logged.
 
-Around them: ``producers.feedback.auth`` (bearer token or HMAC signature), ``producers.feedback.dedupe`` (the
-acknowledged-id cache that makes a retry a no-op), ``producers.feedback.openapi`` (the OpenAPI document,
-generated from these models so it cannot drift from the validation), ``producers.feedback.service`` (the
-service).
+Around them: ``producers.feedback.auth`` (bearer token or HMAC signature),
+``producers.feedback.dedupe`` (the acknowledged-id cache that makes a retry a no-op),
+``producers.feedback.openapi`` (the OpenAPI document, generated from these models so it cannot drift
+from the validation), ``producers.feedback.service`` (the service).
 """
 
 from __future__ import annotations

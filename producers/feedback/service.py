@@ -3,7 +3,8 @@
 ``rlstream serve feedback --run RUN`` runs it. Endpoints:
 
 - ``POST /v1/feedback``: one event (a JSON object) or ``{"events": [...]}``; authenticated by a
-  bearer token or an HMAC signature (see ``producers.feedback.auth``), validated by ``producers.feedback.models``;
+  bearer token or an HMAC signature (see ``producers.feedback.auth``), validated by
+  ``producers.feedback.models``;
 - ``GET /healthz``, ``GET /metrics`` (Prometheus text format, from ``producers.runtime.metrics``),
   ``GET /openapi.json`` (OpenAPI 3.1 generated from the pydantic models, so the document and the
   validation cannot drift).

@@ -20,18 +20,18 @@ manifests and the offsets. A manifest never points at missing
 data (its chunks were acknowledged before it was produced), and a crashed learner resumes from
 the last committed version.
 
-The rule that keeps chunks outside the transaction safe: **a chunk that no committed manifest
-names is never applied**. Subscribers follow committed manifests only
-(``consumers.weights.manifest_log`` reads ``read_committed``) and fetch exactly the chunks a manifest
-names, matched by key and checksum (``consumers.weights.subscriber``); so the chunks of a publish whose
-transaction aborted, of a learner that crashed between its chunks and its manifest, or of a
-fenced (zombie) learner (its chunk producer is not fenced, its manifest's transaction is) are
-orphans: readable, never applied. Retention deletes them with the older versions: chunks are
-spread round-robin over the chunk topic's partitions (by index, continuing where the previous
-version ended), so a keyframe of at least as many chunks as there are partitions lies after
-every older orphan in every partition, and the prune that drops the versions before that
-keyframe cuts past the orphans too (``producers.weights.retention``). Nothing transactional
-writes the chunk topic, so it never holds back a ``read_committed`` reader's last stable offset.
+The rule that keeps chunks outside the transaction safe: **a chunk that no committed manifest names
+is never applied**. Subscribers follow committed manifests only (``consumers.weights.manifest_log``
+reads ``read_committed``) and fetch exactly the chunks a manifest names, matched by key and checksum
+(``consumers.weights.subscriber``); so the chunks of a publish whose transaction aborted, of a
+learner that crashed between its chunks and its manifest, or of a fenced (zombie) learner (its chunk
+producer is not fenced, its manifest's transaction is) are orphans: readable, never applied.
+Retention deletes them with the older versions: chunks are spread round-robin over the chunk topic's
+partitions (by index, continuing where the previous version ended), so a keyframe of at least as
+many chunks as there are partitions lies after every older orphan in every partition, and the prune
+that drops the versions before that keyframe cuts past the orphans too
+(``producers.weights.retention``). Nothing transactional writes the chunk topic, so it never holds
+back a ``read_committed`` reader's last stable offset.
 
 ``publish`` is the same inside a transaction the caller holds open: the chunks are written (and
 acknowledged) at once, the manifest inside the caller's transaction; when that aborts, call
@@ -188,8 +188,8 @@ class WeightPublisher:
         self.keyframe_every, self.max_chunk_bytes = keyframe_every, max_chunk_bytes
         self.flush_timeout = flush_timeout
         self.fault_hook = fault_hook  # tests only: corrupts payloads, manifests stay truthful
-        # Manifests are signed with the run's key (``producers.weights.signing``); None: $RLSTREAM_WEIGHTS_
-        # SIGNING_KEY, or unsigned when that is not set.
+        # Manifests are signed with the run's key (``producers.weights.signing``); None:
+        # $RLSTREAM_WEIGHTS_SIGNING_KEY, or unsigned when that is not set.
         self.signer = signer if signer is not None else Signer.from_env()
         self.epoch = epoch  # the learner's incarnation, written into every manifest
         # Sharded over several ranks (None or one rank: this publisher encodes everything).

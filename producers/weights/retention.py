@@ -9,8 +9,8 @@ delete nothing.
 
 Orphan chunks (written by a publish whose manifest never committed: an aborted transaction, a
 learner that crashed between its chunks and its manifest, a fenced one; see
-``producers.weights.publisher``) are named by no manifest and never applied; they go with the versions
-around them: a cut at a kept chunk's offset deletes every orphan written before it in that
+``producers.weights.publisher``) are named by no manifest and never applied; they go with the
+versions around them: a cut at a kept chunk's offset deletes every orphan written before it in that
 partition. The publisher spreads chunks round-robin over the partitions, so the oldest kept
 keyframe, when it has at least as many chunks as the topic has partitions, has a chunk in every
 partition, and every orphan older than it is deleted by the prune that drops the versions before

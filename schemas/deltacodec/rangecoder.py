@@ -33,16 +33,15 @@ byte-level coder, with:
 - contexts that count what they coded: a context's n-th bit moves its probability by
   2**-min(6, bit length of n + 1) (1/2, 1/4, 1/4, 1/8, ...), so it learns like a frequency
   count at first and then follows slow drifts;
-- gaps under a geometric law instead of learnt contexts: within a bucket, a gap g with the
-  bucket's rate estimate p (its changes over its elements so far, plus a prior of one change
-  at the previous bucket's rate, the piece's for the first, and never below the bucket's
-  changes over the range's elements) is sent as g >> m in unary then its m low bits, m the
-  smallest with (1 - p)**(2**m) <= 1/2, the top ``GAP_EXACT_BITS`` of them with their
-  probabilities under that law (integer arithmetic, Q30), the others plain (their
-  probabilities are within 0.011 of 1/2): the cost follows the bucket's binary entropy of its changed mask
-  within ~log2(changes) / 2 bits, where learnt contexts spent ~25 bits per bucket re-learning
-  (the rate halves from one exponent to the next). A unary run of ``GAP_ESCAPE`` ends in an
-  escape: the rest as a number;
+- gaps under a geometric law instead of learnt contexts: within a bucket, a gap g with the bucket's
+  rate estimate p (its changes over its elements so far, plus a prior of one change at the previous
+  bucket's rate, the piece's for the first, and never below the bucket's changes over the range's
+  elements) is sent as g >> m in unary then its m low bits, m the smallest with (1 - p)**(2**m) <=
+  1/2, the top ``GAP_EXACT_BITS`` of them with their probabilities under that law (integer
+  arithmetic, Q30), the others plain (their probabilities are within 0.011 of 1/2): the cost follows
+  the bucket's binary entropy of its changed mask within ~log2(changes) / 2 bits, where learnt
+  contexts spent ~25 bits per bucket re-learning (the rate halves from one exponent to the next). A
+  unary run of ``GAP_ESCAPE`` ends in an escape: the rest as a number;
 - differences with six context bits below the top one (the learner's steps are ±k ULP, whose
   low bits are not uniform), and the value contexts' counts cut back to ``RESET_COUNT`` at
   every bucket, so they re-learn quickly what the next exponent changes;

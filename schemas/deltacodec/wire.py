@@ -1,7 +1,8 @@
 """The weight wire format: chunk bytes, the codec manifest's tables, and the Avro records.
 
 One module owns how a policy version looks on the wire; the codec (``deltacodec``), the
-publisher (``producers.weights.publisher``) and the subscriber (``consumers.weights.subscriber``) only call it.
+publisher (``producers.weights.publisher``) and the subscriber (``consumers.weights.subscriber``)
+only call it.
 
 - Chunk layout: ``CHUNK_HEADER`` ``<4sBxxxI`` (magic ``RLDK``, format 1, piece count), then
   whole pieces, each laid out as ``deltacodec.pieces`` documents. ``pack_chunk`` writes a chunk
@@ -20,8 +21,9 @@ publisher (``producers.weights.publisher``) and the subscriber (``consumers.weig
   and the chunks themselves describe their pieces, so ``codec_manifest`` (the inverse mapping)
   rebuilds the table from the verified chunks and checks it against these spans.
   ``codec_version`` is the codec's format number; the tensors are listed in the caller's
-  state-dict order; ``learner_epoch`` is the publishing learner's incarnation (0: unknown). ``chunk_record`` is the ``WeightChunk`` record of one chunk and
-  ``chunk_keys`` the record keys (and checksums) a manifest's chunks are found by.
+  state-dict order; ``learner_epoch`` is the publishing learner's incarnation (0: unknown).
+  ``chunk_record`` is the ``WeightChunk`` record of one chunk and ``chunk_keys`` the record keys
+  (and checksums) a manifest's chunks are found by.
 - Bounds before allocation (``check_bounds``, ``check_piece``): a reader checks a manifest
   against what it knows of the model before it fetches a chunk or allocates an array: every
   tensor's dtype is a codec dtype and its shape at most ``MAX_NDIM`` non-negative dims; with

@@ -6,8 +6,8 @@ from the catalog, reading ``read_committed``, writing with exactly-once support)
 rest: the rollout region's weight subscriber, reading the mirrored names, applies exactly the
 committed versions bit-exactly, and neither the aborted manifest nor the aborted trajectory
 exists in the other region's copy, even read ``read_uncommitted``. The aborted publish's chunks
-were written outside its transaction (``producers.weights.publisher``): they are orphans, and they cross
-like every chunk, named by no manifest on either side and applied by no subscriber.
+were written outside its transaction (``producers.weights.publisher``): they are orphans, and they
+cross like every chunk, named by no manifest on either side and applied by no subscriber.
 """
 
 from __future__ import annotations

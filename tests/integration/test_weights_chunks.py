@@ -4,7 +4,8 @@ publisher) are never applied and go with the older versions when retention cuts 
 
 The chunks of a version are written by the publisher's idempotent, non-transactional producer
 and acknowledged before one short transaction commits the manifest with the consumer offsets
-(``producers.weights.publisher``); these tests check what that changes for readers and for retention.
+(``producers.weights.publisher``); these tests check what that changes for readers and for
+retention.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Targets for ``ops.run.ranks.run_local_ranks`` in tests: importable by name, as spawned ranks need."""
+"""Targets for ``ops.run.ranks.run_local_ranks`` in tests: importable by name, as spawned ranks
+need."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The HTTP services' event loop: every way ``producers.runtime.aio`` gives one out is a uvloop loop."""
+"""The HTTP services' event loop: every way ``producers.runtime.aio`` gives one out is a uvloop
+loop."""
 
 from __future__ import annotations
 

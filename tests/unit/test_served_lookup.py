@@ -1,4 +1,5 @@
-"""Feedback that names a served request, without a broker: what ``consumers.feedback.served_log`` copies in.
+"""Feedback that names a served request, without a broker: what ``consumers.feedback.served_log``
+copies in.
 
 Properties: a served completion (the record ``serve policy`` writes) turns feedback carrying only
 its request id into an admitted online sample whose tokens, behaviour logprobs and routes are the

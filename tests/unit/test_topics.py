@@ -239,7 +239,8 @@ def test_replay_inputs_are_kept_forever() -> None:
 
 def test_weight_chunks_are_never_deleted_by_age() -> None:
     """Time retention could delete the only keyframe a late worker can start from: chunks are
-    deleted by the publisher's count-based rule (``producers.weights.retention``), never by the broker."""
+    deleted by the publisher's count-based rule (``producers.weights.retention``), never by the
+    broker."""
     assert T.STREAMS["weights.chunks"].retention_ms == T.FOREVER
 
 

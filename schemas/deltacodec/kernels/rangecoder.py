@@ -21,7 +21,7 @@ FIRST, SECOND = 1, 2  # the model: ``exponent`` pieces, ``exponent2`` pieces
 TOP = 1 << 24  # the range is renormalised (a byte out) whenever it falls below this
 FAST, SLOW = 4, 7  # FIRST: adaptation shifts of the two estimates a context averages
 MANTISSA_CONTEXT_BITS = 3  # FIRST: a number's bits below the top one coded under contexts
-#: SECOND: adaptation shift of a context after n bits (index min(n, 31)): 1/2, 1/4, 1/4, 1/8, ... 1/64.
+#: SECOND: a context's adaptation shift after n bits (index min(n, 31)): 1/2, 1/4, 1/4, ... 1/64.
 RATE_SHIFTS = tuple(min(6, (n + 1).bit_length()) for n in range(32))
 RESET_COUNT = 3  # value contexts' counts at a bucket's start (they adapt by 1/8 again)
 TABLE_CONTEXT_BITS = 3
