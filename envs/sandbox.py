@@ -88,6 +88,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlstream.envs import sandbox_cgroup, sandbox_zygote
+from rlstream.schemas.errors import RlstreamError
 
 Status = Literal["ok", "timeout", "oom", "crash", "killed", "error"]
 Mode = Literal["full", "userns", "rlimits"]
@@ -102,7 +103,7 @@ _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
 MAX_FILES = 64
 
 
-class IsolationUnavailable(RuntimeError):
+class IsolationUnavailable(RlstreamError, RuntimeError):
     """The isolation asked for cannot be set up here; nothing was run."""
 
 

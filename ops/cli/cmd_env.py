@@ -78,7 +78,7 @@ def score_one(where: str, task_id: str | None, completion: str | None, cfg: Any)
     if task_id is None or completion is None:
         why = completion if task_id is None else "field 'completion' must be a string"
         return _line(task_id, False, 0.0, "not_run", f"{where}: {why}", True)
-    from rlstream.envs.dataset import EVAL_SEED_BASE
+    from rlstream.envs.family import EVAL_SEED_BASE
 
     # scoring a file is evaluation: an evaluation seed, so held-out problems are scored too
     task = {"task_id": f"env-{EVAL_SEED_BASE}:{task_id}", "completion": completion}
