@@ -62,6 +62,7 @@ from rlstream.producers.runtime.metrics import track_buffer
 from rlstream.producers.weights.publisher import rank_publisher
 from rlstream.schemas import reassembly, topics
 from rlstream.schemas.deltacodec.bits import state_hash
+from rlstream.schemas.deltacodec.manifest import hash_algorithm
 from rlstream.trainer.distributed import RankEnv, Ranks
 from rlstream.trainer.grpo import NonFiniteStep
 from rlstream.trainer.learner_step import (
@@ -220,7 +221,8 @@ class Learner:
         if self.ranks is not None:  # every rank starts from rank 0's version and weights
             head = None
             if manifest is not None:
-                head = {k: manifest[k] for k in ("version", "keyframe_version", "state_hash")}
+                keys = ("version", "keyframe_version", "state_hash", "hash_algorithm")
+                head = {k: manifest.get(k) for k in keys}
             manifest, epoch = self.ranks.broadcast((head, epoch) if self.lead else None)
             self.optimizer = self.ranks.adopt(self.model, self.optimizer)
             state = None  # every rank gathers the published state below, together
@@ -235,6 +237,7 @@ class Learner:
             last,
             keyframe_version=int(manifest["keyframe_version"]),
             state_hash=manifest["state_hash"],
+            hash_algorithm=hash_algorithm(manifest),
         )
         self.log(f"learner: resumed at version {last}")
         return last
@@ -250,7 +253,7 @@ class Learner:
         # The model as built (the deterministic warm start) may be the published state
         # exactly (version 0): then its fp32 master is kept, not rebuilt from the bf16.
         state = published_state(self.model, self.cfg.publish_dtype)
-        if state_hash(state) == manifest["state_hash"]:
+        if state_hash(state, hash_algorithm(manifest)) == manifest["state_hash"]:
             self.log(f"learner: version {last} rebuilt from the warm start")
             return state
         self._restore_from_stream(last)

@@ -129,7 +129,7 @@ def stage_step(
         if (
             manifest["kind"] == before["kind"] == "delta"
             and before["state_hash"] == manifest["base_state_hash"]
-            and before["base_state_hash"] == codec.state_hash(spare)
+            and before["base_state_hash"] == codec.state_hash(spare, codec.hash_algorithm(before))
         ):
             # a refusal (the spare sharing memory with the base included) or a failure leaves
             # the spare whole (at its version or the base's): decode() then reports the step's

@@ -26,6 +26,7 @@ from rlstream.consumers.weights.manifest_log import manifests_by_version
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import reassembly, topics
 from rlstream.schemas.deltacodec.bits import state_hash
+from rlstream.schemas.deltacodec.manifest import hash_algorithm
 
 
 @dataclass
@@ -181,7 +182,7 @@ def _replay(
             train_step(model, optimizer, inputs, cfg, ranks)
         state = published_state(model, cfg.publish_dtype)
         recorded = manifests[version]
-        if state_hash(state) != recorded["state_hash"]:
+        if state_hash(state, hash_algorithm(recorded)) != recorded["state_hash"]:
             tensor = _first_differing(state, recorded)
             return ReplayResult(
                 version,
@@ -196,7 +197,7 @@ def _replay(
 def _first_differing(state: dict[str, Any], manifest: dict[str, Any]) -> str | None:
     recorded = {t["name"]: t["hash"] for t in manifest["tensors"]}
     for name, bits in state.items():
-        if recorded.get(name) != bits.hash:
+        if recorded.get(name) != bits.hash_of(hash_algorithm(manifest)):
             return name
     return None
 

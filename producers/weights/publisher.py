@@ -179,6 +179,7 @@ class WeightPublisher:
         epoch: int = 0,
         chunk_producer: EventProducer | None = None,
         ranks: Ranks | None = None,
+        hash_algorithm: str = codec.DEFAULT_HASH,
     ) -> None:
         publish_kinds(0, keyframe_every, False)  # validates keyframe_every
         self.producer, self.run, self.model = producer, run, model
@@ -188,9 +189,10 @@ class WeightPublisher:
         self.keyframe_every, self.max_chunk_bytes = keyframe_every, max_chunk_bytes
         self.flush_timeout = flush_timeout
         self.fault_hook = fault_hook  # tests only: corrupts payloads, manifests stay truthful
-        # Manifests are signed with the run's key (``producers.weights.signing``); None:
-        # $RLSTREAM_WEIGHTS_SIGNING_KEY, or unsigned when that is not set.
-        self.signer = signer if signer is not None else Signer.from_env()
+        # Manifests are signed with the run's key (``producers.weights.signing``); None: unsigned,
+        # which the readers of a run not created insecure refuse.
+        self.signer = signer
+        self.hash_algorithm = hash_algorithm  # another than blake3 only to write as old code did
         self.epoch = epoch  # the learner's incarnation, written into every manifest
         # Sharded over several ranks (None or one rank: this publisher encodes everything).
         self.ranks = ranks if ranks is not None and ranks.world > 1 else None
@@ -217,19 +219,23 @@ class WeightPublisher:
         *,
         keyframe_version: int | None = None,
         state_hash: str | None = None,
+        hash_algorithm: str = codec.DEFAULT_HASH,
     ) -> None:
         """Re-seed a restarted learner with the last published version.
 
         With ``state`` the next version is a delta against it (pass ``state_hash`` from the last
-        manifest to have the state checked first); without ``state`` the next version is a
-        keyframe only, and without ``keyframe_version`` it is a keyframe as well as a delta."""
-        if state is not None and state_hash is not None and codec.state_hash(state) != state_hash:
-            raise ValueError(f"state does not hash to the manifest of version {version}")
+        manifest, of its ``hash_algorithm``, to have the state checked first); without ``state``
+        the next version is a keyframe only, and without ``keyframe_version`` it is a keyframe
+        as well as a delta."""
+        if state is not None and state_hash is not None:
+            if codec.state_hash(state, hash_algorithm) != state_hash:
+                raise ValueError(f"state does not hash to the manifest of version {version}")
         self._undo = None
         if state is None:
             self._last = None
         elif self.ranks is not None:
-            whole = state_hash or codec.state_hash(state)
+            same = state_hash is not None and hash_algorithm == self.hash_algorithm
+            whole = state_hash if same else codec.state_hash(state, self.hash_algorithm)
             self._last = _Published(version, self._shard(state)[0], keyframe_version, whole)
         else:
             self._last = _Published(version, state, keyframe_version)
@@ -486,7 +492,10 @@ class WeightPublisher:
     def _encode(self, kind: str, state: State, version: int) -> codec.Encoded:
         if kind == "keyframe":
             return codec.encode_keyframe(
-                state, version=version, max_chunk_bytes=self.max_chunk_bytes
+                state,
+                version=version,
+                max_chunk_bytes=self.max_chunk_bytes,
+                hash_algorithm=self.hash_algorithm,
             )
         assert self._last is not None
         return codec.encode_delta(
@@ -495,6 +504,7 @@ class WeightPublisher:
             version=version,
             base_version=self._last.version,
             max_chunk_bytes=self.max_chunk_bytes,
+            hash_algorithm=self.hash_algorithm,
         )
 
     def _produce_chunks(
@@ -563,14 +573,18 @@ def rank_publisher(
     transactional_id: str,
     ranks: Ranks | None = None,
     keyframe_every: int = DEFAULT_KEYFRAME_EVERY,
+    signer: Signer | None = None,
 ) -> WeightPublisher:
     """The publisher of one learner rank (or of the only one, ``ranks`` None): rank 0 holds the
-    transactional producer ``transactional_id`` (it commits manifests and offsets) and gets a
-    chunk producer of its own; another rank writes chunks only, with one plain idempotent
-    producer (no transactional id, nothing to fence). ``publisher.producer`` is the producer."""
+    transactional producer ``transactional_id`` (it commits manifests and offsets, signed by
+    ``signer``) and gets a chunk producer of its own; another rank writes chunks only, with
+    one plain idempotent producer (no transactional id, nothing to fence, nothing to sign).
+    ``publisher.producer`` is the producer."""
     if ranks is None or ranks.rank == 0:
         producer = EventProducer.transactional(settings, transactional_id)
-        return WeightPublisher(producer, run, model, keyframe_every=keyframe_every, ranks=ranks)
+        return WeightPublisher(
+            producer, run, model, keyframe_every=keyframe_every, ranks=ranks, signer=signer
+        )
     producer = EventProducer.connect(settings)
     return WeightPublisher(
         producer, run, model, keyframe_every=keyframe_every, ranks=ranks, chunk_producer=producer

@@ -19,7 +19,7 @@ published. The rules that make that true (pure, unit-tested):
   shard's first index, and the chunk checksum recomputed).
 - merge (``merge_shards``): the version's codec manifest is the ranks' manifests concatenated
   in rank order (tensors, chunks), with sizes summed and the state hashes recomputed from the
-  tensor hashes by the codec's own rule (``deltacodec.bits.state_hash``): identical to what
+  tensor hashes by the codec's own rule (``deltacodec.bits.state_hash``, of the manifest's hash algorithm): identical to what
   one publisher encoding the whole state would record.
 
 numpy only: importing this module never loads torch or Kafka.
@@ -30,11 +30,11 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
-import xxhash
-
-from rlstream.schemas.deltacodec import Encoded, TensorBits, state_hash
+from rlstream.schemas.deltacodec import Encoded, TensorBits
+from rlstream.schemas.deltacodec.bits import digest, rows_hash
+from rlstream.schemas.deltacodec.manifest import hash_algorithm
 from rlstream.schemas.deltacodec.pieces import PIECE_HEADER
 from rlstream.schemas.deltacodec.wire import CHUNK_HEADER, parse_chunk
 
@@ -131,7 +131,7 @@ def shard_part(encoded: Encoded, first_tensor: int, layout: ShardLayout) -> dict
         {
             "index": layout.first + i,
             "nbytes": len(c),
-            "checksum": xxhash.xxh3_128_hexdigest(c)
+            "checksum": digest(c, hash_algorithm(m))
             if first_tensor
             else m["chunks"][i]["checksum"],
         }
@@ -146,18 +146,11 @@ def shard_part(encoded: Encoded, first_tensor: int, layout: ShardLayout) -> dict
     }
 
 
-@dataclass(frozen=True)
-class _Row:
-    """What ``state_hash`` reads of a tensor (its rule needs dtype, shape and hash only)."""
-
-    dtype: str
-    shape: tuple[int, ...]
-    hash: str | None
-
-
-def _hash_of(tensors: Sequence[Mapping[str, Any]], field: str) -> str:
-    rows = {t["name"]: _Row(t["dtype"], tuple(t["shape"]), t[field]) for t in tensors}
-    return state_hash(cast(Mapping[str, TensorBits], rows))
+def _hash_of(tensors: Sequence[Mapping[str, Any]], field: str, algorithm: str) -> str:
+    """The state hash (``deltacodec.bits.state_hash``'s rule) of the tensors' ``field`` hashes."""
+    return rows_hash(
+        [[t["name"], t["dtype"], list(t["shape"]), t[field]] for t in tensors], algorithm
+    )
 
 
 def merge_shards(
@@ -173,12 +166,12 @@ def merge_shards(
     names = [t["name"] for t in tensors]
     if names != sorted(names):
         raise ValueError("the ranks' tensors are not in name order")
-    keys = ("format", "version", "base_version", "kind", "max_chunk_bytes")
+    keys = ("format", "version", "base_version", "kind", "max_chunk_bytes", "hash_algorithm")
     return {
         **{k: head[k] for k in keys},
         "tensors": tensors,
         "chunks": chunks,
-        "state_hash": _hash_of(tensors, "hash"),
+        "state_hash": _hash_of(tensors, "hash", hash_algorithm(head)),
         "base_state_hash": base_state_hash if head["kind"] == "delta" else None,
         "raw_bytes": sum(p["raw_bytes"] for p in parts),
         "encoded_bytes": sum(p["encoded_bytes"] for p in parts),

@@ -5,7 +5,7 @@ versions (rules and guarantees in ``codec``). Import the API from here:
 Modules, from the bottom up (each imports only those before it; ``tests/unit/test_layers.py``
 checks that no import circle forms):
 
-- ``bits``: tensors as bit patterns, their hashes;
+- ``bits``: tensors as bit patterns, their hashes (the algorithms a manifest may name);
 - ``pieces``: the piece layout, streams, and the element-wise encodings (sparse, dense);
 - ``rangecoder``, ``rans``: the coders of the base-conditioned encodings, whose numba kernels
   are in ``kernels`` (imported on first use only);
@@ -23,7 +23,10 @@ checks that no import circle forms):
 
 from .bits import (
     BITS_ONLY_DTYPES,
+    CRYPTOGRAPHIC,
+    DEFAULT_HASH,
     DTYPE_WIDTHS,
+    LEGACY_HASH,
     TensorBits,
     bits_hash,
     from_torch,
@@ -48,6 +51,7 @@ from .manifest import (
     HashMismatch,
     ManifestInvalid,
     MissingChunk,
+    hash_algorithm,
     validate_manifest,
     verify_chunk,
 )
@@ -55,6 +59,8 @@ from .warm import compile_kernels
 
 __all__ = [
     "BITS_ONLY_DTYPES",
+    "CRYPTOGRAPHIC",
+    "DEFAULT_HASH",
     "DEFAULT_MAX_CHUNK_BYTES",
     "DTYPE_WIDTHS",
     "FORMAT",
@@ -64,6 +70,7 @@ __all__ = [
     "Encoded",
     "EntropyBound",
     "HashMismatch",
+    "LEGACY_HASH",
     "ManifestInvalid",
     "MissingChunk",
     "TensorBits",
@@ -76,6 +83,7 @@ __all__ = [
     "encode_keyframe",
     "entropy_bound",
     "from_torch",
+    "hash_algorithm",
     "same_state",
     "state_hash",
     "to_torch",

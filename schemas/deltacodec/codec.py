@@ -33,9 +33,11 @@ Manifest fields: ``format``, ``version``, ``base_version`` (None for keyframes),
 ``encoding`` (its pieces' encodings joined by "+"), ``changed`` (elements whose bits differ
 from the base; every element without base), ``hash``, ``base_hash`` (None without base),
 ``raw_bytes``, ``encoded_bytes`` and ``pieces`` ``[[chunk, start, stop, encoding, nbytes],
-...]``), ``chunks`` (``[{index, nbytes, checksum}]``, checksum = xxh3_128 hex of the
+...]``), ``chunks`` (``[{index, nbytes, checksum}]``, checksum = the hex digest of the
 payload), ``state_hash``, ``base_state_hash``, ``raw_bytes``, ``encoded_bytes`` (sum of chunk
-sizes), ``max_chunk_bytes``. The chunk layout, the manifest's tables and their mapping to the
+sizes), ``max_chunk_bytes``, ``hash_algorithm`` (what every hash and checksum is:
+``blake3``, cryptographic, written now; absent in manifests of older code, whose hashes are
+``xxh3_128``: ``deltacodec.bits``). The chunk layout, the manifest's tables and their mapping to the
 Avro records are the wire format, owned by ``deltacodec.wire``: this module encodes and decodes
 through it.
 """
@@ -50,14 +52,17 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
-import xxhash
 import zstandard
 
 from .bits import (
+    DEFAULT_HASH,
     DTYPE_WIDTHS,
+    LEGACY_HASH,
     UINT_BY_WIDTH,
     TensorBits,
     as_bytes,
+    digest,
+    hasher,
     state_hash,
 )
 from .encodings import decode_piece, encode_best
@@ -69,6 +74,7 @@ from .manifest import (
     DeltaError,
     HashMismatch,
     MissingChunk,
+    hash_algorithm,
     validate_manifest,
     verify_chunk,
 )
@@ -111,13 +117,16 @@ def encode_delta(
     version: int,
     base_version: int,
     max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
+    hash_algorithm: str = DEFAULT_HASH,
 ) -> Encoded:
     """Encode ``new`` as a delta against ``old`` (the state of ``base_version``).
 
     Per tensor of ``new``: a tensor of ``old`` with the same name, dtype and shape is its base
     and only changed bit patterns are encoded; otherwise the tensor is sent whole. Tensors of
-    ``old`` absent from ``new`` are absent from the decoded state."""
-    return _encode(old, new, version, int(base_version), max_chunk_bytes)
+    ``old`` absent from ``new`` are absent from the decoded state. Every hash is of
+    ``hash_algorithm`` (``deltacodec.bits``; another than the default only to write what older
+    code wrote)."""
+    return _encode(old, new, version, int(base_version), max_chunk_bytes, hash_algorithm)
 
 
 def encode_keyframe(
@@ -125,9 +134,10 @@ def encode_keyframe(
     *,
     version: int,
     max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
+    hash_algorithm: str = DEFAULT_HASH,
 ) -> Encoded:
     """Encode a full snapshot (no base): byte planes + zstd, same chunking and hashes."""
-    return _encode(None, state, version, None, max_chunk_bytes)
+    return _encode(None, state, version, None, max_chunk_bytes, hash_algorithm)
 
 
 def _encode(
@@ -136,7 +146,9 @@ def _encode(
     version: int,
     base_version: int | None,
     limit: int,
+    algorithm: str,
 ) -> Encoded:
+    hasher(algorithm)  # an unknown algorithm fails before anything is encoded
     if limit < MIN_CHUNK_BYTES:
         raise ValueError(f"max_chunk_bytes must be >= {MIN_CHUNK_BYTES}, got {limit}")
     cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=False, threads=0)
@@ -147,16 +159,18 @@ def _encode(
         base = old.get(name) if old is not None else None
         if base is not None and (base.dtype, base.shape) != (new[name].dtype, new[name].shape):
             base = None
-        pieces, changed = _encode_tensor(i, base, new[name], budget, cctx)
+        pieces, changed = _encode_tensor(i, base, new[name], budget, cctx, algorithm)
         per_tensor.append((pieces, changed, base))
     groups = _group_into_chunks([p for pieces, _, _ in per_tensor for p in pieces], limit)
     chunks = [pack_chunk(g) for g in groups]
     where = {(p.tensor, p.start): c for c, g in enumerate(groups) for p in g}
     entries = [
-        _entry_of(name, new[name], base, pieces, changed, where)
+        _entry_of(name, new[name], base, pieces, changed, where, algorithm)
         for name, (pieces, changed, base) in zip(names, per_tensor, strict=True)
     ]
     head = {"version": int(version), "base_version": base_version, "max_chunk_bytes": limit}
+    if algorithm != LEGACY_HASH:  # named; a legacy manifest is byte for byte what old code wrote
+        head["hash_algorithm"] = algorithm
     return Encoded(_manifest(head, entries, chunks, old, new), chunks)
 
 
@@ -167,17 +181,18 @@ def _manifest(
     old: Mapping[str, TensorBits] | None,
     new: Mapping[str, TensorBits],
 ) -> dict[str, Any]:
+    algorithm = hash_algorithm(head)
     return {
         "format": FORMAT,
         **head,
         "kind": "keyframe" if old is None else "delta",
         "tensors": entries,
         "chunks": [
-            {"index": i, "nbytes": len(c), "checksum": xxhash.xxh3_128_hexdigest(c)}
+            {"index": i, "nbytes": len(c), "checksum": digest(c, algorithm)}
             for i, c in enumerate(chunks)
         ],
-        "state_hash": state_hash(new),
-        "base_state_hash": None if old is None else state_hash(old),
+        "state_hash": state_hash(new, algorithm),
+        "base_state_hash": None if old is None else state_hash(old, algorithm),
         "raw_bytes": sum(t.nbytes for t in new.values()),
         "encoded_bytes": sum(len(c) for c in chunks),
     }
@@ -189,11 +204,12 @@ def _encode_tensor(
     tensor: TensorBits,
     budget: int,
     cctx: zstandard.ZstdCompressor,
+    algorithm: str,
 ) -> tuple[list[Piece], int]:
     """Pieces of one tensor, each at most ``budget`` bytes, and its changed-element count.
     Both hashes are computed on the way (in the same pass as the comparison)."""
-    old_h = xxhash.xxh3_128() if base is not None and not base.hash_known else None
-    new_h = None if tensor.hash_known else xxhash.xxh3_128()
+    old_h = hasher(algorithm) if base is not None and not base.knows(algorithm) else None
+    new_h = None if tensor.knows(algorithm) else hasher(algorithm)
     n, width = tensor.numel, tensor.width
     field = EXPONENT_FIELDS.get(tensor.dtype)
     # Range size follows the last ratio seen so that a piece roughly fills a chunk.
@@ -219,9 +235,9 @@ def _encode_tensor(
         pieces += made
         lo = hi
     if old_h is not None and base is not None:
-        base.remember_hash(old_h.hexdigest())
+        base.remember_hash(old_h.hexdigest(), algorithm)
     if new_h is not None:
-        tensor.remember_hash(new_h.hexdigest())
+        tensor.remember_hash(new_h.hexdigest(), algorithm)
     return _merge_unchanged(pieces), changed
 
 
@@ -285,14 +301,15 @@ def _entry_of(
     pieces: list[Piece],
     changed: int,
     where: dict[tuple[int, int], int],
+    algorithm: str,
 ) -> dict[str, Any]:
     return tensor_entry(
         name,
         tensor.dtype,
         tensor.shape,
         changed=changed,
-        hash=tensor.hash,
-        base_hash=None if base is None else base.hash,
+        hash=tensor.hash_of(algorithm),
+        base_hash=None if base is None else base.hash_of(algorithm),
         pieces=[piece_entry(where[(p.tensor, p.start)], p) for p in pieces],
     )
 
@@ -324,20 +341,21 @@ def decode(
     decoding fails: do not use it afterwards."""
     pieces = _checked_pieces(manifest, chunks)
     bases = _match_base(manifest, base)
+    algorithm = hash_algorithm(manifest)
     dctx = zstandard.ZstdDecompressor()
     taken = _Spans(base.values() if base is not None else ())
     out: dict[str, TensorBits] = {}
     for entry, tensor_pieces in zip(manifest["tensors"], pieces, strict=True):
         name = entry["name"]
         bits = _output_array(entry, recycle.get(name) if recycle else None, taken)
-        out[name] = _decode_tensor(entry, tensor_pieces, bases.get(name), bits, dctx)
+        out[name] = _decode_tensor(entry, tensor_pieces, bases.get(name), bits, dctx, algorithm)
     if (
         base is not None
         and manifest["kind"] == "delta"
-        and (state_hash(base) != manifest["base_state_hash"])
+        and (state_hash(base, algorithm) != manifest["base_state_hash"])
     ):
         raise BaseMismatch("base state hash differs from the delta's base_state_hash")
-    if state_hash(out) != manifest["state_hash"]:
+    if state_hash(out, algorithm) != manifest["state_hash"]:
         raise HashMismatch("decoded state hash differs from the manifest")
     return out
 
@@ -368,10 +386,11 @@ def apply_in_place(
     if {e["name"] for e in entries} != set(state):
         raise ValueError("the delta does not name exactly the state's tensors")
     bases = _match_base(manifest, state)
+    algorithm = hash_algorithm(manifest)
     for e in entries:
-        if bases[e["name"]].hash != e["base_hash"]:
+        if bases[e["name"]].hash_of(algorithm) != e["base_hash"]:
             raise BaseMismatch(f"base tensor {e['name']!r} differs from the delta's base")
-    if state_hash(state) != manifest["base_state_hash"]:
+    if state_hash(state, algorithm) != manifest["base_state_hash"]:
         raise BaseMismatch("base state hash differs from the delta's base_state_hash")
     views = _writable(state, keep or {})
     dctx = zstandard.ZstdDecompressor()
@@ -380,8 +399,10 @@ def apply_in_place(
     try:
         for entry, tensor_pieces in zip(entries, pieces, strict=True):
             bits = views[entry["name"]]
-            out[entry["name"]] = _decode_tensor(entry, tensor_pieces, None, bits, dctx, undo)
-        if state_hash(out) != manifest["state_hash"]:
+            out[entry["name"]] = _decode_tensor(
+                entry, tensor_pieces, None, bits, dctx, algorithm, undo
+            )
+        if state_hash(out, algorithm) != manifest["state_hash"]:
             raise HashMismatch("decoded state hash differs from the manifest")
     except DeltaError:
         undo_all(undo)
@@ -458,6 +479,7 @@ def _match_base(
     """The base tensor of each entry that has one; fails fast on anything already known."""
     if manifest["kind"] == "keyframe":
         return {}
+    algorithm = hash_algorithm(manifest)
     if base is None:
         raise BaseMismatch(f"a delta needs the state of version {manifest['base_version']}")
     out: dict[str, TensorBits] = {}
@@ -467,11 +489,11 @@ def _match_base(
         t = base.get(entry["name"])
         if t is None or t.dtype != entry["dtype"] or list(t.shape) != entry["shape"]:
             raise BaseMismatch(f"base lacks {entry['name']!r} as {entry['dtype']}{entry['shape']}")
-        if t.hash_known and t.hash != entry["base_hash"]:
+        if t.knows(algorithm) and t.hash_of(algorithm) != entry["base_hash"]:
             raise BaseMismatch(f"base tensor {entry['name']!r} differs from the delta's base")
         out[entry["name"]] = t
-    if all(t.hash_known for t in base.values()) and (
-        state_hash(base) != manifest["base_state_hash"]
+    if all(t.knows(algorithm) for t in base.values()) and (
+        state_hash(base, algorithm) != manifest["base_state_hash"]
     ):
         raise BaseMismatch("base state hash differs from the delta's base_state_hash")
     return out
@@ -528,14 +550,15 @@ def _decode_tensor(
     base: TensorBits | None,
     bits: np.ndarray,
     dctx: zstandard.ZstdDecompressor,
+    algorithm: str,
     undo: Undo | None = None,
 ) -> TensorBits:
     """Decode one tensor into ``bits``, hashing base and result piece by piece; with
     ``undo`` (and no ``base``), ``bits`` holds the verified base and is patched in place."""
     name, shape = entry["name"], tuple(entry["shape"])
     n = bits.size
-    old_h = xxhash.xxh3_128() if base is not None and not base.hash_known else None
-    new_h = xxhash.xxh3_128()
+    old_h = hasher(algorithm) if base is not None and not base.knows(algorithm) else None
+    new_h = hasher(algorithm)
     covered = 0
     for p in pieces:
         if p.start != covered or p.stop > n:
@@ -554,11 +577,11 @@ def _decode_tensor(
         raise ChunkCorrupt(f"{name!r}: pieces cover {covered} of {n} elements")
     if base is not None:
         if old_h is not None:
-            base.remember_hash(old_h.hexdigest())
-        if base.hash != entry["base_hash"]:
+            base.remember_hash(old_h.hexdigest(), algorithm)
+        if base.hash_of(algorithm) != entry["base_hash"]:
             raise BaseMismatch(f"base tensor {name!r} differs from the delta's base")
     if new_h.hexdigest() != entry["hash"]:
         raise HashMismatch(f"decoded {name!r} does not match its hash")
     out = TensorBits(entry["dtype"], shape, bits)
-    out.remember_hash(entry["hash"])
+    out.remember_hash(entry["hash"], algorithm)
     return out

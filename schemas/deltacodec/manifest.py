@@ -2,7 +2,9 @@
 
 A manifest arrives from Kafka as JSON: before anything indexes into it, ``validate_manifest``
 checks its structure, and ``verify_chunk`` checks a chunk payload against it (size and
-xxh3_128 checksum). Every failure is a ``DeltaError`` subclass naming what is wrong, so a
+checksum). Every hash of a manifest (chunk checksums, tensor and state hashes) is of the
+algorithm it names in ``hash_algorithm`` (``deltacodec.bits``: ``blake3`` now; a manifest
+without the field is of ``xxh3_128``, as every manifest written before it). Every failure is a ``DeltaError`` subclass naming what is wrong, so a
 consumer can log it and keep serving the version it has.
 """
 
@@ -11,10 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-import xxhash
-
 from ..errors import RlstreamError
-from .bits import DTYPE_WIDTHS
+from .bits import DTYPE_WIDTHS, HASH_ALGORITHMS, LEGACY_HASH, digest
 from .pieces import ENCODINGS
 
 #: Format tag of manifests written by this codec.
@@ -45,16 +45,21 @@ class HashMismatch(DeltaError):
     """A decoded tensor or the decoded state does not hash to the manifest's value."""
 
 
+def hash_algorithm(manifest: Mapping[str, Any]) -> str:
+    """The hash algorithm a manifest's hashes are of (``LEGACY_HASH`` when it names none)."""
+    return str(manifest.get("hash_algorithm") or LEGACY_HASH)
+
+
 def verify_chunk(manifest: Mapping[str, Any], index: int, payload: bytes) -> None:
     """Raise ``ChunkCorrupt`` unless ``payload`` is chunk ``index`` of ``manifest`` (size and
-    xxh3_128 checksum). Consumers can call it as chunks arrive."""
+    checksum of the manifest's hash algorithm). Consumers can call it as chunks arrive."""
     chunks = manifest.get("chunks") or []
     if not 0 <= index < len(chunks):
         raise ChunkCorrupt(f"chunk {index} is not listed in the manifest ({len(chunks)} chunks)")
     want = chunks[index]
     if len(payload) != want["nbytes"]:
         raise ChunkCorrupt(f"chunk {index}: {len(payload)} bytes, manifest says {want['nbytes']}")
-    if xxhash.xxh3_128_hexdigest(payload) != want["checksum"]:
+    if digest(payload, hash_algorithm(manifest)) != want["checksum"]:
         raise ChunkCorrupt(f"chunk {index}: checksum mismatch")
 
 
@@ -67,6 +72,7 @@ def validate_manifest(m: Mapping[str, Any]) -> None:
     """Structure checks so that later code can index the manifest without surprises."""
     _need(isinstance(m, Mapping) and m.get("format") == FORMAT, f"format is not {FORMAT}")
     _need(m.get("kind") in ("delta", "keyframe"), "kind must be delta or keyframe")
+    _need(hash_algorithm(m) in HASH_ALGORITHMS, f"unknown hash algorithm {hash_algorithm(m)!r}")
     _need(isinstance(m.get("version"), int), "version must be an int")
     delta = m["kind"] == "delta"
     _need(not delta or isinstance(m.get("base_version"), int), "delta without base_version")

@@ -21,9 +21,10 @@ only call it.
   and the chunks themselves describe their pieces, so ``codec_manifest`` (the inverse mapping)
   rebuilds the table from the verified chunks and checks it against these spans.
   ``codec_version`` is the codec's format number; the tensors are listed in the caller's
-  state-dict order; ``learner_epoch`` is the publishing learner's incarnation (0: unknown).
-  ``chunk_record`` is the ``WeightChunk`` record of one chunk and ``chunk_keys`` the record keys
-  (and checksums) a manifest's chunks are found by.
+  state-dict order; ``learner_epoch`` is the publishing learner's incarnation (0: unknown);
+  ``hash_algorithm`` names what every hash and checksum is (``deltacodec.bits``; a record of
+  older code, without it, reads as ``xxh3_128``). ``chunk_record`` is the ``WeightChunk`` record of one chunk and
+  ``chunk_keys`` the record keys (and checksums) a manifest's chunks are found by.
 - Bounds before allocation (``check_bounds``, ``check_piece``): a reader checks a manifest
   against what it knows of the model before it fetches a chunk or allocates an array: every
   tensor's dtype is a codec dtype and its shape at most ``MAX_NDIM`` non-negative dims; with
@@ -56,7 +57,14 @@ import zstandard
 
 from .. import topics
 from .bits import DTYPE_WIDTHS
-from .manifest import FORMAT, ChunkCorrupt, ManifestInvalid, MissingChunk, verify_chunk
+from .manifest import (
+    FORMAT,
+    ChunkCorrupt,
+    ManifestInvalid,
+    MissingChunk,
+    hash_algorithm,
+    verify_chunk,
+)
 from .pieces import ENCODINGS, UNCHANGED, ZSTD, Piece, read_piece
 
 CHUNK_HEADER: Final = struct.Struct("<4sBxxxI")
@@ -215,6 +223,7 @@ def manifest_record(
         "stats": {k: float(v) for k, v in (stats or {}).items()},
         "codec_version": CODEC_VERSION,
         "learner_epoch": int(learner_epoch),
+        "hash_algorithm": hash_algorithm(manifest),
     }
 
 
@@ -379,6 +388,7 @@ def codec_manifest(record: Mapping[str, Any], chunks: Sequence[bytes | None]) ->
         {"index": c["index"], "nbytes": c["nbytes"], "checksum": c["checksum"]}
         for c in record["chunks"]
     ]
+    algorithm = hash_algorithm(record)
     if len(chunks) != len(listed) or any(c is None for c in chunks):
         got = sum(c is not None for c in chunks)
         raise MissingChunk(f"version {record['version']}: {got} of {len(listed)} chunks")
@@ -387,7 +397,7 @@ def codec_manifest(record: Mapping[str, Any], chunks: Sequence[bytes | None]) ->
     base = 0
     for index, payload in enumerate(chunks):
         assert payload is not None
-        verify_chunk({"chunks": listed}, index, payload)
+        verify_chunk({"chunks": listed, "hash_algorithm": algorithm}, index, payload)
         _table_rows(index, payload, base, tensors, pieces)
         base += len(payload)
     return {
@@ -412,6 +422,7 @@ def codec_manifest(record: Mapping[str, Any], chunks: Sequence[bytes | None]) ->
         "base_state_hash": record["base_state_hash"],
         "raw_bytes": record["raw_bytes"],
         "encoded_bytes": record["encoded_bytes"],
+        "hash_algorithm": algorithm,
         # not in the Avro record; decoding only needs a bound the chunks respect
         "max_chunk_bytes": max((c["nbytes"] for c in listed), default=0),
     }

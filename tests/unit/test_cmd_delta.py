@@ -199,6 +199,9 @@ def test_bench_deltas_json_is_the_last_stdout_line(capsys: pytest.CaptureFixture
             "decode_gb_per_s",
             "memcpy_gb_per_s",
             "hash_gb_per_s",
+            "crypto_hash_gb_per_s",
+            "encode_xxh3_gb_per_s",
+            "apply_xxh3_gb_per_s",
             "zstd_xor_ratio",
         ):
             assert case[key] > 0

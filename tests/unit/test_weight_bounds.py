@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-import xxhash
 
 from rlstream.consumers.weights.routes import Link, refusal
 from rlstream.schemas import deltacodec as codec
+from rlstream.schemas.deltacodec.bits import digest
 from rlstream.schemas.deltacodec.pieces import PLANES, ZSTD, Piece
 from rlstream.schemas.deltacodec.wire import (
     MAX_RANGE_BYTES,
@@ -79,7 +79,7 @@ def _forged(seed_state: dict[str, codec.TensorBits], frame: bytes) -> tuple[Any,
 
 
 def _listed(chunk: bytes) -> dict[str, Any]:
-    return {"index": 0, "nbytes": len(chunk), "checksum": xxhash.xxh3_128_hexdigest(chunk)}
+    return {"index": 0, "nbytes": len(chunk), "checksum": digest(chunk)}  # the codec's hash
 
 
 def _pieces(enc: codec.Encoded) -> list[Piece]:
