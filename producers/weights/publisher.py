@@ -227,9 +227,9 @@ class WeightPublisher:
         manifest, of its ``hash_algorithm``, to have the state checked first); without ``state``
         the next version is a keyframe only, and without ``keyframe_version`` it is a keyframe
         as well as a delta."""
-        if state is not None and state_hash is not None:
-            if codec.state_hash(state, hash_algorithm) != state_hash:
-                raise ValueError(f"state does not hash to the manifest of version {version}")
+        checked = state is not None and state_hash is not None
+        if checked and codec.state_hash(state, hash_algorithm) != state_hash:  # type: ignore[arg-type]
+            raise ValueError(f"state does not hash to the manifest of version {version}")
         self._undo = None
         if state is None:
             self._last = None

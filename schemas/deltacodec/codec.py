@@ -168,7 +168,11 @@ def _encode(
         _entry_of(name, new[name], base, pieces, changed, where, algorithm)
         for name, (pieces, changed, base) in zip(names, per_tensor, strict=True)
     ]
-    head = {"version": int(version), "base_version": base_version, "max_chunk_bytes": limit}
+    head: dict[str, Any] = {
+        "version": int(version),
+        "base_version": base_version,
+        "max_chunk_bytes": limit,
+    }
     if algorithm != LEGACY_HASH:  # named; a legacy manifest is byte for byte what old code wrote
         head["hash_algorithm"] = algorithm
     return Encoded(_manifest(head, entries, chunks, old, new), chunks)
