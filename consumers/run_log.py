@@ -45,6 +45,34 @@ def run_manifests(settings: KafkaSettings, timeout: float = 60.0) -> dict[str, d
     return latest
 
 
+def run_manifest(
+    settings: KafkaSettings, run: str, *, topic: str = topics.RUNS_TOPIC, timeout: float = 30.0
+) -> dict[str, Any] | None:
+    """The newest manifest of ``run`` in ``topic`` (``rl.runs``, or a region's copy of it), or
+    None (none, or deleted). Decoded with the schemas this code knows, ``rl.schemas`` read only
+    when a record names another; raises what reading raises (``RuntimeError`` when this client
+    may not read the topic, ``TimeoutError``)."""
+    store = events.default_store()
+    latest: bytes | None = None
+    for msg in read_topic(settings, topic, name="run-log", timeout=timeout):
+        if (msg.key() or b"").decode(errors="replace") == run:
+            latest = msg.value()  # a tombstone (None) deletes the run's manifest
+    if latest is None:
+        return None
+    try:
+        decode = events.deserializer(store, expect="run_manifest")
+        try:
+            return decode(latest, None).record
+        except events.DecodeError as exc:
+            if exc.reason != "unknown_schema":
+                raise
+            load_schema_topic(settings, store, timeout)  # written by newer code: learn it
+            return decode(latest, None).record
+    except events.EventError as exc:
+        log.warning("runs: the manifest of %r does not decode: %s", run, exc)
+        return None
+
+
 def latest_run(manifests: dict[str, dict[str, Any]]) -> str | None:
     """The run whose manifest was updated last; None when there is none."""
     if not manifests:

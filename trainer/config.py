@@ -73,6 +73,12 @@ class LearnerConfig(BaseModel):
         "bfloat16", description="Dtype of published weights."
     )
     state_dir: str = Field(".rlstream/learner", description="Checkpoints of master weights.")
+    insecure_weights: bool = Field(
+        False,
+        description="Create the run INSECURE: publish weight manifests unsigned, recorded in the "
+        "run manifest so that readers accept them (said loudly in every log). Default: the run "
+        "has a signing key from its creation and readers refuse what it did not sign.",
+    )
     warm_start_cache: str | None = Field(None, description="Cache file of the warm-start weights.")
     seed: int = Field(0, ge=0, description="torch seed of the learner.")
     ranks: int = Field(

@@ -15,6 +15,12 @@ Guarantees:
   published version (or, lacking it, rebuilds the weights from the weight stream);
 - epochs: each learner incarnation publishes under an epoch one more than the newest epoch in
   the run's manifests, so readers refuse manifests of an older (fenced) incarnation;
+- signed: rank 0 signs every manifest with the run's key (``learner_key``: the file named by
+  its own ``$RLSTREAM_WEIGHTS_SIGNING_KEY``, else ``weights-signing-key.pem`` beside its
+  checkpoints), made and recorded in the run manifest at the run's first start when the run
+  has none (``consumers.weights.trust.ensure_run_key``); a run recorded with another key
+  stops the learner before it publishes anything. ``insecure_weights`` creates the run
+  insecure instead (unsigned, recorded, said loudly);
 
 Bounded memory: the waiting list (complete groups not yet trained) holds at most
 ``MAX_WAITING`` groups: the admitted stream is read only while there is room (it keeps the rest
@@ -44,9 +50,11 @@ this module is the Kafka loop around it and the pure rules of which groups form 
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -56,10 +64,12 @@ from rlstream.consumers.consumer import RoleConsumer, RoleContext, Stopper, make
 from rlstream.consumers.dlq import dead_letter, dead_letter_at
 from rlstream.consumers.feedback.rules import online_quota
 from rlstream.consumers.weights.manifest_log import manifests_by_version
+from rlstream.consumers.weights.trust import ensure_run_key
 from rlstream.producers.client.admin import admin_client
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.runtime.metrics import track_buffer
 from rlstream.producers.weights.publisher import rank_publisher
+from rlstream.producers.weights.signing import KEY_FILE, SIGNING_KEY_ENV
 from rlstream.schemas import reassembly, topics
 from rlstream.schemas.deltacodec.bits import state_hash
 from rlstream.schemas.deltacodec.manifest import hash_algorithm
@@ -104,6 +114,13 @@ def read_ledger(settings: KafkaSettings, run: str, model: str) -> Ledger:
         ledger.online_groups += online
         ledger.rollout_groups += int(rec["stats"].get("groups", 0)) - online
     return ledger
+
+
+def learner_key(cfg: LearnerConfig, run: str) -> Path:
+    """The learner's signing key file: its own ``$RLSTREAM_WEIGHTS_SIGNING_KEY`` (set for the
+    learner's process alone), else ``STATE_DIR/RUN/weights-signing-key.pem``."""
+    named = os.environ.get(SIGNING_KEY_ENV)
+    return Path(named) if named else Path(cfg.state_dir) / run / KEY_FILE
 
 
 def pick_step(
@@ -186,8 +203,12 @@ class Learner:
         group = self.group = topics.group_id(run, "learner")
         self.dlq_topic = topics.topic_name(run, "dlq")
         self.refused_steps = 0
+        signer = None
+        if self.lead:  # only rank 0 produces manifests: only it holds the key
+            key = learner_key(cfg, run)
+            signer = ensure_run_key(settings, run, key, insecure=cfg.insecure_weights)
         self.publisher = rank_publisher(
-            settings, run, cfg.model, f"{group}.0", self.ranks, cfg.keyframe_every
+            settings, run, cfg.model, f"{group}.0", self.ranks, cfg.keyframe_every, signer
         )
         self.producer = self.publisher.producer
         self.model, self.optimizer = init_model(cfg, log, warm=self.lead)

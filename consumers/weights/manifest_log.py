@@ -8,24 +8,33 @@ trained on, and its state hash).
 Rules:
 
 - a log reads ``weights.manifests`` (the run's, or its MirrorMaker copy in a rollout region,
-  ``of_run(..., source=REGION)``, or the topic given) from the beginning with a reader of its own:
-  no consumer group, no commits, committed records only (the manifest's transaction is what makes a
-  version exist: its chunks are written before, outside it, and a chunk no committed manifest names
-  is never applied);
-- with the run's verify key, a record's signature is checked before it is decoded: a forged,
-  altered or unsigned manifest is refused, remembered in ``refused`` and never kept
-  (``producers.weights.signing``);
+  ``of_run(..., source=REGION)``, or the topic given) from the beginning with a reader of its own: no consumer group, no commits, committed
+  records only (the manifest's transaction is what makes a version exist: its chunks are
+  written before, outside it, and a chunk no committed manifest names is never applied);
+- fail-closed: each record is judged by the run's trust (``consumers.weights.trust``: the key
+  recorded for the run, the explicit insecure choice, or ``$RLSTREAM_WEIGHTS_VERIFY_KEY``),
+  its signature checked before it is decoded: a forged, altered or unsigned manifest is
+  refused, remembered in ``refused`` and never kept (``producers.weights.signing``). While no
+  key is known for the run, records are held, neither kept nor refused nor skipped: the log
+  re-reads them once the key is known (it looks again at most every ``RETRUST_S``; the run's
+  key is recorded before its first manifest), and says every minute that it waits;
+- in a signed run a manifest whose hashes are not cryptographic (``hash_algorithm``, e.g. the
+  legacy xxh3) is refused (``hash``): only a cryptographic hash vouches for the chunks and
+  tensors under the signature; a manifest naming another run is refused (``run``);
 - versions are tied to the learner's epoch (``deltacodec.wire.VersionTips``): per model, a
-  manifest of an epoch older than the newest accepted (a fenced learner, or an old signed manifest
-  replayed), or naming a version more than ``MAX_VERSION_JUMP`` past the newest accepted (a forged
-  10^12 that would pin workers and make admission call everything stale) is refused like a
-  bad signature: remembered in ``refused``, never kept;
+  manifest of an epoch older than the newest accepted (a fenced learner, or an old signed
+  manifest replayed) or jumping too far (a forged epoch that would make every reader refuse
+  every later real version), naming a version more than ``MAX_VERSION_JUMP`` past the newest
+  accepted (a forged 10^12 that would pin workers and make admission call everything stale),
+  or repeating a version of its kind in the newest epoch (an old manifest written again) is
+  refused like a bad signature: remembered in ``refused``, never kept;
 - every refusal is counted in ``rlstream_weights_refused_total{model, reason}`` (reason
-  ``signature``, ``epoch`` or ``version``);
+  ``signature``, ``hash``, ``run``, ``epoch``, ``version`` or ``replayed``);
 - records are decoded with the writer schema they name; a schema this code has never seen is
   learned from ``rl.schemas`` first (``decode``, which the subscriber also uses for chunks); an
   undecodable record is logged and skipped, another model's record skipped;
-- records are kept by (version, kind), and a republished version replaces the older record;
+- records are kept by (version, kind); a version republished by a newer epoch (a restarted
+  learner) replaces the older record;
   ``forget_before`` drops old versions (the subscriber's memory bound);
 - ``catch_up`` reads to the end as of the call (``read_to_end``: it raises ``TimeoutError``
   rather than stop short); ``wait`` waits for a record after those read, then catches up;
@@ -47,21 +56,30 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartitio
 
 from rlstream.consumers.consumer import load_schema_topic
 from rlstream.consumers.read_to_end import partitions_of, read_to_end, reader
+from rlstream.consumers.weights.trust import run_trust
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.runtime import metrics
-from rlstream.producers.weights.signing import Verifier
+from rlstream.producers.weights.signing import VERIFY_KEY_ENV, Trust, Verifier
 from rlstream.schemas import events, topics
+from rlstream.schemas.deltacodec import CRYPTOGRAPHIC, hash_algorithm
 from rlstream.schemas.deltacodec.wire import VersionTips
 from rlstream.schemas.errors import Refused
 
 log = logging.getLogger(__name__)
 
 Key = tuple[int, str]  # (version, kind) names one manifest
+#: While no key is known for the run, the trust is looked up again at most this often.
+RETRUST_S = 1.0
+_HELD = object()  # what ``_take`` returns for a record held until the run's key is known
 _SKIP = (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
 
 
 class ManifestLog(Mapping[Key, dict[str, Any]]):
-    """The manifests of ``model`` (every model's when None) on ``topic``, by (version, kind)."""
+    """The manifests of ``model`` (every model's when None) on ``topic``, by (version, kind).
+
+    ``verifier`` (the run's public key) or ``trust`` overrides the run's trust, else resolved
+    from the run (``consumers.weights.trust.run_trust``; ``audit``: a replay, which accepts a
+    run recorded before keys unverified and legacy hashes)."""
 
     def __init__(
         self,
@@ -71,13 +89,17 @@ class ManifestLog(Mapping[Key, dict[str, Any]]):
         *,
         name: str = "manifest-log",
         verifier: Verifier | None = None,
+        trust: Trust | None = None,
+        audit: bool = False,
     ) -> None:
         self.settings, self.topic, self.model = settings, topic, model
-        # The run's public key (``producers.weights.signing``); None: $RLSTREAM_WEIGHTS_VERIFY_KEY,
-        # or manifests are accepted unchecked when that is not set either.
-        self.verifier = verifier if verifier is not None else Verifier.from_env()
-        if self.verifier is None:
-            log.info("manifests of %s are not verified: no verify key", topic)
+        self.audit = audit
+        if trust is None and verifier is not None:
+            trust = Trust(verifier, source="given")
+        self._given = trust
+        self.trust = trust or self._resolve()
+        self._looked = self._said = time.monotonic()
+        self.held = False  # records wait for the run's key
         self.refused: collections.deque[tuple[int, int, str]] = collections.deque(maxlen=100)
         self.newest: int | None = None
         self._tips = VersionTips()
@@ -149,7 +171,7 @@ class ManifestLog(Mapping[Key, dict[str, Any]]):
         try:
             for msg in read_to_end(self._reader, starts, timeout):
                 key = self._take(msg)
-                if key is not None:
+                if isinstance(key, tuple):
                     new.append(key)
         finally:
             self._following = False  # read_to_end assigned only what it read
@@ -172,9 +194,11 @@ class ManifestLog(Mapping[Key, dict[str, Any]]):
             if msg is None:
                 return []
             first = self._take(msg)
-            new = ([first] if first is not None else []) + self.catch_up()
+            new = ([first] if isinstance(first, tuple) else []) + self.catch_up()
             if new:
                 return new
+            if self.held:  # the run's key is not known yet: look again in a while
+                time.sleep(max(0.0, min(deadline - time.monotonic(), RETRUST_S)))
 
     def decode(self, value: bytes | None, event: str) -> dict[str, Any]:
         """The record of ``event`` in ``value``; a writer schema never seen is learned from
@@ -240,14 +264,37 @@ class ManifestLog(Mapping[Key, dict[str, Any]]):
             if err.code() not in _SKIP and not err.retriable():
                 raise RuntimeError(f"reading {self.topic}: {err.str()}")
 
-    def _take(self, msg: Message) -> Key | None:
+    def _resolve(self) -> Trust:
+        """The run's trust (a topic of no run: ``$RLSTREAM_WEIGHTS_VERIFY_KEY``, or none)."""
+        try:
+            return run_trust(self.settings, self.topic, audit=self.audit)
+        except ValueError:  # not an rlstream topic: no run to look up
+            key = Verifier.from_env()
+            return Trust(key, source=f"${VERIFY_KEY_ENV}") if key else Trust(insecure=self.audit)
+
+    def _trusting(self) -> bool:
+        """Whether records may be judged: the run's key (or insecure choice) is known, looked up
+        again at most every ``RETRUST_S`` until it is."""
+        if not self.trust.known and time.monotonic() - self._looked >= RETRUST_S:
+            self.trust, self._looked = self._resolve(), time.monotonic()
+        self.held = not self.trust.known
+        if self.held and time.monotonic() - self._said >= 60:
+            log.warning("manifests of %s held: %s", self.topic, self.trust.source)
+            self._said = time.monotonic()
+        return not self.held
+
+    def _take(self, msg: Message) -> Key | object | None:
+        """The key of the record kept, None (refused or skipped), or ``_HELD`` (not judged:
+        the run's key is not known yet; the record is read again later)."""
+        if not self._trusting():
+            self._following = False  # re-assign from the last record judged
+            return _HELD
         self._next[int(msg.partition() or 0)] = int(msg.offset() or 0) + 1
-        if self.verifier is not None:
-            try:
-                self.verifier.check(msg.value(), msg.headers())
-            except Refused as exc:
-                self._refuse(msg, self.model or "", "signature", str(exc))
-                return None
+        try:
+            self.trust.check(msg.value(), msg.headers())
+        except Refused as exc:
+            self._refuse(msg, self.model or "", "signature", str(exc))
+            return None
         try:
             rec = self.decode(msg.value(), "weight_manifest")
         except events.EventError as exc:
@@ -255,20 +302,37 @@ class ManifestLog(Mapping[Key, dict[str, Any]]):
             return None
         if self.model is not None and rec["model"] != self.model:
             return None
-        key = (int(rec["version"]), str(rec["kind"]))
-        epoch = int(rec.get("learner_epoch", 0))
-        why = self._tips.admit(rec["model"], key[0], epoch)
+        why = self._judge(rec)
         if why is not None:
             self._refuse(msg, rec["model"], *why)
             return None
-        self._records[key] = rec  # a republished version replaces the older record
+        key = (int(rec["version"]), str(rec["kind"]))
+        self._records[key] = rec  # a version republished by a newer epoch replaces the older
         self.newest = key[0] if self.newest is None else max(self.newest, key[0])
         return key
+
+    def _judge(self, rec: dict[str, Any]) -> tuple[str, str] | None:
+        """``(reason kind, reason)`` when an authentic record is refused all the same."""
+        algorithm = hash_algorithm(rec)
+        if self.trust.verifier is not None and not self.audit and algorithm not in CRYPTOGRAPHIC:
+            return "hash", f"hash algorithm {algorithm} is not cryptographic (a signed run)"
+        run = _run_of(self.topic)
+        if run is not None and rec["run"] != run:
+            return "run", f"a manifest of run {rec['run']!r} on {self.topic}"
+        epoch = int(rec.get("learner_epoch", 0))
+        return self._tips.admit(rec["model"], int(rec["version"]), epoch, str(rec["kind"]))
 
     def _refuse(self, msg: Message, model: str, kind: str, reason: str) -> None:
         log.warning("manifests: refusing the record at offset %s: %s", msg.offset(), reason)
         self.refused.append((int(msg.partition() or 0), int(msg.offset() or 0), reason))
         self._refusals.labels(model, kind).inc()
+
+
+def _run_of(topic: str) -> str | None:
+    try:
+        return topics.parse_topic(topic).run
+    except ValueError:
+        return None
 
 
 def _order(key: Key) -> tuple[int, bool]:

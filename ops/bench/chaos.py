@@ -164,7 +164,11 @@ class Driver:
         progress(f"run {self.run_name}: logs in {self.logs}")
         progress("warm start (cached) ...")
         init_model(self.config.role("learner"), lambda line: progress(f"  {line}"))
-        self.key_file = demo.sign_weights(self.out)
+        from rlstream.producers.weights.signing import SIGNING_KEY_ENV
+
+        key_file = demo.learner_key_file(False, self.home, self.run_name, self.out)
+        self.learner_env = demo.sign_weights(self.settings, self.run_name, key_file, False)
+        self.key_file = Path(self.learner_env[SIGNING_KEY_ENV])
         os.environ.setdefault("RLSTREAM_HUNG_TRANSACTION_S", "30")  # roles stuck by the broker
         self.roles = self._start_roles()
         key = secrets.token_hex(16).encode()
@@ -182,11 +186,12 @@ class Driver:
     def _start_roles(self) -> list[Any]:
         from rlstream.ops.run.demo import start_role
 
-        def start(role: str, name: str = "", *more: str) -> Any:
+        def start(role: str, name: str = "", *more: str, env: Any = None) -> Any:
             extra = [*more, *self.extra]
-            return start_role(role, self.run_name, self.settings, self.logs, extra, name, "trainer")
+            where = (self.settings, self.logs, extra, name, "trainer")
+            return start_role(role, self.run_name, *where, env=env)
 
-        roles = [start("learner"), start("admission")]
+        roles = [start("learner", env=self.learner_env), start("admission")]
         roles += [start("judge", f"judge-{j}", "--name", j) for j in self.config.judges]
         roles += [
             start("rollout", f"rollout-{i}", "--member", str(i))

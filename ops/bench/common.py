@@ -113,6 +113,17 @@ def jit_cpu_seconds(pid: int) -> float | None:
     return total / ticks_per_s
 
 
+def run_signer(settings: Any, run: str) -> Any:
+    """The bench run's weight signer: its key made and recorded in the run manifest at the
+    run's first start, as a learner does (``consumers.weights.trust.ensure_run_key``), kept in
+    the temporary folder; the bench's readers verify every manifest with it."""
+    from rlstream.consumers.weights.trust import ensure_run_key
+    from rlstream.producers.weights.signing import KEY_FILE
+
+    path = Path(tempfile.gettempdir()) / "rlstream-bench-keys" / run / KEY_FILE
+    return ensure_run_key(settings, run, path)
+
+
 def bf16_bits(w: Any) -> Any:
     """bf16 bit patterns (uint16, flat) of finite fp32 values, rounded to nearest even as torch
     rounds; a benchmark's synthetic weights go through it."""

@@ -32,7 +32,7 @@ import time
 import uuid
 from typing import Any
 
-from rlstream.ops.bench.common import emit, local_cluster, median, percentile, progress
+from rlstream.ops.bench.common import emit, local_cluster, median, percentile, progress, run_signer
 
 MODEL = "policy"
 
@@ -88,7 +88,8 @@ def _weights(settings: dict[str, Any], run: str, args: argparse.Namespace) -> di
 
     model = _Model(args.mb, seed=0, lr=args.lr)
     producer = EventProducer.transactional(settings["trainer"], f"rlstream.{run}.learner")
-    pub = WeightPublisher(producer, run, MODEL, keyframe_every=args.keyframe_every)
+    signer = run_signer(settings["trainer"], run)
+    pub = WeightPublisher(producer, run, MODEL, keyframe_every=args.keyframe_every, signer=signer)
     subs = {
         "eu": WeightSubscriber(settings["eu"], run, MODEL, source="trainer", fetch_timeout=60),
         "trainer": WeightSubscriber(settings["trainer"], run, MODEL, fetch_timeout=60),

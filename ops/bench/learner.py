@@ -124,6 +124,7 @@ def _rank(
 ) -> None:  # pragma: no cover (runs in a spawned process)
     import torch
 
+    from rlstream.ops.bench.common import run_signer
     from rlstream.producers.weights.publisher import rank_publisher
     from rlstream.schemas import topics
     from rlstream.trainer.learner_step import StepInput, init_model, published_state, train_step
@@ -139,7 +140,8 @@ def _rank(
     if ranks is not None:
         optimizer = ranks.adopt(model, optimizer)
     txn_id = f"{topics.group_id(run, 'learner')}.0"
-    pub = rank_publisher(settings, run, MODEL, txn_id, ranks, cfg.keyframe_every)
+    signer = run_signer(settings, run) if rank == 0 else None
+    pub = rank_publisher(settings, run, MODEL, txn_id, ranks, cfg.keyframe_every, signer)
     producer = pub.producer
     pub.publish_version(published_state(model, cfg.publish_dtype), 0)
     b = cfg.groups_per_step

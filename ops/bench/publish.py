@@ -107,6 +107,7 @@ def _state(specs: list[tuple[str, int]], rank: int, world: int) -> dict[str, Any
 def _rank(
     rank: int, world: int, port: int, settings: Any, run: str, specs: list, out: Any
 ) -> None:  # pragma: no cover (runs in a spawned process)
+    from rlstream.ops.bench.common import run_signer
     from rlstream.producers.weights.publisher import rank_publisher
     from rlstream.schemas import topics
 
@@ -115,7 +116,9 @@ def _rank(
         from rlstream.trainer.distributed import RankEnv, Ranks
 
         ranks = Ranks(RankEnv(rank, world, "127.0.0.1", port), backend="gloo")
-    pub = rank_publisher(settings, run, MODEL, f"{topics.group_id(run, 'learner')}.0", ranks)
+    signer = run_signer(settings, run) if rank == 0 else None
+    txn = f"{topics.group_id(run, 'learner')}.0"
+    pub = rank_publisher(settings, run, MODEL, txn, ranks, signer=signer)
     producer = pub.producer
     state = _state(specs, rank, world)
     if ranks is not None:

@@ -50,7 +50,7 @@ import time
 import uuid
 from typing import Any
 
-from rlstream.ops.bench.common import bench_kafka, bf16_bits, emit, median, progress
+from rlstream.ops.bench.common import bench_kafka, bf16_bits, emit, median, progress, run_signer
 
 MODEL = "policy"
 WEIGHT_STD = 0.01
@@ -348,6 +348,7 @@ def _learner(cfg: dict[str, Any]) -> None:
         MODEL,
         keyframe_every=cfg["keyframe_every"],
         max_chunk_bytes=cfg["chunk_bytes"],
+        signer=run_signer(settings, cfg["run"]),
     )
     _say(event="ready", model_bytes=2 * model.numel, tensors=len(model.master))
     previous: dict[str, Any] | None = None

@@ -127,7 +127,9 @@ def apply(
     """In the cluster ``admin_settings`` reaches (a super user's), region ``here`` (default the
     trainer region) of ``regions`` (a ``topics.Regions``, default one region): create the users
     of the principals that run there, the run's topics with the copies the region receives, and
-    their ACLs; returns how many of each were applied."""
+    their ACLs, and in the trainer region the run's weight-signing key (recorded in ``rl.runs``,
+    kept in the cluster's secrets for the learner: ``security.weights_key_file``); returns how
+    many of each were applied."""
     from rlstream.ops.cluster import security
     from rlstream.ops.run import acls
     from rlstream.producers.client.admin import ensure_run_topics
@@ -139,5 +141,9 @@ def apply(
     security.authorize(admin_settings, home, users, grants, timeout)
     # rl.schemas, rl.runs and the copies included
     report = ensure_run_topics(admin_settings, run, regions=regions, here=here)
+    if here == regions.trainer:  # the run's creation: its weight-signing key, in the secrets
+        from rlstream.consumers.weights.trust import ensure_run_key
+
+        ensure_run_key(admin_settings, run, security.weights_key_file(home, run))
     topics = len(report.created) + len(report.unchanged) + len(report.drift)
     return {"users": len(users), "topics": topics, "acls": len(grants)}

@@ -96,8 +96,9 @@ def _demo(args: argparse.Namespace) -> int:
     learner_cfg = config.role("learner")
     assert isinstance(learner_cfg, LearnerConfig)
     init_model(learner_cfg, lambda line: print(f"  {line}", flush=True))
-    demo.sign_weights(out)
-    roles = _start_roles(args, run, config, regions, settings, out / "logs", extra)
+    key_file = demo.learner_key_file(args.secure, _home(args), run, out)
+    learner_env = demo.sign_weights(home, run, key_file, learner_cfg.insecure_weights)
+    roles = _start_roles(args, run, config, regions, settings, out / "logs", extra, learner_env)
     progress, tally, stopper = demo.RunAnalytics(run), demo.RegionTally(), Stopper().install()
     follower = threading.Thread(
         target=demo.follow_streams,
@@ -176,8 +177,11 @@ def _authorize(run: str, regions, settings: dict, home: Path) -> None:
         print(f"run {run}: {links} MirrorMaker 2 ACLs on the links", flush=True)
 
 
-def _start_roles(args, run, config, regions, settings, logs: Path, extra: list[str]) -> list:
-    """Trainer-region roles in the trainer region; rollout workers in the rollout regions."""
+def _start_roles(
+    args, run, config, regions, settings, logs: Path, extra: list[str], learner_env: dict
+) -> list:
+    """Trainer-region roles in the trainer region; rollout workers in the rollout regions. Only
+    the learner's process is given ``learner_env`` (its signing key file)."""
     from functools import partial
 
     from rlstream.ops.run import demo
@@ -186,7 +190,7 @@ def _start_roles(args, run, config, regions, settings, logs: Path, extra: list[s
     # secured: each role finds the cluster in the state directory and connects as its own user
     start = partial(demo.start_role, home=_home(args)) if args.secure else demo.start_role
     roles = [
-        start("learner", run, home, logs, extra, region=here),
+        start("learner", run, home, logs, extra, region=here, env=learner_env),
         start("admission", run, home, logs, extra, region=here),
     ]
     roles += [

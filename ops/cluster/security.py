@@ -57,6 +57,12 @@ def secrets_dir(home: Path) -> Path:
     return Path(home) / "secrets"
 
 
+def weights_key_file(home: Path, run: str) -> Path:
+    """Where a secured cluster keeps run ``run``'s weight-signing key (made by ``acl apply``;
+    a role started there is given its part: ``consumers.weights.trust.key_folder_env``)."""
+    return secrets_dir(home) / "weights" / run / "weights-signing-key.pem"
+
+
 def ca_file(home: Path) -> Path:
     return secrets_dir(home) / "ca.pem"
 

@@ -53,6 +53,7 @@ def start_role(
     name: str = "",
     region: str | None = None,
     home: Path | str | None = None,
+    env: dict[str, str] | None = None,
 ) -> RoleProcess:
     """``rlstream run ROLE`` as a process of its own, in ``region`` (reached at ``settings``,
     with its credentials when it has any).
@@ -60,6 +61,7 @@ def start_role(
     With ``home`` (the local cluster's state directory) the role is given no address: it finds
     ``region`` there and, when the cluster is secured, connects as its own user (``ops.run.roles``);
     no ``RLSTREAM_BOOTSTRAP``/``RLSTREAM_KAFKA_*`` is passed on that would make it someone else.
+    ``env`` is added to this role's environment alone (the learner's signing key file).
     """
     name = name or role
     log = logs / f"{name}.log"
@@ -78,13 +80,15 @@ def start_role(
         *(["--region", region] if region else []),
         *extra,
     ]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    inherited = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     if home is not None:
-        env = {k: v for k, v in env.items() if not _names_a_cluster(k)}
+        inherited = {k: v for k, v in inherited.items() if not _names_a_cluster(k)}
     else:
-        env.update(credentials_env(settings))
+        inherited.update(credentials_env(settings))
     with open(log, "ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env={**inherited, **(env or {})}
+        )
     return RoleProcess(name, proc, log)
 
 
@@ -106,16 +110,32 @@ def _names_a_cluster(variable: str) -> bool:
     return variable == "RLSTREAM_BOOTSTRAP" or variable.startswith("RLSTREAM_KAFKA_")
 
 
-def sign_weights(out: Path) -> Path:
-    """A signing key for the run (kept under ``out``; returns its file): the learner signs every
-    weight manifest, and every role that reads manifests (the roles inherit this environment)
-    refuses one that does not verify."""
+def learner_key_file(secure: bool, home: Path, run: str, out: Path) -> Path:
+    """Where the run's weight key is kept: in a secured cluster's secrets (where ``acl apply``
+    made it), else beside the run's logs."""
+    from rlstream.ops.cluster import security
+    from rlstream.producers.weights.signing import KEY_FILE
+
+    return security.weights_key_file(home, run) if secure else out / "learner-key" / KEY_FILE
+
+
+def sign_weights(
+    settings: KafkaSettings, run: str, key_file: Path, insecure: bool
+) -> dict[str, str]:
+    """The run's weight-signing key, made and recorded in its run manifest before any role
+    starts (``consumers.weights.trust.ensure_run_key``); returns the environment of the
+    learner's process alone, which names the private key's file ``key_file`` (mode 0600). Every role is given the public key (``$RLSTREAM_WEIGHTS_VERIFY_KEY``: on a secured
+    cluster the roles may not read ``rl.runs``) and refuses a manifest that does not verify.
+    ``insecure``: the run is created insecure instead (recorded, said loudly)."""
+    from rlstream.consumers.weights.trust import ensure_run_key
     from rlstream.producers.weights import signing
 
-    key_file, public_hex = signing.generate(out / "learner")
-    os.environ[signing.SIGNING_KEY_ENV] = str(key_file)
-    os.environ[signing.VERIFY_KEY_ENV] = public_hex
-    return key_file
+    signer = ensure_run_key(settings, run, key_file, insecure=insecure)
+    if signer is None:
+        print(f"run {run}: created INSECURE, its weight manifests are not signed", flush=True)
+        return {}
+    os.environ[signing.VERIFY_KEY_ENV] = signer.public_hex
+    return {signing.SIGNING_KEY_ENV: str(key_file)}
 
 
 def stop_roles(roles: list[RoleProcess], timeout: float = 20.0) -> None:
@@ -226,8 +246,11 @@ def write_png(progress: RunAnalytics, path: Path) -> None:
 def record_run_manifest(
     settings: KafkaSettings, run: str, config: Any, status: str, created_ms: int, regions: list[str]
 ) -> None:
-    """Put the run manifest (resolved config, seeds, code version, topics) in ``rl.runs``."""
+    """Put the run manifest (resolved config, seeds, code version, topics) in ``rl.runs``,
+    keeping the weight fields recorded for the run (its signing key)."""
     from rlstream import __version__
+    from rlstream.consumers.run_log import run_manifest
+    from rlstream.consumers.weights.trust import weight_fields
     from rlstream.producers.client.producer import EventProducer
 
     record = {
@@ -242,6 +265,7 @@ def record_run_manifest(
         "start_offsets": [],
         "topics": sorted(topics.run_topics(run).values()),
         "regions": regions,
+        **weight_fields(run_manifest(settings, run)),  # the run's key stays recorded
     }
     with EventProducer.connect(settings) as producer:
         producer.produce(topics.RUNS_TOPIC, "run_manifest", record, run)

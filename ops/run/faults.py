@@ -210,39 +210,110 @@ def forge_manifests(
     - ``unsigned``: version 10^12 with no signature;
     - ``version_jump``: version 10^12 signed with the run's own key (a leaked key or a fenced
       learner): refused for its implausible version, not its signature."""
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    return _forge(settings, run, model, key_file, ("foreign_key", "unsigned", "version_jump"))
 
+
+#: What ``attack_weights`` tries by default, each refused by every reader of a live signed run.
+ATTACKS = ("unsigned_manifest", "wrong_key", "epoch_jump", "replayed_manifest", "weak_hash")
+#: The learner epoch an ``epoch_jump`` claims past the newest genuine one.
+FORGED_EPOCH_JUMP = 10**9
+
+
+def attack_weights(
+    settings: KafkaSettings, run: str, model: str, key_file: Path, kinds: tuple[str, ...] = ATTACKS
+) -> list[Injected]:
+    """Try each attack of ``kinds`` once against the live run's weight manifests (from its
+    newest genuine manifest of ``model``; ``key_file`` is the run's private key, as if it had
+    leaked, for the attacks that need a good signature):
+
+    - ``unsigned_manifest``: the next version, unsigned;
+    - ``wrong_key``: the next version, signed with a key that is not the run's;
+    - ``epoch_jump``: the next version of a learner epoch 10^9 past the newest, signed with the
+      run's key: one such record must not make readers refuse every later real version;
+    - ``replayed_manifest``: the run's oldest manifest still in the log, written again byte for
+      byte with its genuine signature;
+    - ``weak_hash``: the next version naming non-cryptographic (xxh3) hashes, signed with the
+      run's key.
+
+    Returns where each landed; ``attack_tally`` counts the refusals readers logged for them."""
+    return _forge(settings, run, model, key_file, kinds)
+
+
+def attack_tally(
+    injected: list[Injected], refused_offsets: set[int] | dict[int, Any]
+) -> dict[str, dict[str, int]]:
+    """Per attack kind ``{"tried": N, "refused": N}``: how many of ``injected`` landed, and at
+    how many of their offsets a reader refused a manifest (``refused_offsets``, e.g. the
+    offsets in the roles' "refusing the record at offset" log lines)."""
+    out: dict[str, dict[str, int]] = {}
+    for item in injected:
+        row = out.setdefault(item.kind, {"tried": 0, "refused": 0})
+        row["tried"] += 1
+        row["refused"] += int(item.offset in refused_offsets)
+    return out
+
+
+def _forge(
+    settings: KafkaSettings, run: str, model: str, key_file: Path, kinds: tuple[str, ...]
+) -> list[Injected]:
+    """Publish one forged manifest per kind (see ``forge_manifests``, ``attack_weights``)."""
     from rlstream.consumers.weights.manifest_log import ManifestLog
-    from rlstream.producers.weights.signing import Signer
 
     with ManifestLog.of_run(settings, run, model) as log:
         log.catch_up(30)
         records = log.records()
     if not records:
         raise RuntimeError(f"no manifest of {model} to forge from")
-    newest = records[-1]
-    forged = [
-        ("foreign_key", int(newest["version"]) + 1, Signer(Ed25519PrivateKey.generate())),
-        ("unsigned", FORGED_VERSION, None),
-        ("version_jump", FORGED_VERSION, Signer.from_file(key_file)),
-    ]
-    landed: list[Injected] = []
     topic = topics.topic_name(run, "weights.manifests")
+    forged = [_forged(kind, records[-1], key_file, settings, topic) for kind in kinds]
+    landed: list[Injected] = []
     producer = EventProducer.connect(settings)
-    for kind, version, signer in forged:
-        rec = {**newest, "version": version, "created_ms": int(time.time() * 1000)}
-        value = events.encode("weight_manifest", rec)
-        headers = signer.headers(value) if signer is not None else None
+    for kind, (value, headers) in zip(kinds, forged, strict=True):
 
         def done(err: KafkaError | None, msg: Message, kind: str = kind) -> None:
             if err is None:
                 landed.append(_injected(kind, msg, dead_letter=False))
 
-        producer.produce_raw(
-            topic, value, topics.record_key("weights.manifests", rec), headers, done
-        )
+        producer.produce_raw(topic, value, model, headers, done)
     producer.wait(30)
     return landed
+
+
+def _forged(
+    kind: str, newest: dict[str, Any], key_file: Path, settings: KafkaSettings, topic: str
+) -> tuple[bytes, Any]:
+    """The value and headers of one forged manifest of ``kind``."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from rlstream.producers.weights.signing import Signer
+
+    if kind == "replayed_manifest":
+        return _oldest_manifest(settings, topic)
+    run_key, other = Signer.from_file(key_file), Signer(Ed25519PrivateKey.generate())
+    nxt, epoch = int(newest["version"]) + 1, int(newest.get("learner_epoch", 0))
+    table: dict[str, tuple[dict[str, Any], Signer | None]] = {
+        "foreign_key": ({"version": nxt}, other),
+        "wrong_key": ({"version": nxt}, other),
+        "unsigned": ({"version": FORGED_VERSION}, None),
+        "unsigned_manifest": ({"version": nxt}, None),
+        "version_jump": ({"version": FORGED_VERSION}, run_key),
+        "epoch_jump": ({"version": nxt, "learner_epoch": epoch + FORGED_EPOCH_JUMP}, run_key),
+        "weak_hash": ({"version": nxt, "hash_algorithm": "xxh3_128"}, run_key),
+    }
+    changes, signer = table[kind]
+    rec = {**newest, **changes, "created_ms": int(time.time() * 1000)}
+    value = events.encode("weight_manifest", rec)
+    return value, (signer.headers(value) if signer is not None else None)
+
+
+def _oldest_manifest(settings: KafkaSettings, topic: str) -> tuple[bytes, Any]:
+    """The value and headers of the first record still in ``topic``, as written."""
+    from rlstream.consumers.read_to_end import read_topic
+
+    for msg in read_topic(settings, topic, name="chaos-replay", timeout=30):
+        if msg.value() is not None:
+            return msg.value() or b"", msg.headers()
+    raise RuntimeError(f"no manifest in {topic} to replay")
 
 
 def _injected(kind: str, msg: Message, dead_letter: bool) -> Injected:

@@ -307,6 +307,7 @@ def start(args: argparse.Namespace) -> int:
     )
     if getattr(args, "once", False):  # supervised: a hung transaction ends in a restart
         exit_when_hung(float(os.environ.get("RLSTREAM_HUNG_TRANSACTION_S", HUNG_TRANSACTION_S)))
+    _take_run_key(args.home, args.run, role)
     report = ensure_run_topics(settings, args.run, regions=regions, here=region)
     if report.drift:
         print(f"warning: topic drift {report.drift}", file=sys.stderr)
@@ -323,3 +324,17 @@ def start(args: argparse.Namespace) -> int:
     result = importlib.import_module(ROLES[role].module).run_role(ctx)
     print(f"{role}: stopped, {json.dumps(result)}", file=sys.stderr)
     return 0
+
+
+def _take_run_key(home: str | None, run: str, role: str) -> None:
+    """On a local cluster whose secrets hold the run's weight key (a secured run, made by
+    ``acl apply``): its public key for this role, its key file's path for the learner alone,
+    in this process's environment unless given already."""
+    from pathlib import Path
+
+    from rlstream.consumers.weights.trust import key_folder_env
+    from rlstream.ops.cluster import default_home, security
+
+    folder = security.weights_key_file(Path(home) if home else default_home(), run).parent
+    for name, value in key_folder_env(folder, role).items():
+        os.environ.setdefault(name, value)

@@ -3,19 +3,24 @@ the signature before they decode the manifest, let alone allocate for its tensor
 
 Rules:
 
-- the learner holds the run's Ed25519 private key (PEM file named by ``$RLSTREAM_WEIGHTS_SIGNING_KEY``
-  or given to ``Signer.from_file``); it signs the exact bytes of each manifest record value and
-  sends the signature and the key id (the first 8 bytes of the public key, hex) as headers;
-- every reader (weight subscriber, version watcher, learner ledger, replay) verifies with the
-  public key (hex, ``$RLSTREAM_WEIGHTS_VERIFY_KEY`` or ``Verifier.from_hex``). With a key set, a
-  manifest that is unsigned, signed by another key, or altered after signing is refused
-  (``Refused``), counted, and never decoded: old weights keep serving, and a forged version
-  number (say 10^12) never pins a worker or makes admission reject everything as stale;
-- without a verify key (a run that predates signing, or a trusted test cluster) manifests are
-  accepted unchecked, and the reader logs once that it is doing so.
+- a run has an Ed25519 key pair from its creation (``consumers.weights.trust``): the public key
+  is recorded in the run manifest (``rl.runs``, which only the run's creator writes), the
+  private key is a PEM file (mode 0600) that only the learner is given: by its own
+  ``$RLSTREAM_WEIGHTS_SIGNING_KEY``, set for the learner's process alone, or in its state
+  directory (``Signer.from_file``); no other role is told where it is;
+- the learner signs the exact bytes of each manifest record value and sends the signature and
+  the key id (the first 8 bytes of the public key, hex) as headers;
+- every reader (weight subscriber, version watcher, learner ledger, replay) judges a record by
+  the run's ``Trust``: with the run's public key (``Verifier``), a manifest that is unsigned,
+  signed by another key, or altered after signing is refused (``Refused``), counted, and
+  never decoded: old weights keep serving, and a forged version number (say 10^12) never
+  pins a worker or makes admission reject everything as stale. Fail-closed: a reader that
+  knows no key for the run accepts nothing, unless the run was explicitly created insecure
+  (``Trust.insecure``), which every reader says loudly in its log.
 
 Chunks need no signature of their own: a signed manifest names every chunk's checksum and every
-tensor's hash, and nothing is applied that does not match them.
+tensor's hash, of a cryptographic algorithm (``deltacodec.bits``), and nothing is applied that
+does not match them.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
@@ -66,6 +72,8 @@ class Signer:
 
     @classmethod
     def from_env(cls) -> Signer | None:
+        """The key file named by this process's own ``$RLSTREAM_WEIGHTS_SIGNING_KEY`` (the
+        learner's; set for its process alone); None when unset."""
         path = os.environ.get(SIGNING_KEY_ENV)
         return cls.from_file(path) if path else None
 
@@ -112,11 +120,38 @@ class Verifier:
             raise Refused("bad signature (the manifest was altered or forged)") from None
 
 
-def generate(folder: str | Path) -> tuple[Path, str]:
-    """A new key pair for a run: the private key as a PEM file in ``folder`` (mode 0600) and the
-    public key in hex (for ``$RLSTREAM_WEIGHTS_VERIFY_KEY``)."""
+@dataclass(frozen=True)
+class Trust:
+    """What a reader of a run's manifests accepts: those signed with ``verifier``'s key; with
+    no verifier, any (``insecure``: a run created insecure on purpose, or a replay of a run
+    recorded before keys) or none (no key known: fail-closed). ``source`` says where the
+    decision came from, for the logs."""
+
+    verifier: Verifier | None = None
+    insecure: bool = False
+    source: str = "no key known"
+
+    @property
+    def known(self) -> bool:
+        """Whether the reader may accept anything (a key, or an explicit insecure run)."""
+        return self.verifier is not None or self.insecure
+
+    def check(self, value: bytes | None, headers: Headers | None) -> None:
+        """Return if a record may be decoded; raise ``Refused``."""
+        if self.verifier is not None:
+            self.verifier.check(value, headers)
+        elif not self.insecure:
+            raise Refused(f"no weight-signing key known for the run ({self.source})")
+
+
+KEY_FILE = "weights-signing-key.pem"
+
+
+def generate(folder: str | Path, name: str = KEY_FILE) -> tuple[Path, str]:
+    """A new key pair for a run: the private key as a PEM file ``name`` in ``folder`` (mode
+    0600) and the public key in hex (what the run manifest records)."""
     private = Ed25519PrivateKey.generate()
-    path = Path(folder) / "weights-signing-key.pem"
+    path = Path(folder) / name
     path.parent.mkdir(parents=True, exist_ok=True)
     pem = private.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()

@@ -37,9 +37,12 @@ only call it.
   stored length) at most what that range can need: a small chunk carrying a frame that would
   expand to gigabytes is refused before anything is decompressed. Failures are
   ``ManifestInvalid`` (the manifest) or ``ChunkCorrupt`` (a chunk).
-- Plausible versions (``implausible``): per model, a manifest of a learner epoch older than the
-  newest accepted, or a version more than ``MAX_VERSION_JUMP`` past the newest accepted, is
-  refused by every reader (the manifest log, the analytics).
+- Plausible versions (``implausible``, ``replayed``): per model, a manifest of a learner epoch
+  older than the newest accepted, of an epoch more than ``MAX_EPOCH_JUMP`` past its version
+  or past the newest accepted epoch, or of a version more than ``MAX_VERSION_JUMP``
+  past the newest accepted, is refused by every reader (the manifest log, the analytics); the
+  manifest log also refuses, per kind, a version of the newest epoch that is not past the
+  newest of its kind (an old manifest written again).
 
 numpy only: importing this module never loads torch or Kafka.
 """
@@ -250,6 +253,10 @@ def _chunk_ref(chunk: Mapping[str, Any], ref: Ref | None) -> dict[str, Any]:
 #: Furthest past the newest accepted version a manifest may be (the learner publishes every
 #: version, one step after the other; the margin only spares a reader that started late).
 MAX_VERSION_JUMP: Final = 10_000
+#: Furthest past the newest accepted learner epoch a manifest may be: a learner's incarnation
+#: is one more than the newest among the run's manifests, so a model's epochs go up one at a
+#: restart; the margin spares a reader that missed some.
+MAX_EPOCH_JUMP: Final = 100
 
 
 def implausible(
@@ -258,33 +265,67 @@ def implausible(
     newest: int | None,
     newest_epoch: int,
     max_jump: int = MAX_VERSION_JUMP,
+    max_epoch_jump: int = MAX_EPOCH_JUMP,
 ) -> tuple[str, str] | None:
     """``(kind, reason)`` when a manifest of ``version`` and learner ``epoch`` must be refused,
     given the newest version and epoch accepted so far for its model; None when acceptable.
 
-    Rule: an epoch older than ``newest_epoch`` is refused (``epoch``); so is a version more
-    than ``max_jump`` past ``newest`` (``version``). The first manifest read anchors both."""
+    Rule: an epoch older than ``newest_epoch`` is refused (``epoch``); so is an epoch more than
+    ``max_epoch_jump`` past ``version`` (the k-th incarnation of a learner publishes version
+    k - 1 or a later one: the first publishes version 0, each restart at least one version
+    after the last) or, once a manifest was accepted, past ``newest_epoch`` (``epoch``): one
+    forged epoch would otherwise make every reader refuse every later real version as older;
+    a version more than ``max_jump`` past ``newest`` is refused (``version``). The first
+    manifest read anchors both."""
     if epoch < newest_epoch:
         return "epoch", f"learner epoch {epoch} is older than epoch {newest_epoch} already seen"
+    jump = f"learner epoch {epoch} jumps more than {max_epoch_jump} past"
+    if epoch > version + max_epoch_jump:
+        return "epoch", f"{jump} version {version}"
+    if newest is not None and epoch > newest_epoch + max_epoch_jump:
+        return "epoch", f"{jump} epoch {newest_epoch}"
     if newest is not None and version > newest + max_jump:
         return "version", f"version {version} jumps more than {max_jump} past {newest}"
     return None
 
 
+def replayed(version: int, epoch: int, newest_of_kind: tuple[int, int] | None) -> str | None:
+    """Why a manifest of ``version`` and ``epoch`` is a replay, given the (epoch, version) of
+    the newest manifest of its model and kind accepted so far; None when it is not.
+
+    Rule: within one learner epoch a learner publishes each version once per kind, in order
+    (a publish whose transaction aborted is never read), so a manifest of that epoch whose
+    version is not past the newest of its kind is an old manifest written again (or a
+    duplicate a mirror delivered twice): refused. A newer epoch may publish any version."""
+    if newest_of_kind is None or epoch != newest_of_kind[0] or version > newest_of_kind[1]:
+        return None
+    return f"version {version} replayed in epoch {epoch} (version {newest_of_kind[1]} seen)"
+
+
 class VersionTips:
     """Per model, the newest version and learner epoch accepted so far: what ``implausible``
-    judges a manifest against. Every reader of manifests keeps one."""
+    judges a manifest against, and per model and kind the newest (epoch, version), what
+    ``replayed`` judges it against. Every reader of manifests keeps one."""
 
     def __init__(self) -> None:
         self._tips: dict[str, tuple[int, int]] = {}
+        self._kinds: dict[tuple[str, str], tuple[int, int]] = {}
 
-    def admit(self, model: str, version: int, epoch: int) -> tuple[str, str] | None:
-        """``(kind, reason)`` when the manifest is refused (see ``implausible``); else None,
-        and the model's tip moves to it."""
+    def admit(
+        self, model: str, version: int, epoch: int, kind: str | None = None
+    ) -> tuple[str, str] | None:
+        """``(kind, reason)`` when the manifest is refused (see ``implausible`` and, given its
+        ``kind``, ``replayed``: reason kind ``replayed``); else None, and the tips move to
+        it."""
         newest, newest_epoch = self._tips.get(model, (None, 0))
         why = implausible(version, epoch, newest, newest_epoch)
+        if why is None and kind is not None:
+            again = replayed(version, epoch, self._kinds.get((model, kind)))
+            why = None if again is None else ("replayed", again)
         if why is None:
             self._tips[model] = (max(version, newest or 0), epoch)
+            if kind is not None:
+                self._kinds[(model, kind)] = (epoch, version)
         return why
 
 

@@ -21,7 +21,27 @@ from confluent_kafka import (
 
 from rlstream.producers.client.admin import TopicWant, admin_client, apply_topics
 from rlstream.producers.client.settings import KafkaSettings
+from rlstream.producers.weights.signing import KEY_FILE, Signer
 from rlstream.schemas import events
+
+_SIGNERS: dict[str, Signer] = {}
+
+
+def signed_run(settings: KafkaSettings, run: str) -> Signer:
+    """The signer of ``run``, created signed as its first learner start would create it
+    (``consumers.weights.trust.ensure_run_key``: its key recorded in ``rl.runs``, so every
+    reader verifies with it), once per run: what a test's own publisher signs with."""
+    import tempfile
+    from pathlib import Path
+
+    from rlstream.consumers.weights.trust import ensure_run_key
+
+    if run not in _SIGNERS:
+        folder = Path(tempfile.mkdtemp(prefix="rlstream-test-key-"))
+        signer = ensure_run_key(settings, run, folder / KEY_FILE)
+        assert signer is not None
+        _SIGNERS[run] = signer
+    return _SIGNERS[run]
 
 
 def make_topics(settings: KafkaSettings, *names: str, partitions: int = 3) -> None:

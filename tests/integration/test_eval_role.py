@@ -19,7 +19,7 @@ from rlstream.rollout.model import build_policy
 from rlstream.schemas import topics
 from rlstream.schemas.deltacodec import from_torch
 
-from .helpers import decode_all
+from .helpers import decode_all, signed_run
 
 POLICY = PolicyConfig(vocab_size=128, d_model=32, n_heads=2, d_expert=32, max_seq_len=128)
 SETS = {
@@ -51,7 +51,8 @@ def test_eval_role_killed_and_restarted_evaluates_each_due_version_once(
 ):
     ensure_run_topics(kafka, unique_run)
     producer = EventProducer.transactional(kafka, f"rlstream.{unique_run}.learner.0", timeout=30)
-    publisher = WeightPublisher(producer, unique_run, "policy", keyframe_every=3)
+    signer = signed_run(kafka, unique_run)  # the run is signed from its creation
+    publisher = WeightPublisher(producer, unique_run, "policy", keyframe_every=3, signer=signer)
     for version in range(9):
         publisher.publish_version(_state(version), version)
     extra = ["--once"] + [a for k, v in SETS.items() for a in ("--set", f"{k}={v}")]
@@ -115,7 +116,8 @@ def test_serving_follows_released_versions_only(kafka, unique_run):
 
     ensure_run_topics(kafka, unique_run)
     producer = EventProducer.transactional(kafka, f"rlstream.{unique_run}.learner.0", timeout=30)
-    publisher = WeightPublisher(producer, unique_run, "policy", keyframe_every=3)
+    signer = signed_run(kafka, unique_run)  # the run is signed from its creation
+    publisher = WeightPublisher(producer, unique_run, "policy", keyframe_every=3, signer=signer)
     for version in range(6):
         publisher.publish_version(_state(version), version)
     evals = EventProducer.transactional(kafka, topics.group_id(unique_run, "eval"), timeout=30)

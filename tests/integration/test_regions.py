@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from helpers import read_all
+from helpers import read_all, signed_run
 from test_events import examples
 from test_weights_sync import CHUNK, MODEL, Learner
 
@@ -71,7 +71,10 @@ def test_only_committed_weights_and_trajectories_cross_regions(geo, unique_run):
     # its manifest (inside) were written, v1 committed again from another state
     learner = Learner(seed=3)
     producer = EventProducer.transactional(home, f"rlstream.{run}.learner", timeout=30)
-    pub = WeightPublisher(producer, run, MODEL, keyframe_every=4, max_chunk_bytes=CHUNK)
+    signer = signed_run(home, run)  # the run is signed from its creation
+    pub = WeightPublisher(
+        producer, run, MODEL, keyframe_every=4, max_chunk_bytes=CHUNK, signer=signer
+    )
     pub.publish_version(learner.states[0], 0)
     doomed = learner.step()
     with pytest.raises(_Abandoned), producer.transaction():

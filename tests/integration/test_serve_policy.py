@@ -13,6 +13,7 @@ import urllib.request
 
 import torch
 from aiohttp import web
+from helpers import signed_run
 
 from rlstream.envs.judges import JudgeConfig, judge_llm
 from rlstream.producers.client.admin import ensure_run_topics
@@ -29,7 +30,8 @@ POLICY = PolicyConfig(vocab_size=128, d_model=32, n_heads=2, d_expert=32, max_se
 
 def _publisher(kafka, run: str) -> WeightPublisher:
     producer = EventProducer.transactional(kafka, f"rlstream.{run}.learner.0", timeout=30)
-    return WeightPublisher(producer, run, "policy", keyframe_every=4)
+    signer = signed_run(kafka, run)  # the run is signed from its creation
+    return WeightPublisher(producer, run, "policy", keyframe_every=4, signer=signer)
 
 
 def _state(seed: int):

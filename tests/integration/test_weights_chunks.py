@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaException
-from helpers import read_all
+from helpers import read_all, signed_run
 from test_weights_sync import CHUNK, MODEL, Learner, _assert_on, _make_topics, _subscriber
 
 from rlstream.consumers.weights.manifest_log import read_manifests
@@ -42,6 +42,7 @@ def _publisher(kafka: KafkaSettings, run: str, k: int, **kw: Any) -> WeightPubli
     txn_timeout = kw.pop("txn_timeout_ms", None)
     overrides = {} if txn_timeout is None else {"transaction.timeout.ms": str(txn_timeout)}
     producer = EventProducer.transactional(kafka, f"rlstream.{run}.learner", 30, **overrides)
+    kw.setdefault("signer", signed_run(kafka, run))  # the run is signed from its creation
     return WeightPublisher(producer, run, MODEL, keyframe_every=k, max_chunk_bytes=CHUNK, **kw)
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import read_all
+from helpers import read_all, signed_run
 
 from rlstream.consumers.weights.manifest_log import read_manifests
 from rlstream.consumers.weights.subscriber import Snapshot, WeightSubscriber
@@ -77,6 +77,7 @@ class _Abandoned(Exception):
 
 
 def _publisher(kafka: KafkaSettings, run: str, k: int, **kw: Any) -> WeightPublisher:
+    kw.setdefault("signer", signed_run(kafka, run))  # the run is signed from its creation
     producer = EventProducer.transactional(kafka, f"rlstream.{run}.learner", timeout=30)
     return WeightPublisher(producer, run, MODEL, keyframe_every=k, max_chunk_bytes=CHUNK, **kw)
 
