@@ -121,12 +121,13 @@ class ManifestLog(Mapping[Key, dict[str, Any]]):
         topic: str | None = None,
         *,
         source: str | None = None,
+        audit: bool = False,
     ) -> ManifestLog:
         """The log of ``run``'s manifests topic (or of ``topic``); with ``source`` (a region
         name), of MirrorMaker's copy from that region, ``SOURCE.rl.RUN.weights.manifests``."""
         name = f"{run}.manifest-log"
         own = topics.remote_topic(source, topics.topic_name(run, "weights.manifests"))
-        return cls(settings, topic or own, model, name=name)
+        return cls(settings, topic or own, model, name=name, audit=audit)
 
     # -- the records ----------------------------------------------------------------------
 
@@ -354,10 +355,15 @@ def read_manifests(
 
 
 def manifests_by_version(
-    settings: KafkaSettings, run: str, model: str | None = None, timeout: float = 60.0
+    settings: KafkaSettings,
+    run: str,
+    model: str | None = None,
+    timeout: float = 60.0,
+    *,
+    audit: bool = False,
 ) -> dict[int, dict[str, Any]]:
     """One committed manifest per version of ``run`` (``ManifestLog.by_version``), read to the
-    end as of the call."""
-    with ManifestLog.of_run(settings, run, model) as manifests:
+    end as of the call (``audit``: by a replay, see ``ManifestLog``)."""
+    with ManifestLog.of_run(settings, run, model, audit=audit) as manifests:
         manifests.catch_up(timeout)
         return manifests.by_version()

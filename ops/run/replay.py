@@ -4,7 +4,9 @@
 run log) and feeds it the admitted records each weight manifest names (one manifest per version,
 from the run's manifest log), in the recorded order, checking every new version's state hash
 against the recorded one. On CPU the reproduction is bit-exact; the first divergence is reported
-with the version and the first tensor whose hash differs. A run whose learner had N ranks (its
+with the version and the first tensor whose hash differs. Manifests are read as an audit
+(``ManifestLog(audit=True)``): a run recorded before weight keys replays unverified, and the
+xxh3 hashes of old logs are compared under their own algorithm. A run whose learner had N ranks (its
 manifests' ``stats.ranks``, else the recorded ``learner.ranks``) is replayed on N ranks (local
 processes on gloo), as the gradient average is bit-exact for a given rank count only
 (``trainer.distributed``).
@@ -99,7 +101,7 @@ def replay(
 ) -> ReplayResult:
     """Re-run the learner on the recorded admitted stream; see the module docstring."""
     cfg = _learner_config(settings, run)
-    manifests = manifests_by_version(settings, run)
+    manifests = manifests_by_version(settings, run, audit=True)  # old logs replay too
     ranks = recorded_ranks(manifests, cfg.ranks)
     if ranks > 1:
         return _replay_ranks(settings, run, to_version, ranks, log, cfg, manifests)

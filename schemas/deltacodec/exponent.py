@@ -118,7 +118,7 @@ class Plan:
         self.rem = np.full(mask + 1, kernels.FAR, np.int64)
         self.done = np.empty(deltas.size, np.int64)
         self.old = np.empty(deltas.size, deltas.dtype)
-        self.state = np.zeros(1, np.int64)
+        self.state = np.zeros(2, np.int64)  # changes written, refused (1) or not
 
     def run(self, base: np.ndarray, out: np.ndarray, lo: int, hi: int) -> None:
         """Apply the changes of elements ``[lo, hi)`` (called block by block, in order)."""
@@ -145,7 +145,11 @@ class Plan:
 
     def finish(self) -> None:
         """Raise unless every gap and every difference was used, exactly."""
-        if self.ndone != self.deltas.size or not np.array_equal(self.ptr, self.end):
+        if (
+            self.state[1]
+            or self.ndone != self.deltas.size
+            or not np.array_equal(self.ptr, self.end)
+        ):
             raise ValueError("exponent piece does not match its range")
 
 

@@ -8,6 +8,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import (
@@ -24,7 +25,7 @@ from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.weights.signing import KEY_FILE, Signer
 from rlstream.schemas import events
 
-_SIGNERS: dict[str, Signer] = {}
+_SIGNERS: dict[str, tuple[Signer, Path]] = {}
 
 
 def signed_run(settings: KafkaSettings, run: str) -> Signer:
@@ -32,16 +33,20 @@ def signed_run(settings: KafkaSettings, run: str) -> Signer:
     (``consumers.weights.trust.ensure_run_key``: its key recorded in ``rl.runs``, so every
     reader verifies with it), once per run: what a test's own publisher signs with."""
     import tempfile
-    from pathlib import Path
 
     from rlstream.consumers.weights.trust import ensure_run_key
 
     if run not in _SIGNERS:
-        folder = Path(tempfile.mkdtemp(prefix="rlstream-test-key-"))
-        signer = ensure_run_key(settings, run, folder / KEY_FILE)
+        path = Path(tempfile.mkdtemp(prefix="rlstream-test-key-")) / KEY_FILE
+        signer = ensure_run_key(settings, run, path)
         assert signer is not None
-        _SIGNERS[run] = signer
-    return _SIGNERS[run]
+        _SIGNERS[run] = (signer, path)
+    return _SIGNERS[run][0]
+
+
+def run_key_file(run: str) -> Path:
+    """The private key file of a run made by ``signed_run`` (for tests that play a leaked key)."""
+    return _SIGNERS[run][1]
 
 
 def make_topics(settings: KafkaSettings, *names: str, partitions: int = 3) -> None:

@@ -54,7 +54,11 @@ def apply(
     countdown ``rem`` reaches 0; it gets out[i] = base[i] + the next difference of b,
     and b's next gap is loaded. ``out`` may be ``base`` (in place) and is written at
     changes only. Positions written and their base bits go to ``done`` and ``old``;
-    ``state[0]`` counts them."""
+    ``state[0]`` counts them. Nothing is written that the plan does not hold: a change
+    beyond its bucket's differences, or beyond ``done``, stops the kernel before its write
+    with ``state[1]`` set (``Plan.finish`` refuses the piece)."""
+    if state[1]:
+        return  # refused in an earlier block: nothing more is written
     n = state[0]
     for i in range(lo, hi):
         x = base[i]
@@ -62,6 +66,9 @@ def apply(
         r = rem[b]
         if r == 0:
             p = ptr[b]
+            if p >= end[b] or n >= done.size:
+                state[0], state[1] = n, 1
+                return
             out[i] = x + deltas[p]
             done[n] = i
             old[n] = x
