@@ -1,11 +1,12 @@
 """Weight subscription: follow a model's manifests, fetch, verify, stage, then swap.
 
 A ``WeightSubscriber`` follows the model's manifests through a ``ManifestLog`` (the one reader of
-``weights.manifests``: from the beginning, no consumer group). Whenever a newer version is known it
-plans a route (``plan_route``, ``consumers.weights.routes``), fetches the chunks each manifest of
-the route names, verifies them and decodes into a *staging* state (the codec never writes into its
-base), and only then hands the complete, verified state over: ``current()`` / ``latest()`` and the
-``on_swap`` callback. The records and how they map to the codec are the wire format
+``weights.manifests``: from the beginning, no consumer group; fail-closed: only manifests the
+run's key signed, ``consumers.weights.trust``). Whenever a newer version is known
+it plans a route (``plan_route``, ``consumers.weights.routes``), fetches the chunks each manifest of the route names, verifies
+them and decodes into a *staging* state (the codec never writes into its base), and only then
+hands the complete, verified state over: ``current()`` / ``latest()`` and the ``on_swap``
+callback. The records and how they map to the codec are the wire format
 (``schemas.deltacodec.wire``). Guarantees:
 
 - never partial: the exposed state is always one complete version whose every chunk checksum,
@@ -278,7 +279,8 @@ class WeightSubscriber:
     @property
     def refused_manifests(self) -> list[tuple[int, int, str]]:
         """(partition, offset, reason) of the latest manifests the log refused: not authentic,
-        of an older learner epoch, or an implausible version (``manifest_log``)."""
+        of a non-cryptographic hash in a signed run, of another run, of an older or jumping
+        learner epoch, or an implausible or replayed version (``manifest_log``)."""
         return list(self._manifests.refused)
 
     def newest_known(self) -> int | None:

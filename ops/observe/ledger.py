@@ -10,7 +10,7 @@ trained twice, from the log alone (never from what a driver believes it did):
 - trained: the group ids behind every published version's inputs, in version order (a keyframe
   and a delta of one version share their inputs and count once). Only manifests the run's
   manifest log accepts count: a forged, foreign-key or implausible manifest (refused by
-  ``consumers.weights.manifest_log`` under ``$RLSTREAM_WEIGHTS_VERIFY_KEY``) trains nothing.
+  ``consumers.weights.manifest_log`` with the run's key) trains nothing.
 
 ``Ledger.figures`` states the rules as numbers: every released group decided (``groups_lost``
 0), decided once, trained at most once and only when admitted. Group ids a caller names as

@@ -282,7 +282,8 @@ def weight_refusals(registry: Registry = REGISTRY) -> Counter:
     """``rlstream_weights_refused_total{model, reason}``: weight manifests refused."""
     return registry.counter(
         "rlstream_weights_refused_total",
-        "Weight manifests refused (not authentic, stale epoch, implausible version, out of "
+        "Weight manifests refused (not authentic, a non-cryptographic hash in a signed run, "
+        "another run's, stale or jumping epoch, implausible or replayed version, out of "
         "bounds, corrupt, out of memory); the old weights keep serving.",
         ("model", "reason"),
     )
