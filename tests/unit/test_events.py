@@ -222,6 +222,7 @@ def examples() -> dict[str, dict[str, Any]]:
         "stats": {"loss": 0.0123, "kl": 1e-4, "mean_reward": 0.61},
         "codec_version": 1,
         "learner_epoch": 3,
+        "hash_algorithm": "blake3",
     }
     chunk = {
         "run": "r1",
@@ -267,6 +268,8 @@ def examples() -> dict[str, dict[str, Any]]:
         "parent_run": None,
         "description": "smoke",
         "schemas": {"task": "a5" * 8},
+        "weights_public_key": "ab" * 32,
+        "weights_insecure": False,
     }
     dead = {
         "source_topic": "rl.r1.trajectories", "partition": 3, "offset": 99, "key": b"g1",
