@@ -96,10 +96,10 @@ class ManifestLog(Mapping[Key, dict[str, Any]]):
         self.audit = audit
         if trust is None and verifier is not None:
             trust = Trust(verifier, source="given")
-        self._given = trust
         self.trust = trust or self._resolve()
-        self._looked = self._said = time.monotonic()
+        self._looked, self._said = time.monotonic(), 0.0  # the first wait is said at once
         self.held = False  # records wait for the run's key
+        self._holding: set[int] = set()  # partitions held since they were last assigned
         self.refused: collections.deque[tuple[int, int, str]] = collections.deque(maxlen=100)
         self.newest: int | None = None
         self._tips = VersionTips()
@@ -168,6 +168,7 @@ class ManifestLog(Mapping[Key, dict[str, Any]]):
         keys read (a republished version's too). Raises ``TimeoutError`` (keeping what was
         read) if the end is not reached within ``timeout``."""
         starts = self._positions()
+        self._holding.clear()  # read again from the last record judged
         new = []
         try:
             for msg in read_to_end(self._reader, starts, timeout):
@@ -246,6 +247,7 @@ class ManifestLog(Mapping[Key, dict[str, Any]]):
             if not starts:
                 return False
             self._reader.assign(starts)
+            self._holding.clear()
             self._following = True
         return True
 
@@ -287,10 +289,14 @@ class ManifestLog(Mapping[Key, dict[str, Any]]):
     def _take(self, msg: Message) -> Key | object | None:
         """The key of the record kept, None (refused or skipped), or ``_HELD`` (not judged:
         the run's key is not known yet; the record is read again later)."""
-        if not self._trusting():
-            self._following = False  # re-assign from the last record judged
+        partition = int(msg.partition() or 0)
+        if partition in self._holding or not self._trusting():
+            # every later record of the partition waits too, until it is assigned again from
+            # the last record judged: none is judged before the one held
+            self._holding.add(partition)
+            self._following = False
             return _HELD
-        self._next[int(msg.partition() or 0)] = int(msg.offset() or 0) + 1
+        self._next[partition] = int(msg.offset() or 0) + 1
         try:
             self.trust.check(msg.value(), msg.headers())
         except Refused as exc:

@@ -186,3 +186,23 @@ def test_crafted_chunks_under_a_good_signature_are_refused_and_the_old_weights_k
         pub.publish_version(target, 3)  # the genuine version 3
         sub.wait_for(3, timeout=30)
         _assert_on(sub, learner, 3)
+
+
+def test_manifests_read_before_the_runs_key_is_recorded_are_held_not_lost(
+    kafka: KafkaSettings, unique_run: str, tmp_path: Path
+) -> None:
+    """A reader started before the run's key is recorded holds the records it reads (neither
+    kept nor refused); once the key is recorded it reads them again and applies them."""
+    from rlstream.consumers.weights.trust import record_weight_fields
+
+    _make_topics(kafka, unique_run)
+    signer = signing.Signer.from_file(signing.generate(tmp_path)[0])
+    learner = Learner(seed=36)
+    _publish(_publisher(kafka, unique_run, k=4, signer=signer), learner, range(2))
+    with _sub(kafka, unique_run) as sub:
+        sub.poll(2.0)
+        assert sub.version is None and sub._manifests.held and not sub.refused_manifests
+        record_weight_fields(kafka, unique_run, public_hex=signer.public_hex)
+        sub.wait_for(1, timeout=30)
+        _assert_on(sub, learner, 1)
+        assert not sub.refused_manifests and not sub.failures
