@@ -42,7 +42,8 @@ def _publisher(kafka: KafkaSettings, run: str, k: int, **kw: Any) -> WeightPubli
     txn_timeout = kw.pop("txn_timeout_ms", None)
     overrides = {} if txn_timeout is None else {"transaction.timeout.ms": str(txn_timeout)}
     producer = EventProducer.transactional(kafka, f"rlstream.{run}.learner", 30, **overrides)
-    kw.setdefault("signer", signed_run(kafka, run))  # the run is signed from its creation
+    if "signer" not in kw:  # the run is signed from its creation
+        kw["signer"] = signed_run(kafka, run)
     return WeightPublisher(producer, run, MODEL, keyframe_every=k, max_chunk_bytes=CHUNK, **kw)
 
 

@@ -77,7 +77,8 @@ class _Abandoned(Exception):
 
 
 def _publisher(kafka: KafkaSettings, run: str, k: int, **kw: Any) -> WeightPublisher:
-    kw.setdefault("signer", signed_run(kafka, run))  # the run is signed from its creation
+    if "signer" not in kw:  # the run is signed from its creation
+        kw["signer"] = signed_run(kafka, run)
     producer = EventProducer.transactional(kafka, f"rlstream.{run}.learner", timeout=30)
     return WeightPublisher(producer, run, MODEL, keyframe_every=k, max_chunk_bytes=CHUNK, **kw)
 
