@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
+from pydantic import SecretStr
 
 from rlstream.rollout.config import PolicyConfig
 from rlstream.rollout.model import Generation, KVCache, PolicyModel, generate
@@ -104,9 +105,14 @@ class TorchEngine:
         )
 
 
-def _post(url: str, body: Mapping[str, Any], timeout: float) -> dict[str, Any]:
+def _post(
+    url: str, body: Mapping[str, Any], timeout: float, token: SecretStr | None = None
+) -> dict[str, Any]:
     data = json.dumps(body).encode()
-    req = urllib.request.Request(url, data, {"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if token is not None:  # the header only: never in a message, a log line or the URL
+        headers["Authorization"] = f"Bearer {token.get_secret_value()}"
+    req = urllib.request.Request(url, data, headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return dict(json.loads(resp.read()))
@@ -162,6 +168,11 @@ class OpenAIEngine:
     as pushed only when the server answered success (and, if it says, that version); an
     unreachable server is retried for up to ``timeout_s`` (it may still be starting). Older
     version directories are removed; the newest two are kept.
+
+    Authentication: with a ``token`` (``rollout.push_auth.load_token``: a file or the
+    environment) every request carries ``Authorization: Bearer <token>``, which ``serve policy
+    --weights push`` requires of a push and vLLM's and SGLang's servers check with ``--api-key``.
+    A refused push (401, 403, 409, 422) raises ``EngineError`` with the server's reason.
     """
 
     url: str
@@ -172,6 +183,7 @@ class OpenAIEngine:
     return_routes: bool = True
     served_versions: list[int] = field(default_factory=list)
     pushed: int = -1
+    token: SecretStr | None = field(default=None, repr=False)
 
     def generate(
         self,
@@ -197,7 +209,7 @@ class OpenAIEngine:
             "return_tokens_as_token_ids": True,
             "return_routes": self.return_routes,
         }
-        answer = _post(f"{self.url.rstrip('/')}/v1/completions", body, self.timeout_s)
+        answer = _post(f"{self.url.rstrip('/')}/v1/completions", body, self.timeout_s, self.token)
         if "policy_version" in answer:
             self.served_versions.append(int(answer["policy_version"]))
         skip = len(prompt) - len(fed)  # routes of the history were recorded with it
@@ -218,7 +230,8 @@ class OpenAIEngine:
         deadline = time.monotonic() + self.timeout_s
         while True:  # a server still starting (or restarting) is waited for, up to timeout_s
             try:
-                answer = _post(f"{self.url.rstrip('/')}{UPDATE_PATH}", body, self.timeout_s)
+                url = f"{self.url.rstrip('/')}{UPDATE_PATH}"
+                answer = _post(url, body, self.timeout_s, self.token)
                 break
             except Unreachable:
                 if time.monotonic() > deadline:

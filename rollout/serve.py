@@ -24,18 +24,21 @@ answer is 503 with Retry-After: nothing is served that feedback could not be tra
 record that failed late may still be in the log; its request id was never answered).
 
 Weights follow the run's weight stream through a subscriber in a background thread; a new
-version is swapped in between requests (under the generation lock), so a completion is always
-produced by exactly one complete, verified version. Bad requests get a 4xx naming the field.
+version is swapped in between requests, only under the generation lock (``/healthz`` swaps too,
+when the lock is free, never around a generation), so a completion is always produced by exactly
+one complete, verified version and recorded under that version. Bad requests get a 4xx naming the
+field.
 
 Pushed weights (``weights="push"``, ``serve policy --weights push``): the server follows no
 weight stream and serves only what is pushed to ``POST /update_weights_from_disk``, the shape of
 SGLang's documented native endpoint (body ``model_path``: a local HF directory, ``weight_version``;
 answer ``success``, ``message``), which is what the rollout worker's ``openai`` engine calls
-(``rollout.engines``). rlstream adds: ``state_hash`` in the body (the loaded state must hash to
-it, else the push is refused and the old version keeps serving) and ``policy_version`` in the
-answer. A push is swapped in under the generation lock, so a completion is still produced by
-exactly one version; ``weight_version`` must be an integer, and an older version than the one
-served is refused.
+(``rollout.engines``). rlstream adds ``state_hash`` in the body (required: the loaded state must
+hash to it, else the push is refused and the old version keeps serving) and ``policy_version`` in
+the answer. The endpoint is privileged (``rollout.push_auth``): a bearer token (401), a
+``model_path`` inside the push directory (403), a body with ``state_hash`` (422), a version not
+older than the served one and within ``max_version_jump`` of it (409); every refusal says why.
+The directory is loaded and hashed outside the generation lock and swapped in under it.
 
 Rollout requests (what the ``openai`` engine sends; vLLM's OpenAI server reads the same names):
 ``prompt`` may be a list of token ids (fed as given, no BOS added); ``stop_token_ids`` stop a
@@ -77,9 +80,9 @@ from rlstream.producers.client.producer import DeliveryError, EventProducer
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.rollout.config import PolicyConfig
 from rlstream.rollout.model import Generation, build_policy, generate
+from rlstream.rollout.push_auth import PushConfig, PushRefused, UpdateWeightsRequest, update_request
 from rlstream.schemas import arrays, topics
 from rlstream.schemas.deltacodec import to_torch
-from rlstream.schemas.deltacodec.bits import from_torch, state_hash
 from rlstream.schemas.errors import RlstreamError
 
 MIN_TEMPERATURE = 1e-3
@@ -112,16 +115,6 @@ class CompletionRequest(BaseModel):
         False, description="Spell logprobs tokens as token_id:N (as vLLM's server does)."
     )
     return_routes: bool = Field(False, description="Answer each choice's routed experts.")
-
-
-class UpdateWeightsRequest(BaseModel):
-    """``POST /update_weights_from_disk`` (SGLang's shape, plus ``state_hash``)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    model_path: str = Field(..., min_length=1, max_length=4096)
-    weight_version: str = Field(..., pattern=r"^[0-9]{1,12}$")
-    state_hash: str | None = Field(None, max_length=256)
 
 
 class NotRecorded(RlstreamError, RuntimeError):
@@ -298,7 +291,10 @@ class PolicyServer:
         region: str = "trainer",
         record_timeout_s: float = 10.0,
         weights: str = "kafka",
+        push: PushConfig | None = None,
     ) -> None:
+        if weights == "push" and push is None:
+            raise ValueError("a server that takes pushed weights needs a push token and folder")
         self.run, self.model_name, self.region = run, model, region
         self.worker_id = f"serve-{socket.gethostname()}-{os.getpid()}"
         self.served_topic = topics.topic_name(run, "served")
@@ -313,6 +309,7 @@ class PolicyServer:
         self.releases = ReleaseFollower(settings, run, model) if released_only else None
         self.following = "released" if released_only else "newest"
         self.subscriber: WeightSubscriber | None = None
+        self.push_config = push if weights == "push" else None
         if weights == "push":
             self.following = "pushed"
         else:
@@ -346,25 +343,12 @@ class PolicyServer:
             why = f" (released: {rec['release_rule']})" if rec is not None else ""
             self.log(f"serving version {snap.version} of {self.model_name!r}{why}")
 
-    def push(self, req: UpdateWeightsRequest) -> int:
-        """Load the pushed HF directory, check its hash, swap it in (under the generation
-        lock: see the module rule "Pushed weights"); the version now served. ``ValueError``
-        when refused."""
-        from rlstream.rollout.hf_policy import load_hf  # transformers imports slowly
-
-        version = int(req.weight_version)
-        if version < self.version:
-            raise ValueError(f"version {version} is older than the one served ({self.version})")
+    def swap_push(self, version: int, state: dict[str, torch.Tensor]) -> int:
+        """Serve ``state`` as ``version`` (call under the generation lock); the version is
+        checked again, since another push may have been swapped in meanwhile."""
+        assert self.push_config is not None
         started = time.perf_counter()
-        try:
-            policy, _ = load_hf(req.model_path)
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"cannot load {req.model_path}: {exc}") from exc
-        state = {k: v.detach() for k, v in policy.state_dict().items()}
-        if req.state_hash is not None:
-            got = state_hash(from_torch(state))
-            if got != req.state_hash:
-                raise ValueError(f"state hash {got} is not the pushed {req.state_hash}")
+        self.push_config.check_version(version, self.version)
         with torch.no_grad():
             self.model.load_state_dict(state)
         self.version = version
@@ -372,6 +356,11 @@ class PolicyServer:
         if self.log is not None:
             self.log(f"serving pushed version {version} of {self.model_name!r}")
         return version
+
+    def push(self, req: UpdateWeightsRequest) -> int:
+        """Load, check and swap one push, for a caller that holds the model."""
+        assert self.push_config is not None
+        return self.swap_push(*self.push_config.load(req, self.version))
 
     def complete(self, req: CompletionRequest) -> dict[str, Any]:
         """Generate, record (see the module rule "Recorded"), then answer."""
@@ -534,23 +523,26 @@ def make_app(server: PolicyServer) -> web.Application:
         return web.json_response(result)
 
     async def update_weights(request: web.Request) -> web.Response:
-        if server.subscriber is not None:
+        gate = server.push_config
+        if gate is None:
             return _error(
                 409,
                 "this server follows the weight stream (start it with --weights "
                 "push to push weights)",
             )
-        try:
-            req = UpdateWeightsRequest.model_validate(await request.json())
-        except (ValueError, ValidationError) as exc:
-            return _error(422, f"bad update request: {exc}")
         loop = asyncio.get_running_loop()
-        async with server.lock:  # never while a completion is generated
-            try:
-                version = await loop.run_in_executor(None, server.push, req)
-            except ValueError as exc:
-                body = {"success": False, "message": str(exc), "policy_version": server.version}
-                return web.json_response(body, status=400)
+        try:
+            gate.authorize(request.headers.get("Authorization"))  # before the body is read
+            req = update_request(await request.read())
+            made = await loop.run_in_executor(None, gate.load, req, server.version)
+            async with server.lock:  # never while a completion is generated
+                version = await loop.run_in_executor(None, server.swap_push, *made)
+        except PushRefused as exc:
+            body = {"success": False, "message": exc.reason, "policy_version": server.version}
+            auth = {"WWW-Authenticate": 'Bearer realm="rlstream-push"'}
+            return web.json_response(
+                body, status=exc.status, headers=auth if exc.status == 401 else None
+            )
         body = {
             "success": True,
             "message": f"serving version {version}",
@@ -575,7 +567,9 @@ def make_app(server: PolicyServer) -> web.Application:
         )
 
     async def healthz(request: web.Request) -> web.Response:
-        server._swap()
+        if not server.lock.locked():  # a probe never waits behind a generation
+            async with server.lock:
+                await asyncio.get_running_loop().run_in_executor(None, server._swap)
         body = {"ok": True, "policy_version": server.version, "following": server.following}
         return web.json_response(body)
 

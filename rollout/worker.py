@@ -56,6 +56,7 @@ from rlstream.rollout.config import RolloutConfig
 from rlstream.rollout.engines import Engine, OpenAIEngine
 from rlstream.rollout.harness import PromptTooLong, Rollout, Sample, tool_details
 from rlstream.rollout.model import build_policy
+from rlstream.rollout.push_auth import load_token
 from rlstream.rollout.reissue import for_region
 from rlstream.schemas import arrays, topics
 from rlstream.schemas.deltacodec import to_torch
@@ -231,7 +232,12 @@ def make_engine(cfg: RolloutConfig) -> OpenAIEngine | None:
     folder = cfg.engine_weights_dir or tempfile.mkdtemp(prefix="rlstream-weights-")
     Path(folder).mkdir(parents=True, exist_ok=True)
     return OpenAIEngine(
-        cfg.engine_url, cfg.model, cfg.policy, Path(folder), timeout_s=cfg.engine_timeout_s
+        cfg.engine_url,
+        cfg.model,
+        cfg.policy,
+        Path(folder),
+        timeout_s=cfg.engine_timeout_s,
+        token=load_token(),  # the push token, from a file or the environment (push_auth)
     )
 
 

@@ -155,7 +155,28 @@ def _register_policy(ssub: argparse._SubParsersAction) -> None:
         choices=("kafka", "push"),
         default="kafka",
         help="kafka: follow the run's weight stream (default); push: serve only versions "
-        "pushed to POST /update_weights_from_disk (the rollout worker's openai engine)",
+        "pushed to POST /update_weights_from_disk (the rollout worker's openai engine), which "
+        "needs a push token and --push-dir",
+    )
+    p.add_argument(
+        "--push-token-file",
+        default=None,
+        metavar="FILE",
+        help="file holding the bearer token a push must carry (mode 0600); default "
+        "$RLSTREAM_POLICY_PUSH_TOKEN_FILE, else $RLSTREAM_POLICY_PUSH_TOKEN",
+    )
+    p.add_argument(
+        "--push-dir",
+        default=None,
+        metavar="DIR",
+        help="pushed model_path must lie inside this folder (the rollout worker's "
+        "rollout.engine_weights_dir)",
+    )
+    p.add_argument(
+        "--max-version-jump",
+        type=int,
+        default=1000,
+        help="refuse a pushed version more than this far ahead of the served one",
     )
     add_kafka_args(p)
     p.set_defaults(func=_serve_policy)
@@ -169,6 +190,7 @@ def _serve_policy(args: argparse.Namespace) -> int:
     from rlstream.schemas import topics
 
     config = load_run_config(args.config, args.set)
+    push = push_config(args) if args.weights == "push" else None
     settings = service_settings(args, POLICY_USER)
     try:  # a run started before the served stream existed gets it here (not as its own user)
         apply_topics(admin_client(settings), run_topic_wants(args.run), timeout=10)
@@ -183,6 +205,7 @@ def _serve_policy(args: argparse.Namespace) -> int:
         log=lambda line: print(line, file=sys.stderr, flush=True),
         region=args.region or "trainer",
         weights=args.weights,
+        push=push,
     )
     following = "released versions only" if args.released_only else "the newest version"
     if args.weights == "push":
@@ -199,6 +222,33 @@ def _serve_policy(args: argparse.Namespace) -> int:
     finally:
         server.close()
     return 0
+
+
+def push_config(args: argparse.Namespace) -> Any:
+    """What a ``--weights push`` server accepts (``rollout.push_auth``); exits with the reason
+    when the token or the folder is missing: the endpoint never opens unauthenticated."""
+    from pydantic import ValidationError
+
+    from rlstream.rollout.push_auth import PushConfig, load_token
+    from rlstream.schemas.errors import SetupError
+
+    try:
+        token = load_token(args.push_token_file)
+    except SetupError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    if token is None:
+        raise SystemExit(
+            "error: --weights push needs a push token: --push-token-file FILE, "
+            "$RLSTREAM_POLICY_PUSH_TOKEN_FILE or $RLSTREAM_POLICY_PUSH_TOKEN"
+        )
+    if args.push_dir is None:
+        raise SystemExit("error: --weights push needs --push-dir (where pushed versions lie)")
+    try:
+        return PushConfig(
+            token=token, weights_dir=args.push_dir, max_version_jump=args.max_version_jump
+        )
+    except ValidationError as exc:
+        raise SystemExit(f"error: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}") from None
 
 
 def service_settings(args: argparse.Namespace, user: str) -> KafkaSettings:

@@ -58,6 +58,7 @@ def _healthz(base: str) -> dict | None:
 
 
 def _start_server(run: str, kafka, tmp: Path, port: int) -> subprocess.Popen:
+    (tmp / "pushed").mkdir(exist_ok=True)
     cmd = [
         sys.executable,
         "-m",
@@ -72,6 +73,8 @@ def _start_server(run: str, kafka, tmp: Path, port: int) -> subprocess.Popen:
         str(port),
         "--weights",
         "push",
+        "--push-dir",
+        str(tmp / "pushed"),
         *[a for s in SETS for a in ("--set", s)],
     ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
@@ -85,8 +88,10 @@ def _max_version(kafka, run: str) -> int:
 
 
 @pytest.mark.unsecured_only("the server and roles are given a bare bootstrap")
-def test_openai_engine_worker_trains_against_serve_policy(kafka, unique_run, tmp_path):
+def test_openai_engine_worker_trains_against_serve_policy(kafka, unique_run, tmp_path, monkeypatch):
     run = unique_run
+    # the push token, in the environment of the server and the worker (rollout.push_auth)
+    monkeypatch.setenv("RLSTREAM_POLICY_PUSH_TOKEN", f"push-{run}-0123456789abcdef")
     ensure_run_topics(kafka, run)
     port = _free_port()
     base = f"http://127.0.0.1:{port}"

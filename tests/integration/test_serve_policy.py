@@ -122,3 +122,45 @@ def test_policy_served_hot_swapped_and_judged(kafka, unique_run):
     finally:
         serving.close()
         server.close()
+
+
+def _health(base: str) -> dict:
+    with urllib.request.urlopen(f"{base}/healthz", timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def test_healthz_swaps_weights_only_under_the_generation_lock(kafka, unique_run):
+    """A version that arrives while a generation holds the lock is not swapped in by a health
+    probe (the weights would change under that generation, which is recorded under the version
+    it started with); the next probe after the lock is free swaps it in."""
+    ensure_run_topics(kafka, unique_run)
+    publisher = _publisher(kafka, unique_run)
+    publisher.publish_version(_state(0), 0)
+    server = PolicyServer(kafka, unique_run, "policy", POLICY)
+    serving = _Serving(make_app(server))
+    base = f"http://127.0.0.1:{serving.port}"
+    try:
+        deadline = time.monotonic() + 30
+        while _health(base)["policy_version"] != 0:
+            assert time.monotonic() < deadline, "version 0 never served"
+            time.sleep(0.2)
+        # a generation in progress: the lock is held on the server's loop
+        asyncio.run_coroutine_threadsafe(server.lock.acquire(), serving.loop).result(5)
+        publisher.publish_version(_state(1), 1)
+        assert server.subscriber is not None
+        deadline = time.monotonic() + 30
+        while (snap := server.subscriber.current()) is None or snap.version < 1:
+            assert time.monotonic() < deadline, "the subscriber never applied version 1"
+            time.sleep(0.2)
+        before = {k: v.clone() for k, v in server.model.state_dict().items()}
+        assert [_health(base)["policy_version"] for _ in range(3)] == [0, 0, 0]
+        after = server.model.state_dict()
+        assert all(torch.equal(before[k], after[k]) for k in before), "weights changed under lock"
+        serving.loop.call_soon_threadsafe(server.lock.release)
+        deadline = time.monotonic() + 10
+        while _health(base)["policy_version"] != 1:
+            assert time.monotonic() < deadline, "version 1 not swapped in once the lock was free"
+            time.sleep(0.1)
+    finally:
+        serving.close()
+        server.close()

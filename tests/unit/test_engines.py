@@ -89,7 +89,7 @@ def test_a_harness_on_a_remote_engine_sends_the_segment_and_records_the_answer(
     model = build_policy(SMALL).eval()
     sent: list[dict] = []
 
-    def fake_post(url: str, body: dict, timeout: float) -> dict:
+    def fake_post(url: str, body: dict, timeout: float, token: object = None) -> dict:
         sent.append(body)
         lp = {"tokens": [f"token_id:{protocol.EOS}"], "token_logprobs": [-0.25]}
         choices = [{"index": i, "finish_reason": "stop", "logprobs": lp} for i in range(body["n"])]
@@ -114,6 +114,9 @@ def test_serve_accepts_token_prompts_and_pushes_by_integer_version() -> None:
     assert req.prompt == [1, 2, 3] and not req.return_routes
     with pytest.raises(ValueError):
         CompletionRequest(model="policy", prompt=[-1])
-    assert UpdateWeightsRequest(model_path="/x", weight_version="12").weight_version == "12"
+    assert (
+        UpdateWeightsRequest(model_path="/x", weight_version="12", state_hash="ab").weight_version
+        == "12"
+    )
     with pytest.raises(ValueError):
-        UpdateWeightsRequest(model_path="/x", weight_version="v1")
+        UpdateWeightsRequest(model_path="/x", weight_version="v1", state_hash="ab")

@@ -130,11 +130,15 @@ def test_served_record_is_a_trajectory_keyed_by_the_request_id() -> None:
 def test_a_pushed_version_is_served_only_if_it_hashes_to_what_the_caller_says(tmp_path) -> None:
     from rlstream.producers.client.settings import KafkaSettings
     from rlstream.rollout.hf_policy import save_state_hf
+    from rlstream.rollout.push_auth import PushConfig
     from rlstream.rollout.serve import PolicyServer, UpdateWeightsRequest
     from rlstream.schemas.deltacodec.bits import from_torch, state_hash
 
     nowhere = KafkaSettings(bootstrap_servers="127.0.0.1:1")  # pushing needs no broker
-    server = PolicyServer(nowhere, "r1", "policy", POLICY, weights="push", record_timeout_s=0.1)
+    push = PushConfig(token="push-token-0123456789", weights_dir=tmp_path)
+    server = PolicyServer(
+        nowhere, "r1", "policy", POLICY, weights="push", record_timeout_s=0.1, push=push
+    )
     try:
         assert server.subscriber is None and server.following == "pushed"
         new = POLICY.model_copy(update={"seed": 3})
