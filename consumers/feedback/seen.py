@@ -4,7 +4,8 @@ and is shared by every replica of feedback-ingest.
 Rules:
 - on start, the stream (``rl.RUN.feedback``, every partition) is read from the first record
   younger than the idempotency window to its end (``read_to_end``); each record's feedback id
-  (its ``feedback_id`` header, so nothing is decoded) is remembered with its age;
+  in its client's namespace (its ``feedback_id`` and ``feedback_client`` headers, so nothing is
+  decoded: ``producers.feedback.dedupe.key_of_headers``) is remembered with its age;
 - a background thread then follows the stream, so ids stored by other replicas become
   duplicates here too, within the follower's lag (at most ``FOLLOW_WAIT_MS`` plus a poll on a
   live cluster, well under a second). The broker holds each fetch until ``FOLLOW_MIN_BYTES``
@@ -28,7 +29,7 @@ from confluent_kafka import Message, TopicPartition
 
 from rlstream.consumers.read_to_end import partitions_of, read_to_end, reader, retrying
 from rlstream.producers.client.settings import KafkaSettings
-from rlstream.producers.feedback.dedupe import IdempotencyLRU
+from rlstream.producers.feedback.dedupe import IdempotencyLRU, key_of_headers
 from rlstream.producers.feedback.models import FeedbackServiceConfig
 from rlstream.producers.runtime.metrics import track_buffer
 from rlstream.schemas import topics
@@ -137,15 +138,15 @@ def durable_dedupe(cfg: FeedbackServiceConfig, settings: KafkaSettings) -> Feedb
 
 
 def _ids_of(msgs: list[Message]) -> list[tuple[str, float]]:
-    """(feedback id, age in seconds) of each record that has a ``feedback_id`` header."""
+    """(dedupe key, age in seconds) of each record that has a ``feedback_id`` header."""
     now, out = time.time(), []
     for msg in msgs:
         if msg.error() is not None:
             continue
-        fid = dict(msg.headers() or []).get("feedback_id")
-        if fid is None:
+        key = key_of_headers(msg.headers())
+        if key is None:
             continue
         _, ts_ms = msg.timestamp()
         age_s = max(0.0, now - ts_ms / 1000) if ts_ms > 0 else 0.0
-        out.append((fid.decode() if isinstance(fid, bytes) else str(fid), age_s))
+        out.append((key, age_s))
     return out

@@ -4,14 +4,66 @@ A retried request is stored once: the service answers ``duplicate`` for an id it
 contains, without writing again (see ``producers.feedback.service`` for the in-flight half).
 ``IdempotencyLRU`` is the memory of one process; ``consumers.feedback.seen.FeedbackIdLog``
 fills one from the feedback stream itself, so it survives restarts and is shared by replicas.
+
+Namespaces (rule): a feedback id is an id *of the client that sent it*, the credential that
+authenticated the request (``principal_of_token``, ``principal_of_key``). Every deduplication,
+here and in feedback-rl, is by ``dedupe_key(principal, feedback id)``, so one client can never
+claim, or make a duplicate of, another client's ids. The principal travels with each stored
+record in its ``feedback_client`` header (next to ``feedback_id``), which is how the stream-backed
+dedupe and feedback-rl read it back durably; a record without it (written before namespaces, or
+by a tool) is in the empty namespace.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import OrderedDict
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+ID_HEADER = "feedback_id"
+CLIENT_HEADER = "feedback_client"
+
+
+def principal_of_token(token: bytes) -> str:
+    """The namespace of a bearer token: a prefix of its SHA-256 (the token itself is never
+    stored)."""
+    return "token:" + hashlib.sha256(token).hexdigest()[:16]
+
+
+def principal_of_key(key_id: str) -> str:
+    """The namespace of an HMAC key id."""
+    return f"key:{key_id}"
+
+
+def dedupe_key(principal: str, feedback_id: str) -> str:
+    """The id deduplication compares: unique per (principal, feedback id), since a feedback id
+    holds no space (``models``) and the principal comes first."""
+    return f"{principal} {feedback_id}" if principal else feedback_id
+
+
+def record_headers(principal: str, feedback_id: str) -> list[tuple[str, bytes]]:
+    """The headers a stored feedback record carries (see the namespace rule)."""
+    return [(ID_HEADER, feedback_id.encode()), (CLIENT_HEADER, principal.encode())]
+
+
+def _header(headers: Sequence[tuple[str, Any]] | None, name: str) -> str | None:
+    for key, value in headers or []:
+        if key == name:
+            return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    return None
+
+
+def client_of_headers(headers: Sequence[tuple[str, Any]] | None) -> str:
+    """The client namespace a stored record names (``""`` without a ``feedback_client``)."""
+    return _header(headers, CLIENT_HEADER) or ""
+
+
+def key_of_headers(headers: Sequence[tuple[str, Any]] | None) -> str | None:
+    """The dedupe key of a stored record from its headers (None without ``feedback_id``)."""
+    fid = _header(headers, ID_HEADER)
+    return None if fid is None else dedupe_key(client_of_headers(headers), fid)
 
 
 class Dedupe(Protocol):

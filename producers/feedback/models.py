@@ -113,6 +113,30 @@ class FeedbackServiceConfig(BaseModel):
         5000, ge=500, le=300_000, description="Kafka delivery timeout; past it the answer is 503."
     )
     retry_after_s: int = Field(5, ge=1, le=3600, description="Retry-After of a 503 answer.")
+    max_unhashed_body_bytes: int = Field(
+        64 * 1024,
+        ge=1024,
+        le=16 * 1024 * 1024,
+        description="Largest body read for a signature over the body itself, which is only "
+        "checked after reading it; a larger one must be signed by its digest "
+        "(X-Rlstream-Content-SHA256: checked before the body is read).",
+    )
+    max_connections: int = Field(
+        1024, ge=1, le=1_000_000, description="Open connections; a request beyond them gets 429."
+    )
+    rate_per_client_s: float = Field(
+        5000.0, gt=0, le=1e7, description="Requests per second per client credential (429)."
+    )
+    rate_burst: int = Field(
+        10_000, ge=1, le=10**8, description="Requests a client may send at once (bucket size)."
+    )
+    max_parse_queue: int = Field(
+        64,
+        ge=1,
+        le=100_000,
+        description="Large bodies waiting for (or in) the parse threads; beyond: 503 before the "
+        "body is read.",
+    )
 
     @field_validator("run")
     @classmethod
@@ -305,9 +329,11 @@ class AcceptedResponse(BaseModel):
 class RequestError(RlstreamError):
     """A request refused before Kafka: HTTP ``status`` and the ``ErrorResponse`` to send."""
 
-    def __init__(self, status: int, body: ErrorResponse) -> None:
+    def __init__(
+        self, status: int, body: ErrorResponse, headers: Mapping[str, str] | None = None
+    ) -> None:
         super().__init__(body.message or body.error)
-        self.status, self.body = status, body
+        self.status, self.body, self.headers = status, body, headers
 
 
 def _field(loc: tuple[Any, ...]) -> str:

@@ -10,7 +10,12 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from rlstream.producers.feedback.auth import KEY_ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER
+from rlstream.producers.feedback.auth import (
+    DIGEST_HEADER,
+    KEY_ID_HEADER,
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+)
 from rlstream.producers.feedback.models import (
     FEEDBACK_PATH,
     IDEMPOTENCY_HEADER,
@@ -30,7 +35,8 @@ def _responses(*codes: int) -> dict[str, Any]:
         413: "The body (or one event's record) is too large.",
         415: "Content-Type is not application/json.",
         422: "Invalid: details name each field and why.",
-        503: "Kafka is unavailable; retry after Retry-After seconds.",
+        429: "Over the client's rate or the open connections; retry after Retry-After seconds.",
+        503: "Kafka is unavailable, or the parse queue is full; retry after Retry-After seconds.",
     }
     out: dict[str, Any] = {}
     for code in codes:
@@ -40,7 +46,8 @@ def _responses(*codes: int) -> dict[str, Any]:
             "description": why[code],
             "content": {"application/json": {"schema": schema}},
         }
-    out["503"]["headers"] = {"Retry-After": {"schema": {"type": "integer"}}}
+    for code in ("429", "503"):
+        out[code]["headers"] = {"Retry-After": {"schema": {"type": "integer"}}}
     return out
 
 
@@ -63,11 +70,17 @@ def openapi_document() -> dict[str, Any]:
                 **header,
                 "name": SIGNATURE_HEADER,
                 "description": "sha256=<hex HMAC-SHA256> of TIMESTAMP\\nMETHOD\\nPATH\\nRUN\\n"
-                "IDEMPOTENCY-KEY\\n followed by the body",
+                "IDEMPOTENCY-KEY\\n followed by the body, or (with the digest header) by "
+                "content-sha256:<the digest>: then checked before the body is read",
+            },
+            {
+                **header,
+                "name": DIGEST_HEADER,
+                "description": "lowercase hex SHA-256 of the body, signed instead of the body",
             },
         ],
         "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
-        "responses": _responses(200, 202, 400, 401, 413, 415, 422, 503),
+        "responses": _responses(200, 202, 400, 401, 413, 415, 422, 429, 503),
     }
     text = {"content": {"text/plain": {"schema": {"type": "string"}}}}
     return {

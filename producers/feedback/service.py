@@ -17,18 +17,27 @@ Guarantees:
   answered ``duplicate`` without writing, and a retry racing the original waits for the
   original's delivery instead of writing again. The ids come from a ``Dedupe``: by default
   (``rlstream serve feedback``) one read back from the feedback stream itself, so a restart or
-  another replica knows them too (``consumers.feedback.seen``). Records are keyed by request id
-  and carry the feedback id (value and ``feedback_id`` header) so late duplicates are
-  detectable downstream;
+  another replica knows them too (``consumers.feedback.seen``). Ids are per client: the
+  namespace is the credential that authenticated the request (``dedupe``), so one client can
+  neither pre-claim nor duplicate another's ids. Records are keyed by request id and carry the
+  feedback id (value and ``feedback_id`` header) and the client (``feedback_client`` header), so
+  late duplicates are detectable downstream;
 - when Kafka cannot take the write (broker down, delivery timeout ``message_timeout_ms``, local
   queue full) the answer is 503 with ``Retry-After``, naming the events that were stored anyway
   (a retry then reports them as duplicates);
-- refusals happen before Kafka, in this order, and say why: 401 (credentials checked from the
-  headers before the body is read; the HMAC signature after), 415 not ``application/json``,
-  413 a declared length over ``max_body_bytes`` (refused before reading) or a longer body
-  (reading stops at the limit), 400 not JSON, 422 invalid with each field named (a batch over
-  ``max_batch`` before any event is validated). Every 401 carries the same message, whatever
-  failed; the reason goes to the log and ``rlstream_feedback_auth_refused_total``;
+- refusals happen before Kafka, in this order, and say why: 401 (``auth.identify`` from the
+  headers before the body is read: a bearer token, or a known key id with a fresh timestamp and,
+  with a signed body digest, its signature; after the body the digest or a signature over the
+  body itself), 415 not ``application/json``, 413 a declared length over ``max_body_bytes``
+  (refused before reading) or a longer body (reading stops at the limit), or a body signed
+  without its digest that does not declare a length within ``max_unhashed_body_bytes`` (such a
+  signature is only checkable after reading, so only that much is read for it), 429 over the
+  client's rate (``limits``: charged once the credential is proven) or over ``max_connections``
+  open connections, with ``Retry-After``, 503 with ``Retry-After`` when ``max_parse_queue``
+  large bodies already wait for the parse threads (before this body is read), 400 not JSON, 422
+  invalid with each field named (a batch over ``max_batch`` before any event is validated).
+  Every 401 carries the same message, whatever failed; the reason goes to the log and
+  ``rlstream_feedback_auth_refused_total``;
 - JSON parsing, validation and encoding of a body over ``INLINE_PARSE_BYTES`` run in a worker
   thread, not on the event loop; a smaller body (one typical event) is handled on the loop, where
   it costs well under a millisecond: the hop to a thread and back costs as much as the parse and
@@ -52,20 +61,15 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from aiohttp import web
 from pydantic import BaseModel
 
 from rlstream.producers.client.settings import KafkaSettings
-from rlstream.producers.feedback.auth import (
-    UNAUTHORIZED,
-    Target,
-    authenticate,
-    check_bearer,
-    check_headers,
-)
-from rlstream.producers.feedback.dedupe import Dedupe, IdempotencyLRU
+from rlstream.producers.feedback.auth import UNAUTHORIZED, Caller, Target, check_body, identify
+from rlstream.producers.feedback.dedupe import Dedupe, IdempotencyLRU, dedupe_key, record_headers
+from rlstream.producers.feedback.limits import ParseSlots, RateLimiter
 from rlstream.producers.feedback.models import (
     FEEDBACK_PATH,
     IDEMPOTENCY_HEADER,
@@ -193,6 +197,8 @@ class FeedbackService:
             else IdempotencyLRU(cfg.idempotency_window_s, cfg.idempotency_max_ids)
         )
         self._parsing = ThreadPoolExecutor(max_workers=2, thread_name_prefix="feedback-parse")
+        self.parse_slots = ParseSlots(cfg.max_parse_queue)
+        self.rates = RateLimiter(cfg.rate_per_client_s, cfg.rate_burst)
         self.inflight: dict[str, asyncio.Future[Delivery]] = {}
         # to_record builds each record from a validated FeedbackEvent (tests/unit/
         # test_feedback_models.py checks those records against the schema): not walked again
@@ -217,7 +223,12 @@ class FeedbackService:
     ) -> web.StreamResponse:
         started = time.perf_counter()
         try:
-            response = await handler(request)
+            if request.path == FEEDBACK_PATH and self._connections() > self.cfg.max_connections:
+                why = f"more than {self.cfg.max_connections} open connections; retry"
+                retry = {"Retry-After": str(self.cfg.retry_after_s), "Connection": "close"}
+                response = _error(429, "too_many_connections", why, headers=retry)
+            else:
+                response = await handler(request)
         except web.HTTPException as exc:  # routing (404, 405) and aiohttp's own refusals
             headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
             response = _error(
@@ -230,6 +241,11 @@ class FeedbackService:
             request.method, request.path, response.status, time.perf_counter() - started
         )
         return response
+
+    def _connections(self) -> int:
+        """Open connections (those of the server ``start`` runs; 0 under another runner)."""
+        server = self._runner.server if self._runner is not None else None
+        return len(server.connections) if server is not None else 0
 
     async def _read_body(self, request: web.Request) -> bytes:
         limit = self.cfg.max_body_bytes
@@ -246,41 +262,77 @@ class FeedbackService:
 
     async def _post_feedback(self, request: web.Request) -> web.Response:
         try:
-            records = await self._accept(request)
+            principal, records = await self._accept(request)
         except RequestError as exc:
             headers = {"WWW-Authenticate": 'Bearer realm="rlstream"'} if exc.status == 401 else None
-            return _answer(exc.status, exc.body, headers)
-        results = await self._store(records)
+            return _answer(exc.status, exc.body, headers or exc.headers)
+        results = await self._store(principal, records)
         return self._stored_answer(results)
 
-    async def _accept(self, request: web.Request) -> list[tuple[str, bytes, bytes]]:
-        """Check headers, read, authenticate, then parse, validate and encode off the event loop:
-        (feedback id, key, value) per event."""
-        headers = request.headers
-        # A good bearer token authenticates the request whatever the body: checked once.
-        bearer = check_bearer(headers.get("Authorization"), self.tokens)
-        if not bearer:
-            self._authorize(check_headers(headers, self.tokens, self.keys))
+    async def _accept(self, request: web.Request) -> tuple[str, list[tuple[str, bytes, bytes]]]:
+        """Identify the caller from the headers, read, authenticate, then parse, validate and
+        encode (a large body off the event loop): the caller's principal and (feedback id,
+        key, value) per event. The refusals before the body: 401, 415, 413, 429, 503."""
+        headers, skew = request.headers, self.cfg.hmac_skew_s
+        target = Target(request.method, request.path, self.cfg.run)
+        caller = identify(headers, target, self.tokens, self.keys, time.time(), skew)
+        if isinstance(caller, str):
+            self._refuse(caller)
         if request.content_type != JSON:
             why = f"Content-Type must be application/json, got {request.content_type!r}"
             raise RequestError(415, ErrorResponse(error="unsupported_media_type", message=why))
-        body = await self._read_body(request)
-        if not bearer:
-            target = Target(request.method, request.path, self.cfg.run)
-            now, skew = time.time(), self.cfg.hmac_skew_s
-            self._authorize(authenticate(headers, target, body, self.tokens, self.keys, now, skew))
-        key = headers.get(IDEMPOTENCY_HEADER)
-        if len(body) <= INLINE_PARSE_BYTES:
-            return self._decode(body, key)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._parsing, self._decode, body, key)
+        self._bound_unproven(caller, request.content_length)
+        if caller.proven:
+            self._charge(caller.principal)
+        off_loop = request.content_length is None or request.content_length > INLINE_PARSE_BYTES
+        if off_loop and not self.parse_slots.reserve():
+            why = f"{self.cfg.max_parse_queue} bodies are waiting to be parsed; retry"
+            retry = {"Retry-After": str(self.cfg.retry_after_s)}
+            raise RequestError(503, ErrorResponse(error="busy", message=why), retry)
+        try:
+            body = await self._read_body(request)
+            self._authorize(check_body(caller, headers, target, body, self.keys, time.time(), skew))
+            if not caller.proven:
+                self._charge(caller.principal)
+            key = headers.get(IDEMPOTENCY_HEADER)
+            if len(body) <= INLINE_PARSE_BYTES:
+                return caller.principal, self._decode(body, key)
+            loop = asyncio.get_running_loop()
+            return caller.principal, await loop.run_in_executor(
+                self._parsing, self._decode, body, key
+            )
+        finally:
+            if off_loop:
+                self.parse_slots.release()
+
+    def _bound_unproven(self, caller: Caller, declared: int | None) -> None:
+        """A signature over the body itself is checked only after reading it: such a body is
+        read only when it declares a length within ``max_unhashed_body_bytes`` (413)."""
+        limit = self.cfg.max_unhashed_body_bytes
+        if not caller.proven and (declared is None or declared > limit):
+            why = (
+                f"a body signed without its digest is read up to {limit} bytes with a declared "
+                "Content-Length: sign X-Rlstream-Content-SHA256 for a larger one"
+            )
+            raise RequestError(413, ErrorResponse(error="too_large", message=why))
+
+    def _charge(self, principal: str) -> None:
+        """One request on ``principal``'s rate (429 with Retry-After when over it)."""
+        wait = self.rates.take(principal)
+        if wait is not None:
+            why = f"over {self.cfg.rate_per_client_s:g} requests per second for this client"
+            body = ErrorResponse(error="rate_limited", message=why)
+            raise RequestError(429, body, {"Retry-After": str(wait)})
 
     def _authorize(self, why: str | None) -> None:
-        """Refuse with the one 401 answer; the reason only goes to the log and the metrics."""
         if why is not None:
-            log.info("feedback request refused: %s", why)
-            self.metrics.count_refusal(why)
-            raise RequestError(401, ErrorResponse(error="unauthorized", message=UNAUTHORIZED))
+            self._refuse(why)
+
+    def _refuse(self, why: str) -> NoReturn:
+        """Refuse with the one 401 answer; the reason only goes to the log and the metrics."""
+        log.info("feedback request refused: %s", why)
+        self.metrics.count_refusal(why)
+        raise RequestError(401, ErrorResponse(error="unauthorized", message=UNAUTHORIZED))
 
     def _decode(self, body: bytes, idempotency_key: str | None) -> list[tuple[str, bytes, bytes]]:
         """JSON, validation and Avro encoding of an authenticated body (a large one in a worker
@@ -308,20 +360,26 @@ class FeedbackService:
             raise RequestError(413, ErrorResponse(error="too_large", message=why, details=[detail]))
         return record["feedback_id"], topics.record_key("feedback", record), value
 
-    async def _store(self, items: list[tuple[str, bytes, bytes]]) -> list[EventResult]:
-        """Write the events not stored yet; wait for every delivery report (see guarantees)."""
+    async def _store(
+        self, principal: str, items: list[tuple[str, bytes, bytes]]
+    ) -> list[EventResult]:
+        """Write the events not stored yet; wait for every delivery report (see guarantees).
+        Ids are deduplicated in the caller's namespace (``dedupe.dedupe_key``)."""
         schema = await self.sink.ready()
         if not schema.ok:
             self.kafka = "unavailable"
             return [EventResult(feedback_id=fid, status="failed") for fid, _, _ in items]
         waits: list[tuple[str, asyncio.Future[Delivery] | None, bool]] = []
         for fid, key, value in items:
-            if fid in self.acked:
+            seen = dedupe_key(principal, fid)
+            if seen in self.acked:
                 waits.append((fid, None, True))
-            elif fid in self.inflight:  # a concurrent retry, or a repeat in this batch
-                waits.append((fid, self.inflight[fid], True))
+            elif seen in self.inflight:  # a concurrent retry, or a repeat in this batch
+                waits.append((fid, self.inflight[seen], True))
             else:
-                waits.append((fid, self._submit(fid, key, value), False))
+                waits.append(
+                    (fid, self._submit(seen, record_headers(principal, fid), key, value), False)
+                )
         # shielded: a client that goes away must not cancel the wait for the broker's answer
         pending = [f for _, f, _ in waits if f is not None]
         if len(pending) == 1:
@@ -330,14 +388,16 @@ class FeedbackService:
             await asyncio.gather(*map(asyncio.shield, pending))
         return [self._result(fid, future, dup) for fid, future, dup in waits]
 
-    def _submit(self, fid: str, key: bytes, value: bytes) -> asyncio.Future[Delivery] | None:
+    def _submit(
+        self, seen: str, headers: list[tuple[str, bytes]], key: bytes, value: bytes
+    ) -> asyncio.Future[Delivery] | None:
         try:
-            future = self.sink.submit(self.topic, key, value, [("feedback_id", fid.encode())])
+            future = self.sink.submit(self.topic, key, value, headers)
         except Unavailable as exc:
             log.warning("kafka refused a record: %s", exc)
             return None
-        self.inflight[fid] = future
-        future.add_done_callback(lambda f: self._delivered(fid, f))
+        self.inflight[seen] = future
+        future.add_done_callback(lambda f: self._delivered(seen, f))
         return future
 
     def _delivered(self, fid: str, future: asyncio.Future[Delivery]) -> None:

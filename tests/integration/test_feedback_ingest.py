@@ -4,6 +4,11 @@ Properties: no request (fuzzed from the service's own OpenAPI document) gets a 5
 answered ``stored`` is in the feedback topic exactly once and nothing else is; a retried request
 is stored once; unauthenticated or tampered requests get 401 and store nothing; with Kafka
 unreachable the answer is 503 with Retry-After.
+
+Containment: a forged signature is refused from the headers before its body is read (a body
+signed without its digest is read only up to a small bound); a client over its rate, or a
+request over the open connections, gets 429 with Retry-After, and forged requests cannot spend
+another client's rate; feedback ids are per client, durably, so no client can pre-claim another's.
 """
 
 from __future__ import annotations
@@ -35,11 +40,14 @@ from rlstream.producers.client.admin import ensure_run_topics
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.feedback import auth as fa
 from rlstream.producers.feedback import models as fm
+from rlstream.producers.feedback.dedupe import dedupe_key, principal_of_token
 from rlstream.producers.feedback.service import running_service
 from rlstream.schemas import events, topics
 
 TOKEN = "it-token"
+TOKEN2 = "it-token-2"
 KEY = b"it-hmac-key"
+UNHASHED = 16 * 1024  # the service fixture reads a body signed without its digest up to this
 
 
 def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, str], Any]:
@@ -82,7 +90,12 @@ def service(kafka: KafkaSettings) -> Iterator[tuple[str, str]]:
     run = f"t-ingest-{uuid.uuid4().hex[:8]}"
     ensure_run_topics(kafka, run)
     cfg = fm.FeedbackServiceConfig(
-        run=run, port=0, tokens=[TOKEN], hmac_keys={"k1": KEY.decode()}, max_body_bytes=65536
+        run=run,
+        port=0,
+        tokens=[TOKEN],
+        hmac_keys={"k1": KEY.decode()},
+        max_body_bytes=65536,
+        max_unhashed_body_bytes=UNHASHED,
     )
     with running_service(cfg, settings=kafka, environ={fm.SALT_ENV: "salt"}) as running:
         yield running.url, run
@@ -322,7 +335,8 @@ def test_stored_ids_survive_a_restart_and_are_shared_by_replicas(kafka: KafkaSet
         b = stack.enter_context(running_service(cfg, kafka, environ=environ, dedupe=seen_b))
         assert post_json(a.url, good_event("fb-1"))[0] == 202
         deadline = time.monotonic() + 15
-        while "fb-1" not in seen_b and time.monotonic() < deadline:
+        seen = dedupe_key(principal_of_token(TOKEN.encode()), "fb-1")  # ids are per client
+        while seen not in seen_b and time.monotonic() < deadline:
             time.sleep(0.05)  # replica b learns the id from the stream
         status, _, answer = post_json(b.url, good_event("fb-1"))
         assert status == 200 and answer["duplicate"] is True
@@ -361,3 +375,129 @@ def test_tls_serves_https_only(kafka: KafkaSettings, tmp_path: Path) -> None:
         plain = running.url.replace("https://", "http://")
         with pytest.raises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):
             urllib.request.urlopen(f"{plain}/healthz", timeout=10)
+
+
+# --- containment: forged signatures, rates, connections, per-client ids ----------------------
+
+
+def test_a_forged_signature_is_refused_before_the_body_is_read(
+    kafka: KafkaSettings, service: tuple[str, str]
+) -> None:
+    """A known key id with a bogus signature and no timestamp, a stale one, or a bogus digest
+    signature: 401 from the headers, though the promised body never comes. A body signed without
+    its digest over the unhashed bound: 413 at once. A digest-signed body: verified before it is
+    read, then stored; one that does not hash to its signed digest: 401."""
+    url, run = service
+    now = int(time.time())
+    forged = (
+        f"Content-Type: application/json\r\nContent-Length: 60000\r\n"
+        f"{fa.KEY_ID_HEADER}: k1\r\n{fa.SIGNATURE_HEADER}: sha256={'0' * 64}\r\n"
+    )
+    answers = [
+        _answer_to_head(url, forged),
+        _answer_to_head(url, forged + f"{fa.TIMESTAMP_HEADER}: {now - 3600}\r\n"),
+        _answer_to_head(
+            url, forged + f"{fa.TIMESTAMP_HEADER}: {now}\r\n{fa.DIGEST_HEADER}: {'ab' * 32}\r\n"
+        ),
+        _answer_to_head(url, forged + f"{fa.TIMESTAMP_HEADER}: {now}\r\n"),
+    ]
+    assert [a[:12] for a in answers] == ["HTTP/1.1 401"] * 3 + ["HTTP/1.1 413"], answers
+
+    target, fid = fa.Target("POST", fm.FEEDBACK_PATH, run), f"digest-{uuid.uuid4().hex[:8]}"
+    body = json.dumps(good_event(fid, completion="x" * (2 * UNHASHED))).encode()
+    ts = str(int(time.time()))
+    signed = {
+        "Content-Type": "application/json",
+        fa.KEY_ID_HEADER: "k1",
+        fa.TIMESTAMP_HEADER: ts,
+        fa.DIGEST_HEADER: fa.body_digest(body),
+        fa.SIGNATURE_HEADER: fa.sign_digest(KEY, ts, target, "", body),
+    }
+    altered = body.replace(b'"accepted"', b'"rejected"')
+    assert post(url, altered, signed)[0] == 401
+    assert post(url, body, signed)[0] == 202
+    assert stored_ids(kafka, run)[fid] == 1
+
+
+def test_a_client_over_its_rate_gets_429_and_forgeries_spend_nothing(kafka: KafkaSettings) -> None:
+    run = f"t-rate-{uuid.uuid4().hex[:8]}"
+    ensure_run_topics(kafka, run)
+    cfg = fm.FeedbackServiceConfig(
+        run=run,
+        port=0,
+        tokens=[TOKEN, TOKEN2],
+        hmac_keys={"k1": KEY.decode()},
+        rate_per_client_s=0.2,
+        rate_burst=2,
+    )
+    target = fa.Target("POST", fm.FEEDBACK_PATH, run)
+
+    def hmac_post(url: str, fid: str, key: bytes) -> int:
+        body, ts = json.dumps(good_event(fid)).encode(), str(int(time.time()))
+        headers = {
+            "Content-Type": "application/json",
+            fa.KEY_ID_HEADER: "k1",
+            fa.TIMESTAMP_HEADER: ts,
+            fa.SIGNATURE_HEADER: fa.sign(key, ts, target, "", body),
+        }
+        return post(url, body, headers)[0]
+
+    with running_service(cfg, kafka, environ={fm.SALT_ENV: "s"}) as running:
+        url = running.url
+        first = [post_json(url, good_event(f"a-{i}"))[0] for i in range(2)]
+        status, headers, answer = post_json(url, good_event("a-2"))
+        other = post_json(url, good_event("b-0"), Authorization=f"Bearer {TOKEN2}")[0]
+        forged = [hmac_post(url, f"f-{i}", b"not-the-key") for i in range(5)]
+        genuine = [hmac_post(url, f"k-{i}", KEY) for i in range(2)]
+    assert first == [202, 202] and status == 429 and answer["error"] == "rate_limited"
+    assert int(headers["Retry-After"]) >= 1
+    assert other == 202  # another client's budget is its own
+    assert forged == [401] * 5 and genuine == [202, 202]  # forgeries spent none of k1's
+    assert set(stored_ids(kafka, run)) == {"a-0", "a-1", "b-0", "k-0", "k-1"}
+
+
+def test_a_request_over_the_open_connections_gets_429(kafka: KafkaSettings) -> None:
+    run = f"t-conns-{uuid.uuid4().hex[:8]}"
+    ensure_run_topics(kafka, run)
+    cfg = fm.FeedbackServiceConfig(run=run, port=0, tokens=[TOKEN], max_connections=2)
+    with running_service(cfg, kafka, environ={fm.SALT_ENV: "s"}) as running:
+        host, port = running.url.removeprefix("http://").split(":")
+        idle = [socket.create_connection((host, int(port)), timeout=10) for _ in range(2)]
+        time.sleep(0.3)  # both accepted by the server
+        status, headers, answer = post_json(running.url, good_event("over"))
+        for sock in idle:
+            sock.close()
+        deadline = time.monotonic() + 10
+        while (after := post_json(running.url, good_event("after"))[0]) == 429:
+            assert time.monotonic() < deadline, "still refused after the connections closed"
+            time.sleep(0.2)
+    assert status == 429 and answer["error"] == "too_many_connections"
+    assert headers.get("Retry-After") and after == 202
+    assert set(stored_ids(kafka, run)) == {"after"}
+
+
+def test_feedback_ids_are_per_client_and_durably_so(kafka: KafkaSettings) -> None:
+    """Client B may use an id client A used (both stored); A's retry is a duplicate; after a
+    restart the stream-backed dedupe still tells them apart."""
+    run = f"t-ns-{uuid.uuid4().hex[:8]}"
+    ensure_run_topics(kafka, run)
+    cfg = fm.FeedbackServiceConfig(run=run, port=0, tokens=[TOKEN, TOKEN2])
+    environ, as_b = {fm.SALT_ENV: "salt"}, {"Authorization": f"Bearer {TOKEN2}"}
+
+    def replica() -> FeedbackIdLog:
+        return FeedbackIdLog(kafka, run, cfg.idempotency_window_s, cfg.idempotency_max_ids)
+
+    with replica() as seen, running_service(cfg, kafka, environ=environ, dedupe=seen) as svc:
+        a = post_json(svc.url, good_event("same-id"))[0]
+        b = post_json(svc.url, good_event("same-id", request="q2"), **as_b)[0]
+        again = post_json(svc.url, good_event("same-id"))[0]
+    with replica() as seen, running_service(cfg, kafka, environ=environ, dedupe=seen) as svc:
+        later = [
+            post_json(svc.url, good_event("same-id"))[0],
+            post_json(svc.url, good_event("same-id", request="q2"), **as_b)[0],
+        ]
+    assert (a, b, again) == (202, 202, 200) and later == [200, 200]
+    values = read_all(kafka, topics.topic_name(run, "feedback"))
+    clients = {dict(m.headers() or [])["feedback_client"] for _, _, m in values}
+    assert stored_ids(kafka, run)["same-id"] == 2 and len(clients) == 2
+    assert all(TOKEN not in c.decode() and TOKEN2 not in c.decode() for c in clients)
