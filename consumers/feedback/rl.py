@@ -7,7 +7,9 @@ Windows: per input partition, consecutive feedback records; a window closes when
 seen before (a retry stored twice) is dropped and counted, never trained twice: retries share
 the request id, hence the partition, so the open window or the remembered ids catch them (the
 last ``dedup_ids`` decided ids, reloaded on partition assignment from the ``dedup_lookback``
-records before the committed offset, so a restart forgets none of them).
+records before the committed offset, so a restart forgets none of them). Ids are compared in
+their client's namespace (``producers.feedback.dedupe.dedupe_key`` with the record's
+``feedback_client`` header), so one client's ids never drop another client's feedback.
 
 Exactly once, without a state store: outputs, dead letters and consumer offsets commit in one
 transaction (``TransactionalLoop``); the committed offset of a partition is the first record of
@@ -16,13 +18,15 @@ close in offset order, so no decided record is ever re-read. Baselines and remem
 only with a committed transaction (restored on abort); after a restart baselines start over,
 which shifts rewards by a baseline but never duplicates or loses feedback.
 
-Where the tokens come from, in order: the feedback's own token arrays; else its ``trajectory_ref``
-(the record at that position); else its request id, looked up in the run's served stream
-(``consumers.feedback.served_log.ServedLookup``: what ``serve policy`` recorded for that request,
-bounded by ``served_lookup_ids`` per partition). A served completion brings its tokens, behaviour
-logprobs, routes, temperature, served policy version and model, and its position (the admitted
-sample's ``trajectory``). Feedback whose completion is found nowhere is rejected as untrainable with
-the reason (``consumers.feedback.rules``), never dropped.
+Feedback trains only what was served: the tokens, behaviour logprobs, routes, temperature,
+policy version and model of every trained sample are those of the served completion the
+feedback names (``consumers.feedback.served_log``: its ``trajectory_ref``, which may name only
+that completion's record in the run's served stream, else its request id and choice looked up
+there, bounded by ``served_lookup_ids`` per partition), and its position is the admitted
+sample's ``trajectory``. Whatever the feedback itself states (version, model, token arrays) must
+equal the served record, checked before anything is trained. Feedback whose completion is found
+nowhere, whose reference names anything else, or that disagrees with what was served is
+rejected with the reason (``consumers.feedback.rules``), never dropped and never trained.
 
 ``mix_online_groups``/``mix_rollout_groups`` are read by the learner, not enforced here: see
 ``online_quota``.
@@ -42,16 +46,17 @@ from confluent_kafka import TopicPartition
 from rlstream.consumers.consumer import Record, RoleContext, Stopper
 from rlstream.consumers.feedback.rules import FeedbackRLConfig, Item, RunningMean, window_decisions
 from rlstream.consumers.feedback.served_log import (
-    SERVED_FIELDS,
+    BadReference,
     NotServed,
     ServedLookup,
-    feedback_choice,
+    served_mismatch,
     with_served,
 )
-from rlstream.consumers.read_to_end import read_at, read_to_end, reader
+from rlstream.consumers.read_to_end import read_to_end, reader
 from rlstream.consumers.transactional import Output, TransactionalLoop
 from rlstream.consumers.weights.versions import VersionWatcher
 from rlstream.producers.client.settings import KafkaSettings
+from rlstream.producers.feedback.dedupe import client_of_headers, dedupe_key
 from rlstream.schemas import arrays, events, topics
 
 __all__ = ["FeedbackRL", "FeedbackRLConfig", "decided_ids", "run_role"]
@@ -126,43 +131,33 @@ class FeedbackRL:
             self.counts["not_feedback"] += 1
             return []
         window = self.windows.get(tp)
-        fid = rec.value["feedback_id"]
+        fid = dedupe_key(client_of_headers(rec.message.headers()), rec.value["feedback_id"])
         if fid in self.seen or fid in self._staged or (window is not None and fid in window.ids):
             self.counts["duplicate"] += 1
             return []
-        value = self._with_tokens(rec.value, tp[1])
+        value = self._served(rec.value, tp[1])
         if window is None:
             window = self.windows[tp] = _Window(offset, time.monotonic())
         window.items.append(Item(value, {"topic": tp[0], "partition": tp[1], "offset": offset}))
         window.ids.add(fid)
         return self._close(tp) if len(window.items) >= self.cfg.window_size else []
 
-    def _with_tokens(self, value: dict[str, Any], partition: int) -> dict[str, Any]:
-        """Feedback that does not carry its tokens gets them copied in (see the module).
-
-        A ``trajectory_ref`` is read at its position (only its first segment: a feedback's
-        trajectory is one served completion); otherwise the request id is looked up in the
-        served stream. If neither finds it the feedback stays as it is, with the reason under
-        ``lookup_error``, and is rejected as untrainable.
-        """
-        ref = value.get("trajectory_ref")
-        if value.get("token_ids") is not None:
-            return value
-        if ref is None:
-            return self._served_tokens(value, partition)
-        traj = read_at(self.served.consumer, ref["topic"], ref["partition"], ref["offset"])
-        if traj is None or traj.get("group_id") is None:
-            self.counts["trajectory_ref_unreadable"] += 1
-            return value
-        return {**value, **{k: traj[k] for k in SERVED_FIELDS}}
-
-    def _served_tokens(self, value: dict[str, Any], partition: int) -> dict[str, Any]:
-        """The served completion of the feedback's request id copied in (see the module)."""
+    def _served(self, value: dict[str, Any], partition: int) -> dict[str, Any]:
+        """The feedback with the served completion it names copied in (see the module), or as
+        it is with the reason under ``lookup_error`` (not found) or ``served_refusal`` (a bad
+        reference, a disagreement): then it is rejected as untrainable."""
         try:
-            found = self.served.find(value["request_id"], feedback_choice(value), partition)
+            found = self.served.named(value, partition)
+        except BadReference as exc:
+            self.counts["trajectory_ref_unreadable"] += 1
+            return {**value, "served_refusal": str(exc)}
         except NotServed as exc:
             self.counts["served_not_found"] += 1
             return {**value, "lookup_error": str(exc)}
+        why = served_mismatch(value, found.record)
+        if why is not None:
+            self.counts["served_mismatch"] += 1
+            return {**value, "served_refusal": f"it disagrees with its served completion: {why}"}
         self.counts["served_found"] += 1
         return with_served(value, found)
 
@@ -182,7 +177,7 @@ class FeedbackRL:
             self.run_name,
             int(time.time() * 1000),
         )
-        self._staged += [i.record["feedback_id"] for i in window.items]
+        self._staged += list(window.ids)
         outputs = []
         for decision in decisions:
             stream = "admitted" if decision["decision"] == "admitted" else "rejected"
@@ -278,7 +273,8 @@ class FeedbackRL:
 
 
 def decided_ids(settings: KafkaSettings, committed: TopicPartition, lookback: int) -> list[str]:
-    """Feedback ids of the (at most ``lookback``) records before a committed offset, in order.
+    """Feedback ids (dedupe keys: in their client's namespace) of the (at most ``lookback``)
+    records before a committed offset, in order.
 
     Every record before the committed offset of a feedback partition is decided (windows close
     in offset order), so these ids are the ones a retry must not bring back.
@@ -292,7 +288,8 @@ def decided_ids(settings: KafkaSettings, committed: TopicPartition, lookback: in
             if (msg.offset() or 0) >= stop:
                 break
             with contextlib.suppress(events.EventError):
-                ids.append(decode(msg.value(), None).record["feedback_id"])
+                fid = decode(msg.value(), None).record["feedback_id"]
+                ids.append(dedupe_key(client_of_headers(msg.headers()), fid))
         return ids
     finally:
         consumer.close()

@@ -9,10 +9,12 @@ Rules (unit tested without a broker):
    retried feedback ids are dropped before a window is decided: see ``feedback_rl``);
 3. in a closed window, per task class (none given: ``default``), in offset order; every input
    ends up in exactly one decision:
-   - feedback that cannot be trained on (another model, no token ids: text only, a
-     ``trajectory_ref`` that could not be read, or a request id not found in the served stream;
-     a readable reference or a served completion has its tokens copied in first, see
-     ``feedback_rl``) -> one rejected decision, reason ``other``, listing those inputs;
+   - feedback that cannot be trained on (another model; a completion not found in the served
+     stream, a ``trajectory_ref`` that names anything but it, or a feedback that disagrees with
+     it: ``lookup_error``, ``served_refusal``; the served completion's tokens are copied in
+     first, see
+     ``consumers.feedback.rl``) -> one rejected decision, reason ``other``, listing those
+     inputs with the reasons;
    - stale feedback (learner version - served version > ``max_staleness``, the admission
      rule) -> one rejected decision, reason ``stale``;
    - the rest form groups of ``min_group_size``..``max_group_size`` samples in order; fewer than
@@ -143,9 +145,11 @@ def untrainable(record: Mapping[str, Any], model: str) -> str | None:
     """Why a feedback record cannot be trained on, or None if it can (module rule 3)."""
     if record["model"] != model:
         return f"served by model {record['model']!r}, not {model!r}"
+    if record.get("served_refusal"):
+        return str(record["served_refusal"])  # a bad reference, or it disagrees with the served
+    if record.get("lookup_error"):
+        return f"its served completion was not found: {record['lookup_error']}"
     if record.get("token_ids") is None:
-        if record.get("lookup_error"):
-            return f"its served completion was not found: {record['lookup_error']}"
         if record.get("trajectory_ref") is not None:
             return "its trajectory_ref could not be read (gone or not a trajectory)"
         return "no token ids"

@@ -18,7 +18,14 @@ Rules:
 - a request id outside the indexed window (older than the newest ``max_ids`` of its partition),
   or never served in this run, is not found, with the reason: never a guess;
 - the choice is the feedback's ``metadata["choice"]`` (default 0: the only choice when n = 1);
-  a completion split into segments is joined (``arrays.join_segments``).
+  a completion split into segments is joined (``arrays.join_segments``);
+- a ``trajectory_ref`` may name only a served completion: the run's served stream, the record of
+  the feedback's request id and choice (``named``); any other topic or record is refused
+  (``BadReference``) before anything is read from it;
+- what was served decides (``served_mismatch``): a feedback that states its own policy
+  version, model or token arrays must state the served ones exactly, else it is refused with
+  the first difference; the trained tokens, logprobs, routes and version are always the served
+  record's (``with_served``), never the client's.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from confluent_kafka import TopicPartition
 
 from rlstream.consumers.read_to_end import partitions_of, read_at, read_to_end, reader, retrying
@@ -37,6 +45,10 @@ from rlstream.schemas.errors import RlstreamError
 
 class NotServed(RlstreamError, LookupError):
     """The request id (or its choice) is not in the served stream's indexed window."""
+
+
+class BadReference(NotServed):
+    """A ``trajectory_ref`` that does not name the served completion of its feedback."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +88,27 @@ def feedback_choice(feedback: dict[str, Any]) -> int:
 
 SERVED_FIELDS = (*arrays.ARRAY_FIELDS, "prompt_tokens", "temperature")
 """What a served completion gives the feedback that names it (with its version and model)."""
+
+
+def served_mismatch(feedback: dict[str, Any], served: dict[str, Any]) -> str | None:
+    """Why ``feedback`` disagrees with the completion it names (``served``), or None (see the
+    module rules): its policy version and model, and its token arrays when it carries them."""
+    for name in ("policy_version", "model"):
+        if feedback.get(name) != served[name]:
+            return f"it states {name} {feedback.get(name)!r}, the completion was served with {served[name]!r}"
+    if feedback.get("token_ids") is None:
+        return None
+    try:
+        given, truth = arrays.unpack_tokens(feedback), arrays.unpack_tokens(served)
+    except arrays.ArrayError as exc:
+        return f"its token arrays cannot be compared with the served ones: {exc}"
+    for name in arrays.TOKEN_FIELDS:
+        mine, theirs = getattr(given, name), getattr(truth, name)
+        if name == "routed_experts" and mine.size == 0:
+            continue  # routes left out: the served ones are used
+        if mine.shape != theirs.shape or not np.array_equal(mine, theirs):
+            return f"its {name} differ from the served completion's"
+    return None
 
 
 def with_served(feedback: dict[str, Any], found: ServedCompletion) -> dict[str, Any]:
@@ -119,6 +152,32 @@ class ServedLookup:
             f"request {request_id!r} is not among the last {self.max_ids} completions served "
             f"per partition of {self.topic}"
         )
+
+    def named(self, feedback: dict[str, Any], feedback_partition: int) -> ServedCompletion:
+        """The served completion ``feedback`` names: at its ``trajectory_ref`` when it has one
+        (which must be that completion's record: ``BadReference``), else found by its request id
+        and choice; ``NotServed`` with the reason otherwise."""
+        request_id, choice = feedback["request_id"], feedback_choice(feedback)
+        ref = feedback.get("trajectory_ref")
+        if ref is None:
+            return self.find(request_id, choice, feedback_partition)
+        where = f"{ref['topic']}[{ref['partition']}]@{ref['offset']}"
+        if ref["topic"] != self.topic:
+            raise BadReference(
+                f"its trajectory_ref {where} is not in the served stream {self.topic}"
+            )
+        rec = read_at(self.consumer, self.topic, ref["partition"], ref["offset"])
+        if rec is None or rec.get("group_id") != request_id or rec.get("sample_index") != choice:
+            raise BadReference(
+                f"its trajectory_ref {where} is not the served completion of request "
+                f"{request_id!r}, choice {choice}"
+            )
+        if int(rec.get("segment_count") or 1) == 1:
+            return ServedCompletion(rec, {k: ref[k] for k in ("topic", "partition", "offset")})
+        found = self.find(request_id, choice, ref["partition"])  # its segments, joined
+        if found.ref != {k: ref[k] for k in ("topic", "partition", "offset")}:
+            raise BadReference(f"its trajectory_ref {where} is not its completion's first record")
+        return found
 
     def _partitions(self, feedback_partition: int) -> list[int]:
         if self._served is None:

@@ -209,14 +209,8 @@ _ROLES = (
         "feedback-rl",
         "rlstream.consumers.feedback.rl",
         RoleAccess(
-            reads=(
-                "feedback",
-                "served",
-                "trajectories",
-                "weights.manifests",
-                "admitted",
-                "rejected",
-            ),
+            # served only: a feedback's trajectory_ref may name nothing else (served_log)
+            reads=("feedback", "served", "weights.manifests", "admitted", "rejected"),
             writes=("admitted", "rejected", "dlq"),
             group="feedback-rl",
         ),
