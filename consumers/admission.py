@@ -23,6 +23,12 @@ prefix, else its trajectory reference's). Copies are never mixed: each is pendin
 a group is decided once, by the first copy admitted, or by the rejection of its last pending
 copy (a copy that would be rejected while another copy is pending is dropped instead). Whatever
 arrives of a decided group later is ignored, so a region that returns late adds nothing.
+
+Released only: every trajectory and reward is first checked against the tasks stream
+(``consumers.releases``): its group must be a task the scheduler released to the region of its
+copy. A record that fails is dead-lettered (``invalid_record``, with the reason) and joins no
+group. Not a rejected decision: that would mark the group id decided, and a forged record could
+then decide (and so discard) a genuine group, released or still to be released.
 The rules themselves are in ``admission_rules``.
 """
 
@@ -40,9 +46,11 @@ from rlstream.consumers.admission_rules import (
     Verdict,
     admitted_samples,
     decide,
+    release_refusal,
 )
 from rlstream.consumers.consumer import Record, RoleContext
 from rlstream.consumers.read_to_end import read_to_end, reader
+from rlstream.consumers.releases import TaskReleases
 from rlstream.consumers.transactional import Output, TransactionalLoop
 from rlstream.consumers.weights.versions import VersionWatcher
 from rlstream.producers.client.settings import KafkaSettings
@@ -75,8 +83,9 @@ class Admission:
         self._staged: set[str] = set()  # decisions of the open transaction
         self.loaded: set[int] = set()
         self.segments: dict[str, Reassembler] = {}  # per copy: segments are never mixed
-        self.counts = {"admitted": 0, "rejected": 0, "dropped_copies": 0}
+        self.counts = {"admitted": 0, "rejected": 0, "dropped_copies": 0, "unreleased": 0}
         self.watcher = VersionWatcher(settings, self.names["weights.manifests"])
+        self.releases = TaskReleases(settings, run, cfg.max_decided)
         self.loop = TransactionalLoop(
             settings,
             group_id=topics.group_id(run, "admission"),
@@ -102,14 +111,18 @@ class Admission:
     # --- processing -------------------------------------------------------------------------
 
     def process(self, records: list[Record]) -> list[Output]:
-        touched = set()
+        touched, outputs = set(), []
         for rec in records:
+            why = self._unreleased(rec)
+            if why is not None:
+                self.counts["unreleased"] += 1
+                outputs.append(self.loop.dead_letter(rec, "invalid_record", why))
+                continue
             key = self._add(rec)
             if key:
                 touched.add(key)
         # On an idle tick every pending copy is re-checked (deadlines, staleness).
         candidates = touched if records else set(self.pending)
-        outputs = []
         now_ms, version = int(time.time() * 1000), self.watcher.version
         for key in sorted(candidates):
             group = self.pending.get(key)
@@ -137,6 +150,14 @@ class Admission:
             return self.regions.origin(topic, self.region)
         except (ValueError, KeyError, TypeError):
             return topic  # not a topic of the run's regions: a copy of its own
+
+    def _unreleased(self, rec: Record) -> str | None:
+        """Why ``rec`` is refused as not released to its copy's region (module docstring)."""
+        value = rec.value
+        if value["group_id"] in self.decided or value["group_id"] in self._staged:
+            return None  # ignored anyway: nothing to check
+        released = self.releases.released_to(str(value["task_id"]))
+        return release_refusal(value["group_id"], value["task_id"], self.copy_of(rec), released)
 
     def _add(self, rec: Record) -> Copy | None:
         value: dict[str, Any] | None = rec.value
@@ -253,6 +274,7 @@ class Admission:
 
     def close(self) -> None:
         self.watcher.close()
+        self.releases.close()
 
 
 def decided_groups(settings: KafkaSettings, run: str, partitions: set[int]) -> set[str]:

@@ -24,6 +24,13 @@ the other copy's sample is dropped, never paired with this one's. A reward read 
 sample waits beside the group until the sample arrives (rewards or samples without a position,
 as in unit tests, always match).
 
+Released only (``release_refusal``): a trajectory or reward is accepted only for a group whose id
+is its task id, a task the scheduler released, to the region the record comes from (any of the
+task's releases: a re-issued task has several). Anything else (a sample a rollout region made
+up, a group it was never sent, a copy from a region the task never went to) is refused with the
+reason and never becomes part of a group, so it can neither be trained nor decide a genuine
+group: admission dead-letters the record (``consumers.admission``).
+
 Decided groups are remembered in a ``DecidedSet`` bounded by ``max_decided`` ids (the oldest
 decision is forgotten first). Forgetting is safe because a copy that arrives after that many
 newer decisions is far past ``max_staleness`` and is rejected as stale: at worst a late copy
@@ -165,6 +172,21 @@ def _names(ref: dict[str, Any] | None, position: dict[str, Any] | None) -> bool:
         ref.get("partition") == position.get("partition")
         and ref.get("offset") == position.get("offset")
     )
+
+
+def release_refusal(
+    group_id: str, task_id: str, region: str, released: frozenset[str] | None
+) -> str | None:
+    """Why a trajectory or reward of ``group_id`` (task ``task_id``) that came from ``region``
+    is refused, or None (see the module rule "Released only"). ``released`` is the set of
+    regions the task was released to (``consumers.releases``; ``"*"``: any), None if never."""
+    if task_id != group_id:
+        return f"group {group_id!r} names task {task_id!r}: a group id is its task id"
+    if released is None:
+        return f"task {task_id!r} was never released by the scheduler"
+    if "*" not in released and region not in released:
+        return f"task {task_id!r} was released to {sorted(released)}, not to region {region!r}"
+    return None
 
 
 @dataclass(frozen=True)

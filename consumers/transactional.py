@@ -256,21 +256,23 @@ class TransactionalLoop:
         for rec in records:
             poison = self._poison.get((*rec.topic_partition, rec.offset))
             if rec.event is None:
-                letters.append(self._dead_letter(rec, rec.reason or "other", rec.error or ""))
+                letters.append(self.dead_letter(rec, rec.reason or "other", rec.error or ""))
             elif poison is not None:
-                letters.append(self._dead_letter(rec, "processing_error", poison))
+                letters.append(self.dead_letter(rec, "processing_error", poison))
             else:
                 good.append(rec)
         try:
             outputs = list(self.process(good)) if good else []
         except Refused as refused:
             # Refusal of one record: dead-letter it and re-run the rest of the batch.
-            letters.append(self._dead_letter(refused.record, "invalid_record", refused.reason))
+            letters.append(self.dead_letter(refused.record, "invalid_record", refused.reason))
             rest = [r for r in good if r is not refused.record]
             outputs = list(self.process(rest)) if rest else []
         return letters, outputs
 
-    def _dead_letter(self, rec: Record, reason: str, error: str) -> Output:
+    def dead_letter(self, rec: Record, reason: str, error: str) -> Output:
+        """The dead-letter output for ``rec`` (a processor may return it among its outputs to
+        refuse one record while keeping the state it built from the others)."""
         return Output(
             self.dlq_topic,
             "dead_letter",

@@ -28,7 +28,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-REGION_TAG = "region"
+from rlstream.consumers.releases import REGION_TAG, target_of
+
+__all__ = ["REGION_TAG", "Ledger", "Release", "for_region", "target_of"]
 
 
 @dataclass
@@ -40,11 +42,6 @@ class Release:
     attempt: int
     released_ms: int
     record: dict[str, Any]
-
-
-def target_of(task: dict[str, Any]) -> str | None:
-    """The region a task is meant for (None: any region that reads it)."""
-    return (task.get("tags") or {}).get(REGION_TAG)
 
 
 def for_region(task: dict[str, Any], region: str) -> bool:

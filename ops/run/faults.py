@@ -118,12 +118,12 @@ def inject_poison(
 
     - ``garbage_trajectory`` / ``garbage_reward``: random bytes (no event framing);
     - ``wrong_event``: a well-formed ``task`` event where trajectories belong;
-    - ``unknown_sample``: a well-formed reward for a sample no trajectory ever named (admission
-      waits for the sample, then rejects the group as timed out);
-    - ``unknown_family``: a well-formed trajectory of a task id of no known family (its group is
-      rejected: the judges cannot score it).
+    - ``unknown_sample``: a well-formed reward for a group the scheduler never released;
+    - ``unknown_family``: a well-formed trajectory of a task id of no known family, never
+      released either.
 
-    Groups of these two may be decided; they must never be trained."""
+    Admission dead-letters these two too (a group of a task never released: ``admission_rules``);
+    no group of them is ever decided or trained."""
     names = topics.run_topics(run)
     group = f"{POISON_PREFIX}{tag}"
     reward = _sample_record(settings, names["rewards"], "reward")
@@ -137,14 +137,14 @@ def inject_poison(
             names["rewards"],
             events.encode("reward", {**reward, "group_id": f"{group}-u", "task_id": f"{group}-u"}),
             f"{group}-u",
-            False,
+            True,
         ),
         (
             "unknown_family",
             names["trajectories"],
             events.encode("trajectory", _foreign_trajectory(trajectory, f"{group}-f")),
             f"{group}-f",
-            False,
+            True,
         ),
     ]
     landed: list[Injected] = []

@@ -184,7 +184,8 @@ _ROLES = (
         "admission",
         "rlstream.consumers.admission",
         RoleAccess(
-            reads=("trajectories", "rewards", "weights.manifests", "admitted", "rejected"),
+            # tasks: a group is admitted only for a task released to the region it came from
+            reads=("tasks", "trajectories", "rewards", "weights.manifests", "admitted", "rejected"),
             writes=("admitted", "rejected", "dlq"),
             group="admission",
         ),

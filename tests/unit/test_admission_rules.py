@@ -139,3 +139,14 @@ def test_a_reward_from_another_regions_log_is_paired_by_index():
         {"sample_index": 0, "judge": "tests", "score": 1.0, "trajectory": elsewhere}
     )
     assert g.rewards[0]["tests"]["score"] == 1.0
+
+
+def test_a_group_counts_only_for_a_task_released_to_its_region() -> None:
+    from rlstream.consumers.admission_rules import release_refusal
+
+    assert release_refusal("t1", "t1", "eu", frozenset({"eu"})) is None
+    assert release_refusal("t1", "t1", "us", frozenset({"eu", "us"})) is None  # re-issued
+    assert release_refusal("t1", "t1", "eu", frozenset({"*"})) is None  # released before regions
+    assert "never released" in str(release_refusal("t9", "t9", "eu", None))
+    assert "not to region 'us'" in str(release_refusal("t1", "t1", "us", frozenset({"eu"})))
+    assert "a group id is its task id" in str(release_refusal("g", "t1", "eu", frozenset({"eu"})))
