@@ -6,11 +6,11 @@ transactional ids); it needs no broker. ``apply`` makes a secured cluster ready 
 ``admin``: in the region ``--region`` names (default the trainer region) it creates one
 SCRAM-SHA-512 user per principal that runs there (``acls.roles_in``: every role and service in
 the trainer region, rollout workers and judges in a rollout region; passwords generated once and
-kept in the state directory's ``secrets/credentials.json``, mode 0600, never printed), the run's
-topics, the cluster topics and the MirrorMaker 2 copies the region receives (roles may not
-create topics), then their ACLs for that region. On the local cluster (no ``--bootstrap``) it
-also grants each secured MirrorMaker 2 link the run's streams on both of its clusters
-(``ops.run.acls.mirror_grants``), whatever ``--region``.
+kept in the state directory, one file per user, ``secrets/users/USER.json``, mode 0600, never
+printed), the run's topics, the cluster topics and the MirrorMaker 2 copies the region receives
+(roles may not create topics), then their ACLs for that region. On the local cluster (no
+``--bootstrap``) it also grants each secured MirrorMaker 2 link the run's streams on both of its
+clusters (``ops.run.acls.mirror_grants``), whatever ``--region``.
 
 The run's regions (``--regions trainer,eu``, the trainer region first) decide which copies a
 role reads where (``topics.Regions.sources``); by default they are the local cluster's regions
@@ -111,7 +111,7 @@ def _apply(args: argparse.Namespace) -> int:
         f"run {args.run}, region {here}: {counts['users']} users, {counts['topics']} topics "
         f"checked, {counts['acls']} ACLs applied"
         + (f", {links} MirrorMaker 2 ACLs on the local links" if links else "")
-        + f"; credentials in {home / 'secrets'}"
+        + f"; credentials in {home / 'secrets' / 'users'} (one file per user)"
     )
     return 0
 

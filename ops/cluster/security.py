@@ -17,14 +17,23 @@ apply`` with its ACLs there, only where it runs (``ops.run.acls.roles_in``), and
 2 link (``ops.run.acls.mirror_user``), created with its ACLs on both clusters of
 its link by ``cluster up`` before the link starts (``authorize``).
 
-Every region of a local cluster shares the one CA and ``credentials.json``; a user's SCRAM
+Every region of a local cluster shares the one CA and the principals' credentials; a user's SCRAM
 credential is written into each cluster it must reach (the admin's at each region's format).
 
 Rules:
 - secrets live in ``HOME/secrets`` (directory 0700, every file 0600): the CA and broker key and
-  certificate (PEM) and ``credentials.json`` (user -> password); they are generated once, at the
-  first secured start, and kept; the broker's properties file, which holds the admin password for
-  the inter-broker link, is 0600 too;
+  certificate (PEM), and one credentials file per principal, ``users/USER.json`` (``{"user",
+  "password"}``, in a 0700 directory), holding that principal's password and nothing else; they
+  are generated once, at the first secured start (a role's when ``acl apply`` creates its user),
+  and kept. A ``credentials.json`` of every password, as older versions wrote, is split into
+  those files and removed;
+- a role is contained: a role process reads its own file and the CA certificate only
+  (``client_settings``), so a role's host or container needs nothing else, and no role's file
+  holds another principal's secret; the admin password is in the admin's file and in what the
+  admin side runs (the broker's properties, for the inter-broker link, 0600; the format
+  arguments), never in a role's. On one host under one Unix user, file modes cannot keep that
+  user's processes apart: there the containment is that each process opens only its own file;
+  across hosts or users it is the file's owner and mode (give each role only its file);
 - nothing here prints or logs a password; ``KafkaSettings`` keeps it as a ``SecretStr``;
 - the admin user's SCRAM credential is written into the metadata at format time
   (``StorageTool format --add-scram``), the other users' by ``authorize`` (Admin API);
@@ -50,7 +59,7 @@ BROKER_CN = "rlstream-broker"
 MECHANISM = "SCRAM-SHA-512"
 PROTOCOL = "SASL_SSL"
 CERT_DAYS = 3650
-_SECRET_FILES = ("ca.pem", "broker.pem", "credentials.json")
+_LEGACY = "credentials.json"
 
 
 def secrets_dir(home: Path) -> Path:
@@ -77,7 +86,7 @@ def write_private(path: Path, data: bytes) -> None:
 
 def ensure_secrets(home: Path, users: tuple[str, ...] = ()) -> None:
     """Create the CA, the broker's key and certificate and a password per user (``admin`` and
-    ``users``), keeping every one that exists already."""
+    ``users``), each in its own file, keeping every one that exists already."""
     folder = secrets_dir(home)
     folder.mkdir(parents=True, exist_ok=True)
     os.chmod(folder, 0o700)
@@ -85,29 +94,57 @@ def ensure_secrets(home: Path, users: tuple[str, ...] = ()) -> None:
         ca_pem, broker_pem = _certificates()
         write_private(folder / "ca.pem", ca_pem)
         write_private(folder / "broker.pem", broker_pem)
-    creds = credentials(home)
-    missing = [u for u in (ADMIN, *users) if u not in creds]
-    if missing:  # admin is missing when no credentials were written yet
-        creds.update({u: secrets.token_urlsafe(24) for u in missing})
-        write_private(folder / "credentials.json", json.dumps(creds, indent=2).encode())
+    _split_legacy(home)
+    for user in (ADMIN, *users):
+        if not credentials_file(home, user).exists():
+            _write_credentials(home, user, secrets.token_urlsafe(24))
+
+
+def credentials_file(home: Path, user: str) -> Path:
+    """The file holding ``user``'s password, and nothing else (see the module rules)."""
+    if not user or "/" in user or user.startswith("."):
+        raise ValueError(f"not a principal name: {user!r}")
+    return secrets_dir(home) / "users" / f"{user}.json"
+
+
+def _write_credentials(home: Path, user: str, secret: str) -> None:
+    path = credentials_file(home, user)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    write_private(path, json.dumps({"user": user, "password": secret}).encode())
+
+
+def _split_legacy(home: Path) -> None:
+    """One file per principal from an older ``credentials.json`` of every password (then
+    removed, so no file holds more than one principal's secret)."""
+    legacy = secrets_dir(home) / _LEGACY
+    if not legacy.exists():
+        return
+    for user, secret in dict(json.loads(legacy.read_text())).items():
+        if not credentials_file(home, user).exists():
+            _write_credentials(home, user, secret)
+    legacy.unlink()
 
 
 def credentials(home: Path) -> dict[str, str]:
-    """user -> password of the secured cluster at ``home`` (empty when none was generated)."""
-    path = secrets_dir(home) / "credentials.json"
-    if not path.exists():
-        return {}
-    return dict(json.loads(path.read_text()))
+    """user -> password of every principal of the secured cluster at ``home`` (the admin side's
+    view, e.g. ``acl apply``; empty when none was generated). A role never calls this."""
+    folder = secrets_dir(home) / "users"
+    files = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    return {f.stem: password(home, f.stem) for f in files}
 
 
 def password(home: Path, user: str) -> str:
-    creds = credentials(home)
-    if user not in creds:
+    """``user``'s password, read from its own file only."""
+    path = credentials_file(home, user)
+    if not path.exists() and (secrets_dir(home) / _LEGACY).exists():
+        _split_legacy(home)  # a cluster secured by an older version
+    if not path.exists():
         raise KeyError(
-            f"no credentials for user {user!r} in {secrets_dir(home)}; "
+            f"no credentials for user {user!r} in {path.parent}; "
             "`rlstream acl apply --run RUN` creates the role users"
         )
-    return creds[user]
+    return str(json.loads(path.read_text())["password"])
 
 
 def client_settings(home: Path, bootstrap: str, user: str = ADMIN) -> KafkaSettings:
