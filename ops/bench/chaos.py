@@ -324,15 +324,9 @@ class Driver:
 
     def _dead_letters(self) -> dict[tuple[str, int, int], list[str]]:
         """Source position -> the reasons of the dead letters written for it."""
-        from rlstream.consumers.read_to_end import read_topic
-        from rlstream.schemas import events, topics
+        from rlstream.ops.run.attacks import dead_letter_positions
 
-        out: dict[tuple[str, int, int], list[str]] = collections.defaultdict(list)
-        dlq = topics.topic_name(self.run_name, "dlq")
-        for msg in read_topic(self.settings, dlq, name="chaos-dlq"):
-            rec = events.decode(msg.value() or b"").record
-            out[(rec["source_topic"], rec["partition"], rec["offset"])].append(rec["reason"])
-        return dict(out)
+        return dead_letter_positions(self.settings, self.run_name)
 
     def _refusals(self) -> dict[int, list[str]]:
         """Manifest offset -> each refusal a role process logged for it."""
