@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 ID_HEADER = "feedback_id"
@@ -48,19 +48,24 @@ def record_headers(principal: str, feedback_id: str) -> list[tuple[str, bytes]]:
     return [(ID_HEADER, feedback_id.encode()), (CLIENT_HEADER, principal.encode())]
 
 
-def _header(headers: Sequence[tuple[str, Any]] | None, name: str) -> str | None:
-    for key, value in headers or []:
+Headers = Mapping[str, Any] | Sequence[tuple[str, Any]] | None
+"""A record's headers as the Kafka client gives them (pairs, or a mapping)."""
+
+
+def _header(headers: Headers, name: str) -> str | None:
+    pairs = headers.items() if isinstance(headers, Mapping) else headers or []
+    for key, value in pairs:
         if key == name:
             return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
     return None
 
 
-def client_of_headers(headers: Sequence[tuple[str, Any]] | None) -> str:
+def client_of_headers(headers: Headers) -> str:
     """The client namespace a stored record names (``""`` without a ``feedback_client``)."""
     return _header(headers, CLIENT_HEADER) or ""
 
 
-def key_of_headers(headers: Sequence[tuple[str, Any]] | None) -> str | None:
+def key_of_headers(headers: Headers) -> str | None:
     """The dedupe key of a stored record from its headers (None without ``feedback_id``)."""
     fid = _header(headers, ID_HEADER)
     return None if fid is None else dedupe_key(client_of_headers(headers), fid)

@@ -46,8 +46,8 @@ def _responses(*codes: int) -> dict[str, Any]:
             "description": why[code],
             "content": {"application/json": {"schema": schema}},
         }
-    for code in ("429", "503"):
-        out[code]["headers"] = {"Retry-After": {"schema": {"type": "integer"}}}
+    for retry in ("429", "503"):
+        out[retry]["headers"] = {"Retry-After": {"schema": {"type": "integer"}}}
     return out
 
 
