@@ -126,8 +126,18 @@ def _check_stale_rejected(kafka, run: str, procs: dict) -> None:
     """Samples from version 0 arriving when the learner is past max_staleness: rejected."""
     from test_events import examples
 
+    from rlstream.rollout.scheduler import SchedulerConfig, task_record
+
     traj = examples()["trajectory"]
+    # released to this region, as the scheduler releases: admission takes released groups only
+    task = {**task_record(run, SchedulerConfig(), 0, 0), "task_id": "old-group"}
     with EventProducer.connect(kafka) as producer:
+        producer.produce(
+            topics.topic_name(run, "tasks"),
+            "task",
+            {**task, "tags": {"region": "trainer"}},
+            "old-group",
+        )
         for i in range(4):
             producer.produce(
                 topics.topic_name(run, "trajectories"),
@@ -136,7 +146,7 @@ def _check_stale_rejected(kafka, run: str, procs: dict) -> None:
                     **traj,
                     "run": run,
                     "group_id": "old-group",
-                    "task_id": "fx-1",
+                    "task_id": "old-group",
                     "sample_index": i,
                     "group_size": 4,
                     "segment_index": 0,

@@ -71,13 +71,18 @@ def _served_version(base: str) -> int:
         return json.loads(resp.read())["data"][0]["policy_version"]
 
 
-def test_policy_served_hot_swapped_and_judged(kafka, unique_run):
-    ensure_run_topics(kafka, unique_run)
-    publisher = _publisher(kafka, unique_run)
+def _serving_v0(kafka, run: str) -> tuple[WeightPublisher, PolicyServer, _Serving, str]:
+    """Version 0 published, and a server following the run's weights on a free port."""
+    ensure_run_topics(kafka, run)
+    publisher = _publisher(kafka, run)
     publisher.publish_version(_state(0), 0)
-    server = PolicyServer(kafka, unique_run, "policy", POLICY)
+    server = PolicyServer(kafka, run, "policy", POLICY)
     serving = _Serving(make_app(server))
-    base = f"http://127.0.0.1:{serving.port}"
+    return publisher, server, serving, f"http://127.0.0.1:{serving.port}"
+
+
+def test_policy_served_hot_swapped_and_judged(kafka, unique_run):
+    publisher, server, serving, base = _serving_v0(kafka, unique_run)
     try:
         deadline = time.monotonic() + 30
         status, body = 503, {}
@@ -133,12 +138,7 @@ def test_healthz_swaps_weights_only_under_the_generation_lock(kafka, unique_run)
     """A version that arrives while a generation holds the lock is not swapped in by a health
     probe (the weights would change under that generation, which is recorded under the version
     it started with); the next probe after the lock is free swaps it in."""
-    ensure_run_topics(kafka, unique_run)
-    publisher = _publisher(kafka, unique_run)
-    publisher.publish_version(_state(0), 0)
-    server = PolicyServer(kafka, unique_run, "policy", POLICY)
-    serving = _Serving(make_app(server))
-    base = f"http://127.0.0.1:{serving.port}"
+    publisher, server, serving, base = _serving_v0(kafka, unique_run)
     try:
         deadline = time.monotonic() + 30
         while _health(base)["policy_version"] != 0:
