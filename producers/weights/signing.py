@@ -147,12 +147,20 @@ class Trust:
 KEY_FILE = "weights-signing-key.pem"
 
 
+def _private_dirs(folder: Path) -> None:
+    """Create ``folder`` and every missing folder above it readable by the owner only (0700):
+    a key's folder tells who else can list the runs that have keys."""
+    missing = [f for f in (folder, *folder.parents) if not f.exists()]
+    for each in reversed(missing):
+        each.mkdir(mode=0o700, exist_ok=True)
+
+
 def generate(folder: str | Path, name: str = KEY_FILE) -> tuple[Path, str]:
     """A new key pair for a run: the private key as a PEM file ``name`` in ``folder`` (mode
     0600) and the public key in hex (what the run manifest records)."""
     private = Ed25519PrivateKey.generate()
     path = Path(folder) / name
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _private_dirs(path.parent)
     pem = private.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )

@@ -27,12 +27,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import decode_all, read_all
+from helpers import decode_all, read_all, signed_run
 
 from rlstream.producers.client.admin import ensure_run_topics
 from rlstream.producers.client.producer import EventProducer
 from rlstream.producers.client.settings import KafkaSettings
+from rlstream.producers.weights.publisher import WeightPublisher
 from rlstream.schemas import arrays, events, topics
+from rlstream.schemas.deltacodec.bits import TensorBits
 
 ROLE = textwrap.dedent(
     """
@@ -69,24 +71,15 @@ def run_role(kafka: KafkaSettings, run: str, crash_after: int) -> subprocess.Com
     )
 
 
-def manifest(run: str, version: int) -> dict[str, Any]:
-    return {
-        "run": run,
-        "model": "policy",
-        "version": version,
-        "base_version": None,
-        "keyframe_version": version,
-        "kind": "keyframe",
-        "created_ms": int(time.time() * 1000),
-        "tensors": [],
-        "chunks": [],
-        "chunk_topic": topics.topic_name(run, "weights.chunks"),
-        "state_hash": "0" * 64,
-        "base_state_hash": None,
-        "raw_bytes": 0,
-        "encoded_bytes": 0,
-        "codec_version": 1,
-    }
+def publish_version(kafka: KafkaSettings, run: str, version: int) -> None:
+    """The learner's ``version`` of a one-tensor model, signed with the run's key (the run is
+    signed from its creation; feedback-rl reads the learner's version from verified manifests)."""
+    producer = EventProducer.transactional(kafka, f"rlstream.{run}.learner.0", timeout=30)
+    try:
+        publisher = WeightPublisher(producer, run, "policy", signer=signed_run(kafka, run))
+        publisher.publish_version({"w": TensorBits.from_numpy(np.zeros(4, np.float32))}, version)
+    finally:
+        producer.close()
 
 
 def served(run: str, record: dict[str, Any], **over: Any) -> dict[str, Any]:
@@ -160,13 +153,8 @@ def test_online_groups_exactly_once_across_a_crash(kafka: KafkaSettings, unique_
             feedback(run, i, version, actions[i % 5], ["tab", "agent"][i % 2], i % 9 != 4)
         )
     record_served(kafka, run, records)
+    publish_version(kafka, run, 3)
     with EventProducer.connect(kafka) as producer:
-        producer.produce(
-            topics.topic_name(run, "weights.manifests"),
-            "weight_manifest",
-            manifest(run, 3),
-            "policy",
-        )
         feedback_topic = topics.topic_name(run, "feedback")
         for rec in records:
             producer.produce(feedback_topic, "feedback", rec, topics.record_key("feedback", rec))
