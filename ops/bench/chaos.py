@@ -15,8 +15,11 @@ role's process (never the same role twice within ``SAME_ROLE_GAP_S``: its superv
 it with backoff), ``--broker-kills`` SIGKILLs of the broker (restarted on its data and ports
 after ``--broker-down`` seconds), ``--poison-rounds`` rounds of poison records in the
 trajectories and rewards streams, ``--forged-rounds`` rounds of forged weight manifests, and
-one replay of a captured signed feedback request (including across a SIGKILL of the service).
-Then the driver waits until the scheduler has seen every task released and decided.
+one replay of a captured signed feedback request (including across a SIGKILL of the service),
+and one round of attacks (``ops.run.attacks``) against the run's services and roles: a policy
+server taking pushed weights (``serve policy --weights push``) and one following the run (whose
+served completion the forged feedback names), feedback-rl, admission, the ``tests`` judge and
+its sandbox. Then the driver waits until the scheduler has seen every task released and decided.
 
 Figures (``--json``: the last stdout line), each read from what the roles wrote or logged:
 ``groups_released``/``groups_decided``/``groups_lost`` (released and never decided: must be
@@ -28,6 +31,13 @@ those none did; ``forged_refused``: forged manifests the roles logged refusing;
 replays, ``feedback_stored``: how often the replayed event is in the feedback stream (must be
 1); ``warm_start_success``/``final_success``: the ``tests`` judge's pass rate of the training
 samples of version 0 and of the newest versions (as ``rlstream demo`` reports them).
+``attacks``: one entry per kind, ``{"tried": N, "refused": N}``, each refusal read from what the
+run answered, logged or wrote: the forged-manifest kinds (``ops.run.faults.ATTACKS``) from the
+roles' refusal log lines, ``unauthenticated_policy_push`` from 401 answers with the served version
+unchanged, ``forged_feedback_tokens`` from feedback-rl's rejections, ``unreleased_task`` from
+admission's dead letters, ``heldout_task`` from the ``tests`` judge's unscorable rewards and
+``planted_stdlib_module`` from failed verdicts. The run holds when every kind was tried and
+refused every time.
 """
 
 from __future__ import annotations
@@ -95,7 +105,13 @@ def held(r: dict[str, Any]) -> bool:
         "roles_given_up",
         "genuine_refused",
     )
-    return all(r[k] == 0 for k in zero) and r["feedback_stored"] == 1
+    attacks_held = all(_held_off(a) for a in r["attacks"].values())
+    return all(r[k] == 0 for k in zero) and r["feedback_stored"] == 1 and attacks_held
+
+
+def _held_off(attempts: dict[str, int]) -> bool:
+    """An attack kind was tried and refused every time."""
+    return attempts["tried"] > 0 and attempts["refused"] == attempts["tried"]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -152,13 +168,17 @@ class Driver:
         self.injected: list[Any] = []
         self.forged: list[Any] = []
         self.feedback_replay: dict[str, Any] = {}
+        self.attacks: dict[str, Any] = {}  # kind -> ops.run.attacks.Attempts, counted at once
+        self.attack_records: list[Any] = []  # what the attacks wrote that roles must dead-letter
+        self.forged_feedback: list[tuple[str, int, int]] = []
+        self.heldout_groups: list[str] = []
         self.done = False
 
     # --- the run ----------------------------------------------------------------------------
 
     def run(self) -> None:
         from rlstream.ops.run import demo
-        from rlstream.ops.run.faults import FeedbackService
+        from rlstream.ops.run.faults import FeedbackService, PolicyService
         from rlstream.trainer.learner_step import init_model
 
         progress(f"run {self.run_name}: logs in {self.logs}")
@@ -172,15 +192,24 @@ class Driver:
         os.environ.setdefault("RLSTREAM_HUNG_TRANSACTION_S", "30")  # roles stuck by the broker
         self.roles = self._start_roles()
         key = secrets.token_hex(16).encode()
-        self.feedback = FeedbackService(self.run_name, self.settings, self.logs, key)
+        where = (self.run_name, self.settings, self.logs)
+        self.feedback = FeedbackService(*where, key=key)
+        recipe = tuple(self.extra)
+        self.policy = PolicyService(*where, recipe=recipe)  # serves (and records) completions
+        self.pushed = PolicyService(
+            *where, label="policy-push", recipe=recipe, push_token=secrets.token_hex(16)
+        )
+        services = (self.feedback, self.policy, self.pushed)
         try:
-            self.feedback.start()
+            for service in services:
+                service.start()
             self._wait_first_version()
             self._break_things()
             self._wait_done()
             self._settle()
         finally:
-            self.feedback.stop()
+            for service in services:
+                service.stop()
             demo.stop_roles(self.roles)
 
     def _start_roles(self) -> list[Any]:
@@ -191,7 +220,7 @@ class Driver:
             where = (self.settings, self.logs, extra, name, "trainer")
             return start_role(role, self.run_name, *where, env=env)
 
-        roles = [start("learner", env=self.learner_env), start("admission")]
+        roles = [start("learner", env=self.learner_env), start("admission"), start("feedback-rl")]
         roles += [start("judge", f"judge-{j}", "--name", j) for j in self.config.judges]
         roles += [
             start("rollout", f"rollout-{i}", "--member", str(i))
@@ -232,7 +261,8 @@ class Driver:
         time in its own slot of the window."""
         a = self.args
         kinds = ["role"] * a.role_kills + ["broker"] * a.broker_kills
-        kinds += ["poison"] * a.poison_rounds + ["forge"] * a.forged_rounds + ["feedback"]
+        kinds += ["poison"] * a.poison_rounds + ["forge"] * a.forged_rounds
+        kinds += ["feedback", "attack"]
         self.rng.shuffle(kinds)
         slot = a.chaos_seconds / len(kinds)
         return [(slot * (i + self.rng.uniform(0.1, 0.9)), k) for i, k in enumerate(kinds)]
@@ -283,9 +313,9 @@ class Driver:
         return f"injected {len(landed)} poison records ({', '.join(p.kind for p in landed)})"
 
     def _fault_forge(self, i: int) -> str:
-        from rlstream.ops.run.faults import forge_manifests
+        from rlstream.ops.run.faults import attack_weights
 
-        landed = forge_manifests(self.settings, self.run_name, self.config.model, self.key_file)
+        landed = attack_weights(self.settings, self.run_name, self.config.model, self.key_file)
         self.forged += landed
         return f"published {len(landed)} forged manifests ({', '.join(f.kind for f in landed)})"
 
@@ -295,6 +325,31 @@ class Driver:
         self.feedback_replay = replay_feedback(self.feedback, f"{self.run_name}-{i}")
         answers = self.feedback_replay["answers"]
         return f"replayed a signed feedback request: {answers}"
+
+    def _fault_attack(self, i: int) -> str:
+        """One round of the attacks other than forged manifests (``ops.run.attacks``)."""
+        from rlstream.ops.run import attacks
+
+        tag = f"{self.args.seed}-{i}"
+        pushes = attacks.unauthenticated_policy_push(self.pushed.url)
+        self.attacks["unauthenticated_policy_push"] = pushes
+        attacks.complete(self.policy.url, self.config.model)  # served: forged feedback names it
+        self.forged_feedback = attacks.forged_feedback_tokens(
+            self.settings, self.feedback.url, self.run_name, self.feedback.key
+        )
+        self.attack_records += attacks.unreleased_task(self.settings, self.run_name, tag)
+        heldout = attacks.heldout_ids(self.config.run_families())
+        self.heldout_groups, landed = attacks.heldout_task(
+            self.settings, self.run_name, heldout, tag
+        )
+        self.attack_records += landed
+        planted = attacks.planted_stdlib_module(self.config.isolation, self.out)
+        self.attacks["planted_stdlib_module"] = planted
+        return (
+            f"attacked: {pushes.tried} policy pushes without the token, "
+            f"{len(self.forged_feedback)} forged feedback, an unreleased task, "
+            f"{len(heldout)} held-out tasks, {planted.tried} planted-module answers"
+        )
 
     def _wait_done(self) -> None:
         """Until the scheduler has every task released and decided (it then exits 0)."""
@@ -314,9 +369,11 @@ class Driver:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             letters, refused = self._dead_letters(), self._refusals()
-            missing = [p for p in self.injected if p.dead_letter and _position(p) not in letters]
+            must = [*self.injected, *self.attack_records]
+            missing = [p for p in must if p.dead_letter and _position(p) not in letters]
             unrefused = [f for f in self.forged if f.offset not in refused]
-            if not missing and not unrefused:
+            attacked = self._attack_figures(refused)
+            if not missing and not unrefused and all(_held_off(a) for a in attacked.values()):
                 return
             time.sleep(3.0)
 
@@ -341,17 +398,36 @@ class Driver:
             len(pattern.findall(log.read_text(errors="replace"))) for log in self.logs.glob("*.log")
         )
 
+    def _attack_figures(self, refused: dict[int, list[str]]) -> dict[str, dict[str, int]]:
+        """Per attack kind ``{"tried", "refused"}``, each refusal read from what the run
+        answered, logged or wrote (``ops.run.attacks``, ``ops.run.faults.attack_tally``)."""
+        from rlstream.ops.run import attacks
+        from rlstream.ops.run.faults import attack_tally
+
+        s, run = self.settings, self.run_name
+        unreleased = [r for r in self.attack_records if r.kind.startswith("unreleased")]
+        return {
+            **attack_tally(self.forged, refused),
+            **{kind: a.as_dict() for kind, a in self.attacks.items()},
+            "forged_feedback_tokens": attacks.feedback_refusals(
+                s, run, self.forged_feedback
+            ).as_dict(),
+            "unreleased_task": attacks.dead_lettered(s, run, unreleased).as_dict(),
+            "heldout_task": attacks.judge_refusals(s, run, self.heldout_groups).as_dict(),
+        }
+
     def figures(self) -> dict[str, Any]:
         from rlstream.ops.observe.ledger import read_ledger
+        from rlstream.ops.run.attacks import ATTACK_PREFIXES
         from rlstream.ops.run.faults import POISON_PREFIX
 
         ledger = read_ledger(self.settings, self.run_name).figures(
-            foreign=lambda g: g.startswith(POISON_PREFIX)
+            foreign=lambda g: g.startswith((POISON_PREFIX, *ATTACK_PREFIXES))
         )
         letters, refused = self._dead_letters(), self._refusals()
         poison = [p for p in self.injected if p.dead_letter]
         reasons = collections.Counter(r for rs in letters.values() for r in rs)
-        injected_at = {_position(p) for p in self.injected}
+        injected_at = {_position(p) for p in (*self.injected, *self.attack_records)}
         forged_at = {f.offset for f in self.forged}
         return {
             "tasks": self.args.tasks,
@@ -377,6 +453,7 @@ class Driver:
             "roles_given_up": self._supervisor_lines(_GAVE_UP),
             "broker_kills": self.broker_kills,
             **self._feedback_figures(),
+            "attacks": self._attack_figures(refused),
             **self._success(),
         }
 
@@ -443,6 +520,8 @@ def _lines(r: dict[str, Any]) -> list[str]:
         f"{r['poison_trained']} poison groups trained",
         f"forged manifests: {r['forged_refused']} of {r['forged_injected']} refused "
         f"({r['forged_refusals_logged']} refusals logged by the roles)",
+        "attacks refused: "
+        + ", ".join(f"{k} {a['refused']}/{a['tried']}" for k, a in r["attacks"].items()),
         f"feedback replays: {r['feedback_replays_refused']} of {r['feedback_replays']} refused, "
         f"{r['feedback_replays_deduplicated']} answered as duplicates; stored "
         f"{r['feedback_stored']} time(s)",

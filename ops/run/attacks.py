@@ -15,7 +15,13 @@ entry of ``bench chaos --json``'s ``attacks``: ``{"tried": N, "refused": N}``.
   (``feedback_refusals``, after feedback-rl ran);
 - ``unreleased_task``: a rollout region sends home a trajectory and a reward of a task the
   scheduler never released to it. Refused: admission dead-lettered the record
-  (``dead_lettered``).
+  (``dead_lettered``);
+- ``heldout_task``: a rollout worker sends trajectories of held-out tasks to be scored (and so
+  trained on). Refused: the run's ``tests`` judge wrote an unscorable reward naming the task
+  held-out, and none that passed (``judge_refusals``);
+- ``planted_stdlib_module``: a wrong answer to a dataset problem that plants modules named
+  after the standard library wherever it can write (``envs.sandbox_attacks``), scored by the
+  ``tests`` rubric the judge role applies, in the run's isolation. Refused: it did not pass.
 """
 
 from __future__ import annotations
@@ -23,8 +29,9 @@ from __future__ import annotations
 import collections
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import KafkaError, Message
@@ -35,6 +42,9 @@ from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import events, topics
 
 UNRELEASED_PREFIX = "chaos-unreleased-"
+HELDOUT_PREFIX = "chaos-heldout-"
+#: Group ids of records an attack wrote: the ledger counts them apart from the run's own.
+ATTACK_PREFIXES = (UNRELEASED_PREFIX, HELDOUT_PREFIX)
 FAR_VERSION = 10**11
 
 
@@ -77,6 +87,20 @@ def unauthenticated_policy_push(url: str, model_path: str = "/") -> Attempts:
     ]
     unchanged = _served_version(url) == before
     return Attempts(len(tries), sum(1 for s in statuses if s == 401) if unchanged else 0)
+
+
+def complete(url: str, model: str, timeout: float = 90.0) -> dict[str, Any]:
+    """One completion from the policy server at ``url`` (recorded in the run's served stream
+    before it is answered), waiting while it answers 503 (no version loaded yet)."""
+    body = json.dumps({"model": model, "prompt": "f(x)", "max_tokens": 6}).encode()
+    deadline = time.monotonic() + timeout
+    while True:
+        answer = _request(f"{url}/v1/completions", body, {"Content-Type": "application/json"})
+        if answer is not None:
+            return answer
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no completion from {url} within {timeout:.0f}s")
+        time.sleep(1.0)
 
 
 # --- feedback -----------------------------------------------------------------------------------
@@ -181,19 +205,29 @@ def unreleased_task(
     }
     reward = {**_sample_record(settings, names["rewards"], "reward"), **group, "score": 1.0}
     where = (lambda t: topics.remote_topic(region, t)) if region else (lambda t: t)
+    return _write(
+        settings,
+        [
+            ("unreleased_trajectory", where(names["trajectories"]), "trajectory", trajectory),
+            ("unreleased_reward", where(names["rewards"]), "reward", reward),
+        ],
+    )
+
+
+def _write(
+    settings: KafkaSettings, records: list[tuple[str, str, str, dict[str, Any]]]
+) -> list[Injected]:
+    """Write each (kind, topic, event, record), keyed by its group id; where each landed, as
+    records a role must dead-letter."""
     landed: list[Injected] = []
     producer = EventProducer.connect(settings)
-    for kind, stream, event, rec in (
-        ("unreleased_trajectory", "trajectories", "trajectory", trajectory),
-        ("unreleased_reward", "rewards", "reward", reward),
-    ):
+    for kind, topic, event, rec in records:
 
         def done(err: KafkaError | None, msg: Message, kind: str = kind) -> None:
             if err is None:
                 landed.append(_injected(kind, msg, dead_letter=True))
 
-        value = events.encode(event, rec)
-        producer.produce_raw(where(names[stream]), value, task, on_delivery=done)
+        producer.produce_raw(topic, events.encode(event, rec), rec["group_id"], on_delivery=done)
     producer.wait(30)
     return landed
 
@@ -215,3 +249,110 @@ def dead_lettered(settings: KafkaSettings, run: str, injected: Iterable[Injected
     injected = list(injected)
     refused = [i for i in injected if (i.topic, i.partition, i.offset) in letters]
     return Attempts(len(injected), len(refused))
+
+
+# --- the verdict ----------------------------------------------------------------------------
+
+
+def heldout_task(
+    settings: KafkaSettings, run: str, task_ids: Iterable[str], tag: str
+) -> tuple[list[str], list[Injected]]:
+    """Write a trajectory of each held-out task of ``task_ids`` into the run's trajectories
+    stream (built from a genuine one, a group of one; admission dead-letters it, since no such
+    task was released). Returns the group ids and where each landed."""
+    stream = topics.topic_name(run, "trajectories")
+    genuine = _sample_record(settings, stream, "trajectory")
+    groups = [f"{HELDOUT_PREFIX}{tag}-{i}" for i, _ in enumerate(task_ids)]
+    records = [
+        ("heldout_task", stream, "trajectory", {**genuine, "group_id": g, "task_id": t})
+        for g, t in zip(groups, task_ids, strict=True)
+    ]
+    for _, _, _, rec in records:
+        rec.update(sample_index=0, group_size=1)
+    return groups, _write(settings, records)
+
+
+def heldout_ids(families: Mapping[str, Any]) -> list[str]:
+    """Held-out task ids a training-side attacker would send (``envs.sandbox_attacks``), of the
+    first of the run's families (``FamilySpec`` by name) that tells a task's split."""
+    from rlstream.envs import dataset, fx
+    from rlstream.envs.family import build_family
+    from rlstream.envs.sandbox_attacks import heldout_task_ids
+
+    for name, spec in families.items():
+        family = build_family(name, spec)
+        if isinstance(family, dataset.DatasetFamily | fx.FxFamily):
+            return heldout_task_ids(family)
+    raise ValueError(f"no family of {sorted(families)} holds tasks out")
+
+
+def judge_refusals(
+    settings: KafkaSettings, run: str, groups: Iterable[str], judge: str = "tests"
+) -> Attempts:
+    """How many of ``groups`` the ``judge`` refused to score as held-out (an unscorable reward
+    saying so) without ever passing them."""
+    from rlstream.consumers.read_to_end import read_topic
+
+    groups = list(groups)
+    wanted, refused, passed = set(groups), set(), set()
+    for msg in read_topic(settings, topics.topic_name(run, "rewards"), name="chaos-rewards"):
+        try:
+            rec = events.decode(msg.value() or b"").record
+        except events.EventError:  # a chaos driver's poison
+            continue
+        if rec.get("group_id") in wanted and rec.get("judge") == judge:
+            if rec.get("passed"):
+                passed.add(rec["group_id"])
+            elif "held-out" in str(rec.get("error") or ""):
+                refused.add(rec["group_id"])
+    return Attempts(len(groups), len(refused - passed))
+
+
+#: A HumanEval-shaped problem whose prompt and test import standard-library modules the
+#: verdict side may not have imported yet: where a planted module would be picked up.
+PLANTED_PROBLEM = {
+    "task_id": "chaos/planted",
+    "prompt": "from typing import List\n\n\ndef total(nums: List[int]) -> int:\n"
+    '    """The sum of nums."""\n',
+    "entry_point": "total",
+    "test": "import collections, json, fractions\n\n\ndef check(candidate):\n"
+    "    import statistics\n    assert candidate([1, 2, 3]) == 6\n",
+    "canonical_solution": "    return sum(nums)\n",
+}
+
+
+def planted_stdlib_module(isolation: str, folder: Path) -> Attempts:
+    """Score a planted-module answer of each kind (``envs.sandbox_attacks.KINDS``) to
+    ``PLANTED_PROBLEM`` (a dataset family of that one problem, written under ``folder``) with
+    the ``tests`` rubric the judge role applies (``envs.judges.judge_tests``) in sandbox mode
+    ``isolation``. The problem's own solution must pass first (a judge that passes nothing
+    would refuse every attack and prove nothing); an attack is refused when the tests ran and
+    failed it."""
+    from rlstream.envs import sandbox_attacks
+    from rlstream.envs.family import FamilySpec
+    from rlstream.envs.judges import JudgeConfig, judge_tests
+
+    path = folder / "planted-problem.jsonl"
+    path.write_text(json.dumps(PLANTED_PROBLEM) + "\n")
+    options = {"path": str(path), "eval_fraction": 0.0}
+    cfg = JudgeConfig(
+        families={"planted": FamilySpec(plugin="dataset", options=options)}, isolation=isolation
+    )
+    task_id = f"planted-0:{PLANTED_PROBLEM['task_id']}"
+
+    def score(completion: str) -> dict[str, Any]:
+        return judge_tests({"task_id": task_id, "completion": completion}, cfg)
+
+    control = score(PLANTED_PROBLEM["prompt"] + PLANTED_PROBLEM["canonical_solution"])
+    if not control["passed"]:
+        raise RuntimeError(f"the planted-module problem's own solution failed: {control}")
+    refused = 0
+    for kind in sandbox_attacks.KINDS:
+        # rlimits shares the host's /tmp: plant in the answer's own directory only there
+        entry = PLANTED_PROBLEM["entry_point"]
+        answer = sandbox_attacks.planted_stdlib_answer(
+            entry, kind, everywhere=isolation != "rlimits"
+        )
+        verdict = score(answer)
+        refused += not verdict["passed"] and verdict.get("error") is None
+    return Attempts(len(sandbox_attacks.KINDS), refused)

@@ -3,10 +3,10 @@
 Rules:
 
 - a process is killed only by its pid, and only one the driver started: a role's supervised
-  child (found under the ``rlstream run`` supervisor the driver started), the feedback service
-  the driver started, or the broker of the cluster the driver was pointed at (restarted on its
-  own data and ports, as a service manager would);
-- traffic goes to the run's own topics and to the driver's own HTTP service on 127.0.0.1;
+  child (found under the ``rlstream run`` supervisor the driver started), a service the driver
+  started (``Service``: ``serve feedback``, ``serve policy``), or the broker of the cluster the
+  driver was pointed at (restarted on its own data and ports, as a service manager would);
+- traffic goes to the run's own topics and to the driver's own HTTP services on 127.0.0.1;
 - every injected record names where it landed (``Injected``: topic, partition, offset), so the
   driver can look for the dead letter a role wrote for it; whether a fault was handled is read
   from what the roles wrote and logged, never assumed from what was injected;
@@ -201,20 +201,15 @@ def _sample_record(
 # --- forged weight manifests -----------------------------------------------------------------
 
 
-def forge_manifests(
-    settings: KafkaSettings, run: str, model: str, key_file: Path
-) -> list[Injected]:
-    """Publish forged copies of the newest genuine manifest of ``model``:
-
-    - ``foreign_key``: the next version, signed with a key that is not the run's;
-    - ``unsigned``: version 10^12 with no signature;
-    - ``version_jump``: version 10^12 signed with the run's own key (a leaked key or a fenced
-      learner): refused for its implausible version, not its signature."""
-    return _forge(settings, run, model, key_file, ("foreign_key", "unsigned", "version_jump"))
-
-
 #: What ``attack_weights`` tries by default, each refused by every reader of a live signed run.
-ATTACKS = ("unsigned_manifest", "wrong_key", "epoch_jump", "replayed_manifest", "weak_hash")
+ATTACKS = (
+    "unsigned_manifest",
+    "wrong_key",
+    "version_jump",
+    "epoch_jump",
+    "replayed_manifest",
+    "weak_hash",
+)
 #: The learner epoch an ``epoch_jump`` claims past the newest genuine one.
 FORGED_EPOCH_JUMP = 10**9
 
@@ -228,6 +223,8 @@ def attack_weights(
 
     - ``unsigned_manifest``: the next version, unsigned;
     - ``wrong_key``: the next version, signed with a key that is not the run's;
+    - ``version_jump``: version 10^12 signed with the run's own key (a leaked key or a fenced
+      learner): refused for its implausible version, not its signature;
     - ``epoch_jump``: the next version of a learner epoch 10^9 past the newest, signed with the
       run's key: one such record must not make readers refuse every later real version;
     - ``replayed_manifest``: the run's oldest manifest still in the log, written again byte for
@@ -256,7 +253,7 @@ def attack_tally(
 def _forge(
     settings: KafkaSettings, run: str, model: str, key_file: Path, kinds: tuple[str, ...]
 ) -> list[Injected]:
-    """Publish one forged manifest per kind (see ``forge_manifests``, ``attack_weights``)."""
+    """Publish one forged manifest per kind (see ``attack_weights``)."""
     from rlstream.consumers.weights.manifest_log import ManifestLog
 
     with ManifestLog.of_run(settings, run, model) as log:
@@ -292,9 +289,7 @@ def _forged(
     run_key, other = Signer.from_file(key_file), Signer(Ed25519PrivateKey.generate())
     nxt, epoch = int(newest["version"]) + 1, int(newest.get("learner_epoch", 0))
     table: dict[str, tuple[dict[str, Any], Signer | None]] = {
-        "foreign_key": ({"version": nxt}, other),
         "wrong_key": ({"version": nxt}, other),
-        "unsigned": ({"version": FORGED_VERSION}, None),
         "unsigned_manifest": ({"version": nxt}, None),
         "version_jump": ({"version": FORGED_VERSION}, run_key),
         "epoch_jump": ({"version": nxt, "learner_epoch": epoch + FORGED_EPOCH_JUMP}, run_key),
@@ -325,14 +320,15 @@ def _injected(kind: str, msg: Message, dead_letter: bool) -> Injected:
 
 
 @dataclass
-class FeedbackService:
-    """``rlstream serve feedback`` of a run as a process the driver started, with one HMAC key;
-    ``restart`` kills it with SIGKILL and starts it again on the same port."""
+class Service:
+    """An HTTP service of the run (``rlstream serve ...``) as a process the driver started, up
+    once its ``/healthz`` answers 200, logging to ``folder/LABEL.log``; ``restart`` kills it
+    with SIGKILL and starts it again on the same port."""
 
     run: str
     settings: KafkaSettings
     folder: Path
-    key: bytes
+    label: str = "service"
     port: int = 0
     proc: Any = None
 
@@ -340,30 +336,28 @@ class FeedbackService:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 60.0) -> FeedbackService:
+    def command(self) -> list[str]:
+        """The ``rlstream serve`` arguments after ``serve``, port and bootstrap added by start."""
+        raise NotImplementedError
+
+    def start(self, timeout: float = 60.0) -> Service:
         import subprocess
         import sys
 
         from rlstream.ops.cluster.procs import free_port
 
         self.port = self.port or free_port()
-        config = self.folder / "feedback.toml"
-        config.write_text(
-            f'[serve.feedback]\nhmac_keys = {{ k1 = "{self.key.decode()}" }}\n'
-            f'user_id_salt = "{self.key.hex()}"\n'
-        )
-        config.chmod(0o600)
-        cmd = [sys.executable, "-m", "rlstream", "serve", "feedback", "--run", self.run]
-        cmd += ["--port", str(self.port), "--service-config", str(config)]
-        cmd += ["--bootstrap", self.settings.bootstrap_servers]
-        with open(self.folder / "feedback.log", "ab") as out:
+        cmd = [sys.executable, "-m", "rlstream", "serve", *self.command()]
+        cmd += ["--port", str(self.port), "--bootstrap", self.settings.bootstrap_servers]
+        log = self.folder / f"{self.label}.log"
+        with open(log, "ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.proc.poll() is None:
             if _get(f"{self.url}/healthz") == 200:
                 return self
             time.sleep(0.5)
-        raise RuntimeError(f"feedback service did not come up; see {self.folder / 'feedback.log'}")
+        raise RuntimeError(f"{self.label} did not come up; see {log}")
 
     def restart(self) -> None:
         kill9(self.proc.pid)
@@ -377,6 +371,54 @@ class FeedbackService:
             except Exception:
                 self.proc.kill()
                 self.proc.wait()
+
+
+@dataclass
+class FeedbackService(Service):
+    """``rlstream serve feedback`` of the run with one HMAC key (id ``k1``)."""
+
+    label: str = "feedback"
+    key: bytes = b""
+
+    def command(self) -> list[str]:
+        config = self.folder / "feedback.toml"
+        config.write_text(
+            f'[serve.feedback]\nhmac_keys = {{ k1 = "{self.key.decode()}" }}\n'
+            f'user_id_salt = "{self.key.hex()}"\n'
+        )
+        config.chmod(0o600)
+        return ["feedback", "--run", self.run, "--service-config", str(config)]
+
+
+@dataclass
+class PolicyService(Service):
+    """``rlstream serve policy`` of the run (its recipe given by ``recipe``: ``--config`` and
+    ``--set`` arguments): following the run's weight stream, or with ``push_token`` serving
+    only versions pushed with that token into ``folder/LABEL-pushed``."""
+
+    label: str = "policy"
+    recipe: tuple[str, ...] = ()
+    push_token: str | None = None
+
+    def command(self) -> list[str]:
+        cmd = ["policy", "--run", self.run, *self.recipe]
+        if self.push_token is None:
+            return cmd
+        token = self.folder / f"{self.label}.token"
+        fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(self.push_token)
+        pushed = self.folder / f"{self.label}-pushed"
+        pushed.mkdir(exist_ok=True)
+        return [
+            *cmd,
+            "--weights",
+            "push",
+            "--push-token-file",
+            str(token),
+            "--push-dir",
+            str(pushed),
+        ]
 
 
 def replay_feedback(service: FeedbackService, tag: str) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """``bench chaos`` at a tiny size, on a temporary cluster of its own (its broker is killed): two
 roles and the broker killed with SIGKILL, one round of poison, one of forged manifests, one
-feedback replay; the run must still lose nothing and train nothing twice, and the faults must
-show in what the roles wrote and logged. Success figures at this size mean nothing."""
+feedback replay, one round of every attack; the run must still lose nothing and train nothing
+twice, the faults must show in what the roles wrote and logged, and every attack kind must be
+tried and refused every time. Success figures at this size mean nothing."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ import pytest
 pytestmark = pytest.mark.slow
 
 TASKS = 6
+KINDS = (
+    *("unsigned_manifest", "wrong_key", "version_jump", "epoch_jump", "replayed_manifest"),
+    *("weak_hash", "unauthenticated_policy_push", "forged_feedback_tokens", "unreleased_task"),
+    *("heldout_task", "planted_stdlib_module"),
+)
 TINY = [
     "--tasks", str(TASKS), "--rollout-workers", "1", "--chaos-seconds", "20", "--role-kills", "2",
     "--broker-kills", "1", "--broker-down", "2", "--poison-rounds", "1", "--forged-rounds", "1",
@@ -48,8 +54,11 @@ def test_chaos_bench_loses_nothing_and_shows_every_fault(tmp_path: Path) -> None
     assert r["groups_lost"] == 0 and r["groups_decided_twice"] == 0, r
     assert r["groups_trained"] > 0 and r["groups_trained_twice"] == 0, r
     assert r["poison_dead_lettered"] > 0 and r["poison_missed"] == 0 and r["poison_trained"] == 0
-    assert r["forged_refused"] == r["forged_injected"] == 3 and r["genuine_refused"] == 0, r
+    assert r["forged_refused"] == r["forged_injected"] == 6 and r["genuine_refused"] == 0, r
     assert r["role_kills"] > 0 and r["role_restarts"] >= r["role_kills"], r
     assert r["broker_kills"] == 1 and r["roles_given_up"] == 0, r
     assert r["feedback_stored"] == 1 and r["feedback_replays_refused"] >= 4, r
+    # every attack kind tried and refused every time, counted from what the run wrote
+    assert set(r["attacks"]) == set(KINDS), r["attacks"]
+    assert all(a["tried"] > 0 and a["refused"] == a["tried"] for a in r["attacks"].values()), r
     assert json.loads((tmp_path / "bench-chaos.json").read_text())["result"] == r
