@@ -340,7 +340,7 @@ class Service:
         """The ``rlstream serve`` arguments after ``serve``, port and bootstrap added by start."""
         raise NotImplementedError
 
-    def start(self, timeout: float = 60.0) -> Service:
+    def start(self, timeout: float = 180.0) -> Service:
         import subprocess
         import sys
 
