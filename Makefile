@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # tests share one worker, see tests/conftest.py); PYTEST_WORKERS=0 runs the suite in one process
 PYTEST_WORKERS ?= 2
 
-.PHONY: help setup sysdeps kafka kernels demo test test-unit test-integration lint typecheck fmt clean cluster-down
+.PHONY: help setup sysdeps kafka kernels demo test test-unit test-integration lint typecheck fmt docs clean cluster-down
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 20
@@ -54,6 +54,9 @@ fmt: setup  ## ruff format and autofix
 typecheck: setup  ## mypy over the package as rlstream.* (strict where data crosses processes)
 	@mkdir -p build/typecheck && ln -sfn "$(CURDIR)" build/typecheck/rlstream
 	MYPYPATH=build/typecheck $(BIN)/mypy -p rlstream
+
+docs: setup  ## build the documentation site (docs/ and mkdocs.yml) into build/site, strict
+	$(BIN)/mkdocs build --strict
 
 cluster-down:  ## stop the local cluster started by demo
 	$(BIN)/rlstream cluster down
