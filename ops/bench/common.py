@@ -149,6 +149,24 @@ def percentile(values: list[float], q: float) -> float:
     return float(ordered[index])
 
 
+_load_before: tuple[float, float, float] | None = None
+
+
+def mark_start() -> None:
+    """Remember the machine's load average as the bench starts (``rlstream bench`` calls it
+    before any bench runs); ``save`` records it with the load average at the end."""
+    global _load_before
+    _load_before = _loadavg()
+
+
+def _loadavg() -> tuple[float, float, float] | None:
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:  # not available on this platform
+        return None
+    return round(one, 2), round(five, 2), round(fifteen, 2)
+
+
 def emit(result: dict[str, Any], as_json: bool, lines: list[str], name: str | None = None) -> None:
     """Human lines first; with ``as_json`` the JSON object is the last stdout line. With a
     ``name`` the result is also kept (``save``)."""
@@ -170,6 +188,8 @@ def save(name: str, result: dict[str, Any]) -> Path:
         "measured_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": " ".join(["rlstream", *sys.argv[1:]]),
         "machine": machine(),
+        # 1, 5 and 15 minutes, when the bench started and when its result was kept
+        "load_average": {"before": _load_before, "after": _loadavg()},
         "result": result,
     }
     path.write_text(json.dumps(record, indent=1) + "\n")

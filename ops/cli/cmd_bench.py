@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+from collections.abc import Callable
+
+from rlstream.ops.bench.common import mark_start
 
 BENCHES = (
     "rlstream.ops.bench.bus",
@@ -20,6 +23,7 @@ BENCHES = (
     "rlstream.ops.bench.chaos",
     "rlstream.ops.bench.publish",
     "rlstream.ops.bench.learner",
+    "rlstream.ops.bench.table",
 )
 # Benchmarks added as the features land are appended here.
 
@@ -29,3 +33,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     bsub = parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
     for name in BENCHES:
         importlib.import_module(name).register_bench(bsub)
+    for bench in bsub.choices.values():  # every bench's result records the load it started in
+        bench.set_defaults(func=_marked(bench.get_default("func")))
+
+
+def _marked(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        mark_start()
+        return func(args)
+
+    return run
