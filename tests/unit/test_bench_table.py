@@ -1,4 +1,5 @@
-"""Every kept result records the load average before and after its bench."""
+"""The README's benchmark table is what ``rlstream bench table`` renders from results/*.json, and
+every kept result records the load average before and after its bench."""
 
 from __future__ import annotations
 
@@ -7,7 +8,87 @@ from pathlib import Path
 
 import pytest
 
-from rlstream.ops.bench import common
+from rlstream.ops.bench import common, table
+from rlstream.ops.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_readme_table_matches_the_results(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "table", "--check"]) == 0, capsys.readouterr().err
+
+
+def _readme(tmp_path: Path, body: str = "") -> Path:
+    path = tmp_path / "README.md"
+    path.write_text(f"# x\n\nbefore\n{table.START}\n{body}\n{table.END}\nafter\n")
+    return path
+
+
+def _result(folder: Path, name: str, record: dict) -> None:
+    folder.mkdir(exist_ok=True)
+    (folder / f"bench-{name}.json").write_text(json.dumps(record))
+
+
+BUS = {
+    "bench": "bus",
+    "measured_at": "2026-12-03T10:00:00+00:00",
+    "command": "rlstream bench bus --json",
+    "machine": {"cpu": "Some CPU", "cores": 2, "commit": "abc1234"},
+    "load_average": {"before": [0.5, 0.6, 0.7], "after": [1.25, 0.9, 0.8]},
+    "result": {
+        "events_per_s": 100.0,
+        "mb_per_s": 60.0,
+        "raw_events_per_s": 110.0,
+        "raw_mb_per_s": 66.0,
+        "ratio": 0.909,
+        "p50_ms": 10.0,
+        "p99_ms": 400.0,
+        "raw_p50_ms": 9.0,
+        "raw_p99_ms": 380.0,
+    },
+}
+
+
+def test_check_fails_when_a_row_differs_and_writing_fixes_it(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    _result(results, "bus", BUS)
+    readme = _readme(tmp_path, "| stale | row |")
+    args = ["bench", "table", "--readme", str(readme), "--results", str(results)]
+    assert main([*args, "--check"]) == 1
+    assert "stale" in readme.read_text()  # --check changes nothing
+    assert main(args) == 0
+    text = readme.read_text()
+    assert text.startswith("# x\n\nbefore\n") and text.endswith(f"{table.END}\nafter\n")
+    assert main([*args, "--check"]) == 0
+    (row,) = [ln for ln in text.splitlines() if ln.startswith("| `rlstream bench bus")]
+    cells = [c.strip() for c in row.strip("|").split(" | ")]
+    assert cells[1:] == [
+        "100.0 events/s, 60.0 MB/s; ratio **0.91**; p50 10.0 ms, p99 400 ms",
+        "raw bytes: 110.0 events/s, 66.0 MB/s; p50 9.0 ms, p99 380 ms",
+        "abc1234",
+        "Some CPU, 2 cores",
+        "0.50 → 1.25",
+        "2026-12-03",
+    ]
+    # a changed figure in the results makes the README stale again
+    _result(results, "bus", {**BUS, "result": {**BUS["result"], "ratio": 0.5}})
+    assert main([*args, "--check"]) == 1
+
+
+def test_missing_markers_are_an_error(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("# no table here\n")
+    assert main(["bench", "table", "--check", "--readme", str(readme)]) == 2
+
+
+def test_unknown_or_reshaped_results_say_where_to_look_and_no_load_is_not_recorded() -> None:
+    for record in (
+        {"bench": "new-bench", "command": "rlstream bench new-bench", "result": {}},
+        {"bench": "bus", "command": "rlstream bench bus", "result": {"ratio": 1.0}},
+    ):
+        cells = table.row("bench-x", record).strip("|").split(" | ")
+        assert "docs/benchmarks.md" in cells[1]
+        assert [c.strip() for c in cells[3:6]] == ["not recorded"] * 3
 
 
 def test_save_records_the_load_before_and_after(
@@ -20,3 +101,4 @@ def test_save_records_the_load_before_and_after(
     common.mark_start()
     saved = json.loads(common.save("t", {"x": 1}).read_text())
     assert saved["load_average"] == {"before": [3.0, 2.0, 1.0], "after": [4.0, 2.5, 1.5]}
+    assert table.load_cell(saved) == "3.00 → 4.00"
