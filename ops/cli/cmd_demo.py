@@ -126,11 +126,12 @@ def _demo(args: argparse.Namespace) -> int:
         follower.join(timeout=10)
     wall = time.monotonic() - started
     png = out / "success_by_version.png"
-    demo.write_png(progress, png)
+    evals = demo.eval_summary(home, run, config.model)
+    demo.write_png(progress, png, evals["eval_curve"])
     now = int(time.time() * 1000)
     demo.record_run_manifest(home, run, config, "finished", now, list(regions.names))
     result = demo.summary(run, progress, wall, png, regions, tally)
-    result.update(demo.eval_summary(home, run, config.model))
+    result.update(evals)
     result.update(demo.final_model(home, run, config, progress.version, out))
     result["learner_ranks"] = learner_cfg.ranks
     _print_summary(run, result, wall, png, out)

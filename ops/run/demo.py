@@ -216,31 +216,76 @@ def follow_streams(
         consumer.close()
 
 
-def write_png(progress: RunAnalytics, path: Path) -> None:
+#: Versions pooled on each side of a version for the training samples' smoothed success curve.
+SMOOTH_VERSIONS = 5
+
+
+def smoothed_success(progress: RunAnalytics, half_window: int = SMOOTH_VERSIONS) -> list[float]:
+    """Per judged version, the success rate of the samples of the versions within
+    ``half_window`` of it, pooled (a version's own rate rests on a few groups and swings widely)."""
+    versions = sorted(progress.success)
+    return [progress.rate(range(v - half_window, v + half_window + 1)) for v in versions]
+
+
+def write_png(
+    progress: RunAnalytics, path: Path, evals: list[dict[str, Any]] | None = None
+) -> None:
+    """Success by policy version (the training samples' per-version rate faint, smoothed bold,
+    and the held-out greedy success and pass@k of ``evals`` when given), beside the staleness
+    histogram. No per-point labels: the curves are read at a glance."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    versions = sorted(progress.success)
-    rates = [progress.rate([v]) for v in versions]
-    counts = [progress.success[v][1] for v in versions]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    ax1.plot(versions, rates, marker="o")
-    ax1.set_xlabel("behaviour policy version")
-    ax1.set_ylabel("success rate (hidden tests)")
-    ax1.set_ylim(0, 1)
-    ax1.set_title("success rate by policy version")
-    for v, r, c in zip(versions, rates, counts, strict=True):
-        ax1.annotate(str(c), (v, r), fontsize=6, alpha=0.6)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5), width_ratios=(2, 1))
+    _plot_success(ax1, progress, evals or [])
     staleness = progress.staleness["admitted"] + progress.staleness["rejected"]
-    ax2.bar(list(staleness), list(staleness.values()), width=0.8)
+    ax2.bar(list(staleness), list(staleness.values()), width=0.8, color="tab:gray")
     ax2.set_xlabel("staleness at admission (versions)")
     ax2.set_ylabel("groups")
-    ax2.set_title("staleness histogram")
+    ax2.set_xticks(sorted(staleness))
+    ax2.set_title("staleness of the groups decided")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _plot_success(ax: Any, progress: RunAnalytics, evals: list[dict[str, Any]]) -> None:
+    versions = sorted(progress.success)
+    rates = [progress.rate([v]) for v in versions]
+    ax.plot(versions, rates, color="tab:blue", alpha=0.25, linewidth=0.8)
+    ax.plot(
+        versions,
+        smoothed_success(progress),
+        color="tab:blue",
+        linewidth=2,
+        label=f"training samples (temperature 1; ±{SMOOTH_VERSIONS} versions pooled)",
+    )
+    if evals:
+        xs = [int(e["version"]) for e in evals]
+        ax.plot(
+            xs,
+            [e["greedy_success"] for e in evals],
+            "o-",
+            color="tab:red",
+            linewidth=2,
+            label="held-out tasks, greedy",
+        )
+        k = evals[-1].get("k")
+        ax.plot(
+            xs,
+            [e["pass_at_k"] for e in evals],
+            "s--",
+            color="tab:orange",
+            label=f"held-out tasks, pass@{k}" if k else "held-out tasks, pass@k",
+        )
+    ax.set_xlabel("policy version")
+    ax.set_ylabel("success rate (hidden tests)")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.set_title("success by policy version")
+    ax.legend(loc="best", fontsize=8)
 
 
 def record_run_manifest(
