@@ -133,7 +133,7 @@ class Admission:
                 self._forget(key)  # another copy of the group may still be admitted
                 self.counts["dropped_copies"] += 1
                 continue
-            outputs += self._decision(group, verdict, version, now_ms)
+            outputs += self._decision(group, verdict, version, now_ms, key[1])
         return outputs
 
     def copy_of(self, rec: Record) -> str:
@@ -187,7 +187,7 @@ class Admission:
             group.group_size = int(value["group_size"])
             group.add_sample({**value, "_ref": ref})
         else:
-            group.add_reward(value)
+            group.add_reward({**value, "_ref": ref})
         group.refs.append(ref)
         return key
 
@@ -199,7 +199,7 @@ class Admission:
         self.first_offset.pop(key, None)
 
     def _decision(
-        self, group: PendingGroup, verdict: Verdict, version: int, now_ms: int
+        self, group: PendingGroup, verdict: Verdict, version: int, now_ms: int, copy: str
     ) -> list[Output]:
         versions = [int(s["policy_version"]) for s in group.samples.values()] or [version]
         record = {
@@ -219,6 +219,7 @@ class Admission:
             "task_class": None,
             "samples": admitted_samples(group, self.cfg) if verdict.admitted else [],
             "inputs": group.refs,
+            "task_ref": self.releases.release_ref(group.task_id, copy),
         }
         stream = "admitted" if verdict.admitted else "rejected"
         self.counts[stream] += 1

@@ -256,6 +256,7 @@ def admitted_samples(group: PendingGroup, cfg: AdmissionConfig) -> list[dict[str
                 "passed": bool(rewards.get("tests", {}).get("passed", False)),
                 "region": traj.get("region"),
                 "trajectory": traj.get("_ref"),
+                "reward_refs": [r["_ref"] for _, r in sorted(rewards.items()) if r.get("_ref")],
             }
         )
     return out

@@ -16,6 +16,9 @@ Rules:
   or reward is written after its task was in the stream (a rollout worker read the task there;
   MirrorMaker copies it out only after the scheduler wrote it home), so its release is below
   that end: a task still unknown afterwards was never released;
+- ``release_ref(task_id, region)`` is the position of the task's newest release to ``region``
+  (else to any region, else its newest release): admission records it in its decision, so lineage
+  joins a group to its task record without a search;
 - bounded: the newest ``max_tasks`` task ids are kept (the least recently released forgotten
   first); a group of a forgotten task is far past any staleness budget and is refused as
   unreleased, never admitted by mistake.
@@ -52,7 +55,8 @@ class TaskReleases:
         self.max_tasks = max_tasks
         self._reader = reader(settings, f"{run}.releases")
         self._next: dict[int, int] = {}  # partition -> next offset to read
-        self._regions: OrderedDict[str, set[str]] = OrderedDict()
+        # task id -> region -> position of its newest release there
+        self._regions: OrderedDict[str, dict[str, dict[str, Any]]] = OrderedDict()
         self._decode = events.deserializer(expect="task")
         self.refreshes = 0
 
@@ -63,22 +67,32 @@ class TaskReleases:
         found = self._regions.get(task_id)
         return None if found is None else frozenset(found)
 
+    def release_ref(self, task_id: str, region: str) -> dict[str, Any] | None:
+        """Where the task's release to ``region`` lies (see the module rules); None if the
+        task was never released (or is forgotten)."""
+        found = self._regions.get(task_id) or {}
+        ref = found.get(region) or found.get(ANY_REGION)
+        return ref if ref is not None else next(reversed(found.values()), None)
+
     def refresh(self) -> None:
         """Read the stream from where the last read stopped to its end as of now."""
         self.refreshes += 1
         parts = partitions_of(self._reader, self.topic) or []
         starts = [TopicPartition(self.topic, p, self._next.get(p, OFFSET_BEGINNING)) for p in parts]
         for msg in read_to_end(self._reader, starts):
-            self._next[int(msg.partition() or 0)] = int(msg.offset() or 0) + 1
+            partition, offset = int(msg.partition() or 0), int(msg.offset() or 0)
+            self._next[partition] = offset + 1
             try:
                 task = self._decode(msg.value(), None).record
             except events.EventError:
                 continue  # not a task: nothing was released by it
-            self._note(str(task["task_id"]), target_of(task) or ANY_REGION)
+            ref = {"topic": self.topic, "partition": partition, "offset": offset}
+            self._note(str(task["task_id"]), target_of(task) or ANY_REGION, ref)
 
-    def _note(self, task_id: str, region: str) -> None:
-        regions = self._regions.pop(task_id, set())
-        regions.add(region)
+    def _note(self, task_id: str, region: str, ref: dict[str, Any]) -> None:
+        regions = self._regions.pop(task_id, {})
+        regions.pop(region, None)  # the newest release last
+        regions[region] = ref
         self._regions[task_id] = regions
         while len(self._regions) > self.max_tasks:
             self._regions.popitem(last=False)

@@ -227,6 +227,7 @@ def served_record(
         "model": ctx.model,
         "worker_id": ctx.worker_id,
         "region": ctx.region,
+        "engine": "serve",
         "temperature": ctx.temperature,
         "top_p": 1.0,
         **arrays.pack_tokens(

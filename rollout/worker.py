@@ -202,6 +202,7 @@ class RolloutWorker:
             "model": self.cfg.model,
             "worker_id": self.worker_id,
             "region": self.cfg.region,
+            "engine": self.cfg.engine,
             "temperature": self.cfg.harness.temperature,
             **arrays.pack_tokens(s.token_ids, s.logprobs, s.loss_mask, s.routes),
             "prompt_tokens": prompt_tokens,

@@ -68,6 +68,7 @@ EVENTS: Mapping[str, str] = MappingProxyType(
         "run_manifest": "rlstream.RunManifest",
         "dead_letter": "rlstream.DeadLetter",
         "eval": "rlstream.Eval",
+        "forget_audit": "rlstream.ForgetAudit",
     }
 )
 """Short event name -> Avro full name of its record type."""

@@ -44,6 +44,8 @@ PREFIX = "rl"
 GROUP_PREFIX = "rlstream"
 SCHEMAS_TOPIC = "rl.schemas"
 RUNS_TOPIC = "rl.runs"
+AUDIT_TOPIC = "rl.audit"
+"""Forget audit records (``rlstream forget``), kept forever."""
 MIB = 1024 * 1024
 DAY_MS = 24 * 3600 * 1000
 FOREVER = -1
@@ -110,6 +112,7 @@ def catalog(
         spec("dlq", "original topic", 1, 30 * DAY_MS, "delete", 16 * MIB, "dead_letter", ("source_topic",)),
         spec("schemas", "schema fingerprint (hex)", 1, FOREVER, "compact", 1 * MIB, "", cluster_wide=True, mirror="outward"),
         spec("runs", "run name", 1, FOREVER, "compact", 4 * MIB, "run_manifest", ("run",), cluster_wide=True, mirror="outward"),
+        spec("audit", "run name", 1, FOREVER, "delete", 4 * MIB, "forget_audit", ("run",), cluster_wide=True, mirror="outward"),
     ]  # fmt: skip
     return MappingProxyType({s.stream: s for s in specs})
 

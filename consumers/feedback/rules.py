@@ -252,6 +252,7 @@ class ClassWindow:
             "passed": rec["action"] == "accepted",
             "task_class": self.task_class,
             "trajectory": rec.get("trajectory_ref"),
+            "feedback": item.ref,
         }
 
     def group(self, index: int, items: Sequence[Item], baseline: float) -> dict[str, Any]:

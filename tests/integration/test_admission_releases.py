@@ -128,3 +128,32 @@ def test_only_groups_released_to_their_region_are_admitted(
     errors = " ".join(d["error"] for d in letters)
     assert f"task {invented!r} was never released" in errors
     assert "released to ['us'], not to region 'eu'" in errors
+    _check_trace_context(kafka, decided)
+
+
+def _check_trace_context(kafka: KafkaSettings, decided: list[dict[str, Any]]) -> None:
+    """Each decision names its task's release to the copy's region, and each sample its
+    trajectory and its rewards, by position: lineage is a join, not a search."""
+    from rlstream.consumers.read_to_end import read_at, reader
+
+    consumer = reader(kafka, "trace-check")
+    try:
+        for decision in decided:
+            ref = decision["task_ref"]
+            assert ref is not None, decision["group_id"]
+            task = read_at(consumer, ref["topic"], ref["partition"], ref["offset"])
+            copy = topics.parse_topic(decision["samples"][0]["trajectory"]["topic"]).region
+            assert task is not None and task["task_id"] == decision["group_id"]
+            assert task["tags"]["region"] == copy
+            for sample in decision["samples"]:
+                [reward_ref] = sample["reward_refs"]
+                where = (reward_ref["topic"], reward_ref["partition"], reward_ref["offset"])
+                reward = read_at(consumer, *where)
+                assert reward is not None and reward["group_id"] == decision["group_id"]
+                assert reward["sample_index"] == sample["sample_index"]
+                assert reward["judge"] == "tests" and reward["score"] == sample["rewards"]["tests"]
+                t = sample["trajectory"]
+                traj = read_at(consumer, t["topic"], t["partition"], t["offset"])
+                assert traj is not None and traj["sample_index"] == sample["sample_index"]
+    finally:
+        consumer.close()

@@ -97,6 +97,7 @@ def examples() -> dict[str, dict[str, Any]]:
         "model": "moe-tiny",
         "worker_id": "rollout-eu-7",
         "region": "eu",
+        "engine": "vllm",
         "temperature": 1.0,
         "top_p": 0.95,
         **_tokens(300),
@@ -154,6 +155,8 @@ def examples() -> dict[str, dict[str, Any]]:
         "region": "eu",
         "trajectory": REF,
         "segment_bounds": [0, 180, 180, 300],
+        "reward_refs": [{**REF, "topic": "rl.r1.rewards", "offset": 88}],
+        "feedback": None,
     }
     admission = {
         "run": "r1",
@@ -184,6 +187,7 @@ def examples() -> dict[str, dict[str, Any]]:
             },
         ],
         "inputs": [REF, {**REF, "topic": "rl.r1.rewards", "offset": 88}],
+        "task_ref": {**REF, "topic": "rl.r1.tasks", "offset": 7},
     }
     tensor = {
         "name": "layers.0.mlp.experts.w1",
@@ -270,6 +274,9 @@ def examples() -> dict[str, dict[str, Any]]:
         "schemas": {"task": "a5" * 8},
         "weights_public_key": "ab" * 32,
         "weights_insecure": False,
+        "excluded_records": [{**REF, "topic": "rl.r0.feedback", "offset": 3}],
+        "excluded_user_hashes": ["9c" * 16],
+        "recomputed_from": 4,
     }
     dead = {
         "source_topic": "rl.r1.trajectories", "partition": 3, "offset": 99, "key": b"g1",
@@ -286,10 +293,16 @@ def examples() -> dict[str, dict[str, Any]]:
         "baseline_greedy_success": 0.40625, "evaluated_ms": 1_732_000_000_000,
         "duration_ms": 5400, "evaluator": "host:42",
     }  # fmt: skip
+    audit = {
+        "run": "r0", "new_run": "r1", "status": "finished", "user_hashes": ["9c" * 16],
+        "requested_records": [], "excluded_records": [{**REF, "topic": "rl.r0.feedback"}],
+        "first_affected_version": 4, "versions_differ": [4, 5, 6],
+        "created_ms": 1_732_000_000_000,
+    }  # fmt: skip
     return {
         "task": task, "trajectory": trajectory, "reward": reward, "admission": admission,
         "weight_manifest": manifest, "weight_chunk": chunk, "feedback": feedback,
-        "run_manifest": run, "dead_letter": dead, "eval": evaluation,
+        "run_manifest": run, "dead_letter": dead, "eval": evaluation, "forget_audit": audit,
     }  # fmt: skip
 
 

@@ -21,12 +21,12 @@ KAFKA_LEGAL = re.compile(r"[A-Za-z0-9._-]{1,249}")
 def test_catalog_has_every_stream_of_the_design() -> None:
     assert set(T.STREAMS) == {
         "tasks", "trajectories", "rewards", "admitted", "rejected", "weights.manifests",
-        "weights.chunks", "feedback", "served", "evals", "dlq", "schemas", "runs",
+        "weights.chunks", "feedback", "served", "evals", "dlq", "schemas", "runs", "audit",
     }  # fmt: skip
     for spec in T.STREAMS.values():
         assert spec.event in E.EVENTS or (spec.stream == "schemas" and spec.event == "")
         assert spec.partitions >= 1 and spec.key_doc
-        assert spec.cluster_wide == (spec.stream in ("schemas", "runs"))
+        assert spec.cluster_wide == (spec.stream in ("schemas", "runs", "audit"))
 
 
 def test_topic_names() -> None:
@@ -247,7 +247,9 @@ def test_weight_chunks_are_never_deleted_by_age() -> None:
 def test_mirror_directions_follow_the_design() -> None:
     outward = {s for s, spec in T.STREAMS.items() if spec.mirror == "outward"}
     inward = {s for s, spec in T.STREAMS.items() if spec.mirror == "inward"}
-    assert outward == {"tasks", "weights.manifests", "weights.chunks", "evals", "schemas", "runs"}
+    assert outward == {
+        "tasks", "weights.manifests", "weights.chunks", "evals", "schemas", "runs", "audit"
+    }  # fmt: skip
     assert inward == {"trajectories", "rewards"}
 
 
