@@ -367,9 +367,11 @@ def manifests_by_version(
     timeout: float = 60.0,
     *,
     audit: bool = False,
+    source: str | None = None,
 ) -> dict[int, dict[str, Any]]:
     """One committed manifest per version of ``run`` (``ManifestLog.by_version``), read to the
-    end as of the call (``audit``: by a replay, see ``ManifestLog``)."""
-    with ManifestLog.of_run(settings, run, model, audit=audit) as manifests:
+    end as of the call (``audit``: by a replay, see ``ManifestLog``; ``source``: from
+    MirrorMaker's copy of that region's log, see ``ManifestLog.of_run``)."""
+    with ManifestLog.of_run(settings, run, model, source=source, audit=audit) as manifests:
         manifests.catch_up(timeout)
         return manifests.by_version()

@@ -26,6 +26,7 @@ COMMANDS = (
     "rlstream.ops.cli.cmd_dashboard",
     "rlstream.ops.cli.cmd_env",
     "rlstream.ops.cli.cmd_acl",
+    "rlstream.ops.cli.cmd_lineage",
 )
 # Command modules added as the features land are appended here.
 

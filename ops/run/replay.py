@@ -80,7 +80,7 @@ def recorded_ranks(manifests: dict[int, dict[str, Any]], configured: int) -> int
     return int(manifests[max(manifests)]["stats"].get("ranks", 1))
 
 
-def _learner_config(settings: KafkaSettings, run: str) -> Any:
+def learner_config(settings: KafkaSettings, run: str) -> Any:
     from rlstream.ops.run.config import RunConfig
     from rlstream.trainer.config import LearnerConfig
 
@@ -100,7 +100,7 @@ def replay(
     log: Callable[[str], None] = print,
 ) -> ReplayResult:
     """Re-run the learner on the recorded admitted stream; see the module docstring."""
-    cfg = _learner_config(settings, run)
+    cfg = learner_config(settings, run)
     manifests = manifests_by_version(settings, run, audit=True)  # old logs replay too
     ranks = recorded_ranks(manifests, cfg.ranks)
     if ranks > 1:
@@ -179,8 +179,8 @@ def _replay(
         optimizer = ranks.adopt(model, optimizer)
     last = max(manifests) if to_version is None else min(to_version, max(manifests))
     for version in range(0, last + 1):
-        if version > 0:
-            inputs = step_inputs(manifests[version], admitted)
+        inputs = step_inputs(manifests[version], admitted) if version > 0 else []
+        if inputs:  # a forget may leave a step without groups: its weights stay as they were
             train_step(model, optimizer, inputs, cfg, ranks)
         state = published_state(model, cfg.publish_dtype)
         recorded = manifests[version]

@@ -226,9 +226,11 @@ class EventProducer:
         record: Mapping[str, Any],
         key: str | bytes | None = None,
         headers: Headers | None = None,
+        on_delivery: DeliveryCallback | None = None,
     ) -> None:
+        """Produce ``record`` as ``event`` (``on_delivery``: see ``produce_raw``)."""
         value = self._serializer(event)(record, None)
-        self.produce_raw(topic, value, key, headers)
+        self.produce_raw(topic, value, key, headers, on_delivery)
 
     def produce_raw(
         self,
