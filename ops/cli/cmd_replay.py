@@ -107,10 +107,20 @@ def _delete(settings, run: str | None) -> int:
         print("error: which run? `rlstream runs delete RUN`", file=sys.stderr)
         return 2
     admin = admin_client(settings)
-    existing = set(admin.list_topics(timeout=10).topics)
-    names = [t for t in topics.run_topics(run).values() if t in existing]
+    names = [t for t in admin.list_topics(timeout=10).topics if _run_of(t) == run]
     delete_topics(admin, names)
     with EventProducer.connect(settings) as producer:
         producer.produce_raw(topics.RUNS_TOPIC, None, run)  # tombstone: the run is gone
     print(f"deleted run {run}: {len(names)} topics")
     return 0
+
+
+def _run_of(topic: str) -> str | None:
+    """The run of a topic of this cluster: its own (``rl.RUN.X``) or a MirrorMaker copy
+    (``REGION.rl.RUN.X``), so deleting a run in a rollout region deletes the copies there."""
+    from rlstream.schemas import topics
+
+    try:
+        return topics.parse_topic(topic).run
+    except ValueError:
+        return None
