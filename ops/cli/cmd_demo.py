@@ -80,6 +80,7 @@ def _demo(args: argparse.Namespace) -> int:
         f"learner.warm_start_cache={cache}",
         f"learner.state_dir={out / 'learner'}",
         f"learner.max_versions={args.max_versions}",
+        f"tracker.artifacts_dir={out}",
         f"regions.trainer={names[0]}",
         f"regions.rollout={json.dumps(names[1:])}",
         *([f"learner.ranks={args.ranks}"] if args.ranks else []),
@@ -99,6 +100,7 @@ def _demo(args: argparse.Namespace) -> int:
     key_file = demo.learner_key_file(args.secure, _home(args), run, out)
     learner_env = demo.sign_weights(home, run, key_file, learner_cfg.insecure_weights)
     roles = _start_roles(args, run, config, regions, settings, out / "logs", extra, learner_env)
+    tracker = demo.start_role("tracker", run, home, out / "logs", extra, region=regions.trainer)
     progress, tally, stopper = demo.RunAnalytics(run), demo.RegionTally(), Stopper().install()
     follower = threading.Thread(
         target=demo.follow_streams,
@@ -120,6 +122,9 @@ def _demo(args: argparse.Namespace) -> int:
         demo.stop_roles(trainers)  # the eval role finishes the last due version first
         due = demo.last_due(progress.version, config.eval.every)
         demo.wait_for_eval(home, run, due, [r for r in roles if r.name == "eval"])
+    except BaseException:
+        demo.stop_roles([tracker])  # otherwise stopped last, after the final model is written
+        raise
     finally:
         stopper.stop()
         demo.stop_roles(roles)
@@ -133,6 +138,7 @@ def _demo(args: argparse.Namespace) -> int:
     result = demo.summary(run, progress, wall, png, regions, tally)
     result.update(evals)
     result.update(demo.final_model(home, run, config, progress.version, out))
+    result["tracking"] = demo.stop_tracker(tracker, out)
     result["learner_ranks"] = learner_cfg.ranks
     _print_summary(run, result, wall, png, out)
     if args.json:

@@ -23,6 +23,7 @@ from rlstream.envs import tasks as task_family
 from rlstream.envs.family import FamilySpec
 from rlstream.envs.fx import with_fx_options
 from rlstream.envs.judges import JudgeConfig
+from rlstream.ops.observe.tracker import TrackerConfig
 from rlstream.ops.run.regions import RegionsConfig
 from rlstream.ops.run.roles import role_config
 from rlstream.rollout.config import EvalConfig, PolicyConfig, RolloutConfig
@@ -75,6 +76,9 @@ class RunConfig(BaseModel):
     )
     feedback_rl: FeedbackRLConfig = Field(
         default_factory=FeedbackRLConfig, description="Online RL from editor feedback."
+    )
+    tracker: TrackerConfig = Field(
+        default_factory=TrackerConfig, description="Experiment tracking (the tracker role)."
     )
     regions: RegionsConfig = Field(
         default_factory=RegionsConfig,

@@ -138,6 +138,17 @@ def sign_weights(
     return {signing.SIGNING_KEY_ENV: str(key_file)}
 
 
+def stop_tracker(tracker: RoleProcess, out: Path, timeout: float = 120.0) -> dict | None:
+    """Stop the tracker role last (it writes the final figures and uploads the plot and the
+    final model from ``out``); its ``{backend, uri, run_id}``, or None when it tracked nothing
+    (e.g. MLflow is not installed: its log says so)."""
+    from rlstream.ops.observe.tracker import TRACKING_FILE
+
+    stop_roles([tracker], timeout)
+    where = out / TRACKING_FILE
+    return json.loads(where.read_text()) if where.exists() else None
+
+
 def stop_roles(roles: list[RoleProcess], timeout: float = 20.0) -> None:
     """SIGTERM each role we started (by pid), wait, then SIGKILL what is left."""
     for r in roles:

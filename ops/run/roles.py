@@ -135,6 +135,10 @@ def _eval(run: RunConfig, name: str | None) -> BaseModel:
     return run.eval.model_copy(update={**shared, "harness": harness})
 
 
+def _tracker(run: RunConfig, name: str | None) -> BaseModel:
+    return run.tracker
+
+
 def _feedback_rl(run: RunConfig, name: str | None) -> BaseModel:
     # Online feedback may keep its own staleness budget; by default it is the run's.
     update: dict[str, Any] = {"model": run.model}
@@ -226,6 +230,27 @@ _ROLES = (
         ),
         section="eval",
         configure=_eval,
+    ),
+    Role(
+        "tracker",
+        "rlstream.ops.observe.tracker",  # reads like the dashboard: no group, writes no stream
+        RoleAccess(
+            reads=(
+                "tasks",
+                "trajectories",
+                "rewards",
+                "admitted",
+                "rejected",
+                "weights.manifests",
+                "evals",
+                "dlq",
+            ),
+            writes=(),
+            group=None,
+            transactional=False,
+        ),
+        section="tracker",
+        configure=_tracker,
     ),
     # the network services of `rlstream serve`, each its own principal too
     Role(

@@ -57,3 +57,24 @@ def test_short_demo_run_learns(kafka, cluster_home, unique_run, tmp_path):
     model = transformers.AutoModelForCausalLM.from_pretrained(result["model_dir"])
     state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}  # tied
     assert deltacodec.state_hash(deltacodec.from_torch(state)) == result["final_state_hash"]
+    _check_tracking(result)
+
+
+def _check_tracking(result: dict) -> None:
+    """The demo's tracker wrote the run to MLflow: its own client reads the success by version,
+    the learner's losses, the recipe and the final plot and model back."""
+    import mlflow
+
+    tracking = result["tracking"]
+    assert tracking is not None and tracking["backend"] == "mlflow", result
+    client = mlflow.tracking.MlflowClient(tracking["uri"])
+    run_id = tracking["run_id"]
+    tracked = client.get_run(run_id)
+    assert tracked.info.status == "FINISHED" and tracked.data.params["learner.max_versions"] == "50"
+    success = {m.step: m.value for m in client.get_metric_history(run_id, "success")}
+    assert len(success) >= 10 and all(0.0 <= s <= 1.0 for s in success.values()), success
+    loss = client.get_metric_history(run_id, "learner.loss")
+    assert {m.step for m in loss} == set(range(1, result["policy_versions"] + 1))
+    names = {a.path for a in client.list_artifacts(run_id)}
+    assert {"success_by_version.png", "model"} <= names, names
+    assert any(a.path.endswith("config.json") for a in client.list_artifacts(run_id, "model"))

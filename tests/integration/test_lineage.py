@@ -256,3 +256,39 @@ def test_forget_a_user_recomputes_from_the_first_affected_version(
 
     rc, _ = cli("forget", "--run", run, "--user-hash", hashes["alice"], "--bootstrap", boot)
     assert rc == 2  # already done: refused, nothing written
+
+
+def test_tracker_writes_the_runs_metrics_to_mlflow(kafka, trained, tmp_path) -> None:
+    """The tracker role on the run: MLflow's own client reads each version's learner figures
+    back at their version, the recipe as params, and the artifacts it was given."""
+    mlflow = pytest.importorskip("mlflow")
+    import threading
+
+    from rlstream.consumers.consumer import RoleContext
+    from rlstream.ops.observe.tracker import TrackerConfig, run_role
+
+    run = trained["run"]
+    (tmp_path / "success_by_version.png").write_bytes(b"\x89PNG not really")
+    cfg = TrackerConfig(artifacts_dir=str(tmp_path), interval_s=1.0)
+    stopper = Stopper()
+    threading.Timer(8.0, stopper.stop).start()
+    result = run_role(RoleContext(kafka, run, cfg, stopper))
+    where = json.loads((tmp_path / "tracking.json").read_text())
+    assert where == {"backend": "mlflow", "uri": result["uri"], "run_id": result["run_id"]}
+    client = mlflow.tracking.MlflowClient(where["uri"])
+    tracked = client.get_run(where["run_id"])
+    assert tracked.data.tags["rlstream.run"] == run and tracked.info.status == "FINISHED"
+    assert tracked.data.params["learner.max_versions"] == "3"
+    manifests = _manifests(kafka, run)
+    loss = {m.step: m.value for m in client.get_metric_history(where["run_id"], "learner.loss")}
+    assert loss == {v: pytest.approx(manifests[v]["stats"]["loss"]) for v in (1, 2, 3)}
+    assert [a.path for a in client.list_artifacts(where["run_id"])] == ["success_by_version.png"]
+    again = run_role(RoleContext(kafka, run, cfg, _stopped()))  # a restart: the same run
+    assert again["run_id"] == where["run_id"]
+    assert len(client.get_metric_history(where["run_id"], "learner.loss")) == 3  # not again
+
+
+def _stopped() -> Stopper:
+    stopper = Stopper()
+    stopper.stop()
+    return stopper
