@@ -40,6 +40,13 @@ class PolicyConfig(BaseModel):
     n_heads: int = Field(
         default=4, ge=1, le=64, description="Attention heads (must divide d_model)."
     )
+    head_dim: int | None = Field(
+        default=None,
+        ge=4,
+        le=512,
+        description="Width of one attention head (None: d_model / n_heads). vLLM's CPU "
+        "attention takes 32, 64, 80, 96, 112, 128, 160, 192, 224, 256 or 512 only.",
+    )
     n_layers: int = Field(
         default=2, ge=1, le=48, description="Transformer blocks, each with an MoE FFN."
     )
@@ -54,6 +61,12 @@ class PolicyConfig(BaseModel):
         default=128, ge=4, le=16384, description="Hidden width of one expert MLP."
     )
     seed: int = Field(default=0, ge=0, description="Seed of the weight initialisation.")
+
+    def head_size(self) -> int | None:
+        """Width of one attention head (None: decided by ``hf_dir``'s config)."""
+        if self.hf_dir is not None:
+            return None
+        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
 
     @field_validator("architecture", mode="before")
     @classmethod
@@ -121,6 +134,69 @@ class EnvLatency(BaseModel):
         return float(min(self.cap_s, draws.max()))
 
 
+VLLM_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""Attention head sizes vLLM's CPU attention runs (others start, then fail on the first request)."""
+
+
+def check_vllm_policy(policy: PolicyConfig) -> None:
+    """``ValueError`` for a policy shape vLLM's CPU attention cannot run (checked when a worker
+    starts its engine: the run's policy is injected into the rollout config after validation)."""
+    head = policy.head_size()
+    if head is not None and head not in VLLM_HEAD_SIZES:
+        raise ValueError(
+            f"rollout.engine=vllm: vLLM's CPU attention cannot run heads of {head} (it runs "
+            f"{', '.join(map(str, VLLM_HEAD_SIZES))}): set policy.head_dim, e.g. 64"
+        )
+
+
+class VllmConfig(BaseModel):
+    """The ``vllm`` engine (``rollout.vllm_engine``): a vLLM OpenAI server the rollout worker starts
+    from vLLM's own virtualenv (``make vllm``) and supervises, or one it is pointed at."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    python: str | None = Field(
+        None,
+        description="Python of vLLM's virtualenv (default: $RLSTREAM_VLLM_PYTHON, else "
+        ".venv-vllm/bin/python of the repository, which `make vllm` creates).",
+    )
+    url: str | None = Field(
+        None,
+        pattern=r"^https?://",
+        description="Base URL of a vLLM server already running with rlstream's worker extension "
+        "(docs/engines.md); the worker then starts none, and cannot restart it.",
+    )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Precision the engine computes in (weights are sent as published)."
+    )
+    kv_cache_gib: float = Field(1.0, gt=0, le=4096, description="KV cache size of the engine.")
+    max_num_seqs: int = Field(
+        64, ge=1, le=4096, description="Sequences the engine runs in one batch at most."
+    )
+    threads: int = Field(1, ge=1, le=256, description="CPU threads of the engine's worker.")
+    start_timeout_s: float = Field(
+        600.0, gt=0, le=3600, description="Longest wait for a started server to answer /health."
+    )
+    request_timeout_s: float = Field(
+        600.0, gt=0, le=3600, description="Longest wait for one answer of the engine."
+    )
+    max_restarts: int = Field(
+        5, ge=0, le=1000, description="Engine restarts a worker makes before it gives up."
+    )
+    work_dir: str | None = Field(
+        None,
+        description="Where the model directory a server starts from is written (default: a new "
+        "temporary folder); versions after the first travel through `shm_dir`.",
+    )
+    shm_dir: str = Field(
+        "/dev/shm",
+        description="Folder (in memory) of the files that carry a version's changed tensors.",
+    )
+    extra_args: list[str] = Field(
+        default_factory=list, description="More command-line arguments for the server."
+    )
+
+
 class RolloutConfig(BaseModel):
     """Config of a rollout worker."""
 
@@ -150,10 +226,14 @@ class RolloutConfig(BaseModel):
     env_latency: EnvLatency = Field(
         default_factory=EnvLatency, description="Simulated environment time (benchmarks)."
     )
-    engine: Literal["torch", "openai"] = Field(
+    engine: Literal["torch", "openai", "vllm"] = Field(
         "torch",
-        description="Inference engine: `torch` in process (reference), or `openai`: the "
-        "OpenAI-compatible server at `engine_url`, weights pushed to it (rollout.engines).",
+        description="Inference engine: `torch` in process (reference); `openai`: the "
+        "OpenAI-compatible server at `engine_url`, weights pushed to it (rollout.engines); "
+        "`vllm`: a vLLM server the worker supervises, weights loaded in place (`[rollout.vllm]`).",
+    )
+    vllm: VllmConfig = Field(
+        default_factory=VllmConfig, description="The `vllm` engine's server (rollout.vllm_engine)."
     )
     engine_url: str | None = Field(
         None,
@@ -167,6 +247,18 @@ class RolloutConfig(BaseModel):
     )
     engine_timeout_s: float = Field(
         120.0, gt=0, le=3600, description="Longest wait for one answer of the `openai` engine."
+    )
+    swap: Literal["partial", "between_tasks"] = Field(
+        "partial",
+        description="When a verified version reaches the engine: `partial` as soon as it is "
+        "verified, during a rollout (the trajectory records which tokens each version made; "
+        "the `torch` and `vllm` engines); `between_tasks`: only between two tasks, so a group is "
+        "generated by one version (the `openai` engine always swaps between tasks).",
+    )
+    engine_stats_dir: str | None = Field(
+        None,
+        description="Folder the worker keeps its engine's figures in (REGION-MEMBER.json: "
+        "engine, version, swaps, restarts, swap times), rewritten after every task.",
     )
 
     @model_validator(mode="after")

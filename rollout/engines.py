@@ -14,12 +14,21 @@ row, and that row's tokens so far in the segment; the engine then feeds only the
 - ``openai`` (:class:`OpenAIEngine`): a remote OpenAI-compatible server the user already runs
   (vLLM's or SGLang's, or ``rlstream serve policy --weights push``). See the class for the
   request, how tokens, logprobs and routes are read back, and how weights are pushed.
+- ``vllm`` (``rollout.vllm_engine.VllmEngine``): a vLLM server the worker starts and supervises,
+  which takes each version in place.
+
+Versions during generation: an engine given a :class:`VersionGate` asks it, before it runs the
+model (a forward pass for ``torch``, a request for ``vllm``), to swap in the newest verified
+version, and records per token which version processed it (``Generation.versions``): a rollout
+then continues across versions (partial rollouts) instead of the new version waiting for it.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import shutil
+import statistics
 import time
 import urllib.error
 import urllib.request
@@ -51,6 +60,35 @@ class Unreachable(EngineError):
     """No answer at all from the server (refused connection, timeout)."""
 
 
+class EngineRefused(EngineError):
+    """The engine did not take a version and serves the one it had (the version is skipped)."""
+
+
+@dataclass
+class EngineStats:
+    """What the worker reports of its engine (the demo's ``engine_*`` figures)."""
+
+    engine: str = "torch"
+    engine_version: str = ""
+    swaps: int = 0
+    restarts: int = 0
+    refusals: int = 0
+    aborts: int = 0
+    swap_s: list[float] = field(default_factory=list)
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "engine": self.engine,
+            "engine_version": self.engine_version,
+            "engine_swaps": self.swaps,
+            "engine_restarts": self.restarts,
+            "engine_refusals": self.refusals,
+            "engine_aborts": self.aborts,
+            "swap_p50_s": statistics.median(self.swap_s) if self.swap_s else None,
+            "swap_s": [round(s, 6) for s in self.swap_s[-1000:]],
+        }
+
+
 @dataclass(frozen=True)
 class Prior:
     """What a continuation continues: row ``row`` of ``gen``, whose segment so far is
@@ -59,6 +97,19 @@ class Prior:
     gen: Generation
     row: int
     history: list[int]
+
+
+class VersionGate(Protocol):
+    """The rollout worker's hand-over of verified versions to a generating engine."""
+
+    def pending(self) -> int | None:
+        """A newer verified version the engine could take (None: none); any thread may ask."""
+        ...
+
+    def take(self) -> int:
+        """Swap the newest verified version in now (the generating thread only, between two
+        model runs) and return the version that generates from here on."""
+        ...
 
 
 class Engine(Protocol):
@@ -78,10 +129,18 @@ class Engine(Protocol):
 
 class TorchEngine:
     """The reference engine: ``generate_fn`` (``rollout.model.generate``) on ``model`` in this
-    process, continuing from the prior's KV cache."""
+    process, continuing from the prior's KV cache. With a ``gate`` the weights may be swapped
+    between two forward passes (the gate loads them into ``model`` in place) and generation goes
+    on with the KV cache it has: the tokens already fed keep the keys and values the older
+    version gave them."""
 
-    def __init__(self, model: PolicyModel, generate_fn: GenerateFn = generate) -> None:
-        self.model, self.generate_fn = model, generate_fn
+    def __init__(
+        self,
+        model: PolicyModel,
+        generate_fn: GenerateFn = generate,
+        gate: VersionGate | None = None,
+    ) -> None:
+        self.model, self.generate_fn, self.gate = model, generate_fn, gate
 
     def generate(
         self,
@@ -94,6 +153,7 @@ class TorchEngine:
         prior: Prior | None,
     ) -> Generation:
         cache = None if prior is None else prior.gen.cache.select(prior.row, len(prior.history))
+        gated = {} if self.gate is None else {"gate": self.gate.take}
         return self.generate_fn(
             self.model,
             context,
@@ -102,12 +162,16 @@ class TorchEngine:
             generator=generator,
             stop_ids=stop_ids,
             cache=cache,
+            **gated,
         )
 
 
-def _post(
+def post_json(
     url: str, body: Mapping[str, Any], timeout: float, token: SecretStr | None = None
 ) -> dict[str, Any]:
+    """``POST url`` with a JSON body (and ``token`` as a bearer token); the JSON answer (an empty
+    one is ``{}``). ``Unreachable`` when no answer came (refused, reset, timed out),
+    ``EngineError`` for an HTTP error."""
     data = json.dumps(body).encode()
     headers = {"Content-Type": "application/json"}
     if token is not None:  # the header only: never in a message, a log line or the URL
@@ -115,10 +179,10 @@ def _post(
     req = urllib.request.Request(url, data, headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return dict(json.loads(resp.read()))
+            return dict(json.loads(resp.read() or b"{}"))
     except urllib.error.HTTPError as err:
         raise EngineError(f"{url}: HTTP {err.code}: {err.read()[:500]!r}") from err
-    except (urllib.error.URLError, OSError) as err:
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as err:
         raise Unreachable(f"{url}: {err}") from err
     except ValueError as err:
         raise EngineError(f"{url}: the answer is not JSON: {err}") from err
@@ -209,7 +273,9 @@ class OpenAIEngine:
             "return_tokens_as_token_ids": True,
             "return_routes": self.return_routes,
         }
-        answer = _post(f"{self.url.rstrip('/')}/v1/completions", body, self.timeout_s, self.token)
+        answer = post_json(
+            f"{self.url.rstrip('/')}/v1/completions", body, self.timeout_s, self.token
+        )
         if "policy_version" in answer:
             self.served_versions.append(int(answer["policy_version"]))
         skip = len(prompt) - len(fed)  # routes of the history were recorded with it
@@ -231,7 +297,7 @@ class OpenAIEngine:
         while True:  # a server still starting (or restarting) is waited for, up to timeout_s
             try:
                 url = f"{self.url.rstrip('/')}{UPDATE_PATH}"
-                answer = _post(url, body, self.timeout_s, self.token)
+                answer = post_json(url, body, self.timeout_s, self.token)
                 break
             except Unreachable:
                 if time.monotonic() > deadline:
@@ -246,40 +312,75 @@ class OpenAIEngine:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def generation_of(answer: Mapping[str, Any], fed: int, skip: int = 0) -> Generation:
-    """A ``Generation`` from a completions answer whose prompt ended with ``fed`` new tokens
-    after ``skip`` earlier ones (see :class:`OpenAIEngine`); rows padded with 0."""
-    choices = sorted(answer["choices"], key=lambda c: int(c["index"]))
-    ids, lps, stopped, routes = [], [], [], []
-    for c in choices:
+@dataclass
+class Choice:
+    """One choice of a completions answer: its token ids and their logprobs, why it ended
+    (``stop``, ``length``, or ``abort`` when it was cut short), its routes if any."""
+
+    ids: list[int]
+    logprobs: list[float]
+    finish_reason: str | None
+    routes: np.ndarray | None = None
+
+
+def choices_of(answer: Mapping[str, Any]) -> list[Choice]:
+    """The choices of a completions answer in index order (see :class:`OpenAIEngine`)."""
+    out = []
+    for c in sorted(answer["choices"], key=lambda c: int(c["index"])):
         lp = c.get("logprobs") or {}
         if "tokens" not in lp or "token_logprobs" not in lp:
             raise EngineError("the answer has no token logprobs (the request asked logprobs=0)")
-        ids.append([token_id(t) for t in lp["tokens"]])
-        lps.append([float(x) for x in lp["token_logprobs"]])
-        stopped.append(c.get("finish_reason") == "stop")
-        if c.get("routes") is not None:
-            routes.append(np.asarray(c["routes"], dtype=np.int64)[skip:])
-    b, n = len(choices), max((len(x) for x in ids), default=0)
+        routes = c.get("routes")
+        out.append(
+            Choice(
+                [token_id(t) for t in lp["tokens"]],
+                [float(x) for x in lp["token_logprobs"]],
+                c.get("finish_reason"),
+                None if routes is None else np.asarray(routes, dtype=np.int64),
+            )
+        )
+    return out
+
+
+def generation_of(answer: Mapping[str, Any], fed: int, skip: int = 0) -> Generation:
+    """A ``Generation`` from a completions answer whose prompt ended with ``fed`` new tokens
+    after ``skip`` earlier ones (see :class:`OpenAIEngine`); rows padded with 0."""
+    return assemble(choices_of(answer), fed, skip)
+
+
+def assemble(
+    rows: list[Choice], fed: int, skip: int = 0, versions: list[list[int]] | None = None
+) -> Generation:
+    """A ``Generation`` of ``rows`` (each row's whole output) after ``fed`` new context tokens;
+    a row stopped when it ended with ``stop``; routes kept only when every row has them (their
+    first ``skip`` positions dropped); ``versions`` per row covers its fed and generated tokens.
+    Rows are padded with 0."""
+    b, n = len(rows), max((len(r.ids) for r in rows), default=0)
     tokens, logprobs = torch.zeros(b, n, dtype=torch.long), torch.zeros(b, n)
-    for i, (row, lp_row) in enumerate(zip(ids, lps, strict=True)):
-        tokens[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        logprobs[i, : len(lp_row)] = torch.tensor(lp_row, dtype=torch.float32)
+    for i, row in enumerate(rows):
+        tokens[i, : len(row.ids)] = torch.tensor(row.ids, dtype=torch.long)
+        logprobs[i, : len(row.logprobs)] = torch.tensor(row.logprobs, dtype=torch.float32)
+    routes = [r.routes[skip:] for r in rows if r.routes is not None]
     if len(routes) == b and b:
         width = fed + n
-        shape = routes[0].shape[1:]
-        padded = np.zeros((b, width, *shape), dtype=np.int64)
+        padded = np.zeros((b, width, *routes[0].shape[1:]), dtype=np.int64)
         for i, r in enumerate(routes):
             padded[i, : min(width, len(r))] = r[:width]
         route_t = torch.from_numpy(padded)
     else:
         route_t = torch.zeros(b, fed + n, 0, 0, dtype=torch.long)
+    version_t = None
+    if versions is not None:
+        version_t = torch.full((b, fed + n), -1, dtype=torch.long)
+        for i, v in enumerate(versions):
+            version_t[i, : len(v)] = torch.tensor(v, dtype=torch.long)
     return Generation(
         tokens=tokens,
         logprobs=logprobs,
         routes=route_t,
-        lengths=torch.tensor([len(x) for x in ids], dtype=torch.long),
-        stopped=torch.tensor(stopped, dtype=torch.bool),
+        lengths=torch.tensor([len(r.ids) for r in rows], dtype=torch.long),
+        stopped=torch.tensor([r.finish_reason == "stop" for r in rows], dtype=torch.bool),
         cache=KVCache.empty(0),
         prompt_len=fed,
+        versions=version_t,
     )

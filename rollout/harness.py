@@ -31,6 +31,10 @@ Rules and guarantees:
 - Generation goes through an engine (:mod:`rlstream.rollout.engines`; default the in-process
   ``torch`` one). An engine that reports no routes (an ``openai`` server without them) gives
   routes of shape ``[T, 0, 0]``: the trajectory then records none.
+- Versions: ``Sample.versions`` (int64, aligned with the tokens) is the policy version that
+  processed each token (sampled it, for a generated token), as the engine reports it
+  (``Generation.versions``), -1 where the engine reports none (the caller's one version then).
+  An engine that swaps weights during a rollout makes one sample span several versions.
 - Every call is recorded in ``Sample.tool_calls`` (tool, input, status, output as the policy saw
   it, isolation, time) and counts toward ``max_turns``, failed or not; ``tool_errors`` counts
   the calls that failed or were refused.
@@ -84,6 +88,7 @@ class Sample:
     logprobs: np.ndarray
     loss_mask: np.ndarray
     routes: np.ndarray  # uint8 or uint16 by the policy's expert count (see the module rules)
+    versions: np.ndarray  # int64 [T]: the version that processed each token (module rules)
     segments: list[Segment]
     completion: str
     turns: int
@@ -101,6 +106,7 @@ class _Row:
     logprobs: list[float] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     routes: list[np.ndarray] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
     segments: list[Segment] = field(default_factory=list)
     seg_start: int = 0
     seg_prompt: int = 0  # flat offset where the current segment's generated text begins
@@ -111,19 +117,23 @@ class _Row:
     calls: list[dict[str, Any]] = field(default_factory=list)
     tool_errors: int = 0
 
-    def feed(self, ids: list[int], routes: np.ndarray) -> None:
+    def feed(self, ids: list[int], routes: np.ndarray, versions: list[int]) -> None:
         """Append context tokens the policy did not generate."""
         self.tokens += ids
         self.logprobs += [0.0] * len(ids)
         self.mask += [0] * len(ids)
         self.routes.append(routes)
+        self.versions += versions
 
-    def emit(self, ids: list[int], logprobs: list[float], routes: np.ndarray) -> None:
+    def emit(
+        self, ids: list[int], logprobs: list[float], routes: np.ndarray, versions: list[int]
+    ) -> None:
         """Append tokens the policy generated."""
         self.tokens += ids
         self.logprobs += logprobs
         self.mask += [1] * len(ids)
         self.routes.append(routes)
+        self.versions += versions
 
     def close(self, reason: Literal["final", "compacted", "truncated"]) -> None:
         self.segments.append(Segment(self.seg_start, len(self.tokens), self.turns, reason))
@@ -133,6 +143,13 @@ class _Row:
 def _routes(gen: Generation, row: int, n: int, offset: int, expert_bytes: int) -> np.ndarray:
     """Routes of ``n`` fed tokens from ``offset`` as expert ids ``expert_bytes`` wide (checked)."""
     return arrays.expert_ids(gen.routes[row, offset : offset + n].numpy(), expert_bytes)
+
+
+def _versions(gen: Generation, row: int, n: int, offset: int) -> list[int]:
+    """Versions of ``n`` positions from ``offset`` (-1 each when the engine reports none)."""
+    if gen.versions is None:
+        return [-1] * n
+    return [int(v) for v in gen.versions[row, offset : offset + n]]
 
 
 def _observation(text: str, cfg: HarnessConfig) -> str:
@@ -204,7 +221,9 @@ class Rollout:
         samples = []
         for b in range(group_size):
             row = _Row(workspace=self.env.workspace())
-            row.feed(ids, _routes(gen, b, len(ids), 0, self.expert_bytes))
+            row.feed(
+                ids, _routes(gen, b, len(ids), 0, self.expert_bytes), _versions(gen, b, len(ids), 0)
+            )
             row.seg_prompt = len(ids)
             row.timings["generate_s"] += first_s
             self._finish(row, gen, b, prompt, generator)
@@ -231,7 +250,8 @@ class Rollout:
             n = int(gen.lengths[b])
             new = gen.tokens[b, :n].tolist()
             routes = _routes(gen, b, n, gen.prompt_len, self.expert_bytes)
-            row.emit(new, gen.logprobs[b, :n].tolist(), routes)
+            versions = _versions(gen, b, n, gen.prompt_len)
+            row.emit(new, gen.logprobs[b, :n].tolist(), routes, versions)
             if not new or new[-1] != self.text.run_end:
                 row.close("final" if new and new[-1] in self.text.eos_ids else "truncated")
                 return
@@ -251,7 +271,11 @@ class Rollout:
             gen, b = self._generate(context, generator, prior), 0
             row.timings["generate_s"] += time.perf_counter() - started
             fed = context.shape[1]
-            row.feed(context[0].tolist(), _routes(gen, 0, fed, 0, self.expert_bytes))
+            row.feed(
+                context[0].tolist(),
+                _routes(gen, 0, fed, 0, self.expert_bytes),
+                _versions(gen, 0, fed, 0),
+            )
             if prior is None:
                 row.seg_prompt = len(row.tokens)
 
@@ -285,6 +309,7 @@ class Rollout:
             logprobs=np.asarray(row.logprobs, dtype=np.float32),
             loss_mask=np.asarray(row.mask, dtype=np.uint8),
             routes=np.concatenate(row.routes, axis=0),
+            versions=np.asarray(row.versions, dtype=np.int64),
             segments=row.segments,
             completion=text,
             turns=row.turns,

@@ -80,9 +80,11 @@ def tiny_qwen3_moe_config(
     d_expert: int = 32,
     max_seq_len: int = 256,
     vocab_size: int = protocol.VOCAB_SIZE,
+    head_dim: int | None = None,
 ) -> Qwen3MoeConfig:
-    """A small Qwen3-MoE config for the CPU demo: every layer sparse, tied embeddings."""
-    return Qwen3MoeConfig(
+    """A small Qwen3-MoE config for the CPU demo: every layer sparse, tied embeddings; heads
+    ``d_model / n_heads`` wide unless ``head_dim`` says otherwise."""
+    config = Qwen3MoeConfig(
         vocab_size=vocab_size,
         hidden_size=d_model,
         intermediate_size=4 * d_model,  # dense MLP width, unused while every layer is sparse
@@ -101,6 +103,9 @@ def tiny_qwen3_moe_config(
         bos_token_id=protocol.BOS,
         eos_token_id=protocol.EOS,
     )
+    if head_dim is not None:  # else the modules derive it (an explicit None would break them)
+        config.head_dim = head_dim
+    return config
 
 
 # ---------------------------------------------------------------- router replay
@@ -323,6 +328,7 @@ def policy_from_config(cfg: PolicyConfig) -> HFPolicy:
         d_expert=cfg.d_expert,
         max_seq_len=cfg.max_seq_len,
         vocab_size=cfg.vocab_size,
+        head_dim=cfg.head_dim,
     )
     return build_hf_policy(config, cfg.seed)
 

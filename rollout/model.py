@@ -25,6 +25,7 @@ The policy itself is a Hugging Face transformers causal LM (Qwen3-MoE) behind th
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias, TypeVar
 
@@ -108,7 +109,9 @@ class Generation:
     ``lengths[b]``); ``routes`` ``[B, P + N, L, K]`` are the experts that processed each fed token,
     prompt included; ``cache`` holds keys/values of all fed tokens (rows padded likewise).
     ``top_ids``/``top_logprobs`` ``[B, N, top_n]`` are the most likely tokens at each step and
-    their logprobs, most likely first (``top_n`` = 0 when not asked).
+    their logprobs, most likely first (``top_n`` = 0 when not asked). ``versions`` ``[B, P + N]``
+    (int64), when the generator was given a version gate, is the policy version whose weights
+    processed each fed token and sampled each generated token (None: one version, the caller's).
     """
 
     tokens: Tensor
@@ -120,6 +123,12 @@ class Generation:
     prompt_len: int
     top_ids: Tensor | None = None
     top_logprobs: Tensor | None = None
+    versions: Tensor | None = None
+
+
+VersionCheck: TypeAlias = Callable[[], int]
+"""Called between two forward passes: swaps newer weights into the model in place if there are
+any, and returns the version of the weights the next forward pass runs."""
 
 
 @torch.no_grad()
@@ -135,6 +144,7 @@ def generate(
     pad_id: int = 0,
     greedy: bool = False,
     top_n: int = 0,
+    gate: VersionCheck | None = None,
 ) -> Generation:
     """Sample up to ``max_new`` tokens per row after ``prompt_tokens`` ``[B, P]``.
 
@@ -145,7 +155,10 @@ def generate(
     (e.g. ``torch.bfloat16``); ``cache`` continues an earlier sequence. ``greedy`` takes the
     most likely token instead of sampling (temperature 0; ties go to the lowest id). ``top_n``
     also records the ``top_n`` most likely tokens of each step's distribution (what an
-    OpenAI-style ``logprobs`` answer lists); it changes nothing that is sampled.
+    OpenAI-style ``logprobs`` answer lists); it changes nothing that is sampled. ``gate`` is
+    asked before every forward pass (weights may be swapped there, in place: generation goes on
+    with the KV cache of the tokens already fed) and ``versions`` records its answers: a token
+    is attributed to the forward pass whose logits sampled it, a fed token to the one that fed it.
     """
     if dtype is not None and next(model.parameters()).dtype != dtype:
         model = inference_copy(model, dtype)
@@ -153,6 +166,8 @@ def generate(
     room = model.cfg.max_seq_len - cache.length - prompt_tokens.shape[1]
     max_new = max(0, min(max_new, room))
     b = prompt_tokens.shape[0]
+    version = gate() if gate is not None else -1
+    versions = [version] * prompt_tokens.shape[1]
     logits, routes = model(prompt_tokens, cache=cache)
     all_routes, toks, lps, tops = [routes], [], [], []
     lengths = torch.zeros(b, dtype=torch.long)
@@ -171,6 +186,9 @@ def generate(
             tops.append(logp.topk(min(top_n, logp.shape[-1]), dim=-1))
         lengths += (~done).long()
         done = done | torch.isin(nxt, stops)
+        versions.append(version)
+        if gate is not None:
+            version = gate()
         logits, routes = model(nxt[:, None], cache=cache)
         all_routes.append(routes)
         if bool(done.all()):
@@ -186,6 +204,7 @@ def generate(
         prompt_len=prompt_tokens.shape[1],
         top_ids=torch.stack([t.indices for t in tops], 1) if tops else None,
         top_logprobs=torch.stack([t.values for t in tops], 1).float() if tops else None,
+        versions=None if gate is None else torch.tensor(versions).expand(b, -1).clone(),
     )
 
 

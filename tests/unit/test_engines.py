@@ -95,7 +95,7 @@ def test_a_harness_on_a_remote_engine_sends_the_segment_and_records_the_answer(
         choices = [{"index": i, "finish_reason": "stop", "logprobs": lp} for i in range(body["n"])]
         return {"policy_version": 4, "choices": choices}
 
-    monkeypatch.setattr("rlstream.rollout.engines._post", fake_post)
+    monkeypatch.setattr("rlstream.rollout.engines.post_json", fake_post)
     engine = OpenAIEngine("http://127.0.0.1:1", "policy", SMALL, tmp_path)
     samples = Rollout(model, HarnessConfig(max_new_tokens=8), engine=engine).group(
         PROMPT, 2, torch.Generator().manual_seed(1)

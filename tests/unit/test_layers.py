@@ -145,6 +145,7 @@ ROOMS: dict[str, set[str]] = {
     "producers.feedback": {"producers.client", "producers.runtime"},
     "consumers.weights": set(),
     "consumers.feedback": {"consumers.weights"},  # feedback-rl follows the policy version
+    "rollout.vllm_server": set(),  # runs inside vLLM's own processes: imports nothing of ours
     "ops.observe": set(),
     "ops.run": {"ops.cluster", "ops.observe"},
     "ops.cluster": {"ops.run"},  # a link's user and ACLs: ops.run.acls

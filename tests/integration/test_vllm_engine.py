@@ -1,0 +1,139 @@
+"""The ``vllm`` engine against a real vLLM server (its CPU build, started from ``make vllm``'s
+venv): what it generates is what transformers computes, and versions go in place.
+
+Checks, fp32 on both sides: the harness's rollouts through vLLM carry behaviour logprobs equal
+to transformers' for the same tokens (4 decimals) and no routes; twelve versions pushed in place
+(all tensors, one decoder layer, the tied embedding alone, the final norm, one layer's experts)
+each generate logprobs equal to transformers' on that version, with no restart (one server
+process throughout), and the reload from disk they are measured against does too; a version the
+engine cannot take (a value that is not finite, a tensor of the wrong shape) is refused and the
+previous version keeps serving.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from vllm_support import (
+    POLICY,
+    TOLERANCE,
+    perturbed,
+    reference_logprobs,
+    requires_vllm,
+    start_engine,
+)
+
+from rlstream.envs import protocol
+from rlstream.rollout.config import HarnessConfig
+from rlstream.rollout.engines import EngineRefused
+from rlstream.rollout.harness import Rollout
+from rlstream.rollout.model import build_policy
+from rlstream.rollout.vllm_engine import VllmEngine
+
+pytestmark = [pytest.mark.slow, requires_vllm]
+
+PROMPT = "f(x): inc\nf(1)=2\nf(5)="
+
+
+@pytest.fixture(scope="module")
+def base() -> dict[str, torch.Tensor]:
+    return dict(build_policy(POLICY).state_dict())
+
+
+@pytest.fixture(scope="module")
+def engine(
+    tmp_path_factory: pytest.TempPathFactory, base: dict[str, torch.Tensor]
+) -> Iterator[VllmEngine]:
+    engine = start_engine(tmp_path_factory.mktemp("vllm"), base)
+    try:
+        yield engine
+    finally:
+        engine.close()
+
+
+def _max_error(engine: VllmEngine, state: dict[str, torch.Tensor], seed: int) -> float:
+    """Largest |engine - transformers| logprob over two sampled rows of one prompt."""
+    prompt = build_policy(POLICY).text.prompt(PROMPT)
+    gen = engine.generate(
+        torch.tensor([prompt] * 2),
+        max_new=24,
+        temperature=1.0,
+        generator=torch.Generator().manual_seed(seed),
+        stop_ids=(protocol.EOS,),
+        prior=None,
+    )
+    worst = 0.0
+    for row in range(2):
+        n = int(gen.lengths[row])
+        assert n > 0
+        ref = reference_logprobs(state, prompt + gen.tokens[row, :n].tolist())[len(prompt) :]
+        worst = max(worst, float((ref - gen.logprobs[row, :n]).abs().max()))
+    return worst
+
+
+def test_rollouts_carry_transformers_logprobs_and_no_routes(
+    engine: VllmEngine, base: dict[str, torch.Tensor]
+) -> None:
+    model = build_policy(POLICY).eval()
+    cfg = HarnessConfig(max_new_tokens=32, temperature=1.0)
+    samples = Rollout(model, cfg, engine=engine).group(PROMPT, 4, torch.Generator().manual_seed(3))
+    assert len(samples) == 4
+    for s in samples:
+        assert s.routes.shape[1:] == (0, 0)  # vLLM's CPU build reports no routes
+        assert (s.versions == 0).all()
+        for seg in s.segments:  # each segment is one context, replayed on its own
+            ids = s.token_ids[seg.start : seg.end].tolist()
+            ref = reference_logprobs(base, ids)
+            mask = torch.from_numpy(s.loss_mask[seg.start : seg.end]).bool()
+            got = torch.from_numpy(s.logprobs[seg.start : seg.end])
+            assert mask.any()
+            assert float((ref[mask] - got[mask]).abs().max()) < TOLERANCE
+        if s.finished:
+            assert s.token_ids[s.segments[-1].end - 1] in model.text.eos_ids
+
+
+def test_twelve_versions_in_place_match_transformers(
+    engine: VllmEngine, base: dict[str, torch.Tensor]
+) -> None:
+    pid, starts = engine.server.pid, engine.server.starts  # type: ignore[union-attr]
+    patterns = ["", "layers.1.", "embed_tokens", "model.norm", "layers.0.mlp.experts", ""]
+    state = base
+    swaps_before = engine.stats.swaps
+    for version in range(1, 13):
+        state = perturbed(state, version, only=patterns[version % len(patterns)])
+        engine.push(version, state)
+        assert engine.version == version
+        assert _max_error(engine, state, version) < TOLERANCE, f"version {version}"
+    assert engine.server.pid == pid and engine.server.starts == starts  # type: ignore[union-attr]
+    assert engine.stats.swaps - swaps_before == 12 and engine.stats.restarts == 0
+    swap_s = sorted(engine.stats.swap_s[-12:])
+    state = perturbed(state, 13)
+    reload_s = engine.reload_from_disk(13, state)
+    assert _max_error(engine, state, 13) < TOLERANCE
+    print(
+        f"\nswap in place p50 {swap_s[6]:.4f}s (pause -> resumed), reload from disk {reload_s:.4f}s"
+    )
+
+
+def test_a_version_the_engine_cannot_take_is_refused_and_the_old_one_serves(
+    engine: VllmEngine, tmp_path: Path
+) -> None:
+    serving = dict(engine.held[1])  # type: ignore[index]
+    version = engine.version
+    broken = perturbed(serving, 99, only="layers.1.")
+    broken["model.layers.1.input_layernorm.weight"][3] = float("nan")
+    wrong = perturbed(serving, 98, only="model.norm")
+    wrong["model.norm.weight"] = torch.ones(POLICY.d_model + 1)
+    refusals = engine.stats.refusals
+    for bad in (broken, wrong):
+        started = time.monotonic()
+        with pytest.raises(EngineRefused):
+            engine.push(version + 1, bad)
+        assert time.monotonic() - started < 60  # refused at once, not after a restart
+        assert engine.version == version
+        assert _max_error(engine, serving, 7) < TOLERANCE  # the old version still serves
+    assert engine.stats.refusals == refusals + 2 and engine.stats.restarts == 0
