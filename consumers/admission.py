@@ -45,6 +45,7 @@ from rlstream.consumers.admission_rules import (
     PendingGroup,
     Verdict,
     admitted_samples,
+    behaviour_span,
     decide,
     release_refusal,
 )
@@ -201,7 +202,7 @@ class Admission:
     def _decision(
         self, group: PendingGroup, verdict: Verdict, version: int, now_ms: int, copy: str
     ) -> list[Output]:
-        versions = [int(s["policy_version"]) for s in group.samples.values()] or [version]
+        spans = [behaviour_span(s) for s in group.samples.values()] or [(version, version)]
         record = {
             "run": self.run,
             "group_id": group.group_id,
@@ -211,8 +212,8 @@ class Admission:
             "detail": verdict.detail or None,
             "source": "rollout",
             "learner_version": max(version, 0),
-            "min_behaviour_version": min(versions),
-            "max_behaviour_version": max(versions),
+            "min_behaviour_version": min(old for old, _ in spans),
+            "max_behaviour_version": max(new for _, new in spans),
             "staleness": verdict.staleness,
             "decided_ms": now_ms,
             "group_size": group.group_size,

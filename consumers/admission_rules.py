@@ -4,7 +4,8 @@ A *group* is the G samples of one task plus, for each sample, one reward per req
 Rules, applied in this order when a group is complete or its deadline passed:
 
 1. stale: staleness = learner version now - the oldest behaviour version in the group; a group
-   with staleness > ``max_staleness`` is rejected (never silently dropped);
+   with staleness > ``max_staleness`` is rejected (never silently dropped). A sample generated
+   across a weight swap (partial rollouts) counts by its oldest span (``behaviour_span``);
 2. timed out: a group still incomplete ``timeout_s`` after its first record is rejected
    (complete: all G samples, G named by a trajectory, and each required judge's reward for
    each; a group seen only through rewards is incomplete);
@@ -197,6 +198,15 @@ class Verdict:
     detail: str = ""
 
 
+def behaviour_span(trajectory: dict[str, Any]) -> tuple[int, int]:
+    """The oldest and the newest version that processed a sample's tokens: its
+    ``version_spans``' (partial rollouts), else its ``policy_version`` (one version)."""
+    spans = [int(s["version"]) for s in trajectory.get("version_spans") or []]
+    if not spans:
+        spans = [int(trajectory["policy_version"])]
+    return min(spans), max(spans)
+
+
 def staleness(learner_version: int, behaviour_versions: list[int]) -> int:
     """Learner version now minus the oldest behaviour version of the group (>= 0)."""
     return max(0, learner_version - min(behaviour_versions)) if behaviour_versions else 0
@@ -211,7 +221,7 @@ def decide(
     group: PendingGroup, now_ms: int, learner_version: int, cfg: AdmissionConfig
 ) -> Verdict | None:
     """The verdict for ``group`` now, or None while it may still complete (see module rules)."""
-    versions = [int(s["policy_version"]) for s in group.samples.values()]
+    versions = [behaviour_span(s)[0] for s in group.samples.values()]
     stale = staleness(learner_version, versions)
     if versions and stale > cfg.max_staleness:
         return Verdict(False, "stale", stale, f"staleness {stale} > max {cfg.max_staleness}")
@@ -245,7 +255,7 @@ def admitted_samples(group: PendingGroup, cfg: AdmissionConfig) -> list[dict[str
         out.append(
             {
                 "sample_index": index,
-                "policy_version": int(traj["policy_version"]),
+                "policy_version": behaviour_span(traj)[0],
                 "prompt_tokens": int(traj["prompt_tokens"]),
                 **{k: traj[k] for k in (*arrays.TOKEN_FIELDS, "n_layers", "top_k", "temperature")},
                 "expert_bytes": arrays.record_expert_bytes(traj),
@@ -257,6 +267,7 @@ def admitted_samples(group: PendingGroup, cfg: AdmissionConfig) -> list[dict[str
                 "region": traj.get("region"),
                 "trajectory": traj.get("_ref"),
                 "reward_refs": [r["_ref"] for _, r in sorted(rewards.items()) if r.get("_ref")],
+                "routes_recorded": bool(traj.get("routes_recorded", True)),
             }
         )
     return out

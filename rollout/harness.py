@@ -42,6 +42,7 @@ Rules and guarantees:
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from dataclasses import dataclass, field
@@ -143,6 +144,20 @@ class _Row:
 def _routes(gen: Generation, row: int, n: int, offset: int, expert_bytes: int) -> np.ndarray:
     """Routes of ``n`` fed tokens from ``offset`` as expert ids ``expert_bytes`` wide (checked)."""
     return arrays.expert_ids(gen.routes[row, offset : offset + n].numpy(), expert_bytes)
+
+
+def version_spans(versions: np.ndarray, default: int) -> list[dict[str, int]]:
+    """A sample's per-token versions as spans ``{version, token_start, token_end}``: maximal
+    runs of one version, in token order, covering every token; -1 (an engine that reports no
+    versions) reads as ``default``. A sample of no token is one empty span of ``default``."""
+    known = np.where(versions < 0, default, versions)
+    if known.size == 0:
+        return [{"version": int(default), "token_start": 0, "token_end": 0}]
+    cuts = [0, *(np.flatnonzero(np.diff(known)) + 1).tolist(), int(known.size)]
+    return [
+        {"version": int(known[a]), "token_start": int(a), "token_end": int(b)}
+        for a, b in itertools.pairwise(cuts)
+    ]
 
 
 def _versions(gen: Generation, row: int, n: int, offset: int) -> list[int]:

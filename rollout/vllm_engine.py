@@ -241,8 +241,16 @@ class VllmEngine:
                 path.unlink(missing_ok=True)
             if not answer.get("ok"):
                 raise EngineError(f"the vLLM server at {self.url} did not take version {version}")
+        try:
+            self.stats.engine_version = str(json.loads(get(f"{self.url}/version"))["version"])
+            # the first requests of a new server are slow (one-off set-up): not a rollout's
+            rows = [_Row(), _Row()]
+            self._complete(self._request([0] * 16, rows, rows, 16, 1.0, torch.Generator(), ()))
+        except BaseException:
+            if self.server is not None:
+                self.server.stop()
+            raise
         self.held = (version, tensors)
-        self.stats.engine_version = str(json.loads(get(f"{self.url}/version"))["version"])
         self._watch()
 
     def _recover(self) -> None:
@@ -343,6 +351,7 @@ class VllmEngine:
             "logprobs": 0,
             "seed": int(torch.randint(0, 2**31 - 1, (1,), generator=generator)),
             "stop_token_ids": list(stop_ids),
+            "ignore_eos": True,  # rows stop at ``stop_ids`` only, as every engine's do
             "return_tokens_as_token_ids": True,
         }
 

@@ -11,6 +11,7 @@ import torch
 
 from rlstream.envs import protocol
 from rlstream.rollout.config import PolicyConfig, VllmConfig
+from rlstream.rollout.engines import VersionGate
 from rlstream.rollout.model import build_policy, sequence_logprobs
 from rlstream.rollout.vllm_engine import VllmEngine
 from rlstream.rollout.vllm_process import vllm_python
@@ -28,7 +29,9 @@ POLICY = PolicyConfig(
 TOLERANCE = 1e-4
 
 
-def start_engine(tmp: Path, state: Mapping[str, torch.Tensor], **cfg: object) -> VllmEngine:
+def start_engine(
+    tmp: Path, state: Mapping[str, torch.Tensor], gate: VersionGate | None = None, **cfg: object
+) -> VllmEngine:
     """A ``VllmEngine`` for ``POLICY`` serving ``state`` as version 0."""
     engine = VllmEngine(
         VllmConfig(work_dir=str(tmp), **cfg),  # type: ignore[arg-type]
@@ -36,6 +39,7 @@ def start_engine(tmp: Path, state: Mapping[str, torch.Tensor], **cfg: object) ->
         POLICY,
         "policy",
         tmp / "vllm.log",
+        gate,
     )
     engine.push(0, state)
     return engine

@@ -7,7 +7,10 @@ to transformers' for the same tokens (4 decimals) and no routes; twelve versions
 each generate logprobs equal to transformers' on that version, with no restart (one server
 process throughout), and the reload from disk they are measured against does too; a version the
 engine cannot take (a value that is not finite, a tensor of the wrong shape) is refused and the
-previous version keeps serving.
+previous version keeps serving. Partial rollouts: a version that becomes ready during a long
+generation aborts the request in flight, goes in, and the rows continue; every token's logprob
+is transformers' under the version recorded for it (the continuation's keys and values are
+recomputed with the new weights).
 """
 
 from __future__ import annotations
@@ -137,3 +140,84 @@ def test_a_version_the_engine_cannot_take_is_refused_and_the_old_one_serves(
         assert engine.version == version
         assert _max_error(engine, serving, 7) < TOLERANCE  # the old version still serves
     assert engine.stats.refusals == refusals + 2 and engine.stats.restarts == 0
+
+
+class ReadyAfter:
+    """A gate whose next version (``states[engine.version + 1]``) becomes pending once armed
+    for ``delay`` seconds; ``take`` pushes it into the engine."""
+
+    def __init__(self, states: dict[int, dict[str, torch.Tensor]]) -> None:
+        self.states = states
+        self.engine: VllmEngine | None = None
+        self.ready_at = float("inf")
+
+    def arm(self, delay: float) -> None:
+        self.ready_at = time.monotonic() + delay
+
+    def pending(self) -> int | None:
+        assert self.engine is not None
+        nxt = self.engine.version + 1
+        return nxt if time.monotonic() >= self.ready_at and nxt in self.states else None
+
+    def take(self) -> int:
+        assert self.engine is not None
+        nxt = self.pending()
+        if nxt is not None:
+            self.engine.push(nxt, self.states[nxt])
+            self.ready_at = float("inf")
+        return self.engine.version
+
+
+def _split_rows(engine: VllmEngine, gate: ReadyAfter, delay: float, seed: int) -> bool:
+    """Generate two long rows while the next version becomes ready after ``delay`` seconds;
+    check every token's logprob against transformers under the version recorded for it; whether
+    the version went in after some tokens of the rows and before their end."""
+    prompt = build_policy(POLICY).text.prompt(PROMPT)
+    old = engine.version
+    gate.arm(delay)
+    gen = engine.generate(
+        torch.tensor([prompt] * 2),
+        max_new=200,
+        temperature=1.0,
+        generator=torch.Generator().manual_seed(seed),
+        stop_ids=(),  # no stop: long rows, so the version lands while they run
+        prior=None,
+    )
+    gate.arm(float("inf"))
+    assert gen.versions is not None
+    p, mid = len(prompt), False
+    for row in range(2):
+        assert int(gen.lengths[row]) == 200
+        versions = gen.versions[row, p : p + 200]
+        new = versions == old + 1
+        switch = int(new.nonzero()[0]) if new.any() else 200
+        assert (versions[:switch] == old).all() and new[switch:].all()
+        mid = mid or 0 < switch < 200
+        ids = prompt + gen.tokens[row, :200].tolist()
+        for version in (old, old + 1):
+            ref = reference_logprobs(gate.states[version], ids)[p:]
+            mine = versions == version
+            if mine.any():
+                assert float((ref[mine] - gen.logprobs[row, :200][mine]).abs().max()) < TOLERANCE
+    return mid
+
+
+def test_a_new_version_goes_in_during_a_generation_and_rows_continue(
+    tmp_path: Path, base: dict[str, torch.Tensor]
+) -> None:
+    states = {0: base}
+    for v in range(1, 8):
+        states[v] = perturbed(states[v - 1], v, scale=0.05)
+    gate = ReadyAfter(states)
+    engine = start_engine(tmp_path, base, gate=gate)
+    gate.engine = engine
+    try:
+        started = time.monotonic()
+        _split_rows(engine, gate, float("inf"), 0)  # how long two rows take now, unswapped
+        took = time.monotonic() - started
+        # the version lands at a time, not a token: a few fractions of that time
+        mid = [_split_rows(engine, gate, f * took, i) for i, f in enumerate((0.4, 0.2, 0.6), 1)]
+    finally:
+        engine.close()
+    assert any(mid), "no version landed while the rows were being generated"
+    assert engine.stats.aborts >= 1 and engine.stats.restarts == 0

@@ -29,14 +29,13 @@ SETS = [
     "groups_per_step=2",
     "group_size=4",
     "max_staleness=2",
-    "scheduler.max_tasks=80",  # tasks keep coming while versions arrive (swaps are between tasks)
+    "scheduler.max_tasks=80",  # tasks keep coming while versions arrive
     "learner.warm_start.steps=20",
     "learner.keyframe_every=2",
     "admission.reject_no_signal=false",
     "rollout.harness.max_new_tokens=16",
     "policy.head_dim=64",  # vLLM's CPU attention runs heads of 64, not the default 16
-    "rollout.engine=vllm",
-    "rollout.swap=between_tasks",
+    "rollout.engine=vllm",  # swaps are partial (the default): versions go in mid-rollout too
 ]
 
 
@@ -100,6 +99,10 @@ def test_vllm_engine_worker_trains_with_versions_in_place(kafka, unique_run, tmp
     ]
     assert max(t["policy_version"] for t in trajectories) >= 1
     assert all(t["n_layers"] == 0 and t["top_k"] == 0 for t in trajectories)
+    assert not any(t["routes_recorded"] for t in trajectories)  # and the records say so
+    for t in trajectories:  # partial rollouts: spans in order, the oldest is policy_version
+        versions = [s["version"] for s in t["version_spans"]]
+        assert versions == sorted(set(versions)) and versions[0] == t["policy_version"]
 
     from rlstream.ops.observe.ledger import trained_groups
 

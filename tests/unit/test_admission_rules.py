@@ -150,3 +150,27 @@ def test_a_group_counts_only_for_a_task_released_to_its_region() -> None:
     assert "never released" in str(release_refusal("t9", "t9", "eu", None))
     assert "not to region 'us'" in str(release_refusal("t1", "t1", "us", frozenset({"eu"})))
     assert "a group id is its task id" in str(release_refusal("g", "t1", "eu", frozenset({"eu"})))
+
+
+def _spanning(g: PendingGroup, index: int, spans: list[tuple[int, int, int]]) -> None:
+    """Give sample ``index`` version spans (version, start, end): generated across swaps."""
+    g.samples[index]["version_spans"] = [
+        {"version": v, "token_start": a, "token_end": b} for v, a, b in spans
+    ]
+
+
+def test_a_sample_spanning_versions_counts_by_its_oldest_span():
+    # the writer records the oldest span as policy_version; admission reads the spans themselves
+    g = _group([6, 6], [1.0, 0.0])
+    _spanning(g, 0, [(3, 0, 40), (5, 40, 70), (6, 70, 90)])
+    verdict = decide(g, 0, learner_version=6, cfg=CFG)
+    assert verdict is not None and verdict.reason == "stale" and verdict.staleness == 3
+    g = _group([6, 6], [1.0, 0.0])
+    _spanning(g, 0, [(4, 0, 40), (6, 40, 90)])
+    verdict = decide(g, 0, learner_version=6, cfg=CFG)
+    assert verdict is not None and verdict.admitted and verdict.staleness == 2
+    samples = admitted_samples(g, CFG)
+    assert [s["policy_version"] for s in samples] == [4, 6]
+    assert all(s["routes_recorded"] for s in samples)  # a record without the field: True
+    g.samples[1]["routes_recorded"] = False
+    assert [s["routes_recorded"] for s in admitted_samples(g, CFG)] == [True, False]

@@ -123,6 +123,8 @@ def examples() -> dict[str, dict[str, Any]]:
             "env_ms": 35,
             "weights_wait_ms": 12,
         },
+        "version_spans": [],  # one version: policy_version (see the partial-rollout test)
+        "routes_recorded": True,
     }
     reward = {
         "run": "r1",
@@ -154,6 +156,7 @@ def examples() -> dict[str, dict[str, Any]]:
         "task_class": "fix-failing-test",
         "region": "eu",
         "trajectory": REF,
+        "routes_recorded": True,
         "segment_bounds": [0, 180, 180, 300],
         "reward_refs": [{**REF, "topic": "rl.r1.rewards", "offset": 88}],
         "feedback": None,
@@ -548,3 +551,18 @@ def _stdlib() -> frozenset[str]:
     import sys
 
     return frozenset(sys.stdlib_module_names)
+
+
+def test_version_spans_survive_the_codec_and_splitting() -> None:
+    """A sample generated across a swap (v15 wrote 200 tokens, v16 the rest): its spans read
+    back exactly, from one record and from the segments it is split into (each carries them)."""
+    spans = [
+        {"version": 15, "token_start": 0, "token_end": 200},
+        {"version": 16, "token_start": 200, "token_end": 300},
+    ]
+    record = {**EXAMPLES["trajectory"], "version_spans": spans, "routes_recorded": False}
+    assert E.decode(E.encode("trajectory", record), expect="trajectory").record == record
+    pieces = A.split_segments(record, 4_000)
+    assert len(pieces) > 1 and all(p["version_spans"] == spans for p in pieces)
+    decoded = [E.decode(E.encode("trajectory", p), expect="trajectory").record for p in pieces]
+    assert A.join_segments(decoded) == record
