@@ -39,7 +39,11 @@ class StepInput:
 def group_sequences(
     group: dict[str, Any], cfg: GrpoConfig
 ) -> tuple[list[rules.TrainSequence], list[float]]:
-    """The training contexts of one admitted group with each one's group-normalised advantage."""
+    """The training contexts of one admitted group with each one's group-normalised advantage.
+
+    Router replay: a sample whose engine reported no routes (``routes_recorded`` false, e.g.
+    vLLM's CPU build) is never replayed: its tokens are routed by the learner's own router
+    (``grpo.make_batch`` marks them -1), whatever its routes field holds."""
     samples = group["samples"]
     rewards = [s["reward"] for s in samples]
     if group.get("source") == "online":
@@ -52,13 +56,16 @@ def group_sequences(
     advs: list[float] = []
     for sample, adv in zip(samples, advantages, strict=True):
         t = arrays.unpack_tokens(sample)
+        routes = np.array(t.routed_experts)
+        if not sample.get("routes_recorded", True):
+            routes = np.zeros((len(t.token_ids), 0, 0), dtype=routes.dtype)
         flat = sample.get("segment_bounds") or []
         bounds = list(zip(flat[::2], flat[1::2], strict=True)) or None
         parts = rules.split_segments(
             np.array(t.token_ids),
             np.array(t.logprobs),
             np.array(t.loss_mask),
-            np.array(t.routed_experts),
+            routes,
             bounds,
         )
         seqs += parts
@@ -102,6 +109,7 @@ def train_step(
         success_rate=float(np.mean([s["passed"] for s in samples])),
         staleness_mean=float(np.mean([item.group["staleness"] for item in inputs])),
         behaviour_version_min=float(min(s["policy_version"] for s in samples)),
+        routes_absent_samples=float(sum(not s.get("routes_recorded", True) for s in samples)),
     )
     return stats
 
