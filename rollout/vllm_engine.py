@@ -160,10 +160,7 @@ class VllmEngine:
         names = whole_layers(changed_names(self.held[1], tensors), set(tensors))
         path, digest = self._write({n: tensors[n] for n in names}, version)
         try:
-            answer = self._load("rlstream_load", [str(path), digest])
-        except Unreachable:
-            self._recover()  # the engine died during the swap: it comes back on the old version
-            answer = self._load("rlstream_load", [str(path), digest])
+            answer = self._swap_in(path, digest)
         finally:
             path.unlink(missing_ok=True)
         if "refused" in answer or "broken" in answer:
@@ -175,6 +172,18 @@ class VllmEngine:
         self.held = (version, tensors)
         self.stats.swaps += 1
         self.stats.swap_s.append(float(answer["swap_s"]))
+
+    def _swap_in(self, path: Path, digest: str) -> dict[str, Any]:
+        """The extension's answer to loading ``path``; an engine that died during the swap is
+        restarted on the version it held and the swap tried once more."""
+        for attempt in range(2):
+            try:
+                return self._load("rlstream_load", [str(path), digest])
+            except EngineError as exc:
+                if attempt or (not isinstance(exc, Unreachable) and self._healthy()):
+                    raise
+                self._recover()
+        raise AssertionError("unreachable")
 
     def _write(self, tensors: Mapping[str, torch.Tensor], version: int) -> tuple[Path, str]:
         """The changed tensors under their checkpoint names, as one safetensors file."""
@@ -363,8 +372,22 @@ class VllmEngine:
                 return choices_of(self._post("/v1/completions", body))
             except Unreachable:
                 self._recover()
+            except EngineError:
+                if self._healthy():
+                    raise  # the server refused the request itself: not a fault of the engine
+                self._recover()  # an error answered by a server whose engine died
             finally:
                 self._inflight.clear()
+
+    def _healthy(self) -> bool:
+        """Whether the server (when this engine supervises one) runs and answers ``/health``."""
+        if self.server is None:
+            return True
+        try:
+            get(f"{self.url}/health", timeout=10.0)
+        except (OSError, EngineError):
+            return False
+        return self.server.alive()
 
     def _watch(self) -> None:
         """Start the watcher that aborts a request in flight when a newer version is pending."""
