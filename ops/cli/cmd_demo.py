@@ -43,6 +43,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="learner ranks on torch.distributed (sets learner.ranks; default the recipe's, 1)",
     )
+    p.add_argument(
+        "--engine",
+        choices=("torch", "vllm"),
+        default="torch",
+        help="rollout engine: torch in process, or vllm (servers the workers start from "
+        "`make vllm`'s venv; the policy's heads become 64 wide, which vLLM's CPU build runs)",
+    )
     p.add_argument("--config", default=None, help="TOML recipe (default ops/recipes/demo.toml)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", default=".rlstream/runs", help="where logs and the PNG go")
@@ -73,7 +80,9 @@ def _demo(args: argparse.Namespace) -> int:
     # librdkafka's own lines (BGQUEUE, GETPID ...) go beside the role logs, not between the
     # progress lines
     log_librdkafka_to(logging.FileHandler(out / "logs" / "demo-kafka-clients.log"))
-    cache = str(Path(args.out) / "warm-start.pt")
+    cache = str(
+        Path(args.out) / ("warm-start.pt" if args.engine == "torch" else "warm-start-vllm.pt")
+    )
     # Every role gets the same overrides; the run manifest records the config they resolve to.
     sets = [
         *args.set,
@@ -84,6 +93,7 @@ def _demo(args: argparse.Namespace) -> int:
         f"regions.trainer={names[0]}",
         f"regions.rollout={json.dumps(names[1:])}",
         *([f"learner.ranks={args.ranks}"] if args.ranks else []),
+        *demo.engine_sets(args.engine, out),
     ]
     config = load_run_config(args.config, sets)
     regions = config.regions.topology()
@@ -140,6 +150,7 @@ def _demo(args: argparse.Namespace) -> int:
     result.update(demo.final_model(home, run, config, progress.version, out))
     result["tracking"] = demo.stop_tracker(tracker, out)
     result["learner_ranks"] = learner_cfg.ranks
+    result.update(demo.engine_summary(out / "engines"))
     _print_summary(run, result, wall, png, out)
     if args.json:
         print(demo.dumps(result))
@@ -249,6 +260,15 @@ def _print_summary(run: str, result: dict, wall: float, png: Path, out: Path) ->
         print(
             f"  region {name} ({role}): {r['trajectories_admitted']} trajectories admitted, "
             f"weights v{r['weights_version']}"
+        )
+    if result.get("engine"):
+        p50 = result["swap_p50_s"]
+        memory = result["engine_memory_bytes"]
+        print(
+            f"  engine {result['engine']} {result['engine_version']}: "
+            f"{result['engine_swaps']} swaps (p50 {'-' if p50 is None else f'{p50:.3f}s'}), "
+            f"{result['engine_restarts']} restarts"
+            + ("" if memory is None else f", {memory / 2**30:.1f} GiB per worker's engine")
         )
     if result.get("model_dir"):
         print(f"final policy v{result['final_version']} (HF): {result['model_dir']}")

@@ -460,6 +460,44 @@ def final_model(
     return {**result, "model_dir": str(out / "model")}
 
 
+VLLM_DEMO_SETS = ("rollout.engine=vllm", "policy.head_dim=64")
+"""``rlstream demo --engine vllm``: rollouts on vLLM servers the workers supervise. The demo's
+policy has heads of 16 (d_model 64, 4 heads), which vLLM's CPU attention does not run; this demo
+gives them 64 (the attention projections grow to 4 x 64 wide; everything else is the same)."""
+
+
+def engine_sets(engine: str, out: Path) -> list[str]:
+    """The overrides that put the run's rollouts on ``engine`` and keep its figures in
+    ``out/engines`` (each worker's engine writes its own file there)."""
+    sets = [f"rollout.engine_stats_dir={out / 'engines'}"]
+    if engine == "vllm":
+        sets += [*VLLM_DEMO_SETS, f"rollout.vllm.work_dir={out / 'logs'}"]
+    return sets
+
+
+def engine_summary(folder: Path) -> dict[str, Any]:
+    """The rollout workers' engine figures (``engine_stats_dir`` files), summed over workers:
+    ``engine``, ``engine_version``, ``engine_swaps``, ``engine_restarts`` (0 when nothing
+    failed), ``engine_refusals``, ``swap_p50_s`` (median over every swap: the pause generation
+    saw, pause -> resumed for vLLM), ``engine_memory_bytes`` (the largest worker's engine, PSS;
+    None for the in-process engine)."""
+    import statistics
+
+    figures = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+    swaps = [s for f in figures for s in f.get("swap_s") or []]
+    memory = [f["engine_memory_bytes"] for f in figures if f.get("engine_memory_bytes")]
+    return {
+        "engine": figures[0]["engine"] if figures else None,
+        "engine_version": figures[0]["engine_version"] if figures else None,
+        "engine_workers": len(figures),
+        "engine_swaps": sum(int(f["engine_swaps"]) for f in figures),
+        "engine_restarts": sum(int(f["engine_restarts"]) for f in figures),
+        "engine_refusals": sum(int(f["engine_refusals"]) for f in figures),
+        "swap_p50_s": statistics.median(swaps) if swaps else None,
+        "engine_memory_bytes": max(memory) if memory else None,
+    }
+
+
 def json_default(value: Any) -> Any:
     return float(value) if isinstance(value, int | float) else str(value)
 
