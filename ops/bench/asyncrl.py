@@ -174,7 +174,7 @@ def _figures(
     from rlstream.ops import cluster
 
     settings = cluster.load(home).settings("trainer")
-    commits = _commits_ms(settings, run)
+    commits = commits_ms(settings, run)
     last = max(commits)
     if last < 2:
         raise SystemExit(f"error: {run} reached version {last} only; raise --minutes")
@@ -194,7 +194,7 @@ def _figures(
     }
 
 
-def _commits_ms(settings: Any, run: str) -> dict[int, int]:
+def commits_ms(settings: Any, run: str) -> dict[int, int]:
     """Version -> when the learner committed it (its manifest's ``created_ms``)."""
     from rlstream.consumers.read_to_end import read_topic
     from rlstream.schemas import events, topics

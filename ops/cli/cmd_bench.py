@@ -24,6 +24,7 @@ BENCHES = (
     "rlstream.ops.bench.publish",
     "rlstream.ops.bench.learner",
     "rlstream.ops.bench.table",
+    "rlstream.ops.bench.engines",
 )
 # Benchmarks added as the features land are appended here.
 

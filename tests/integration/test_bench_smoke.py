@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from vllm_support import requires_vllm
 
 pytestmark = pytest.mark.slow
 
@@ -72,6 +73,30 @@ def test_bench_runs_and_keeps_its_result(
     assert [k for k in keys if k not in result] == []
     kept = json.loads((tmp_path / f"bench-{bench}.json").read_text())
     assert kept["result"] == result and kept["machine"]["cores"] >= 1
+
+
+@requires_vllm
+@UNSECURED
+def test_engines_bench_runs_and_keeps_its_result(kafka, cluster_home: Path, tmp_path: Path) -> None:
+    """``bench engines`` at a tiny size, its partial-rollout runs on the session's cluster."""
+    env = {**os.environ, "RLSTREAM_RESULTS": str(tmp_path)}
+    args = ["--levels", "1,2", "--new-tokens", "8", "--prompt-tokens", "16", "--reps", "1"]
+    args += ["--swaps", "2", "--partial-versions", "3", "--home", str(cluster_home)]
+    args += ["--set", "learner.warm_start.steps=20", "--set", "admission.reject_no_signal=false"]
+    cmd = [sys.executable, "-m", "rlstream", "bench", "engines", "--json", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1500, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [t["concurrency"] for t in result["throughput"]] == [1, 2]
+    assert all(
+        t["torch_tokens_per_s"] > 0 and t["vllm_tokens_per_s"] > 0 for t in result["throughput"]
+    )
+    assert result["swap"]["in_place_p50_s"] > 0 and result["swap"]["from_disk_p50_s"] > 0
+    partial = result["partial"]
+    assert partial["gain"] > 0 and 0 <= partial["partial"]["spanning_fraction"] <= 1
+    assert partial["between_tasks"]["spanning_fraction"] == 0  # one version per trajectory
+    assert len(result["load_average"]) == 2
+    assert json.loads((tmp_path / "bench-engines.json").read_text())["result"] == result
 
 
 def test_geo_bench_runs_on_the_regions_cluster(geo, tmp_path: Path) -> None:
