@@ -238,6 +238,18 @@ def _sync(r: dict[str, Any]) -> Cells:
     )
 
 
+def _engines(r: dict[str, Any]) -> Cells:
+    t, s = r["throughput"], r["swap"]
+    levels = "/".join(str(x["concurrency"]) for x in t)
+    vllm = "/".join(str(round(x["vllm_tokens_per_s"])) for x in t)
+    torch = "/".join(str(round(x["torch_tokens_per_s"])) for x in t)
+    return (
+        f"vLLM {vllm} tokens/s at {levels} concurrent; swap in place p50 "
+        f"{_f(s['in_place_p50_s'])} s",
+        f"torch {torch} tokens/s; reload from disk p50 {_f(s['from_disk_p50_s'])} s",
+    )
+
+
 def _unknown(r: dict[str, Any]) -> Cells:
     return "see [docs/benchmarks.md](docs/benchmarks.md)", "see the results file"
 
@@ -247,6 +259,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], Cells]] = {
     "bus": _bus,
     "chaos": _chaos,
     "deltas": _deltas,
+    "engines": _engines,
     "geo": _geo,
     "ingest": _ingest,
     "learner": _learner,
