@@ -283,7 +283,7 @@ def _test_tool(spec: dict[str, Any]) -> Tool:
             text.strip() or "no visible tests", "ok" if line == "pass" else "error", result.mode
         )
 
-    return Tool("test", "@test (runs the visible tests on solution.py)", run)
+    return Tool("test", "@test (runs the visible tests on solution.py)", run, ())
 
 
 class DatasetFamily(TaskFamily):

@@ -15,6 +15,15 @@ Standard tools (a family picks and orders them):
 - ``ls``: the workspace's files and sizes;
 - ``test``: runs the family's visible tests (the ones the policy may see) in the sandbox.
 
+Tool schemas: every tool declares its arguments (``Tool.params``: names and descriptions, all
+strings); ``Environment.schemas()`` gives them as OpenAI function schemas (what a chat template's
+``tools=`` and the OpenAI ``tools`` field take), and ``Environment.call_args`` runs a call given
+as a name and a JSON object of arguments (a tool-calling chat model's format): the arguments
+become the tool's text input (``Tool.text_of``: the one argument's value, ``write``'s path and
+content on two lines, a JSON object for tools of several arguments), so both call syntaxes reach
+the same tool code. A JSON call with an unknown tool, a missing or extra argument, or a value
+that is not a string is an ``error`` result naming what is wrong (the model sees it).
+
 Rules: ``read``, ``write`` and ``ls`` never touch the host's file system: the workspace is held
 by value (name -> bytes, names as ``sandbox.check_name`` allows, at most ``MAX_FILES`` files and
 ``MAX_BYTES`` in all) and travels into the sandbox with each run. A call never raises: it
@@ -24,8 +33,10 @@ failed) or ``refused`` (the sandbox cannot give the isolation asked for).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from rlstream.envs import sandbox
 
@@ -73,13 +84,41 @@ class Workspace:
 ToolFn = Callable[[Workspace, str, sandbox.SandboxConfig], ToolResult]
 
 
+def _single(args: dict[str, str]) -> str:
+    return next(iter(args.values()), "")
+
+
+def _path_then_content(args: dict[str, str]) -> str:
+    return f"{args['path']}\n{args['content']}"
+
+
+def json_object(args: dict[str, str]) -> str:
+    """The text input of a tool of several arguments: the arguments as one JSON object."""
+    return json.dumps(args)
+
+
 @dataclass(frozen=True)
 class Tool:
-    """A named tool: ``run(workspace, input, sandbox_config)``."""
+    """A named tool: ``run(workspace, input, sandbox_config)``; ``params`` its arguments (name,
+    description) and ``text_of`` how a JSON call's arguments become its text input."""
 
     name: str
     usage: str
     run: ToolFn
+    params: tuple[tuple[str, str], ...] = (("input", "the tool's input"),)
+    text_of: Callable[[dict[str, str]], str] = _single
+
+    def schema(self) -> dict[str, Any]:
+        """The tool as an OpenAI function schema (every argument a required string)."""
+        props = {n: {"type": "string", "description": d} for n, d in self.params}
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.usage,
+                "parameters": {"type": "object", "properties": props, "required": list(props)},
+            },
+        }
 
 
 @dataclass(frozen=True)
@@ -89,6 +128,9 @@ class Environment:
     tools: tuple[Tool, ...]
     files: dict[str, str] = field(default_factory=dict)
     uses_workspace: bool = True
+    #: the answer when it is the workspace (e.g. its diff against the base), else None: the
+    #: policy's text is the answer
+    final: Callable[[Workspace], str] | None = None
 
     def workspace(self) -> Workspace:
         return Workspace({k: v.encode() for k, v in self.files.items()})
@@ -109,6 +151,10 @@ class Environment:
                 return tool, arg
         return None, f"unknown tool @{name.strip()} (tools: {self.help})"
 
+    def schemas(self) -> list[dict[str, Any]]:
+        """Every tool as an OpenAI function schema, in order."""
+        return [t.schema() for t in self.tools]
+
     def call(
         self, workspace: Workspace, text: str, box: sandbox.SandboxConfig
     ) -> tuple[str, ToolResult]:
@@ -116,6 +162,29 @@ class Environment:
         tool, arg = self.parse(text)
         if tool is None:
             return "?", ToolResult(arg, "error")
+        return self._run(tool, workspace, arg, box)
+
+    def call_args(
+        self, workspace: Workspace, name: str, args: Any, box: sandbox.SandboxConfig
+    ) -> tuple[str, ToolResult]:
+        """Run one call given as a tool name and its JSON arguments (module rules). Never raises."""
+        tool = next((t for t in self.tools if t.name == name), None)
+        if tool is None:
+            known = ", ".join(t.name for t in self.tools)
+            return "?", ToolResult(f"[error: unknown tool {name!r} (tools: {known})]", "error")
+        wanted = [n for n, _ in tool.params]
+        if not isinstance(args, dict):
+            return tool.name, ToolResult("[error: arguments must be a JSON object]", "error")
+        wrong = sorted(set(args) ^ set(wanted))
+        bad = [k for k, v in args.items() if not isinstance(v, str)]
+        if wrong or bad:
+            why = f"takes {wanted}" + (f"; not strings: {bad}" if bad else "")
+            return tool.name, ToolResult(f"[error: {tool.name} {why}]", "error")
+        return self._run(tool, workspace, tool.text_of(args), box)
+
+    def _run(
+        self, tool: Tool, workspace: Workspace, arg: str, box: sandbox.SandboxConfig
+    ) -> tuple[str, ToolResult]:
         try:
             return tool.name, tool.run(workspace, arg, box)
         except sandbox.IsolationUnavailable as exc:
@@ -160,11 +229,19 @@ def _ls(workspace: Workspace, arg: str, box: sandbox.SandboxConfig) -> ToolResul
     return ToolResult("\n".join(f"{n} {len(d)}" for n, d in sorted(workspace.files.items())))
 
 
-PYTHON = Tool("python", "@python CODE (runs it; /work is the workspace)", _python)
-PYTHON_ONLY = Tool("python", "CODE (runs it)", _python_no_workspace)
-READ = Tool("read", "@read PATH", _read)
-WRITE = Tool("write", "@write PATH then the content on the next lines", _write)
-LS = Tool("ls", "@ls", _ls)
+_CODE = (("code", "Python source to run"),)
+_PATH = (("path", "a workspace file name"),)
+PYTHON = Tool("python", "@python CODE (runs it; /work is the workspace)", _python, _CODE)
+PYTHON_ONLY = Tool("python", "CODE (runs it)", _python_no_workspace, _CODE)
+READ = Tool("read", "@read PATH", _read, _PATH)
+WRITE = Tool(
+    "write",
+    "@write PATH then the content on the next lines",
+    _write,
+    (*_PATH, ("content", "the file's new content")),
+    _path_then_content,
+)
+LS = Tool("ls", "@ls", _ls, ())
 
 
 def code_only() -> Environment:

@@ -218,6 +218,10 @@ class OpenAIEngine:
     and router replay works as with ``torch``. Otherwise the engine reports none (``n_layers`` =
     ``top_k`` = 0): the trajectory records no routes and the learner routes freely for it.
 
+    Tools: when the harness offers tools in the policy's own format (``rollout.toolcalls``), the
+    request carries them in the OpenAI ``tools`` field too (function schemas); the prompt, sent as
+    token ids, already holds them as the chat template renders them.
+
     Version: every answer's ``policy_version`` (``serve policy`` adds it) is collected in
     ``served_versions``, so the worker can record the version the server generated with.
 
@@ -248,6 +252,7 @@ class OpenAIEngine:
     served_versions: list[int] = field(default_factory=list)
     pushed: int = -1
     token: SecretStr | None = field(default=None, repr=False)
+    tools: list[dict[str, Any]] | None = None  # the harness's tool schemas, when it offers them
 
     def generate(
         self,
@@ -273,6 +278,8 @@ class OpenAIEngine:
             "return_tokens_as_token_ids": True,
             "return_routes": self.return_routes,
         }
+        if self.tools:  # the OpenAI field; the templated prompt already lists them
+            body["tools"] = self.tools
         answer = post_json(
             f"{self.url.rstrip('/')}/v1/completions", body, self.timeout_s, self.token
         )

@@ -27,6 +27,15 @@ Rules and guarantees:
   (the task prompt plus ``<sum>`` a summary of the tool runs ``</sum>``; a tiny model cannot
   summarise itself). Segments are half-open ranges of the flat arrays; each is a self-contained
   context the learner replays on its own.
+- Tool calls go in the policy's own format (:mod:`rlstream.rollout.toolcalls`, chosen from its
+  tokenizer): rlstream's tags above, or a chat template's own (``hermes``: the tools offered as
+  JSON schemas through the template, ``<tool_call>`` JSON in the turn, several calls a turn,
+  the results as ``tool`` messages the template renders). A call that does not parse is
+  answered with a tool error the policy sees (recorded, counted in ``tool_errors``). In the
+  ``hermes`` format the recorded ``completion`` is the policy's turns with each observation's
+  outputs between ``<out>`` tags, so every family's ``answer`` reads it as it reads the tags.
+- An environment whose answer is its workspace (``Environment.final``, e.g. the ``repo``
+  family's diff against the base) has that as the sample's ``completion``.
 - The G samples of a group share one prompt and their first turn is generated as one batch.
 - Generation goes through an engine (:mod:`rlstream.rollout.engines`; default the in-process
   ``torch`` one). An engine that reports no routes (an ``openai`` server without them) gives
@@ -51,11 +60,11 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from rlstream.envs import protocol
 from rlstream.envs.tools import Environment, Workspace, code_only
 from rlstream.rollout.config import HarnessConfig
 from rlstream.rollout.engines import Engine, GenerateFn, Prior, TorchEngine
 from rlstream.rollout.model import Generation, PolicyModel, generate, inference_copy
+from rlstream.rollout.toolcalls import Call, format_for
 from rlstream.schemas import arrays
 from rlstream.schemas.errors import RlstreamError
 
@@ -117,6 +126,7 @@ class _Row:
     workspace: Workspace = field(default_factory=Workspace)
     calls: list[dict[str, Any]] = field(default_factory=list)
     tool_errors: int = 0
+    transcript: list[str] = field(default_factory=list)  # the segment's turns, outputs in <out>
 
     def feed(self, ids: list[int], routes: np.ndarray, versions: list[int]) -> None:
         """Append context tokens the policy did not generate."""
@@ -139,6 +149,8 @@ class _Row:
     def close(self, reason: Literal["final", "compacted", "truncated"]) -> None:
         self.segments.append(Segment(self.seg_start, len(self.tokens), self.turns, reason))
         self.seg_start = len(self.tokens)
+        if reason == "compacted":
+            self.transcript = []
 
 
 def _routes(gen: Generation, row: int, n: int, offset: int, expert_bytes: int) -> np.ndarray:
@@ -165,12 +177,6 @@ def _versions(gen: Generation, row: int, n: int, offset: int) -> list[int]:
     if gen.versions is None:
         return [-1] * n
     return [int(v) for v in gen.versions[row, offset : offset + n]]
-
-
-def _observation(text: str, cfg: HarnessConfig) -> str:
-    for tag in protocol.TAGS:  # tool output must not forge protocol tags
-        text = text.replace(tag, tag.replace("<", "[").replace(">", "]"))
-    return text[: cfg.tool_output_chars]
 
 
 def tool_details(sample: Sample, max_output_chars: int = 1000) -> dict[str, str]:
@@ -214,6 +220,7 @@ class Rollout:
         self.text = model.text  # the policy's own tokenizer (rollout.text)
         self.expert_bytes = arrays.expert_bytes_for(model.cfg.n_experts)
         self.env = code_only()
+        self.fmt = format_for(self.text)
 
     def group(
         self,
@@ -225,7 +232,10 @@ class Rollout:
         """``group_size`` samples for ``prompt`` in ``env`` (default: one tool, Python code);
         the first turn runs as one batch."""
         self.env = env or code_only()
-        ids = self.text.prompt(prompt)
+        self.tools = self.env.schemas() if self.fmt.offers_schemas else None
+        if hasattr(self.engine, "tools"):  # an engine that forwards them (the OpenAI field)
+            self.engine.tools = self.tools
+        ids = self.text.prompt(prompt, self.tools)
         if len(ids) >= self.window:
             raise PromptTooLong(
                 f"prompt of {len(ids)} tokens leaves no room in the policy's window of {self.window}"
@@ -253,7 +263,7 @@ class Rollout:
             max_new=self.cfg.max_new_tokens,
             temperature=self.cfg.temperature,
             generator=generator,
-            stop_ids=self.text.stop_ids,
+            stop_ids=self.fmt.stop_ids(),
             prior=prior,
         )
 
@@ -267,17 +277,19 @@ class Rollout:
             routes = _routes(gen, b, n, gen.prompt_len, self.expert_bytes)
             versions = _versions(gen, b, n, gen.prompt_len)
             row.emit(new, gen.logprobs[b, :n].tolist(), routes, versions)
-            if not new or new[-1] != self.text.run_end:
+            turn = self.text.decode(new)
+            row.transcript.append(turn)
+            if not self.fmt.wants_tools(new, turn):
                 row.close("final" if new and new[-1] in self.text.eos_ids else "truncated")
                 return
-            obs = self._tool_turn(row)
+            obs = self._tool_turn(row, turn)
             used = len(row.tokens) - row.seg_start
             if used + len(obs) + self.cfg.max_new_tokens <= self.window:
                 prior: Prior | None = Prior(gen, b, row.tokens[row.seg_start :])
                 context = torch.tensor([obs])
             elif len(row.segments) + 1 < self.cfg.max_segments:
                 row.close("compacted")
-                ids = self.text.prompt(_compaction_prompt(prompt, row, self.cfg))
+                ids = self.text.prompt(_compaction_prompt(prompt, row, self.cfg), self.tools)
                 prior, context = None, torch.tensor([ids])
             else:
                 row.close("truncated")
@@ -294,30 +306,54 @@ class Rollout:
             if prior is None:
                 row.seg_prompt = len(row.tokens)
 
-    def _tool_turn(self, row: _Row) -> list[int]:
-        """Run the call of the last ``<run>`` block; the observation tokens to append."""
+    def _tool_turn(self, row: _Row, turn: str) -> list[int]:
+        """Run the calls of the turn just generated; the observation tokens to append."""
+        if self.fmt.name == "tags":  # the last <run> block since the segment's prompt
+            calls = self.fmt.calls(self.text.decode(row.tokens[row.seg_prompt :]))
+        else:
+            calls = self.fmt.calls(turn)
+        outputs = [self._call(row, call) for call in calls]
+        row.transcript.append("<out>" + "\n".join(outputs) + "</out>")
+        return self.fmt.observation(outputs)
+
+    def _call(self, row: _Row, call: Call) -> str:
+        """Run one call (or answer why it cannot run); record it; the output the policy sees."""
         started = time.perf_counter()
-        text = self.text.decode(row.tokens[row.seg_prompt :])
-        call = text.rsplit("<run>", 1)[-1].removesuffix("</run>")
+        record: dict[str, Any]
         if row.turns >= self.cfg.max_turns:
             output, record = "no tool calls left", {"tool": "", "status": "over_budget"}
         else:
-            name, result = self.env.call(row.workspace, call, self.cfg.tool_sandbox)
-            output = _observation(result.output, self.cfg)
-            record = {"tool": name, "status": result.status, "isolation": result.isolation}
+            if call.error is not None:
+                name, output, status, mode = call.name or "?", f"[error: {call.error}]", "error", ""
+            else:
+                box = self.cfg.tool_sandbox
+                name, result = (
+                    self.env.call(row.workspace, call.text, box)
+                    if call.text is not None
+                    else self.env.call_args(row.workspace, str(call.name), call.args, box)
+                )
+                output = self.fmt.clean(result.output, self.cfg.tool_output_chars)
+                status, mode = result.status, result.isolation
+            record = {"tool": name, "status": status, "isolation": mode or "not_run"}
             row.turns += 1
-            row.tool_errors += result.status != "ok"
+            row.tool_errors += status != "ok"
         row.outputs.append(output)
         spent = time.perf_counter() - started
         row.timings["tool_s"] += spent
+        shown = call.shown if call.error is None else f"[unreadable call: {call.error}]"
         row.calls.append(
-            {**record, "input": call[:200], "output": output, "ms": round(spent * 1000, 1)}
+            {**record, "input": shown[:200], "output": output, "ms": round(spent * 1000, 1)}
         )
-        return [self.text.out, *self.text.encode(output), self.text.out_end]
+        return output
 
     def _sample(self, index: int, row: _Row) -> Sample:
         last = row.segments[-1]
-        text = self.text.decode(row.tokens[row.seg_prompt : last.end])
+        if self.env.final is not None:
+            text = self.env.final(row.workspace)
+        elif self.fmt.name == "tags":
+            text = self.text.decode(row.tokens[row.seg_prompt : last.end])
+        else:
+            text = "".join(row.transcript)
         return Sample(
             index=index,
             token_ids=np.asarray(row.tokens, dtype=np.int32),

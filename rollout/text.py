@@ -7,7 +7,12 @@ the tokenizer files of ``policy.hf_dir``, or the demo's character tokenizer
 
 - ``prompt(text)``: with a chat template, the template applied to one user message with the
   generation prompt (``apply_chat_template(..., add_generation_prompt=True)``); without one, the
-  BOS token (when the tokenizer has one) then ``encode(text)``.
+  BOS token (when the tokenizer has one) then ``encode(text)``. ``tools`` (OpenAI function
+  schemas) go to the template as ``tools=``: a tool-calling template lists them for the model
+  (``rollout.toolcalls``).
+- ``after_assistant(outputs)``: the template's text for ``outputs`` as ``tool`` messages after an
+  assistant turn, from just after that turn's end-of-turn token through the next assistant
+  prompt (what a tool-calling policy sees between two of its turns).
 - ``encode`` adds no special token; ``decode`` leaves out PAD, BOS and the end-of-sequence ids
   and every other special token, and keeps the protocol tags.
 - The harness's tool protocol (``envs.protocol.TAGS``: ``<run>``, ``</run>``, ``<out>``, ...) needs
@@ -79,15 +84,33 @@ class PolicyText:
         kept = [int(i) for i in ids if int(i) not in self._dropped]
         return str(self.tokenizer.decode(kept, skip_special_tokens=True))
 
-    def prompt(self, text: str) -> list[int]:
+    def prompt(self, text: str, tools: list[dict[str, Any]] | None = None) -> list[int]:
         if self._templated:
             messages = [{"role": "user", "content": text}]
+            extra = {"tools": tools} if tools else {}
             out = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True
+                messages, add_generation_prompt=True, tokenize=True, **extra
             )
             ids = out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out
             return [int(i) for i in ids]
         return [*([self.bos] if self.bos is not None else []), *self.encode(text)]
+
+    def after_assistant(self, outputs: list[str]) -> str:
+        """The template's tool messages for ``outputs`` after an assistant turn (module rules);
+        ValueError for a template that does not render them after the turn's end token."""
+        turn = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
+        tools = [{"role": "tool", "content": out} for out in outputs]
+        done = str(self.tokenizer.apply_chat_template(turn, tokenize=False))
+        more = str(
+            self.tokenizer.apply_chat_template(
+                turn + tools, tokenize=False, add_generation_prompt=True
+            )
+        )
+        ends = [str(self.tokenizer.convert_ids_to_tokens(i)) for i in self.eos_ids]
+        cut = max((done.rfind(e) + len(e) for e in ends if e in done), default=-1)
+        if cut < 0 or not more.startswith(done[:cut]):
+            raise ValueError("the chat template does not render tool messages after a turn")
+        return more[cut:]
 
 
 _SPECIALS = {"<pad>": protocol.PAD, "<s>": protocol.BOS, "</s>": protocol.EOS}
