@@ -268,6 +268,9 @@ def admitted_samples(group: PendingGroup, cfg: AdmissionConfig) -> list[dict[str
                 "trajectory": traj.get("_ref"),
                 "reward_refs": [r["_ref"] for _, r in sorted(rewards.items()) if r.get("_ref")],
                 "routes_recorded": bool(traj.get("routes_recorded", True)),
+                # a compacted sample's contexts: without them the learner would replay its
+                # segments as one context, each later one after text it never saw
+                "segment_bounds": segment_bounds(traj),
             }
         )
     return out

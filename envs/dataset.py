@@ -117,8 +117,21 @@ def split_of(problem: Problem, eval_fraction: float) -> Split:
     """The problem's split (see the module rules); the hash is sha256 of ``task_id``."""
     if problem.split is not None:
         return "eval" if problem.split.lower() in HELD_OUT_SPLITS else "train"
-    digest = hashlib.sha256(problem.task_id.encode()).digest()
+    return hashed_split(problem.task_id, eval_fraction)
+
+
+def hashed_split(name: str, eval_fraction: float) -> Split:
+    """``eval`` for the share ``eval_fraction`` of names, by sha256 of ``name`` (stable)."""
+    digest = hashlib.sha256(name.encode()).digest()
     return "eval" if int.from_bytes(digest[:8], "big") < eval_fraction * 2**64 else "train"
+
+
+def seed_split(key: str, task_id: str) -> Split:
+    """The split a ``SEED:ROW`` key's seed says: ``eval`` from ``EVAL_SEED_BASE`` up."""
+    seed = key.partition(":")[0]
+    if not seed.isdigit():
+        raise ValueError(f"task {task_id!r}: the seed {seed!r} is not a number")
+    return "eval" if int(seed) >= EVAL_SEED_BASE else "train"
 
 
 def resolve(path: str) -> Path:
@@ -318,10 +331,7 @@ class DatasetFamily(TaskFamily):
 
     def split_of_task(self, task_id: str) -> Split:
         """``eval`` for an evaluation seed (``EVAL_SEED_BASE`` and up), else ``train``."""
-        seed = self.key(task_id).partition(":")[0]
-        if not seed.isdigit():
-            raise ValueError(f"task {task_id!r}: the seed {seed!r} is not a number")
-        return "eval" if int(seed) >= EVAL_SEED_BASE else "train"
+        return seed_split(self.key(task_id), task_id)
 
     def sample(self, seed: int, split: Split = "train") -> FamilyTask:
         """A problem of ``split`` drawn from ``seed`` (in ``[0, EVAL_SEED_BASE)``); held-out

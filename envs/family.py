@@ -39,6 +39,7 @@ Rules and guarantees:
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.metadata
 import json
 import random
@@ -164,10 +165,19 @@ def family_of(task_id: str) -> str:
 # ---------------------------------------------------------------- the registry
 
 
+#: rlstream's own families (also entry points of its ``pyproject.toml``): found even where the
+#: installed package's metadata predates one of them.
+BUILTIN: Final = {
+    "fx": "rlstream.envs.fx:FxFamily",
+    "dataset": "rlstream.envs.dataset:DatasetFamily",
+    "repo": "rlstream.envs.repo:RepoFamily",
+}
+
+
 def plugins() -> dict[str, str]:
     """Registered plugin names -> their entry point's target (``module:Class``)."""
     eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
-    return {ep.name: ep.value for ep in eps}
+    return {**BUILTIN, **{ep.name: ep.value for ep in eps}}
 
 
 @functools.cache
@@ -176,14 +186,20 @@ def load_plugin(plugin: str) -> type[TaskFamily]:
     eps = [
         ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == plugin
     ]
+    if not eps and plugin in BUILTIN:
+        module, _, name = BUILTIN[plugin].partition(":")
+        return _checked(plugin, getattr(importlib.import_module(module), name), BUILTIN[plugin])
     if not eps:
         raise ValueError(
             f"no task-family plugin {plugin!r} (registered: {sorted(plugins())}); a package "
             f"registers one under the entry-point group {ENTRY_POINT_GROUP!r}"
         )
-    cls = eps[0].load()
+    return _checked(plugin, eps[0].load(), eps[0].value)
+
+
+def _checked(plugin: str, cls: Any, target: str) -> type[TaskFamily]:
     if not (isinstance(cls, type) and issubclass(cls, TaskFamily)):
-        raise ValueError(f"plugin {plugin!r} ({eps[0].value}) is not a TaskFamily subclass")
+        raise ValueError(f"plugin {plugin!r} ({target}) is not a TaskFamily subclass")
     return cls
 
 

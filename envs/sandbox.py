@@ -44,6 +44,11 @@ regular files only, no link followed, capped. The environment is scrubbed to ``P
 ``HOME``, ``LANG``; the interpreter runs isolated (``-I -S``: no ``site``, so no ``.pth``,
 ``sitecustomize`` or ``usercustomize``). Nothing here needs Docker.
 
+Library folders (``SandboxConfig.library``: e.g. pytest, for a repository's tests) are bound
+read-only at their own path in the private root (namespaced modes); each must be root's and
+writable by no one else, so no program can change what another reads there. They are never on
+a verdict side's ``sys.path``: the program that wants them adds them itself.
+
 Judged runs (``run(code, ..., answer=PROGRAM)``): the caller's trusted ``code`` (the verdict
 side: its exit status and output are the result) and ``PROGRAM`` (the answer's side, which
 loads the untrusted answer from the workspace) run as two processes of one sandbox, sharing its
@@ -153,6 +158,13 @@ class SandboxConfig(BaseModel):
         default="full",
         description="Weakest isolation accepted: 'full', or a named weaker mode ('userns', "
         "'rlimits'); the sandbox refuses to run when only weaker modes work here.",
+    )
+    library: tuple[str, ...] = Field(
+        default=(),
+        max_length=8,
+        description="Host folders the program may read (a test runner and what tests need): "
+        "bound read-only at the same path in the private root; each must be owned by root and "
+        "writable by no one else (checked before every run).",
     )
     python: str | None = Field(
         default=None,
@@ -293,7 +305,7 @@ def _run_in(
     try:
         spec = _stage(root, mode, code, cfg, uids, files, answer)
         python, ro_paths = sandbox_zygote.interpreter(mode, cfg.python)
-        spec["ro_paths"] = ro_paths
+        spec["ro_paths"] = ro_paths + [check_library(p) for p in cfg.library]
         spec["cgroup_tasks"] = cg.tasks_files() if cg else []
         spec["cgroup_leave"] = cg.parent_tasks_files() if cg else []
         wall, stop, report = _execute(root, python, spec, cfg, stdin, cg)
@@ -384,6 +396,17 @@ def _bytecode(source: str, name: str) -> bytes:
     """``source`` compiled (a judged run's programs are its caller's code, not the answer's),
     with this interpreter's magic number: the bootstrap compiles it itself on a mismatch."""
     return importlib.util.MAGIC_NUMBER + marshal.dumps(compile(source, name, "exec"))
+
+
+def check_library(path: str) -> str:
+    """A ``library`` folder: absolute, no link, a folder owned by root and writable by no one
+    else, so no sandboxed program can change what another imports from it; else ValueError."""
+    st = os.lstat(path) if os.path.isabs(path) else None
+    if st is None or not os.path.isdir(path) or os.path.islink(path):
+        raise ValueError(f"sandbox library {path!r} must be an absolute path to a folder")
+    if st.st_uid != 0 or st.st_mode & 0o022 or os.path.realpath(path) != path:
+        raise ValueError(f"sandbox library {path!r} must be root's and writable by no one else")
+    return path
 
 
 def check_name(name: str) -> str:

@@ -58,15 +58,17 @@ class Workspace:
     """One sample's files, held by value (see the module rules)."""
 
     files: dict[str, bytes] = field(default_factory=dict)
+    max_files: int = MAX_FILES
+    max_bytes: int = MAX_BYTES
 
     def put(self, name: str, data: bytes) -> None:
         """Create or replace ``name``; ValueError past the name rules or the caps."""
         sandbox.check_name(name)
         others = {k: v for k, v in self.files.items() if k != name}
-        if len(others) + 1 > MAX_FILES:
-            raise ValueError(f"workspace full: at most {MAX_FILES} files")
-        if sum(map(len, others.values())) + len(data) > MAX_BYTES:
-            raise ValueError(f"workspace full: at most {MAX_BYTES} bytes in all")
+        if len(others) + 1 > self.max_files:
+            raise ValueError(f"workspace full: at most {self.max_files} files")
+        if sum(map(len, others.values())) + len(data) > self.max_bytes:
+            raise ValueError(f"workspace full: at most {self.max_bytes} bytes in all")
         self.files[name] = data
 
     def replace(self, files: dict[str, bytes]) -> None:
@@ -74,8 +76,8 @@ class Workspace:
         kept: dict[str, bytes] = {}
         for name in sorted(files):
             if (
-                len(kept) < MAX_FILES
-                and sum(map(len, kept.values())) + len(files[name]) <= MAX_BYTES
+                len(kept) < self.max_files
+                and sum(map(len, kept.values())) + len(files[name]) <= self.max_bytes
             ):
                 kept[name] = files[name]
         self.files = kept
@@ -107,6 +109,7 @@ class Tool:
     run: ToolFn
     params: tuple[tuple[str, str], ...] = (("input", "the tool's input"),)
     text_of: Callable[[dict[str, str]], str] = _single
+    optional: tuple[str, ...] = ()  # params a call may leave out
 
     def schema(self) -> dict[str, Any]:
         """The tool as an OpenAI function schema (every argument a required string)."""
@@ -116,7 +119,11 @@ class Tool:
             "function": {
                 "name": self.name,
                 "description": self.usage,
-                "parameters": {"type": "object", "properties": props, "required": list(props)},
+                "parameters": {
+                    "type": "object",
+                    "properties": props,
+                    "required": [n for n in props if n not in self.optional],
+                },
             },
         }
 
@@ -131,9 +138,12 @@ class Environment:
     #: the answer when it is the workspace (e.g. its diff against the base), else None: the
     #: policy's text is the answer
     final: Callable[[Workspace], str] | None = None
+    max_files: int = MAX_FILES  # the workspace's caps
+    max_bytes: int = MAX_BYTES
 
     def workspace(self) -> Workspace:
-        return Workspace({k: v.encode() for k, v in self.files.items()})
+        files = {k: v.encode() for k, v in self.files.items()}
+        return Workspace(files, self.max_files, self.max_bytes)
 
     @property
     def help(self) -> str:
@@ -175,7 +185,7 @@ class Environment:
         wanted = [n for n, _ in tool.params]
         if not isinstance(args, dict):
             return tool.name, ToolResult("[error: arguments must be a JSON object]", "error")
-        wrong = sorted(set(args) ^ set(wanted))
+        wrong = sorted((set(args) - set(wanted)) | (set(wanted) - set(tool.optional) - set(args)))
         bad = [k for k, v in args.items() if not isinstance(v, str)]
         if wrong or bad:
             why = f"takes {wanted}" + (f"; not strings: {bad}" if bad else "")

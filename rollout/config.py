@@ -96,6 +96,14 @@ class HarnessConfig(BaseModel):
     summary_chars: int = Field(
         default=60, ge=8, le=10_000, description="Summary cap when compacting."
     )
+    summary: Literal["fixed", "policy"] = Field(
+        default="fixed",
+        description="Who writes the summary when the context is full: 'fixed' (a digest of the "
+        "tool runs) or 'policy' (the model writes it, a turn it is trained on).",
+    )
+    summary_tokens: int = Field(
+        default=32, ge=1, le=4096, description="Token budget of a summary the policy writes."
+    )
     inference_dtype: Literal["float32", "bfloat16"] = Field(
         default="float32",
         description="Weights precision for rollout inference (learner stays fp32).",

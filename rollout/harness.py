@@ -23,9 +23,13 @@ Rules and guarantees:
 - Continuations reuse the KV cache of the earlier turns, so the recorded routes are the ones that
   actually produced the later tokens.
 - Context overflow: when the next observation plus a full turn would not fit the model window,
-  the current segment is closed and a new one starts from a deterministic compaction prompt
-  (the task prompt plus ``<sum>`` a summary of the tool runs ``</sum>``; a tiny model cannot
-  summarise itself). Segments are half-open ranges of the flat arrays; each is a self-contained
+  the current segment is closed and a new one starts from a compaction prompt: the task prompt
+  plus ``<sum>`` a summary ``</sum>``. With ``summary = "fixed"`` the summary is a deterministic
+  digest of the tool runs; with ``summary = "policy"`` the policy writes it: the harness feeds
+  ``SUMMARY_REQUEST`` as an observation in place of the pending one and the policy's reply (up
+  to ``summary_tokens``, loss mask 1: the learner trains on it) closes the segment; the new
+  segment's summary is that reply and the pending output. When the request and the reply
+  would not fit the window, the fixed digest is used. Segments are half-open ranges of the flat arrays; each is a self-contained
   context the learner replays on its own.
 - Tool calls go in the policy's own format (:mod:`rlstream.rollout.toolcalls`, chosen from its
   tokenizer): rlstream's tags above, or a chat template's own (``hermes``: the tools offered as
@@ -106,6 +110,7 @@ class Sample:
     timings: dict[str, float] = field(default_factory=dict)
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     tool_errors: int = 0
+    summaries: list[str] = field(default_factory=list)  # the policy's own, one per compaction
 
 
 @dataclass
@@ -127,6 +132,7 @@ class _Row:
     calls: list[dict[str, Any]] = field(default_factory=list)
     tool_errors: int = 0
     transcript: list[str] = field(default_factory=list)  # the segment's turns, outputs in <out>
+    summaries: list[str] = field(default_factory=list)  # what the policy wrote when compacting
 
     def feed(self, ids: list[int], routes: np.ndarray, versions: list[int]) -> None:
         """Append context tokens the policy did not generate."""
@@ -189,10 +195,19 @@ def tool_details(sample: Sample, max_output_chars: int = 1000) -> dict[str, str]
     return {"tool_calls": json.dumps(calls)}
 
 
-def _compaction_prompt(prompt: str, row: _Row, cfg: HarnessConfig) -> str:
-    """Deterministic summary: how many runs, and the tail of the last output."""
+SUMMARY_REQUEST = "context full: summarise your progress"
+
+
+def _compaction_prompt(
+    prompt: str, row: _Row, cfg: HarnessConfig, written: str | None = None
+) -> str:
+    """The next segment's prompt: the policy's ``written`` summary and the last output, else a
+    deterministic digest (how many runs, and the tail of the last output)."""
     last = row.outputs[-1] if row.outputs else ""
-    summary = f"{row.turns} runs; last: {last}"[: cfg.summary_chars]
+    if written is None:
+        summary = f"{row.turns} runs; last: {last}"[: cfg.summary_chars]
+    else:
+        summary = written[: cfg.summary_chars] + f"; last: {last}"[: cfg.summary_chars]
     return f"{prompt}<sum>{summary}</sum>"
 
 
@@ -288,8 +303,10 @@ class Rollout:
                 prior: Prior | None = Prior(gen, b, row.tokens[row.seg_start :])
                 context = torch.tensor([obs])
             elif len(row.segments) + 1 < self.cfg.max_segments:
+                written = self._summarise(row, gen, b, generator)
                 row.close("compacted")
-                ids = self.text.prompt(_compaction_prompt(prompt, row, self.cfg), self.tools)
+                text = _compaction_prompt(prompt, row, self.cfg, written)
+                ids = self.text.prompt(text, self.tools)
                 prior, context = None, torch.tensor([ids])
             else:
                 row.close("truncated")
@@ -305,6 +322,35 @@ class Rollout:
             )
             if prior is None:
                 row.seg_prompt = len(row.tokens)
+
+    def _summarise(
+        self, row: _Row, gen: Generation, b: int, generator: torch.Generator
+    ) -> str | None:
+        """The policy's own summary as the segment's last turn (module rules); None: fixed."""
+        request = self.fmt.observation([SUMMARY_REQUEST])
+        budget = self.cfg.summary_tokens
+        if self.cfg.summary != "policy" or (
+            len(row.tokens) - row.seg_start + len(request) + budget > self.window
+        ):
+            return None
+        started = time.perf_counter()
+        out = self.engine.generate(
+            torch.tensor([request]),
+            max_new=budget,
+            temperature=self.cfg.temperature,
+            generator=generator,
+            stop_ids=self.fmt.stop_ids(),
+            prior=Prior(gen, b, row.tokens[row.seg_start :]),
+        )
+        row.timings["generate_s"] += time.perf_counter() - started
+        row.feed(request, _routes(out, 0, len(request), 0, self.expert_bytes))
+        n = int(out.lengths[0])
+        new = out.tokens[0, :n].tolist()
+        row.emit(
+            new, out.logprobs[0, :n].tolist(), _routes(out, 0, n, out.prompt_len, self.expert_bytes)
+        )
+        row.summaries.append(self.fmt.clean(self.text.decode(new), self.cfg.summary_chars))
+        return row.summaries[-1]
 
     def _tool_turn(self, row: _Row, turn: str) -> list[int]:
         """Run the calls of the turn just generated; the observation tokens to append."""
@@ -368,6 +414,7 @@ class Rollout:
             timings=dict(row.timings),
             tool_calls=row.calls,
             tool_errors=row.tool_errors,
+            summaries=row.summaries,
         )
 
 

@@ -31,8 +31,8 @@ def _corpus(n: int = 600) -> list[str]:
     return texts
 
 
-def bpe_tokenizer(vocab_size: int = 400):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def bpe_tokenizer(vocab_size: int = 400, corpus=None, template: str = CHATML, added=()):
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     backend = Tokenizer(models.BPE())
@@ -44,11 +44,12 @@ def bpe_tokenizer(vocab_size: int = 400):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    backend.train_from_iterator(_corpus(), trainer)
+    backend.train_from_iterator(corpus or _corpus(), trainer)
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in added])
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>"
     )
-    tokenizer.chat_template = CHATML
+    tokenizer.chat_template = template
     return tokenizer
 
 
@@ -107,29 +108,11 @@ BAD_CALL = '<tool_call>\n{"name": "python", "arguments": {code: 1}}\n</tool_call
 
 def tool_tokenizer(vocab_size: int = 600):
     """A byte-level BPE (trained here on fx prompts and tool-call text) with QWEN3_TOOLS."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     from rlstream.envs.tools import code_only
 
     corpus = _corpus(200) + [QWEN3_TOOLS, GOOD_CALL, BAD_CALL] * 20
     corpus += [str(code_only().schemas())] * 20
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    backend.train_from_iterator(corpus, trainer)
-    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TAGS])
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>"
-    )
-    tokenizer.chat_template = QWEN3_TOOLS
-    return tokenizer
+    return bpe_tokenizer(vocab_size, corpus, QWEN3_TOOLS, TOOL_TAGS)
 
 
 def _episode(text, prompt: str, call: str, output: str, answer: str) -> list[int]:

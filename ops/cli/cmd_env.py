@@ -8,6 +8,14 @@
   ``canonical_solution``s instead (a dataset's self-check). A bad answer line is reported as an
   error line and the others are still scored; exit status 0 when nothing was an error, 1 when
   some line was, 2 when the tasks file itself is unusable.
+  Repo tasks (a ``repo`` task file, SWE-bench's shape, ``envs.repo``) are scored the same way:
+  answers are SWE-bench predictions (``instance_id``, ``patch`` per line; ``task_id`` and
+  ``completion`` are accepted too), ``--canonical`` applies each task's reference ``patch`` and
+  ``--unpatched`` scores the empty patch (every task must fail). A broken task row is reported
+  as ``FILE:LINE: what is wrong`` on stderr, the rest are scored, and the exit status is 1.
+- ``env build-repo-tasks --packages A,B,C --count N --out FILE [--seed S] [--json]`` builds repo
+  tasks from the packages' sdists (``envs.repo_build``; ``pip download`` at build time only),
+  writes them to FILE and ends with ``{"tasks", "packages", "kept", "dropped"}``.
 - ``env isolation`` says which sandbox modes work on this machine, and why the others do not.
 - ``env families`` lists the registered task-family plugins.
 """
@@ -28,7 +36,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     answers = score.add_mutually_exclusive_group(required=True)
     answers.add_argument("--answers", help="JSONL answers (task_id, completion)")
     answers.add_argument(
-        "--canonical", action="store_true", help="score the tasks' canonical_solution"
+        "--canonical",
+        action="store_true",
+        help="score the tasks' canonical_solution (repo tasks: their reference patch)",
+    )
+    answers.add_argument(
+        "--unpatched", action="store_true", help="repo tasks: score the empty patch"
     )
     score.add_argument("--json", action="store_true", help="JSON lines instead of a table")
     score.add_argument("--jobs", type=int, default=2, help="sandboxes run at once (default 2)")
@@ -40,6 +53,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     score.add_argument("--timeout", type=float, default=10.0, help="wall seconds per answer")
     score.set_defaults(func=_score)
+    build = cmds.add_parser("build-repo-tasks", help="build repo tasks from packages' sdists")
+    build.add_argument("--packages", required=True, help="comma-separated: NAME or NAME==VER")
+    build.add_argument("--count", type=int, required=True, help="tasks to build")
+    build.add_argument("--out", required=True, help="JSONL file to write")
+    build.add_argument("--seed", type=int, default=0, help="mutation sites drawn with it")
+    build.add_argument("--json", action="store_true", help="progress lines as JSON")
+    build.set_defaults(func=_build_repo_tasks)
     iso = cmds.add_parser("isolation", help="which sandbox isolation modes work here")
     iso.add_argument("--json", action="store_true")
     iso.set_defaults(func=_isolation)
@@ -62,6 +82,8 @@ def read_answers(path: str) -> list[tuple[str, str | None, str | None]]:
             except json.JSONDecodeError as exc:
                 out.append((where, None, f"not JSON ({exc.msg})"))
                 continue
+            if isinstance(row, dict) and "instance_id" in row and "task_id" not in row:
+                row = {"task_id": row["instance_id"], "completion": row.get("patch")}
             if not isinstance(row, dict) or not isinstance(row.get("task_id"), str):
                 out.append((where, None, "expected an object with a string task_id"))
             elif not isinstance(row.get("completion"), str):
@@ -106,30 +128,63 @@ def _line(
     }
 
 
-def _score(args: argparse.Namespace) -> int:
-    from concurrent.futures import ThreadPoolExecutor
-
-    from rlstream.envs.dataset import DatasetError, load, resolve
+def _todo(args: argparse.Namespace) -> tuple[Any, list[Any], list[str]]:
+    """(judge config, (where, task_id, answer) to score, broken task rows) of ``env score``."""
+    from rlstream.envs import repo
+    from rlstream.envs.dataset import load, resolve
     from rlstream.envs.family import FamilySpec
     from rlstream.envs.judges import JudgeConfig
 
-    try:
+    if _is_repo_file(args.tasks):
+        loaded = repo.load(args.tasks)
+        options: dict[str, Any] = {"path": str(resolve(args.tasks)), "eval_fraction": 0.0}
+        options["wall_timeout_s"] = max(args.timeout, 60.0)
+        spec = FamilySpec(plugin="repo", options=options)
+        answers = {
+            t.instance_id: (t.patch if args.canonical else "") for t in loaded.tasks.values()
+        }
+        todo = [(f"{args.tasks} {i}", i, a) for i, a in answers.items()]
+        errors = loaded.errors
+    else:
+        if args.unpatched:
+            raise ValueError("--unpatched is for repo task files")
         problems = load(args.tasks)
         options = {"path": str(resolve(args.tasks)), "wall_timeout_s": args.timeout}
         spec = FamilySpec(plugin="dataset", options=options)
-        cfg = JudgeConfig(
-            kind="tests", families={"env": spec}, isolation=args.isolation, evaluation=True
-        )
-        if args.canonical:
-            todo = [
-                (f"{args.tasks} {p.task_id}", p.task_id, p.canonical_solution or "")
-                for p in problems.values()
-            ]
-        else:
-            todo = read_answers(args.answers)  # type: ignore[assignment]
+        todo = [
+            (f"{args.tasks} {p.task_id}", p.task_id, p.canonical_solution or "")
+            for p in problems.values()
+        ]
+        errors = []
+    cfg = JudgeConfig(
+        kind="tests", families={"env": spec}, isolation=args.isolation, evaluation=True
+    )
+    if not (args.canonical or args.unpatched):
+        todo = read_answers(args.answers)  # type: ignore[assignment]
+    return cfg, todo, errors
+
+
+def _is_repo_file(path: str) -> bool:
+    """A repo task file: its first row is a tree or a task in SWE-bench's shape."""
+    from rlstream.envs.dataset import resolve
+
+    with open(resolve(path), encoding="utf-8") as fh:
+        first = next((line for line in fh if line.strip()), "")
+    return first.lstrip().startswith("{") and ('"tree"' in first or '"instance_id"' in first)
+
+
+def _score(args: argparse.Namespace) -> int:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rlstream.envs.dataset import DatasetError
+
+    try:
+        cfg, todo, errors = _todo(args)
     except (DatasetError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    for error in errors:
+        print(f"error: {error}", file=sys.stderr)
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         lines = pool.map(lambda t: score_one(t[0], t[1], t[2], cfg), todo)
         summary = {"tasks": 0, "passed": 0, "errors": 0}
@@ -139,7 +194,28 @@ def _score(args: argparse.Namespace) -> int:
             summary["errors"] += line["error"]
             _print_line(line, args.json)
     print(json.dumps(summary) if args.json else _summary_text(summary), flush=True)
-    return 1 if summary["errors"] else 0
+    return 1 if summary["errors"] or errors else 0
+
+
+def _build_repo_tasks(args: argparse.Namespace) -> int:
+    from rlstream.envs.repo_build import build
+    from rlstream.schemas.errors import SetupError
+
+    def log(msg: str) -> None:
+        print(json.dumps({"progress": msg}) if args.json else msg, flush=True)
+
+    packages = [p.strip() for p in args.packages.split(",") if p.strip()]
+    try:
+        out = build(packages, args.count, args.seed, log)
+    except (SetupError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    with open(args.out, "w", encoding="utf-8") as fh:
+        for row in out["rows"]:
+            fh.write(json.dumps(row) + "\n")
+    summary = out["summary"]
+    print(json.dumps(summary) if args.json else f"{summary} -> {args.out}", flush=True)
+    return 0 if summary["tasks"] >= args.count else 1
 
 
 def _print_line(line: dict[str, Any], as_json: bool) -> None:

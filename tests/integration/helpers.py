@@ -151,6 +151,20 @@ def wait_for(
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def start_recipe_roles(
+    settings: KafkaSettings, run: str, tmp: Path, recipe: str, roles: list[tuple[str, list[str]]]
+) -> dict[str, subprocess.Popen]:
+    """Each (role, extra args) as its own process on ``recipe``, named ROLE[-NAME]."""
+    from rlstream.ops.run.demo import start_role
+
+    procs = {}
+    for role, extra in roles:
+        name = "-".join([role, *[e for e in extra if not e.startswith("-")]])
+        args = ["--config", recipe, *extra]
+        procs[name] = start_role(role, run, settings, tmp, args, name).proc
+    return procs
+
+
 def stop_procs(procs: Mapping[str, subprocess.Popen], timeout: float = 20.0) -> None:
     """SIGTERM each process we started (by pid), wait, then SIGKILL what is left."""
     for p in procs.values():

@@ -15,9 +15,8 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import decisions, decode_all, stop_procs, wait_for
+from helpers import decisions, decode_all, start_recipe_roles, stop_procs, wait_for
 
-from rlstream.ops.run.demo import start_role
 from rlstream.producers.client.admin import ensure_run_topics
 from rlstream.schemas import topics
 
@@ -109,12 +108,7 @@ def test_a_dataset_family_trains_through_the_pipeline(kafka, unique_run, tmp_pat
         ("rollout", ["--member", "0"]),
         ("scheduler", []),
     ]
-    procs = {}
-    for role, extra in roles:
-        name = "-".join([role, *[e for e in extra if not e.startswith("-")]])
-        procs[name] = start_role(
-            role, run, kafka, tmp_path, ["--config", recipe, *extra], name
-        ).proc
+    procs = start_recipe_roles(kafka, run, tmp_path, recipe, roles)
     try:
         wait_for(lambda: len(decisions(kafka, run)) >= TASKS, 150, procs)
         wait_for(lambda: any(v["version"] >= 2 for v in _versions(kafka, run)), 60, procs)

@@ -397,3 +397,26 @@ def test_slices_of_different_widths_do_not_join() -> None:
     mixed[-1]["segment_index"] = len(segments) - 1
     with pytest.raises(A.ArrayError, match="expert_bytes"):
         A.join_segments(mixed)
+
+
+def test_segment_bounds_survive_splitting_admission_and_parts() -> None:
+    """A compacted sample's contexts reach the learner through every split and join: the
+    trajectory split into segments, rejoined, admitted, the decision split into parts, rejoined."""
+    from rlstream.consumers.admission_rules import AdmissionConfig, PendingGroup, admitted_samples
+
+    record = {**trajectory(3000, layers=2, top_k=2, turns=3), "temperature": 1.0}
+    want = [v for t in record["turns"] for v in (t["token_start"], t["token_end"])]
+    pieces = A.split_segments(record, 8000)
+    assert len(pieces) > 2
+    joined = A.join_segments(reversed(pieces))
+    group = PendingGroup("g-1", "t-1", 1, first_seen_ms=0)
+    group.add_sample(joined)
+    group.add_reward({"sample_index": joined["sample_index"], "judge": "tests", "score": 1.0})
+    cfg = AdmissionConfig(judges={"tests": 1.0}, max_staleness=2, timeout_s=10)
+    (sample,) = admitted_samples(group, cfg)
+    assert sample["segment_bounds"] == want
+    decision = {"run": "r1", "group_id": "g-1", "samples": [sample], "part_index": 0,
+                "part_count": 1}  # fmt: skip
+    parts = A.split_group(decision, 8000)
+    assert len(parts) > 2 and all(p["samples"][0]["segment_bounds"] == want for p in parts)
+    assert A.join_group(parts)["samples"][0]["segment_bounds"] == want

@@ -310,3 +310,31 @@ def _trajectory_shell() -> dict[str, object]:
         "outcome": {"status": "completed", "tool_calls": 0, "summarised": False},
         "timings": {"queued_ms": 0, "started_ms": 0, "finished_ms": 0, "generate_ms": 0, "env_ms": 0},
     }  # fmt: skip
+
+
+def test_the_policy_writes_its_own_summary_and_is_trained_on_it() -> None:
+    from rlstream.rollout.harness import SUMMARY_REQUEST
+
+    model = build_policy(SMALL.model_copy(update={"max_seq_len": 96}))
+    run_call = [protocol.RUN, *protocol.encode("print('a'*50)"), protocol.RUN_END]
+    summary = [*protocol.encode("ran a*50"), protocol.EOS]
+    answer = [*protocol.encode("return x"), protocol.EOS]
+    cfg = HarnessConfig(
+        max_new_tokens=20, tool_output_chars=60, summary_chars=20, summary="policy",
+        summary_tokens=12,
+    )  # fmt: skip
+    (s,) = Rollout(model, cfg, scripted([run_call, summary, answer])).group(
+        PROMPT, 1, torch.Generator().manual_seed(0)
+    )
+    assert [seg.reason for seg in s.segments] == ["compacted", "final"]
+    first, second = s.segments
+    request = [protocol.OUT, *protocol.encode(SUMMARY_REQUEST), protocol.OUT_END]
+    written = s.token_ids[first.end - len(summary) : first.end].tolist()
+    assert written == summary and s.loss_mask[first.end - len(summary) : first.end].all()
+    at = first.end - len(summary) - len(request)
+    assert s.token_ids[at : first.end - len(summary)].tolist() == request
+    assert not s.loss_mask[at : first.end - len(summary)].any()
+    context = protocol.decode(s.token_ids[second.start : second.end].tolist())
+    assert context.startswith(PROMPT + "<sum>ran a*50; last: aa")
+    assert s.summaries == ["ran a*50"] and protocol.final_answer(s.completion) == "return x"
+    _check_aligned(s, model)

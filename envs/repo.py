@@ -1,0 +1,326 @@
+"""The ``repo`` task family: fix a real repository so that its own tests pass (SWE-bench shape).
+
+A task file is JSONL with two kinds of rows. A *tree* row holds a repository snapshot once,
+however many tasks use it: ``{"tree": ID, "repo": NAME, "paths": [SOURCE FOLDERS], "files":
+{PATH: TEXT}}``. A *task* row is SWE-bench's shape::
+
+    {"instance_id": "inflection-0.5.1__3", "repo": "inflection==0.5.1", "base": TREE_ID,
+     "problem_statement": "...", "FAIL_TO_PASS": ["test_inflection.py::test_x[a]"],
+     "PASS_TO_PASS": [...], "patch": "--- a/...", "test_patch": "", "seed": 7,
+     "source": {"package": "inflection", "version": "0.5.1", "sha256": "..."}}
+
+``path = "builtin:NAME"`` reads ``envs/data/NAME`` shipped with rlstream
+(``repo/tasks.jsonl``, built by ``rlstream env build-repo-tasks``, :mod:`rlstream.envs.repo_build`).
+
+Rules and guarantees:
+
+- Loading checks every row; a broken row is reported as ``FILE:LINE: what is wrong`` and the
+  others still load (``load`` returns the reports; the family logs them). A task whose tree is
+  missing is such a row.
+- A task's repository is its ``base`` tree with ``base_patch`` applied (the injected bug: trees
+  are shared by every task of a package); ``patch`` is the reference fix against that.
+- Task ids are ``NAME-SEED:INSTANCE_ID``; the held-out split is a stable hash of the instance id
+  (``eval_fraction``) and an evaluation seed (``EVAL_SEED_BASE`` and up), as in ``dataset``.
+- The policy sees the problem statement; its workspace is the base tree; its tools
+  (:mod:`rlstream.envs.repo_tools`) view, search and edit files, apply a diff and run the tests.
+  Its answer is the workspace's diff against the base (``Environment.final``), recorded as the
+  trajectory's completion; a SWE-bench prediction's ``patch`` is the same thing.
+- Scoring, in a fresh judged sandbox run (:mod:`rlstream.envs.repo_driver`): the patch is
+  applied to the base (a patch that names a path outside the repository, or that does not
+  apply, scores 0 with the reason as the rationale and ``patch.outside_repo`` or
+  ``patch.does_not_apply`` in the details); the task's test files are laid again from the base
+  and ``test_patch`` applied on top (an answer cannot change the tests that judge it); then
+  FAIL_TO_PASS and PASS_TO_PASS must all pass. A run out of time scores 0 with
+  ``tests.timeout``. A sandbox that cannot run is an ``error``.
+- What the verdict rests on: the verdict side is its own uid and imports only the standard
+  library; the answer's process (the patched repository, pytest in-process, pytest and what
+  the tests need read-only from a root-owned ``library`` folder) reports each test's outcome
+  to it as plain JSON. Code the patch adds runs in that process, so a patch written to rewrite
+  pytest's report there could forge outcomes; the sandbox still holds it (no host, no network,
+  no exec, capped), and it cannot touch the verdict side or the tests' files.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import random
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rlstream.envs import patches, repo_tools, sandbox
+from rlstream.envs.dataset import DATA, hashed_split, resolve, seed_split, verdict_of
+from rlstream.envs.family import EVAL_SEED_BASE, FamilyTask, Split, TaskFamily, Verdict
+from rlstream.envs.tools import Environment
+
+log = logging.getLogger(__name__)
+
+
+class RepoConfig(BaseModel):
+    """Options of a repo family (``[families.NAME.options]`` in a recipe)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str = Field(
+        "builtin:repo/tasks.jsonl",
+        min_length=1,
+        description="JSONL task file (tree and task rows); 'builtin:NAME' is shipped in envs/data.",
+    )
+    wall_timeout_s: float = Field(60.0, gt=0, le=3600, description="Wall clock per test run.")
+    cpu_limit_s: int = Field(60, ge=1, le=3600, description="CPU seconds per test run.")
+    memory_bytes: int = Field(
+        1 * 2**30, ge=128 * 2**20, le=2**36, description="Memory per test run."
+    )
+    eval_fraction: float = Field(
+        0.2, ge=0, le=0.9, description="Share of tasks held out (by a hash of instance_id)."
+    )
+
+
+class Tree(BaseModel):
+    """A tree row: a repository snapshot."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tree: str = Field(min_length=1, max_length=200)
+    repo: str = Field(min_length=1, max_length=200)
+    paths: list[str] = Field(default_factory=lambda: ["."], max_length=8)
+    files: dict[str, str]
+
+
+class RepoTask(BaseModel):
+    """A task row (SWE-bench's fields; others are ignored)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+    instance_id: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.=+-]+$")
+    repo: str = Field(min_length=1)
+    base: str = Field(min_length=1)
+    problem_statement: str = Field(min_length=1)
+    FAIL_TO_PASS: list[str] = Field(min_length=1)
+    PASS_TO_PASS: list[str] = Field(default_factory=list)
+    patch: str = ""
+    test_patch: str = ""
+    base_patch: str = ""
+    seed: int | None = None
+    source: dict[str, Any] = Field(default_factory=dict)
+
+
+class Loaded(BaseModel):
+    """A task file: its tasks and trees, and one ``FILE:LINE: what is wrong`` per broken row."""
+
+    tasks: dict[str, RepoTask]
+    trees: dict[str, Tree]
+    errors: list[str]
+
+
+def _row(where: str, line: str, trees: dict[str, Tree]) -> RepoTask | Tree:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where}: not JSON ({exc.msg})") from None
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: expected a JSON object")
+    try:
+        if "tree" in row:
+            tree = Tree.model_validate(row)
+            for name in tree.files:
+                sandbox.check_name(name)
+            return tree
+        task = RepoTask.model_validate(row)
+    except ValidationError as exc:
+        why = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"{where}: {why}") from None
+    if task.base not in trees:
+        raise ValueError(f"{where}: base tree {task.base!r} is not defined above")
+    return task
+
+
+@functools.lru_cache(maxsize=8)
+def _load(path: str, mtime_ns: int, size: int) -> Loaded:
+    tasks: dict[str, RepoTask] = {}
+    trees: dict[str, Tree] = {}
+    errors: list[str] = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = _row(f"{path}:{lineno}", line, trees)
+            except ValueError as exc:
+                errors.append(str(exc))
+                continue
+            if isinstance(row, Tree):
+                trees[row.tree] = row
+            elif row.instance_id in tasks:
+                errors.append(f"{path}:{lineno}: duplicate instance_id {row.instance_id!r}")
+            else:
+                tasks[row.instance_id] = row
+    return Loaded(tasks=tasks, trees=trees, errors=errors)
+
+
+def load(path: str) -> Loaded:
+    """The task file at ``path`` (``builtin:NAME`` allowed), see the loading rule; ValueError
+    when the file itself cannot be read."""
+    p = resolve(path)
+    try:
+        st = p.stat()
+    except OSError as exc:
+        raise ValueError(f"{p}: cannot read the task file: {exc.strerror}") from exc
+    return _load(str(p), st.st_mtime_ns, st.st_size)
+
+
+def is_test_file(path: str) -> bool:
+    """A file of the tests (laid again from the base before scoring)."""
+    name = path.rsplit("/", 1)[-1]
+    return name == "conftest.py" or name.startswith("test_") or name.endswith("_test.py")
+
+
+def box(cfg: RepoConfig, isolation: sandbox.Mode) -> sandbox.SandboxConfig:
+    """The sandbox of a test run: the family's limits and the test library."""
+    return sandbox.SandboxConfig(
+        wall_timeout_s=cfg.wall_timeout_s,
+        cpu_limit_s=cfg.cpu_limit_s,
+        memory_bytes=cfg.memory_bytes,
+        max_processes=32,
+        disk_bytes=64 * 2**20,
+        max_file_bytes=8 * 2**20,
+        max_output_bytes=64 * 2**10,
+        isolation=isolation,
+        library=(repo_tools.test_library(),),
+    )
+
+
+def base_files(task: RepoTask, tree: Tree) -> dict[str, str]:
+    """The task's repository: the tree with ``base_patch`` applied."""
+    return patches.apply(tree.files, task.base_patch)
+
+
+def prepared(task: RepoTask, tree: Tree, patch: str) -> dict[str, str] | Verdict:
+    """The tree to test: base + ``patch``, the tests laid again from the base, + test_patch;
+    a 0 verdict saying why when the patch cannot be used."""
+    try:
+        files = patches.apply(base_files(task, tree), patch)
+    except patches.PatchError as exc:
+        key = "patch.outside_repo" if exc.outside else "patch.does_not_apply"
+        return Verdict(False, 0.0, f"the patch cannot be used: {exc}", {key: 1.0})
+    for path in [p for p in files if is_test_file(p)]:
+        del files[path]
+    files.update({p: t for p, t in tree.files.items() if is_test_file(p)})
+    try:
+        return patches.apply(files, task.test_patch)
+    except patches.PatchError as exc:
+        return Verdict(False, 0.0, f"the task's test_patch does not apply: {exc}", error=str(exc))
+
+
+def run_tests(
+    task: RepoTask, tree: Tree, files: dict[str, str], b: sandbox.SandboxConfig
+) -> Verdict:
+    """FAIL_TO_PASS and PASS_TO_PASS on ``files``, as a judged sandbox run."""
+    import secrets
+
+    must = [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]
+    nonce = secrets.token_hex(16)
+    result = sandbox.run(
+        repo_tools.driver("verdict", tree.paths, []),
+        b,
+        json.dumps({"nonce": nonce, "tests": must}),
+        files,
+        answer=repo_tools.driver("answer", tree.paths, must),
+    )
+    line = None
+    for text in result.stdout.splitlines():
+        if text.startswith(nonce + " "):
+            line = text[len(nonce) + 1 :]
+    verdict = verdict_of(result, line)
+    if result.status == "timeout":
+        verdict.details["tests.timeout"] = 1.0
+    return verdict
+
+
+class RepoFamily(TaskFamily):
+    """Repository tasks from a JSONL file (see the module docstring)."""
+
+    plugin = "repo"
+    Config = RepoConfig
+    cfg: RepoConfig
+
+    def __init__(self, name: str, cfg: RepoConfig) -> None:
+        super().__init__(name, cfg)
+        self.loaded = load(cfg.path)
+        for error in self.loaded.errors:
+            log.warning("repo family %s: %s", name, error)
+        if not self.loaded.tasks:
+            raise ValueError(f"{cfg.path}: no usable repo task ({len(self.loaded.errors)} broken)")
+        self.splits: dict[Split, list[str]] = {"train": [], "eval": []}
+        for iid in self.loaded.tasks:
+            self.splits[hashed_split(iid, cfg.eval_fraction)].append(iid)
+
+    def task(self, task_id: str) -> RepoTask:
+        """The task behind ``NAME-SEED:INSTANCE_ID``; ValueError for a foreign id, and for a
+        training seed naming a held-out task."""
+        _seed, sep, iid = self.key(task_id).partition(":")
+        if not sep or iid not in self.loaded.tasks:
+            raise ValueError(f"task {task_id!r}: no problem {iid!r} in {self.cfg.path}")
+        if self.split_of_task(task_id) == "train" and iid in self.splits["eval"]:
+            raise ValueError(f"task {task_id!r}: {iid!r} is held-out (evaluation only)")
+        return self.loaded.tasks[iid]
+
+    def split_of_task(self, task_id: str) -> Split:
+        return seed_split(self.key(task_id), task_id)
+
+    def sample(self, seed: int, split: Split = "train") -> FamilyTask:
+        if not 0 <= seed < EVAL_SEED_BASE:
+            raise ValueError(f"repo seeds lie in [0, {EVAL_SEED_BASE}), not {seed}")
+        rows = self.splits[split] or self.splits["train" if split == "eval" else "eval"]
+        if not self.splits[split]:
+            raise ValueError(f"{self.cfg.path}: no {split} tasks (see eval_fraction)")
+        iid = rows[random.Random(seed).randrange(len(rows))]
+        return self._task(seed + (EVAL_SEED_BASE if split == "eval" else 0), iid)
+
+    def eval_tasks(self, n: int) -> list[FamilyTask]:
+        return [self._task(EVAL_SEED_BASE + i, r) for i, r in enumerate(self.splits["eval"][:n])]
+
+    def _task(self, seed: int, iid: str) -> FamilyTask:
+        task = self.loaded.tasks[iid]
+        spec = {"plugin": self.plugin, "path": str(resolve(self.cfg.path)), "instance_id": iid}
+        prompt = repo_tools.prompt(task.problem_statement, task.repo)
+        return FamilyTask(f"{self.name}-{seed}:{iid}", prompt, spec, seed)
+
+    def score(self, task_id: str, completion: str, isolation: sandbox.Mode = "full") -> Verdict:
+        task = self.task(task_id)
+        return self.score_patch(task, self.answer(completion), isolation)
+
+    def score_patch(self, task: RepoTask, patch: str, isolation: sandbox.Mode) -> Verdict:
+        """Score ``patch`` for ``task`` (module rules)."""
+        tree = self.loaded.trees[task.base]
+        files = prepared(task, tree, patch)
+        if isinstance(files, Verdict):
+            return files
+        return run_tests(task, tree, files, box(self.cfg, isolation))
+
+    def format_check(self, task_id: str, completion: str) -> tuple[bool, str]:
+        task = self.task(task_id)
+        patch = self.answer(completion)
+        if not patch.strip():
+            return False, "empty patch"
+        files = prepared(task, self.loaded.trees[task.base], patch)
+        return (False, files.rationale) if isinstance(files, Verdict) else (True, "")
+
+    def answer(self, completion: str) -> str:
+        return completion
+
+    @classmethod
+    def environment(cls, spec: dict[str, Any]) -> Environment:
+        loaded = load(str(spec["path"]))
+        task = loaded.tasks[str(spec["instance_id"])]
+        tree = loaded.trees[task.base]
+        cfg = RepoConfig(path=str(spec["path"]))
+        return repo_tools.environment(base_files(task, tree), tree.paths, box(cfg, "full"))
+
+
+def shipped_path() -> Path:
+    """The task file shipped with rlstream."""
+    return DATA / "repo" / "tasks.jsonl"
