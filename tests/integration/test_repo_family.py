@@ -66,6 +66,9 @@ timeout_s = 240.0
 
 [judges.tests]
 kind = "tests"
+
+[judges.format]
+kind = "format"
 """
     )
     return recipe
@@ -83,12 +86,13 @@ def test_a_repo_only_run_trains_through_the_pipeline(kafka, unique_run, tmp_path
         ("learner", []),
         ("admission", []),
         ("judge", ["--name", "tests"]),
+        ("judge", ["--name", "format"]),
         ("rollout", ["--member", "0"]),
         ("scheduler", []),
     ]
     procs = start_recipe_roles(kafka, run, tmp_path, recipe, roles)
     try:
-        wait_for(lambda: len(decisions(kafka, run)) >= TASKS, 240, procs)
+        wait_for(lambda: len(decisions(kafka, run)) >= TASKS, 420, procs)
         wait_for(lambda: any(v["version"] >= 1 for v in _versions(kafka, run)), 120, procs)
         decided = decisions(kafka, run)
         assert len(decided) == TASKS and all(len(v) == 1 for v in decided.values())
@@ -102,13 +106,14 @@ def test_a_repo_only_run_trains_through_the_pipeline(kafka, unique_run, tmp_path
         for t in trajectories:
             patches.parse(t["completion"])  # a diff (empty when nothing was changed)
         rewards = [d.record for d in decode_all(kafka, topics.topic_name(run, "rewards"))]
-        assert len(rewards) >= TASKS * 2
+        assert len([r for r in rewards if r["judge"] == "tests"]) >= TASKS * 2
         expected = "isolation.full" if os.geteuid() == 0 else "isolation.userns"
-        for r in rewards:
+        tests = [r for r in rewards if r["judge"] == "tests"]
+        for r in tests:
             assert r["error"] is None, r
             assert r["details"].get(expected) == 1.0 or "patch.does_not_apply" in r["details"], r
         unchanged = {t["task_id"] for t in trajectories if not t["completion"].strip()}
-        assert all(not r["passed"] for r in rewards if r["task_id"] in unchanged)
+        assert all(not r["passed"] for r in tests if r["task_id"] in unchanged)
         admitted = {g for g, v in decided.items() if v == ["admitted"]}
         trained = [
             ref for m in _versions(kafka, run) if m["version"] > 0 for ref in m["step_inputs"]
