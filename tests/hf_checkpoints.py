@@ -53,12 +53,12 @@ def bpe_tokenizer(vocab_size: int = 400, corpus=None, template: str = CHATML, ad
     return tokenizer
 
 
-def bpe_checkpoint(path: Path, seed: int = 0) -> Path:
-    """The directory (see the module docstring); returns ``path``."""
+def bpe_checkpoint(path: Path, seed: int = 0, tokenizer=None, max_seq_len: int = 256) -> Path:
+    """The directory (see the module docstring; ``tokenizer``: another one); returns ``path``."""
     from rlstream.rollout.hf_policy import build_hf_policy, save_hf, tiny_qwen3_moe_config
 
-    tokenizer = bpe_tokenizer()
-    config = tiny_qwen3_moe_config(vocab_size=len(tokenizer), n_experts=4)
+    tokenizer = tokenizer or bpe_tokenizer()
+    config = tiny_qwen3_moe_config(vocab_size=len(tokenizer), n_experts=4, max_seq_len=max_seq_len)
     config.pad_token_id = tokenizer.pad_token_id
     config.eos_token_id = tokenizer.eos_token_id
     config.bos_token_id = None
@@ -131,17 +131,9 @@ def tool_checkpoint(path: Path, steps: int = 120, seed: int = 0) -> Path:
     import torch
 
     from rlstream.envs import tasks
-    from rlstream.rollout.hf_policy import build_hf_policy, load_hf, save_hf, tiny_qwen3_moe_config
+    from rlstream.rollout.hf_policy import load_hf, save_hf
 
-    tokenizer = tool_tokenizer()
-    config = tiny_qwen3_moe_config(vocab_size=len(tokenizer), n_experts=4, max_seq_len=1024)
-    config.pad_token_id, config.eos_token_id = tokenizer.pad_token_id, tokenizer.eos_token_id
-    config.bos_token_id = None
-    policy = build_hf_policy(config, seed)
-    policy.hf.generation_config.eos_token_id = tokenizer.eos_token_id
-    policy.hf.generation_config.bos_token_id = None
-    policy.hf.generation_config.pad_token_id = tokenizer.pad_token_id
-    save_hf(policy, tokenizer, path)
+    bpe_checkpoint(path, seed, tool_tokenizer(), max_seq_len=1024)
     policy, _ = load_hf(path)  # with the protocol tags added, as every role loads it
     rng = random.Random(seed)
     prompts = [tasks.sample_task(rng.randrange(10**6), tasks.TaskConfig()).prompt for _ in range(6)]
