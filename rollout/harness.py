@@ -343,12 +343,12 @@ class Rollout:
             prior=Prior(gen, b, row.tokens[row.seg_start :]),
         )
         row.timings["generate_s"] += time.perf_counter() - started
-        row.feed(request, _routes(out, 0, len(request), 0, self.expert_bytes))
+        fed = len(request)
+        row.feed(request, _routes(out, 0, fed, 0, self.expert_bytes), _versions(out, 0, fed, 0))
         n = int(out.lengths[0])
         new = out.tokens[0, :n].tolist()
-        row.emit(
-            new, out.logprobs[0, :n].tolist(), _routes(out, 0, n, out.prompt_len, self.expert_bytes)
-        )
+        routes = _routes(out, 0, n, out.prompt_len, self.expert_bytes)
+        row.emit(new, out.logprobs[0, :n].tolist(), routes, _versions(out, 0, n, out.prompt_len))
         row.summaries.append(self.fmt.clean(self.text.decode(new), self.cfg.summary_chars))
         return row.summaries[-1]
 
