@@ -134,7 +134,7 @@ def test_the_openai_engine_sends_the_tools_in_its_field(
         lp = {"tokens": [f"token_id:{eos}"], "token_logprobs": [-0.5]}
         return {"choices": [{"index": 0, "finish_reason": "stop", "logprobs": lp}]}
 
-    monkeypatch.setattr("rlstream.rollout.engines._post", fake_post)
+    monkeypatch.setattr("rlstream.rollout.engines.post_json", fake_post)
     engine = OpenAIEngine("http://127.0.0.1:1", "policy", None, tmp_path)  # type: ignore[arg-type]
     Rollout(policy, CFG, engine=engine).group(PROMPT, 1, torch.Generator(), code_only())
     assert sent[0]["tools"] == code_only().schemas()
