@@ -220,8 +220,33 @@ def sequence_logprobs(
     on ``tokens[:, :-1]`` (the last token is never an input), replaying ``forced_routes[:, :-1]``
     when given. Returned routes are ``[B, T - 1, L, K]``.
     """
-    forced = forced_routes[:, :-1] if forced_routes is not None else None
-    logits, routes = model(tokens[:, :-1], forced_routes=forced)
-    logp = (logits / temperature).log_softmax(dim=-1)
+    logp, routes = _next_token_logprobs(model, tokens, forced_routes, temperature)
     picked = logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)
     return F.pad(picked, (1, 0)), routes
+
+
+def sequence_logprobs_entropy(
+    model: PolicyModel,
+    tokens: Tensor,
+    forced_routes: Tensor | None = None,
+    temperature: float = 1.0,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`sequence_logprobs` plus the entropy of each position's distribution, ``[B, T]``.
+
+    Rule: ``H[b, t] = -sum_v p log p`` of the distribution ``tokens[b, t]`` was drawn from
+    (position 0 gets 0), with its gradient.
+    """
+    logp, routes = _next_token_logprobs(model, tokens, forced_routes, temperature)
+    picked = logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(dim=-1)
+    return F.pad(picked, (1, 0)), F.pad(entropy, (1, 0)), routes
+
+
+def _next_token_logprobs(
+    model: PolicyModel, tokens: Tensor, forced_routes: Tensor | None, temperature: float
+) -> tuple[Tensor, Tensor]:
+    """``log_softmax(logits / temperature)`` ``[B, T - 1, V]`` of the model run on
+    ``tokens[:, :-1]`` (replaying ``forced_routes[:, :-1]``), and its routes."""
+    forced = forced_routes[:, :-1] if forced_routes is not None else None
+    logits, routes = model(tokens[:, :-1], forced_routes=forced)
+    return (logits / temperature).log_softmax(dim=-1), routes

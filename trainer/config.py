@@ -3,7 +3,7 @@ models, apart from the torch code that runs them (see ``rollout.config``)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -11,12 +11,87 @@ from rlstream.envs import tasks
 from rlstream.rollout.config import PolicyConfig, task_policy
 
 
+class Overlong(BaseModel):
+    """How samples cut by the token budget are trained."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Literal["keep", "mask", "penalty"] = Field(
+        "keep", description="keep: as any sample; mask: no loss; penalty: DAPO's soft penalty."
+    )
+    end_ids: tuple[int, ...] = Field(
+        (2, 4), description="Token ids that end a sample normally (the char vocab's EOS, RUN_END)."
+    )
+    max_len: int = Field(48, ge=1, description="Generated-token budget the penalty is measured to.")
+    soft: int = Field(8, ge=1, description="Tokens before max_len where the penalty ramps up.")
+
+
+class _Objective(BaseModel):
+    """Settings every objective has (see ``trainer.objectives`` for the rules)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kl_coef: float = Field(0.0, ge=0, le=10, description="Weight of the KL to the reference (v0).")
+    kl_estimator: Literal["k1", "k3"] = Field("k3", description="KL estimator per token.")
+    entropy_coef: float = Field(0.0, ge=0, le=1, description="Weight of the entropy bonus.")
+    overlong: Overlong = Field(default_factory=Overlong, description="Over-long samples.")
+    minibatches: int = Field(1, ge=1, le=64, description="Optimizer steps per version.")
+
+
+class TruncatedIS(_Objective):
+    """Token-level GRPO with truncated importance weights (the default)."""
+
+    kind: Literal["tis"] = "tis"
+    cap: float = Field(2.0, gt=0, description="C in min(exp(logp_cur - logp_beh), C).")
+    minibatches: int = Field(
+        1, ge=1, le=1, description="One step per version: the weight bounds no trust region."
+    )
+
+
+class DecoupledPPO(_Objective):
+    """AReaL's decoupled PPO: clip against the proximal, weigh against the behaviour."""
+
+    kind: Literal["decoupled_ppo"] = "decoupled_ppo"
+    eps_low: float = Field(0.2, gt=0, lt=1, description="Lower clip of r_prox.")
+    eps_high: float = Field(0.28, gt=0, le=10, description="Upper clip of r_prox.")
+    cap: float = Field(5.0, gt=0, description="Cap of the behaviour weight pi_prox / pi_beh.")
+
+
+class GSPO(_Objective):
+    """Sequence-level, length-normalised, clipped ratio."""
+
+    kind: Literal["gspo"] = "gspo"
+    eps_low: float = Field(3e-3, gt=0, lt=1, description="Lower clip of the sequence ratio.")
+    eps_high: float = Field(4e-3, gt=0, le=10, description="Upper clip of the sequence ratio.")
+
+
+class CISPO(_Objective):
+    """Clipped, detached IS weight; every token keeps its gradient."""
+
+    kind: Literal["cispo"] = "cispo"
+    eps_low: float = Field(1.0, gt=0, le=1, description="Lower clip (1: no lower bound).")
+    eps_high: float = Field(0.28, gt=0, le=10, description="Upper clip of the IS weight.")
+
+
+class MaskedIS(_Objective):
+    """Token masking of the off-policy gap (MIS / IcePop band)."""
+
+    kind: Literal["masked_is"] = "masked_is"
+    low: float = Field(0.5, ge=0, lt=1, description="Tokens with r_beh below this are masked.")
+    high: float = Field(2.0, gt=1, description="Tokens with r_beh above this are masked.")
+
+
+LossConfig = Annotated[
+    TruncatedIS | DecoupledPPO | GSPO | CISPO | MaskedIS, Field(discriminator="kind")
+]
+OBJECTIVES = ("tis", "decoupled_ppo", "gspo", "cispo", "masked_is")
+
+
 class GrpoConfig(BaseModel):
     """Learner-side GRPO settings."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    is_cap: float = Field(default=2.0, gt=0, description="C in min(exp(logp_cur - logp_beh), C).")
     adv_eps: float = Field(default=1e-6, gt=0, description="eps in (r - mean) / (std + eps).")
     max_grad_norm: float = Field(default=1.0, gt=0, description="Global gradient-norm clip.")
     temperature: float = Field(
@@ -61,6 +136,11 @@ class LearnerConfig(BaseModel):
         default_factory=WarmStartConfig, description="Supervised warm start before RL (version 0)."
     )
     grpo: GrpoConfig = Field(default_factory=GrpoConfig, description="GRPO rules.")
+    loss: LossConfig = Field(
+        default_factory=TruncatedIS,
+        description="The objective (trainer.objectives): tis, decoupled_ppo, gspo, cispo, "
+        "masked_is; with its KL, entropy, over-long and minibatch settings.",
+    )
     lr: float = Field(5e-4, gt=0, le=1, description="Adam learning rate.")
     groups_per_step: int = Field(4, ge=1, description="Admitted groups per optimizer step (B).")
     mix_online_groups: int = Field(1, ge=0, description="Online (feedback) groups allowed ...")

@@ -4,14 +4,14 @@ The rules (each one a function with its rule in the docstring, unit tested):
 
 - advantages are group-normalised: ``A_i = (r_i - mean(r)) / (std(r) + eps)`` with the
   population std; a group whose rewards are all equal carries no signal and gets all zeros;
-- the off-policy gap (staleness, inference precision) is corrected by truncated importance
-  weights ``w = min(exp(logp_cur - logp_behaviour), C)``, treated as constants;
-- the loss is token-level: ``-sum(mask * w * A * logp_cur) / sum(mask)`` over every policy-
-  generated token of the batch (prompt, tool output and padding are masked out), so long and
-  short samples weigh by their tokens;
+- the loss is an objective of ``trainer.objectives`` (``learner.loss``; the default is token-level
+  truncated IS, ``-sum(mask * min(r, C) * A * logp_cur) / sum(mask)``) over every policy-generated
+  token of the batch (prompt, tool output and padding are masked out);
 - ``grpo_step`` recomputes current logprobs with router replay (the batch's recorded experts are
   forced), so the gradient follows exactly the experts that produced each token, and takes one
-  optimizer step. It is deterministic on CPU for the same weights, batch and optimizer state.
+  optimizer step. It is deterministic on CPU for the same weights, batch and optimizer state;
+- ``grpo_version`` takes a version's optimizer steps, one per minibatch; the proximal logprobs of
+  every minibatch (the objectives that need them) are those of the weights before the first step.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rlstream.rollout.model import PolicyModel, sequence_logprobs
+from rlstream.rollout.model import PolicyModel, sequence_logprobs, sequence_logprobs_entropy
 from rlstream.schemas.errors import RlstreamError
+from rlstream.trainer import objectives as obj
 from rlstream.trainer.config import GrpoConfig
 
 
@@ -40,47 +41,14 @@ def group_advantages(rewards: Sequence[float] | np.ndarray, eps: float = 1e-6) -
     return (centred / (std + eps)).astype(np.float32)
 
 
-def truncated_is_weights(logp_cur: Tensor, logp_behaviour: Tensor, cap: float) -> Tensor:
-    """Rule: ``min(exp(logp_cur - logp_behaviour), cap)``, detached (a coefficient, not a path)."""
-    return torch.exp(logp_cur.detach() - logp_behaviour).clamp(max=cap)
-
-
-def policy_gradient_loss(
-    logp_cur: Tensor,
-    logp_behaviour: Tensor,
-    advantages: Tensor,
-    loss_mask: Tensor,
-    cap: float,
-) -> tuple[Tensor, dict[str, float]]:
-    """Token-level truncated-IS policy-gradient loss.
-
-    Rule: ``-sum(mask * w * A * logp_cur) / max(sum(mask), 1)`` with ``w`` from
-    :func:`truncated_is_weights` and ``A`` the sample's advantage broadcast over its tokens.
-    Shapes: logprobs and mask ``[B, T]``, advantages ``[B]``.
-    """
-    mask = loss_mask.float()
-    n_tokens = mask.sum().clamp(min=1.0)
-    weights = truncated_is_weights(logp_cur, logp_behaviour, cap)
-    loss = -(mask * weights * advantages[:, None] * logp_cur).sum() / n_tokens
-    with torch.no_grad():
-        raw = torch.exp(logp_cur - logp_behaviour)
-        stats = {
-            "tokens": float(mask.sum()),
-            "is_weight_mean": float((mask * weights).sum() / n_tokens),
-            "is_truncated_frac": float((mask * (raw > cap).float()).sum() / n_tokens),
-            "logprob_mae": float((mask * (logp_cur - logp_behaviour).abs()).sum() / n_tokens),
-            "approx_kl": float((mask * (logp_behaviour - logp_cur)).sum() / n_tokens),
-        }
-    return loss, stats
-
-
 @dataclass
 class GrpoBatch:
     """Right-padded training sequences, aligned position by position.
 
     ``tokens`` ``[B, T]`` int64; ``behaviour_logprobs`` ``[B, T]`` float32 (0 where not
     generated); ``loss_mask`` ``[B, T]`` float32; ``routes`` ``[B, T, L, K]`` int64;
-    ``advantages`` ``[B]`` float32.
+    ``advantages`` ``[B]`` float32; ``proximal_logprobs`` ``[B, T]`` (set by ``grpo_version``
+    when the objective needs the weights before the version's first step).
     """
 
     tokens: Tensor
@@ -88,6 +56,7 @@ class GrpoBatch:
     loss_mask: Tensor
     routes: Tensor
     advantages: Tensor
+    proximal_logprobs: Tensor | None = None
 
 
 @dataclass
@@ -171,28 +140,45 @@ def grpo_step(
     batch: GrpoBatch,
     cfg: GrpoConfig,
     weigh: Callable[[float, bool], tuple[float, bool]] | None = None,
+    loss_cfg: obj.LossConfig | None = None,
+    reference: PolicyModel | None = None,
 ) -> dict[str, float]:
-    """One GRPO update on ``batch``; returns statistics of the step.
+    """One update on ``batch`` under the objective ``loss_cfg`` (default: truncated IS, cap 2);
+    returns statistics of the step.
 
     Rule: recompute ``logp_cur`` in the model's (training) precision, replaying the batch's
-    recorded experts when ``cfg.router_replay``; take the token-level truncated-IS loss, clip the
-    gradient norm to ``cfg.max_grad_norm`` and step the optimizer once, unless the loss or the
-    gradient norm is not finite: then raise ``NonFiniteStep`` with the weights and the optimizer
-    untouched. Samples whose advantage
-    is 0 contribute no gradient but still count their tokens in the denominator. With
-    ``weigh`` (data-parallel ranks, ``trainer.distributed.Ranks.weigh``) it is called before the
-    backward pass with this batch's loss-token count and whether its loss is finite, and
-    returns the factor of this rank's loss and whether every rank's loss is finite: the step is
-    refused on every rank together, and the backward pass (whose gradients the ranks reduce)
-    takes the weighted loss.
+    recorded experts when ``cfg.router_replay`` (the ``reference`` policy's logprobs, for the
+    KL term, likewise); take the objective's loss, clip the gradient norm to
+    ``cfg.max_grad_norm`` and step the optimizer once, unless the loss or the gradient norm is
+    not finite: then raise ``NonFiniteStep`` with the weights and the optimizer untouched.
+    Samples whose advantage is 0 contribute no policy gradient but still count their tokens in
+    the denominator. With ``weigh`` (data-parallel ranks, ``trainer.distributed.Ranks.weigh``)
+    it is called before the backward pass with this batch's loss-token count and whether its
+    loss is finite, and returns the factor of this rank's loss and whether every rank's loss is
+    finite: the step is refused on every rank together, and the backward pass (whose gradients
+    the ranks reduce) takes the weighted loss.
     """
+    lc = loss_cfg if loss_cfg is not None else obj.TruncatedIS()
     model.train()
     replay = cfg.router_replay and batch.routes.shape[2] > 0
     forced = batch.routes if replay else None
-    logp_cur, routes = sequence_logprobs(model, batch.tokens, forced, cfg.temperature)
-    loss, stats = policy_gradient_loss(
-        logp_cur, batch.behaviour_logprobs, batch.advantages, batch.loss_mask, cfg.is_cap
+    entropy = None
+    if lc.entropy_coef > 0:
+        logp_cur, entropy, routes = sequence_logprobs_entropy(
+            model, batch.tokens, forced, cfg.temperature
+        )
+    else:
+        logp_cur, routes = sequence_logprobs(model, batch.tokens, forced, cfg.temperature)
+    terms = obj.TokenTerms(
+        logp_cur,
+        batch.behaviour_logprobs,
+        batch.advantages,
+        batch.loss_mask.float(),
+        logp_proximal=batch.proximal_logprobs,
+        logp_ref=_reference_logprobs(reference, batch, forced, cfg) if lc.kl_coef > 0 else None,
+        entropy=entropy,
     )
+    loss, stats = obj.objective(lc, terms)
     factor, all_finite = 1.0, True
     if weigh is not None:
         factor, all_finite = weigh(stats["tokens"], bool(torch.isfinite(loss)))
@@ -206,8 +192,27 @@ def grpo_step(
         optimizer.zero_grad(set_to_none=True)
         raise NonFiniteStep(f"loss {float(loss.detach())}, gradient norm {float(grad_norm)}")
     optimizer.step()
+    stats.update(
+        loss=float(loss.detach()),
+        grad_norm=float(grad_norm),
+        route_mismatch=_route_mismatch(batch, routes),
+    )
+    return stats
+
+
+def _reference_logprobs(
+    reference: PolicyModel | None, batch: GrpoBatch, forced: Tensor | None, cfg: GrpoConfig
+) -> Tensor:
+    if reference is None:
+        raise ValueError("the objective's kl_coef needs a reference policy")
     with torch.no_grad():
-        # routes of the inputs that produced the tokens, where they were recorded
+        return sequence_logprobs(reference, batch.tokens, forced, cfg.temperature)[0]
+
+
+def _route_mismatch(batch: GrpoBatch, routes: Tensor) -> float:
+    """Fraction of the generated tokens' inputs whose recomputed experts differ from the
+    recorded ones (where they were recorded)."""
+    with torch.no_grad():
         recorded = batch.routes[:, :-1]
         inputs_mask = batch.loss_mask[:, 1:] > 0
         if recorded.shape[2] > 0:
@@ -215,9 +220,40 @@ def grpo_step(
             differs = (routes != recorded).flatten(2).any(-1)
         else:
             differs = torch.zeros_like(inputs_mask)
-        mismatch = float(differs[inputs_mask].float().mean()) if inputs_mask.any() else 0.0
-    stats.update(loss=float(loss.detach()), grad_norm=float(grad_norm), route_mismatch=mismatch)
-    return stats
+        return float(differs[inputs_mask].float().mean()) if inputs_mask.any() else 0.0
+
+
+def grpo_version(
+    model: PolicyModel,
+    optimizer: torch.optim.Optimizer,
+    batches: Sequence[GrpoBatch],
+    cfg: GrpoConfig,
+    loss_cfg: obj.LossConfig | None = None,
+    weigh: Callable[[float, bool], tuple[float, bool]] | None = None,
+    reference: PolicyModel | None = None,
+) -> dict[str, float]:
+    """One version's optimizer steps, one per batch (minibatch) in order; returns their
+    statistics merged (``tokens`` summed, the others averaged weighted by tokens).
+
+    Rule: with several batches and an objective that uses a proximal policy, every batch's
+    ``proximal_logprobs`` are computed first, with the weights before the version's first
+    step (one batch: the proximal is the current weights, detached, in the objective)."""
+    if isinstance(loss_cfg, obj.DecoupledPPO) and len(batches) > 1:
+        with torch.no_grad():
+            for b in batches:
+                forced = b.routes if cfg.router_replay and b.routes.shape[2] > 0 else None
+                b.proximal_logprobs = sequence_logprobs(model, b.tokens, forced, cfg.temperature)[0]
+    steps = [grpo_step(model, optimizer, b, cfg, weigh, loss_cfg, reference) for b in batches]
+    return merge_stats(steps)
+
+
+def merge_stats(steps: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Token-weighted means of the steps' statistics; ``tokens`` summed, ``minibatches`` counted."""
+    total = sum(s["tokens"] for s in steps) or 1.0
+    keys = {k for s in steps for k in s} - {"tokens"}
+    out = {k: sum(s.get(k, 0.0) * s["tokens"] for s in steps) / total for k in sorted(keys)}
+    out.update(tokens=sum(s["tokens"] for s in steps), minibatches=float(len(steps)))
+    return out
 
 
 def _whole(t: Tensor) -> Tensor:

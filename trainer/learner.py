@@ -81,6 +81,7 @@ from rlstream.trainer.learner_step import (
     StepInput,
     init_model,
     published_state,
+    reference_policy,
     train_step,
 )
 
@@ -212,6 +213,7 @@ class Learner:
         )
         self.producer = self.publisher.producer
         self.model, self.optimizer = init_model(cfg, log, warm=self.lead)
+        self.reference = reference_policy(cfg, self.model)  # version 0, before any checkpoint
         self.checkpoints = Checkpoints(cfg.state_dir, run)
         self.admin = admin_client(settings)
         self.version = self._resume()
@@ -410,7 +412,9 @@ class Learner:
         publish (every rank its shard)."""
         started = time.perf_counter()
         try:
-            stats = train_step(self.model, self.optimizer, used, self.cfg, self.ranks)
+            stats = train_step(
+                self.model, self.optimizer, used, self.cfg, self.ranks, self.reference
+            )
         except NonFiniteStep as exc:
             if self.lead:
                 self._refuse(used, str(exc))

@@ -17,10 +17,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlstream.rollout.model import PolicyModel, build_policy
+from rlstream.rollout.model import PolicyModel, build_policy, clone_policy
 from rlstream.schemas import arrays
 from rlstream.schemas.deltacodec import from_torch
 from rlstream.trainer import grpo as rules
+from rlstream.trainer import objectives
 from rlstream.trainer.config import GrpoConfig, LearnerConfig
 from rlstream.trainer.distributed import Ranks, gathered, gathered_optimizer, slice_of
 from rlstream.trainer.warmstart import warm_start
@@ -37,15 +38,25 @@ class StepInput:
 
 
 def group_sequences(
-    group: dict[str, Any], cfg: GrpoConfig
+    group: dict[str, Any], cfg: GrpoConfig, loss: objectives.LossConfig | None = None
 ) -> tuple[list[rules.TrainSequence], list[float]]:
-    """The training contexts of one admitted group with each one's group-normalised advantage.
+    """The training contexts of one admitted group with each one's group-normalised advantage
+    (rewards and advantages of samples cut by the token budget as ``loss.overlong`` says).
 
     Router replay: a sample whose engine reported no routes (``routes_recorded`` false, e.g.
     vLLM's CPU build) is never replayed: its tokens are routed by the learner's own router
     (``grpo.make_batch`` marks them -1), whatever its routes field holds."""
     samples = group["samples"]
-    rewards = [s["reward"] for s in samples]
+    arrays_of = [arrays.unpack_tokens(s) for s in samples]
+    overlong = (loss or objectives.TruncatedIS()).overlong
+    cut = [
+        objectives.is_cut(np.array(t.token_ids), np.array(t.loss_mask), overlong.end_ids)
+        for t in arrays_of
+    ]
+    lengths = [int(np.count_nonzero(t.loss_mask)) for t in arrays_of]
+    rewards, keep = objectives.overlong_rewards(
+        [s["reward"] for s in samples], lengths, cut, overlong
+    )
     if group.get("source") == "online":
         # feedback-rl already subtracted a per-task-class baseline: normalising within the
         # window's group would cancel it.
@@ -54,8 +65,7 @@ def group_sequences(
         advantages = rules.group_advantages(rewards, cfg.adv_eps)
     seqs: list[rules.TrainSequence] = []
     advs: list[float] = []
-    for sample, adv in zip(samples, advantages, strict=True):
-        t = arrays.unpack_tokens(sample)
+    for sample, t, adv in zip(samples, arrays_of, advantages * keep, strict=True):
         routes = np.array(t.routed_experts)
         if not sample.get("routes_recorded", True):
             routes = np.zeros((len(t.token_ids), 0, 0), dtype=routes.dtype)
@@ -79,28 +89,41 @@ def train_step(
     inputs: list[StepInput],
     cfg: LearnerConfig,
     ranks: Ranks | None = None,
+    reference: PolicyModel | None = None,
 ) -> dict[str, float]:
-    """One GRPO step on the groups of ``inputs`` (in order); returns its statistics.
+    """One version's optimizer steps on the groups of ``inputs`` (in order); returns its
+    statistics.
 
-    With ``ranks`` (every rank calls it with the same ``inputs``, on the model and optimizer
-    ``Ranks.adopt`` sharded) this rank trains on its slice (``distributed.slice_of``) with its
-    loss weighted by its share of the step's loss tokens (``distributed.Ranks.weigh``), and
-    FSDP2 averages the gradients across ranks; the group statistics cover every input, the loss
-    statistics this rank's slice."""
-    mine, weigh = inputs, None
+    The groups are split into ``cfg.loss.minibatches`` consecutive minibatches (at most one per
+    group a rank holds), one optimizer step each (``rules.grpo_version``); ``reference`` is the
+    version-0 policy of the objective's KL term (``reference_policy``). With ``ranks`` (every
+    rank calls it with the same ``inputs``, on the model and optimizer ``Ranks.adopt`` sharded)
+    this rank trains on its slice (``distributed.slice_of``) with its loss weighted by its share
+    of the step's loss tokens (``distributed.Ranks.weigh``), and FSDP2 averages the gradients
+    across ranks; the group statistics cover every input, the loss statistics this rank's
+    slice."""
+    mine, weigh, world = inputs, None, 1
     if ranks is not None and ranks.world > 1:
+        world = ranks.world
         lo, hi = slice_of(len(inputs), ranks.rank, ranks.world)
         mine, weigh = inputs[lo:hi], ranks.weigh
         if not mine:
             raise ValueError(f"{len(inputs)} groups cannot be split over {ranks.world} ranks")
-    seqs: list[rules.TrainSequence] = []
-    advs: list[float] = []
-    for item in mine:
-        s, a = group_sequences(item.group, cfg.grpo)
-        seqs += s
-        advs += a
-    batch = rules.make_batch(seqs, advs)
-    stats = rules.grpo_step(model, optimizer, batch, cfg.grpo, weigh)
+        if cfg.loss.kl_coef > 0:
+            raise ValueError("the KL term's reference policy is held by one rank only")
+    # every rank takes as many steps: the fewest groups any rank holds bounds the count
+    n_mb = max(1, min(cfg.loss.minibatches, len(inputs) // world))
+    batches = []
+    for k in range(n_mb):
+        lo, hi = slice_of(len(mine), k, n_mb)
+        seqs: list[rules.TrainSequence] = []
+        advs: list[float] = []
+        for item in mine[lo:hi]:
+            s, a = group_sequences(item.group, cfg.grpo, cfg.loss)
+            seqs += s
+            advs += a
+        batches.append(rules.make_batch(seqs, advs))
+    stats = rules.grpo_version(model, optimizer, batches, cfg.grpo, cfg.loss, weigh, reference)
     samples = [s for item in inputs for s in item.group["samples"]]
     stats.update(
         groups=float(len(inputs)),
@@ -112,6 +135,16 @@ def train_step(
         routes_absent_samples=float(sum(not s.get("routes_recorded", True) for s in samples)),
     )
     return stats
+
+
+def reference_policy(cfg: LearnerConfig, model: PolicyModel) -> PolicyModel | None:
+    """The frozen reference of the objective's KL term: a copy of ``model`` (call it on the
+    version-0 weights, before any checkpoint is loaded); None when the objective has no KL."""
+    if cfg.loss.kl_coef == 0:
+        return None
+    ref = clone_policy(model)
+    ref.requires_grad_(False)
+    return ref
 
 
 def published_state(model: PolicyModel, dtype: str) -> dict[str, Any]:

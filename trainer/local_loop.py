@@ -33,8 +33,8 @@ from rlstream.envs import protocol, tasks
 from rlstream.rollout.config import HarnessConfig, PolicyConfig
 from rlstream.rollout.harness import Rollout, Sample
 from rlstream.rollout.model import PolicyModel, clone_policy
-from rlstream.trainer import grpo
-from rlstream.trainer.config import GrpoConfig, WarmStartConfig
+from rlstream.trainer import grpo, objectives
+from rlstream.trainer.config import GrpoConfig, LossConfig, TruncatedIS, WarmStartConfig
 from rlstream.trainer.warmstart import warm_start
 
 
@@ -53,6 +53,9 @@ class LocalLoopConfig(BaseModel):
         default_factory=lambda: HarnessConfig(max_new_tokens=48), description="Rollouts."
     )
     grpo: GrpoConfig = Field(default_factory=GrpoConfig, description="GRPO rules.")
+    loss: LossConfig = Field(
+        default_factory=TruncatedIS, description="The objective (trainer.objectives)."
+    )
     lr: float = Field(default=5e-4, gt=0, le=1, description="Adam learning rate of the RL phase.")
     group_size: int = Field(default=8, ge=2, le=1024, description="Samples per task (G).")
     groups_per_step: int = Field(default=6, ge=1, le=1024, description="Groups per optimizer step.")
@@ -128,8 +131,14 @@ def collect(
     seqs: list[grpo.TrainSequence] = []
     advs: list[float] = []
     for g, (_, samples) in enumerate(groups):
-        group_r = rewards[g * cfg.group_size : (g + 1) * cfg.group_size]
-        for s, a in zip(samples, grpo.group_advantages(group_r, cfg.grpo.adv_eps), strict=True):
+        group_r, keep = objectives.overlong_rewards(
+            rewards[g * cfg.group_size : (g + 1) * cfg.group_size],
+            [int(s.loss_mask.sum()) for s in samples],
+            [not s.finished for s in samples],
+            cfg.loss.overlong,
+        )
+        group_a = grpo.group_advantages(group_r, cfg.grpo.adv_eps) * keep
+        for s, a in zip(samples, group_a, strict=True):
             bounds = [(seg.start, seg.end) for seg in s.segments]
             parts = grpo.split_segments(s.token_ids, s.logprobs, s.loss_mask, s.routes, bounds)
             seqs += parts
@@ -148,13 +157,14 @@ def run(cfg: LocalLoopConfig, log: Callable[[str], None] = print) -> list[dict[s
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98))
     rng, gen = random.Random(cfg.seed), _generator(cfg.seed)
     history = collections.deque([clone_policy(model)], maxlen=cfg.lag + 1)
+    reference = history[0] if cfg.loss.kl_coef > 0 else None
     curve = [{"step": 0.0, "time_s": 0.0, "eval": evaluate(model, cfg, scorer)}]
     log(f"warm start {warm_s:.1f}s  step 0  eval success {curve[0]['eval']:.3f}")
     rl_start = time.perf_counter()
     try:
         for step in range(1, cfg.steps + 1):
             seqs, advs, rewards = collect(history[0], cfg, rng, gen, scorer)
-            stats = grpo.grpo_step(model, optimizer, grpo.make_batch(seqs, advs), cfg.grpo)
+            stats = train_version(model, optimizer, seqs, advs, cfg, reference)
             history.append(clone_policy(model))
             row = {"step": float(step), "time_s": time.perf_counter() - rl_start}
             row.update(train_success=sum(rewards) / len(rewards), **stats)
@@ -168,6 +178,21 @@ def run(cfg: LocalLoopConfig, log: Callable[[str], None] = print) -> list[dict[s
     finally:
         scorer.close()
     return curve
+
+
+def train_version(
+    model: PolicyModel,
+    optimizer: torch.optim.Optimizer,
+    seqs: list[grpo.TrainSequence],
+    advs: list[float],
+    cfg: LocalLoopConfig,
+    reference: PolicyModel | None,
+) -> dict[str, float]:
+    """One version's steps: the sequences split into ``cfg.loss.minibatches`` in order."""
+    n = max(1, min(cfg.loss.minibatches, len(seqs)))
+    bounds = [(len(seqs) * k // n, len(seqs) * (k + 1) // n) for k in range(n)]
+    batches = [grpo.make_batch(seqs[lo:hi], advs[lo:hi]) for lo, hi in bounds]
+    return grpo.grpo_version(model, optimizer, batches, cfg.grpo, cfg.loss, None, reference)
 
 
 def _line(row: dict[str, float]) -> str:

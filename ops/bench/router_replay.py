@@ -14,7 +14,7 @@ with free routing, and with the recorded experts forced (router replay). Per arm
   the non-negative unbiased estimator ``r - 1 - log r``, ``r = p_learner / p_sampler``;
 - ``logprob_mae``: mean |logp_learner - logp_sampler| of the generated tokens;
 - ``clipped_fraction``: share of tokens whose importance ratio ``r`` exceeds the truncation cap
-  of the GRPO loss (``grpo.GrpoConfig.is_cap``), i.e. tokens the truncation clips;
+  of the GRPO loss (``objectives.TruncatedIS.cap``), i.e. tokens the truncation clips;
 - ``expert_mismatch``: share of positions whose experts *used* differ from the recorded ones
   (0 under replay by construction; kept as a check of the replay path, not as a result).
 
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from rlstream.envs import protocol, tasks
     from rlstream.rollout.config import HarnessConfig, PolicyConfig
     from rlstream.rollout.harness import Rollout
-    from rlstream.trainer import grpo
+    from rlstream.trainer import grpo, objectives
     from rlstream.trainer.config import WarmStartConfig
     from rlstream.trainer.warmstart import warm_start
 
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for s in rollout.group(task.prompt, args.group_size, gen):
             seqs += grpo.split_segments(s.token_ids, s.logprobs, s.loss_mask, s.routes)
     batch = grpo.make_batch(seqs, [0.0] * len(seqs))
-    cap = grpo.GrpoConfig().is_cap
+    cap = objectives.TruncatedIS().cap
     return {
         "with_replay": _mismatch(model, batch, replay=True, cap=cap),
         "without_replay": _mismatch(model, batch, replay=False, cap=cap),

@@ -168,20 +168,26 @@ def _replay(
     learner config and its manifests by version."""
     import torch
 
-    from rlstream.trainer.learner_step import init_model, published_state, train_step
+    from rlstream.trainer.learner_step import (
+        init_model,
+        published_state,
+        reference_policy,
+        train_step,
+    )
 
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     admitted = admitted_by_ref(settings, run)
     lead = ranks is None or ranks.rank == 0
     model, optimizer = init_model(cfg, lambda line: None, warm=lead)
+    reference = reference_policy(cfg, model)
     if ranks is not None:
         optimizer = ranks.adopt(model, optimizer)
     last = max(manifests) if to_version is None else min(to_version, max(manifests))
     for version in range(0, last + 1):
         inputs = step_inputs(manifests[version], admitted) if version > 0 else []
         if inputs:  # a forget may leave a step without groups: its weights stay as they were
-            train_step(model, optimizer, inputs, cfg, ranks)
+            train_step(model, optimizer, inputs, cfg, ranks, reference)
         state = published_state(model, cfg.publish_dtype)
         recorded = manifests[version]
         if state_hash(state, hash_algorithm(recorded)) != recorded["state_hash"]:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from rlstream.rollout.config import PolicyConfig
 from rlstream.rollout.model import build_policy, generate
-from rlstream.trainer import grpo
+from rlstream.trainer import grpo, objectives
 
 CFG = PolicyConfig(vocab_size=32, max_seq_len=48, d_model=32, n_heads=4, n_layers=2, d_expert=32)
 
@@ -44,7 +44,7 @@ def test_advantages_are_centred_and_scaled(rewards: list[float]) -> None:
 def test_truncated_is_weights_rule() -> None:
     cur = torch.tensor([0.0, -1.0, -3.0], requires_grad=True)
     beh = torch.tensor([0.0, -2.0, -1.0])
-    w = grpo.truncated_is_weights(cur, beh, cap=2.0)
+    w = objectives.truncated_is_weights(cur, beh, cap=2.0)
     assert torch.allclose(w, torch.tensor([1.0, 2.0, float(np.exp(-2.0))]))
     assert not w.requires_grad, "the weight is a coefficient, not a gradient path"
 
@@ -54,7 +54,7 @@ def test_loss_masks_tokens_and_normalises_by_token_count() -> None:
     beh = cur.detach().clone()
     mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 0.0, 1.0]])
     adv = torch.tensor([1.0, -2.0])
-    loss, stats = grpo.policy_gradient_loss(cur, beh, adv, mask, cap=2.0)
+    loss, stats = objectives.policy_gradient_loss(cur, beh, adv, mask, cap=2.0)
     assert stats["tokens"] == 3
     assert float(loss.detach()) == pytest.approx(-(1 * -2 + 1 * -3 + -2 * -1) / 3)
     loss.backward()
