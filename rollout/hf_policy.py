@@ -241,12 +241,19 @@ class HFPolicy(nn.Module):
         return list(self.hf.model.layers)
 
     def forward(
-        self, tokens: Tensor, forced_routes: Tensor | None = None, cache: KVCache | None = None
+        self,
+        tokens: Tensor,
+        forced_routes: Tensor | None = None,
+        cache: KVCache | None = None,
+        position_ids: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Logits ``[B, T, V]`` (float32) and routes ``[B, T, L, K]`` for ``tokens`` ``[B, T]``.
 
         With ``cache`` the tokens continue the cached sequence (positions start at
-        ``cache.length``) and the cache is extended in place.
+        ``cache.length``) and the cache is extended in place. With ``position_ids`` ``[B, T]``
+        (no cache) each row may hold several packed sequences: a position that does not follow
+        its predecessor (0 after anything) starts a new one, and attention never crosses
+        sequences (transformers' packed-sequence causal mask).
         """
         b, t = tokens.shape
         past = cache.length if cache is not None else 0
@@ -258,7 +265,7 @@ class HFPolicy(nn.Module):
             block.forced = forced_routes[:, :, i] if forced_routes is not None else None
         try:
             # cache goes by position: transformers 5 renamed the keyword (past_key_values, cache)
-            out = self.hf(tokens, None, None, hf_cache, use_cache=hf_cache is not None)
+            out = self.hf(tokens, None, position_ids, hf_cache, use_cache=hf_cache is not None)
             routes = torch.stack([blk.routes for blk in self._blocks], dim=2)  # type: ignore[misc]
             self.last_router_probs = [blk.probs for blk in self._blocks]  # type: ignore[misc]
         finally:

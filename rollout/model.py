@@ -213,14 +213,17 @@ def sequence_logprobs(
     tokens: Tensor,
     forced_routes: Tensor | None = None,
     temperature: float = 1.0,
+    position_ids: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Logprob of each token given its prefix, ``[B, T]`` (position 0 gets 0), and the routes.
 
     Rule: ``lp[b, t] = log_softmax(logits[b, t - 1] / temperature)[tokens[b, t]]``; the model runs
     on ``tokens[:, :-1]`` (the last token is never an input), replaying ``forced_routes[:, :-1]``
-    when given. Returned routes are ``[B, T - 1, L, K]``.
+    when given. Returned routes are ``[B, T - 1, L, K]``. With ``position_ids`` a row holds
+    packed sequences (``HFPolicy.forward``); the first token of each gets its predecessor's
+    prediction, which the caller discards.
     """
-    logp, routes = _next_token_logprobs(model, tokens, forced_routes, temperature)
+    logp, routes = _next_token_logprobs(model, tokens, forced_routes, temperature, position_ids)
     picked = logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)
     return F.pad(picked, (1, 0)), routes
 
@@ -230,23 +233,33 @@ def sequence_logprobs_entropy(
     tokens: Tensor,
     forced_routes: Tensor | None = None,
     temperature: float = 1.0,
+    position_ids: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`sequence_logprobs` plus the entropy of each position's distribution, ``[B, T]``.
 
     Rule: ``H[b, t] = -sum_v p log p`` of the distribution ``tokens[b, t]`` was drawn from
     (position 0 gets 0), with its gradient.
     """
-    logp, routes = _next_token_logprobs(model, tokens, forced_routes, temperature)
+    logp, routes = _next_token_logprobs(model, tokens, forced_routes, temperature, position_ids)
     picked = logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)
     entropy = -(logp.exp() * logp).sum(dim=-1)
     return F.pad(picked, (1, 0)), F.pad(entropy, (1, 0)), routes
 
 
 def _next_token_logprobs(
-    model: PolicyModel, tokens: Tensor, forced_routes: Tensor | None, temperature: float
+    model: PolicyModel,
+    tokens: Tensor,
+    forced_routes: Tensor | None,
+    temperature: float,
+    position_ids: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``log_softmax(logits / temperature)`` ``[B, T - 1, V]`` of the model run on
     ``tokens[:, :-1]`` (replaying ``forced_routes[:, :-1]``), and its routes."""
     forced = forced_routes[:, :-1] if forced_routes is not None else None
-    logits, routes = model(tokens[:, :-1], forced_routes=forced)
+    if position_ids is None:
+        logits, routes = model(tokens[:, :-1], forced_routes=forced)
+    else:
+        logits, routes = model(
+            tokens[:, :-1], forced_routes=forced, position_ids=position_ids[:, :-1]
+        )
     return (logits / temperature).log_softmax(dim=-1), routes

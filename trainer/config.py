@@ -100,6 +100,13 @@ class GrpoConfig(BaseModel):
     router_replay: bool = Field(
         default=True, description="Force the recorded experts when recomputing."
     )
+    pack_tokens: int = Field(
+        default=0,
+        ge=0,
+        le=1_000_000,
+        description="Pack samples into rows of this many tokens (at least the longest sample) "
+        "for the learner's forward passes; 0: right-pad every sample to the longest.",
+    )
 
 
 class WarmStartConfig(BaseModel):

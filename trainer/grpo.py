@@ -26,6 +26,7 @@ from torch import Tensor
 from rlstream.rollout.model import PolicyModel, sequence_logprobs, sequence_logprobs_entropy
 from rlstream.schemas.errors import RlstreamError
 from rlstream.trainer import objectives as obj
+from rlstream.trainer import packing
 from rlstream.trainer.config import GrpoConfig
 
 
@@ -47,7 +48,7 @@ class GrpoBatch:
 
     ``tokens`` ``[B, T]`` int64; ``behaviour_logprobs`` ``[B, T]`` float32 (0 where not
     generated); ``loss_mask`` ``[B, T]`` float32; ``routes`` ``[B, T, L, K]`` int64;
-    ``advantages`` ``[B]`` float32; ``proximal_logprobs`` ``[B, T]`` (set by ``grpo_version``
+    ``advantages`` ``[B]`` float32; ``lengths`` each row's tokens; ``proximal_logprobs`` ``[B, T]`` (set by ``grpo_version``
     when the objective needs the weights before the version's first step).
     """
 
@@ -57,6 +58,7 @@ class GrpoBatch:
     routes: Tensor
     advantages: Tensor
     proximal_logprobs: Tensor | None = None
+    lengths: list[int] | None = None
 
 
 @dataclass
@@ -125,8 +127,9 @@ def make_batch(
         logp[i, :n] = torch.from_numpy(s.logprobs.astype(np.float32))
         mask[i, :n] = torch.from_numpy(s.loss_mask.astype(np.float32))
         routes[i, :n] = torch.from_numpy(s.routes.astype(np.int64)) if s.routes.size else -1
+    advs = torch.tensor(list(advantages), dtype=torch.float32)
     return GrpoBatch(
-        tokens, logp, mask, routes, torch.tensor(list(advantages), dtype=torch.float32)
+        tokens, logp, mask, routes, advs, lengths=[len(s.token_ids) for s in sequences]
     )
 
 
@@ -162,13 +165,7 @@ def grpo_step(
     model.train()
     replay = cfg.router_replay and batch.routes.shape[2] > 0
     forced = batch.routes if replay else None
-    entropy = None
-    if lc.entropy_coef > 0:
-        logp_cur, entropy, routes = sequence_logprobs_entropy(
-            model, batch.tokens, forced, cfg.temperature
-        )
-    else:
-        logp_cur, routes = sequence_logprobs(model, batch.tokens, forced, cfg.temperature)
+    logp_cur, entropy, routes = batch_logprobs(model, batch, forced, cfg, lc.entropy_coef > 0)
     terms = obj.TokenTerms(
         logp_cur,
         batch.behaviour_logprobs,
@@ -206,7 +203,37 @@ def _reference_logprobs(
     if reference is None:
         raise ValueError("the objective's kl_coef needs a reference policy")
     with torch.no_grad():
-        return sequence_logprobs(reference, batch.tokens, forced, cfg.temperature)[0]
+        return batch_logprobs(reference, batch, forced, cfg)[0]
+
+
+def batch_logprobs(
+    model: PolicyModel,
+    batch: GrpoBatch,
+    forced: Tensor | None,
+    cfg: GrpoConfig,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None, Tensor]:
+    """``model``'s logprobs of ``batch`` ``[B, T]`` (and entropies when asked) and routes
+    ``[B, T - 1, L, K]`` in the padded layout, computed on packed rows when
+    ``cfg.pack_tokens`` (``trainer.packing``) and on the padded batch otherwise."""
+    if not cfg.pack_tokens:
+        if with_entropy:
+            return sequence_logprobs_entropy(model, batch.tokens, forced, cfg.temperature)
+        logp, routes = sequence_logprobs(model, batch.tokens, forced, cfg.temperature)
+        return logp, None, routes
+    if batch.lengths is None:
+        raise ValueError("packing needs the batch's lengths (grpo.make_batch sets them)")
+    p = packing.pack(batch.tokens, batch.routes, batch.lengths, cfg.pack_tokens)
+    p_forced = p.routes if forced is not None else None
+    entropy = None
+    if with_entropy:
+        logp, ent, routes = sequence_logprobs_entropy(
+            model, p.tokens, p_forced, cfg.temperature, p.positions
+        )
+        entropy = packing.unpack(ent, p)
+    else:
+        logp, routes = sequence_logprobs(model, p.tokens, p_forced, cfg.temperature, p.positions)
+    return packing.unpack(logp, p), entropy, packing.unpack_routes(routes, p)
 
 
 def _route_mismatch(batch: GrpoBatch, routes: Tensor) -> float:
@@ -242,7 +269,7 @@ def grpo_version(
         with torch.no_grad():
             for b in batches:
                 forced = b.routes if cfg.router_replay and b.routes.shape[2] > 0 else None
-                b.proximal_logprobs = sequence_logprobs(model, b.tokens, forced, cfg.temperature)[0]
+                b.proximal_logprobs = batch_logprobs(model, b, forced, cfg)[0]
     steps = [grpo_step(model, optimizer, b, cfg, weigh, loss_cfg, reference) for b in batches]
     return merge_stats(steps)
 

@@ -1,5 +1,5 @@
 """``rlstream bench learner``: trained samples per second of the learner's step on 1 and 2
-ranks (torch.distributed, gloo on CPU).
+ranks (torch.distributed, gloo on CPU), and packed against right-padded batches.
 
 The groups are real rollouts of the demo's warm-started policy (the demo recipe's learner
 config: its policy, GRPO rules and publish dtype) on tasks of the demo's family, made once and
@@ -11,13 +11,22 @@ fresh run's topics; after version 0 and one untimed step, ``--steps`` timed step
 train_step``) and publish the version (every rank its shard, rank 0 commits the manifest):
 what the learner role does per step, without reading the admitted stream.
 ``samples_per_s`` = samples trained / rank 0's wall time of the timed steps.
+Each rank runs one torch thread; the one-rank learner is measured twice, on one thread and on
+every core (``threads``), so that N ranks are compared with one process given the same cores.
 The machine's cores are shared by the ranks (and the broker): N ranks on fewer than N free
 cores cannot be N times faster.
+
+``packing`` (one process, one thread, no Kafka): the same groups' steps trained right-padded
+and packed (``grpo.pack_tokens`` = the longest context unless ``--pack-tokens``), from the same
+weights, the two arms alternating step by step; ``tokens_per_s`` = real (non-padding) tokens of
+the step's contexts / the median step time, ``packing_speedup`` = packed / padded, and the
+contexts' length distribution (``lengths``: min, p10, p50, p90, max) and padding share.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -41,6 +50,7 @@ def register_bench(bench_subparsers: Any) -> None:
     p.add_argument("--max-new-tokens", type=int, default=48, help="tokens per rollout")
     p.add_argument("--warm-steps", type=int, default=None, help="warm-start steps (recipe's)")
     p.add_argument("--cache", default=None, help="warm-start cache file")
+    p.add_argument("--pack-tokens", type=int, default=0, help="packed row size (0: longest)")
     p.add_argument(
         "--set",
         action="append",
@@ -63,10 +73,15 @@ def _main(args: argparse.Namespace) -> int:
     ):
         result = run(args, settings, Path(tmp))
     lines = [
-        f"{r['ranks']} rank(s): {r['samples_per_s']:.2f} trained samples/s "
+        f"{r['ranks']} rank(s), {r['threads']} thread(s): {r['samples_per_s']:.2f} trained samples/s "
         f"(train {r['train_s']:.2f}s, publish {r['publish_s']:.2f}s over {r['steps']} steps)"
         for r in result["runs"]
     ]
+    pk = result["packing"]
+    lines.append(
+        f"packed {pk['packed']['tokens_per_s']:.0f} vs padded {pk['padded']['tokens_per_s']:.0f} "
+        f"tokens/s: packing_speedup {pk['packing_speedup']:.2f} (contexts {pk['lengths']})"
+    )
     emit(result, args.json, [] if args.json else lines, "learner")
     return 0
 
@@ -120,7 +135,15 @@ def _groups(args: argparse.Namespace, cfg: Any, count: int) -> list[dict[str, An
 
 
 def _rank(
-    rank: int, world: int, port: int, settings: Any, run: str, cfg: Any, groups: list, out: Any
+    rank: int,
+    world: int,
+    port: int,
+    settings: Any,
+    run: str,
+    cfg: Any,
+    groups: list,
+    threads: int,
+    out: Any,
 ) -> None:  # pragma: no cover (runs in a spawned process)
     import torch
 
@@ -129,7 +152,7 @@ def _rank(
     from rlstream.schemas import topics
     from rlstream.trainer.learner_step import StepInput, init_model, published_state, train_step
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True)
     ranks = None
     if world > 1:
@@ -171,10 +194,12 @@ def _rank(
         ranks.close()
 
 
-def _measure(settings: Any, run: str, cfg: Any, groups: list, world: int) -> dict[str, Any]:
+def _measure(
+    settings: Any, run: str, cfg: Any, groups: list, world: int, threads: int
+) -> dict[str, Any]:
     from rlstream.ops.run.ranks import run_local_ranks
 
-    return run_local_ranks(_rank, world, (settings, run, cfg, groups), "learner")
+    return run_local_ranks(_rank, world, (settings, run, cfg, groups, threads), "learner")
 
 
 def run(args: argparse.Namespace, settings: Any, tmp: Path) -> dict[str, Any]:
@@ -189,15 +214,21 @@ def run(args: argparse.Namespace, settings: Any, tmp: Path) -> dict[str, Any]:
     groups = _groups(args, cfg, (args.steps + 1) * args.groups_per_step)
     runs = []
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    for world in worlds:
-        run_name = f"bench-learner-{stamp}-{world}"
+    cores = os.cpu_count() or 1
+    arms = [(w, t) for w in worlds for t in ([1, cores] if w == 1 and cores > 1 else [1])]
+    for world, threads in arms:
+        run_name = f"bench-learner-{stamp}-{world}x{threads}"
         ensure_run_topics(settings, run_name)
-        progress(f"{world} rank(s): {args.steps} timed steps of {args.groups_per_step} groups")
-        f = _measure(settings, run_name, cfg, groups, world)
+        progress(
+            f"{world} rank(s), {threads} thread(s): {args.steps} timed steps of "
+            f"{args.groups_per_step} groups"
+        )
+        f = _measure(settings, run_name, cfg, groups, world, threads)
         total = f["train_s"] + f["publish_s"]
         runs.append(
             {
                 "ranks": world,
+                "threads": threads,
                 "samples_per_s": round(f["samples"] / total, 3),
                 "samples": f["samples"],
                 "steps": args.steps,
@@ -206,13 +237,72 @@ def run(args: argparse.Namespace, settings: Any, tmp: Path) -> dict[str, Any]:
             }
         )
         admin_client(settings).delete_topics(list(topics.run_topics(run_name).values()))
+    progress("packed vs padded steps")
     return {
         "runs": runs,
+        "packing": packing_figures(cfg, groups, args.groups_per_step, args.pack_tokens),
         "groups_per_step": args.groups_per_step,
         "group_size": args.group_size,
         "architecture": cfg.policy.architecture,
         "policy": cfg.policy.model_dump(exclude_none=True),
         "params": _params(cfg),
+    }
+
+
+def packing_figures(
+    cfg: Any, groups: list, groups_per_step: int, pack_tokens: int
+) -> dict[str, Any]:
+    """Padded against packed steps on ``groups`` (module docstring), one thread."""
+    import statistics
+
+    import numpy as np
+    import torch
+
+    from rlstream.rollout.model import clone_policy
+    from rlstream.trainer.learner_step import StepInput, group_sequences, init_model, train_step
+    from rlstream.trainer.packing import pack_rows
+
+    torch.set_num_threads(1)
+    steps = [
+        [StepInput(g) for g in groups[i : i + groups_per_step]]
+        for i in range(0, len(groups) - groups_per_step + 1, groups_per_step)
+    ]
+    lengths = [len(s.token_ids) for g in groups for s in group_sequences(g, cfg.grpo)[0]]
+    width = pack_tokens or max(lengths)
+    model, _ = init_model(cfg, lambda line: None)
+    arms: dict[str, Any] = {}
+    for name, size in (("padded", 0), ("packed", width)):
+        arm_cfg = cfg.model_copy(update={"grpo": cfg.grpo.model_copy(update={"pack_tokens": size})})
+        m = clone_policy(model)
+        arms[name] = (arm_cfg, m, torch.optim.Adam(m.parameters(), lr=cfg.lr), [])
+    for k, used in enumerate(steps):
+        for arm_cfg, m, opt, times in arms.values():
+            t0 = time.perf_counter()
+            train_step(m, opt, used, arm_cfg)
+            if k > 0:  # the first step warms up
+                times.append(time.perf_counter() - t0)
+    per_step = [
+        [len(s.token_ids) for g in used for s in group_sequences(g.group, cfg.grpo)[0]]
+        for used in steps[1:]
+    ]
+    tokens = statistics.median(sum(n) for n in per_step)
+    out: dict[str, Any] = {}
+    for name, (_, _, _, times) in arms.items():
+        med = statistics.median(times)
+        out[name] = {"step_s_median": round(med, 4), "tokens_per_s": round(tokens / med, 1)}
+    real = sum(sum(n) for n in per_step)
+    padded_slots = sum(len(n) * max(n) for n in per_step)
+    packed_slots = sum(len(pack_rows(n, max(width, *n))) * max(width, *n) for n in per_step)
+    out["padded"]["padding_share"] = round(1 - real / padded_slots, 3)
+    out["packed"]["padding_share"] = round(1 - real / packed_slots, 3)
+    pct = np.percentile(lengths, [0, 10, 50, 90, 100]).round(1).tolist()
+    return {
+        **out,
+        "packing_speedup": round(out["packed"]["tokens_per_s"] / out["padded"]["tokens_per_s"], 3),
+        "pack_tokens": width,
+        "threads": 1,
+        "timed_steps": len(per_step),
+        "lengths": dict(zip(["min", "p10", "p50", "p90", "max"], pct, strict=True)),
     }
 
 

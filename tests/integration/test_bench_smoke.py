@@ -133,11 +133,18 @@ def test_rank_bench_measures_every_rank_count(bench: str, kafka, tmp_path: Path)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert [r["ranks"] for r in result["runs"]] == [1, 2]
+    assert sorted({r["ranks"] for r in result["runs"]}) == [1, 2]
     rate = ("publish_gb_per_s", "apply_gb_per_s") if bench == "publish" else ("samples_per_s",)
     assert all(r[k] > 0 for r in result["runs"] for k in rate), result
     if bench == "publish":
         assert result["max_version_gb"] >= 0.01
+    else:  # the one-rank learner also on every core; packed against padded on the same steps
+        cores = os.cpu_count() or 1
+        assert {(r["ranks"], r["threads"]) for r in result["runs"]} == {(1, 1), (1, cores), (2, 1)}
+        packing = result["packing"]
+        assert packing["packed"]["tokens_per_s"] > 0 and packing["packing_speedup"] > 0
+        assert all(0 <= packing[arm]["padding_share"] < 1 for arm in ("packed", "padded"))
+        assert packing["lengths"]["min"] <= packing["lengths"]["p50"] <= packing["lengths"]["max"]
     assert json.loads((tmp_path / f"bench-{bench}.json").read_text())["result"] == result
 
 
