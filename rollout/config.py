@@ -18,6 +18,26 @@ from rlstream.envs import tasks as task_family
 from rlstream.envs.family import FamilySpec
 
 
+class LoraConfig(BaseModel):
+    """Low-rank adapters (peft LoRA) trained instead of the full weights during RL."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rank: int = Field(
+        default=0, ge=0, le=1024, description="Adapter rank r; 0: no adapters, train everything."
+    )
+    alpha: int = Field(default=16, ge=1, le=4096, description="Scale alpha (update x alpha/r).")
+    targets: tuple[str, ...] = Field(
+        default=("q_proj", "k_proj", "v_proj", "o_proj"),
+        min_length=1,
+        description="Linear modules given adapters (the experts are fused tensors, not linears).",
+    )
+    lr_scale: float = Field(
+        default=10.0, gt=0, le=1000, description="Adapters learn at learner.lr x this."
+    )
+    seed: int = Field(default=0, ge=0, description="Seed of the adapters' A initialisation.")
+
+
 class PolicyConfig(BaseModel):
     """Architecture and shape of the policy network."""
 
@@ -61,6 +81,11 @@ class PolicyConfig(BaseModel):
         default=128, ge=4, le=16384, description="Hidden width of one expert MLP."
     )
     seed: int = Field(default=0, ge=0, description="Seed of the weight initialisation.")
+    lora: LoraConfig = Field(
+        default_factory=LoraConfig,
+        description="LoRA adapters: the base is the warm start, RL trains (and versions carry) "
+        "the adapters only.",
+    )
 
     def head_size(self) -> int | None:
         """Width of one attention head (None: decided by ``hf_dir``'s config)."""

@@ -37,6 +37,12 @@ harness and GRPO take it. Rules this module guarantees:
   once and the state hash counts it once; ``load_state_dict`` accepts a state without those keys
   (or with them) and is strict about every other key. ``save_hf`` writes what transformers
   writes (it ties the head again on loading).
+- LoRA (``policy.lora.rank`` > 0, :func:`with_lora`): peft adapters are injected into the
+  targeted linear modules (``lora_A``, ``lora_B`` beside each ``base_layer``), only they train,
+  and they are held as adapters (never merged in memory): the base keeps version 0's bits,
+  ``state_dict()`` holds base and adapters, and a version changes the adapters only, so a delta
+  carries adapter bytes only. ``B`` starts at zero: the adapted policy starts equal to the base.
+  ``save_hf`` merges them into the base first, so the directory is an ordinary HF model.
 - Nothing is downloaded: models are built from a config or loaded from a local directory.
 - ``text`` (``rollout.text.PolicyText``) maps the policy's tokens to text: a directory's own
   tokenizer (``load_hf``), else the demo's ``char_tokenizer``.
@@ -63,7 +69,7 @@ from transformers.cache_utils import DynamicCache
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
 from rlstream.envs import protocol
-from rlstream.rollout.config import PolicyConfig
+from rlstream.rollout.config import LoraConfig, PolicyConfig
 from rlstream.rollout.model import KVCache, load_balance_loss
 from rlstream.rollout.text import PolicyText, char_tokenizer, with_protocol_tags
 
@@ -319,10 +325,12 @@ def build_hf_policy(config: Qwen3MoeConfig, seed: int = 0) -> HFPolicy:
 def policy_from_config(cfg: PolicyConfig) -> HFPolicy:
     """The policy ``build_policy`` makes (``cfg.architecture == "qwen3_moe"``): the local
     ``cfg.hf_dir`` as float32 (the learner's master precision), or else a tiny Qwen3-MoE of the
-    config's shape (key/value heads = ``n_heads``), initialised from ``cfg.seed``."""
+    config's shape (key/value heads = ``n_heads``), initialised from ``cfg.seed``; with LoRA
+    adapters (``with_lora``) when ``cfg.lora.rank``."""
     if cfg.hf_dir is not None:
         policy, _ = load_hf(cfg.hf_dir)
-        return policy.float()
+        policy = policy.float()
+        return with_lora(policy, cfg.lora) if cfg.lora.rank else policy
     if cfg.d_model % cfg.n_heads or cfg.top_k > cfg.n_experts:
         raise ValueError("n_heads must divide d_model and top_k must not exceed n_experts")
     config = tiny_qwen3_moe_config(
@@ -337,13 +345,45 @@ def policy_from_config(cfg: PolicyConfig) -> HFPolicy:
         vocab_size=cfg.vocab_size,
         head_dim=cfg.head_dim,
     )
-    return build_hf_policy(config, cfg.seed)
+    policy = build_hf_policy(config, cfg.seed)
+    return with_lora(policy, cfg.lora) if cfg.lora.rank else policy
+
+
+def with_lora(policy: HFPolicy, cfg: LoraConfig) -> HFPolicy:
+    """``policy`` (in place) with peft LoRA adapters of ``cfg`` on its targeted linears, every
+    other parameter frozen; ``A`` drawn from ``cfg.seed`` (deterministic), ``B`` zero."""
+    from peft import LoraConfig as PeftLora
+    from peft import inject_adapter_in_model
+
+    peft_cfg = PeftLora(
+        r=cfg.rank, lora_alpha=cfg.alpha, target_modules=list(cfg.targets), lora_dropout=0.0
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        inject_adapter_in_model(peft_cfg, policy.hf)
+    for name, param in policy.named_parameters():
+        param.requires_grad_("lora_" in name)
+    return policy
+
+
+def merged_lm(policy: HFPolicy) -> PreTrainedModel:
+    """The wrapped model with every LoRA adapter merged into its base linear and removed (in
+    place; the policy is not used afterwards); the model itself when it has none."""
+    from peft.tuners.lora import LoraLayer
+
+    for name, module in list(policy.hf.named_modules()):
+        if isinstance(module, LoraLayer):
+            module.merge()
+            parent, _, child = name.rpartition(".")
+            setattr(policy.hf.get_submodule(parent), child, module.get_base_layer())
+    return policy.hf
 
 
 def save_hf(policy: HFPolicy, tokenizer: PreTrainedTokenizerBase, path: str | Path) -> None:
     """Write ``policy`` and ``tokenizer`` as an ordinary HF directory (config.json,
-    model.safetensors, tokenizer files) that ``from_pretrained`` loads without this module."""
-    policy.hf.save_pretrained(str(path))
+    model.safetensors, tokenizer files) that ``from_pretrained`` loads without this module;
+    LoRA adapters are merged into the base (``merged_lm``)."""
+    merged_lm(policy).save_pretrained(str(path))
     tokenizer.save_pretrained(str(path))
 
 

@@ -160,14 +160,23 @@ def published_state(model: PolicyModel, dtype: str) -> dict[str, Any]:
 def init_model(
     cfg: LearnerConfig, log_fn: Any = print, warm: bool = True
 ) -> tuple[PolicyModel, torch.optim.Optimizer]:
-    """The version-0 policy (warm start, deterministic given the configs) and its optimizer;
-    with ``warm`` False the policy as built, untrained (a rank that receives rank 0's weights)."""
+    """The version-0 policy (warm start, deterministic given the configs; with
+    ``policy.lora.rank`` its adapters added after it, only they trained, at ``lr x
+    lora.lr_scale``) and its optimizer; with ``warm`` False the policy as built, untrained (a
+    rank that receives rank 0's weights)."""
     torch.manual_seed(cfg.seed)
+    lora = cfg.policy.lora
     if warm:
         model = warm_start(cfg.policy, cfg.warm_start, cfg.warm_start_cache, log_fn)
+        if lora.rank:
+            from rlstream.rollout.hf_policy import with_lora  # transformers imports slowly
+
+            model = with_lora(model, lora)
     else:
         model = build_policy(cfg.policy)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98))
+    lr = cfg.lr * lora.lr_scale if lora.rank else cfg.lr
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.Adam(trained, lr=lr, betas=(0.9, 0.98))
     return model, optimizer
 
 

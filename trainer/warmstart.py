@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from rlstream.envs import tasks
 from rlstream.envs.family import EVAL_SEED_BASE, FamilySpec, families
-from rlstream.rollout.config import PolicyConfig
+from rlstream.rollout.config import LoraConfig, PolicyConfig
 from rlstream.rollout.model import PolicyModel, build_policy
 from rlstream.rollout.text import PolicyText
 from rlstream.trainer.config import WarmStartConfig
@@ -71,8 +71,9 @@ def demo_batch(
 
 
 def cache_key(policy_cfg: PolicyConfig, cfg: WarmStartConfig) -> str:
-    """Hash of both configs: a cached state dict is reused only for the same ones."""
-    text = policy_cfg.model_dump_json() + cfg.model_dump_json()
+    """Hash of both configs: a cached state dict is reused only for the same ones (LoRA is no
+    part of it: the warm start trains the full weights, adapters come after it)."""
+    text = policy_cfg.model_dump_json(exclude={"lora"}) + cfg.model_dump_json()
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -82,9 +83,10 @@ def warm_start(
     cache_path: str | None = None,
     log: Callable[[str], None] | None = None,
 ) -> PolicyModel:
-    """A policy trained on demonstrations (or loaded from ``cache_path`` when the key matches)."""
+    """A policy trained on demonstrations (or loaded from ``cache_path`` when the key matches),
+    without LoRA adapters whatever ``policy_cfg.lora`` says (the learner adds them after)."""
     cfg = cfg or WarmStartConfig()
-    model = build_policy(policy_cfg)
+    model = build_policy(policy_cfg.model_copy(update={"lora": LoraConfig()}))
     key = cache_key(policy_cfg, cfg)
     if cache_path and os.path.exists(cache_path):
         stored = torch.load(cache_path, map_location="cpu", weights_only=True)

@@ -149,6 +149,7 @@ def _demo(args: argparse.Namespace) -> int:
     result.update(evals)
     result.update(demo.final_model(home, run, config, progress.version, out))
     result["tracking"] = demo.stop_tracker(tracker, out)
+    result.update(demo.weights_summary(home, run, config))
     result["learner_ranks"] = learner_cfg.ranks
     result.update(demo.engine_summary(out / "engines"))
     _print_summary(run, result, wall, png, out)

@@ -498,6 +498,47 @@ def engine_summary(folder: Path) -> dict[str, Any]:
     }
 
 
+def weights_summary(settings: KafkaSettings, run: str, config: Any) -> dict[str, Any]:
+    """What a version costs on the wire and to swap in: ``lora_rank``; the chunk bytes of each
+    version after 0 (``wire_bytes_per_version_p50``, and of deltas alone), the full state's
+    bytes; a fresh subscriber's apply time per version (``apply_ms_p50``) and the torch engine's
+    swap of the newest state into a policy (``swap_ms``)."""
+    import statistics
+
+    import torch
+
+    from rlstream.consumers.weights.manifest_log import read_manifests
+    from rlstream.consumers.weights.subscriber import WeightSubscriber
+    from rlstream.rollout.model import build_policy
+    from rlstream.schemas.deltacodec.bits import to_torch
+
+    manifests = [m for m in read_manifests(settings, run, config.model) if m["version"] > 0]
+    deltas = [m["encoded_bytes"] for m in manifests if m["kind"] == "delta"]
+    out: dict[str, Any] = {
+        "lora_rank": config.policy.lora.rank,
+        "wire_bytes_per_version_p50": statistics.median([m["encoded_bytes"] for m in manifests])
+        if manifests
+        else None,
+        "wire_bytes_per_delta_p50": statistics.median(deltas) if deltas else None,
+        "state_bytes": manifests[-1]["raw_bytes"] if manifests else None,
+        "apply_ms_p50": None,
+        "swap_ms": None,
+    }
+    if not manifests:
+        return out
+    with WeightSubscriber(settings, run, config.model) as sub:
+        snap = sub.wait_for(manifests[-1]["version"], timeout=120)
+        applied = [r.apply_s * 1000 for r in sub.reports]
+    if snap is not None:
+        policy = build_policy(config.policy)
+        started = time.perf_counter()
+        with torch.no_grad():
+            policy.load_state_dict(to_torch(snap.state))
+        out["swap_ms"] = round((time.perf_counter() - started) * 1000, 2)
+        out["apply_ms_p50"] = round(statistics.median(applied), 2) if applied else None
+    return out
+
+
 def json_default(value: Any) -> Any:
     return float(value) if isinstance(value, int | float) else str(value)
 
