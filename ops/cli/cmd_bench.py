@@ -25,6 +25,7 @@ BENCHES = (
     "rlstream.ops.bench.learner",
     "rlstream.ops.bench.table",
     "rlstream.ops.bench.engines",
+    "rlstream.ops.bench.stability",
 )
 # Benchmarks added as the features land are appended here.
 
