@@ -31,6 +31,7 @@ HEAVY = (
     "tests/integration/test_learning.py",
     "tests/integration/test_bench_chaos.py",
     "tests/integration/test_pipeline.py",
+    "tests/integration/test_replicated.py",
 )
 
 

@@ -36,7 +36,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument(
         "--no-mirror", action="store_true", help="start the brokers only, no MirrorMaker 2"
     )
-    up.add_argument("--heap", default="1g", help="broker JVM heap (default 1g)")
+    up.add_argument("--heap", default="1g", help="broker JVM heap, per broker (default 1g)")
+    up.add_argument(
+        "--brokers",
+        type=int,
+        default=1,
+        help="KRaft nodes per new region (default 1); 3 replicates every topic 3 times with "
+        "min.insync.replicas=2, so a region survives one broker's death (see docs/kafka.md)",
+    )
     up.add_argument(
         "--secure",
         action="store_true",
@@ -71,6 +78,7 @@ def _up(args: argparse.Namespace) -> int:
             heap=args.heap,
             trainer=args.trainer,
             secure=args.secure,
+            brokers=args.brokers,
         )
     except (SetupError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -121,12 +129,22 @@ def _status(args: argparse.Namespace) -> int:
         return 0
     for name, region in report["regions"].items():
         role = "trainer" if name == report["trainer"] else "rollout"
-        print(
-            f"region {name} ({role}): {region['bootstrap']}  {region['health']}  "
-            f"pid {region['pid']}"
-        )
-        for topic, parts in sorted(region.get("topics", {}).items()):
-            print(f"  topic {topic}  partitions={parts}")
+        print(f"region {name} ({role}): {region['bootstrap']}  {region['health']}")
+        for b in region["brokers"]:
+            up = "running" if b["running"] else "stopped"
+            lead = "  (active controller)" if region.get("controller") == b["id"] else ""
+            print(f"  broker {b['id']} {b['address']} rack {b['rack']} pid {b['pid']} {up}{lead}")
+        for topic, parts in sorted(region.get("partitions", {}).items()):
+            if topic.startswith("__") and len(region["brokers"]) == 1:
+                continue  # one broker: nothing to say about the internal topics' replicas
+            for p in parts:
+                flag = "  UNDER-REPLICATED" if p["under_replicated"] else ""
+                print(
+                    f"  {topic}/{p['partition']}  leader={p['leader']} "
+                    f"replicas={p['replicas']} isr={p['isr']}{flag}"
+                )
+        if region.get("under_replicated"):
+            print(f"  under-replicated partitions: {len(region['under_replicated'])}")
         for group, lag in sorted(region.get("groups", {}).items()):
             print(f"  group {group}  lag={lag}")
     for name, m in report["mirrors"].items():

@@ -1,6 +1,7 @@
-"""The embedded default: real Apache Kafka on loopback, one KRaft node per region, MirrorMaker 2.
+"""The embedded default: real Apache Kafka on loopback, KRaft nodes per region, MirrorMaker 2.
 
-``up`` is idempotent: a region whose broker still runs is reused, a stopped one is restarted on
+A region is one KRaft node, or with ``brokers=3`` a replicated 3-node cluster (``broker``).
+``up`` is idempotent: a region whose brokers still run is reused, a stopped one is restarted on
 its data. With more than one region, the first named (or ``trainer``) is the trainer region and
 every other is a rollout region linked to it by its own MirrorMaker 2 process, whose flows are
 derived from the stream catalog (``mirror.link_flows``); a link whose process died is restarted
@@ -102,7 +103,7 @@ def load(home: Path | None = None) -> Cluster:
     cluster = Cluster(home=home)
     if cluster.state_file.exists():
         doc = json.loads(cluster.state_file.read_text())
-        cluster.regions = {n: Region(**r) for n, r in doc.get("regions", {}).items()}
+        cluster.regions = {n: Region.from_dict(r) for n, r in doc.get("regions", {}).items()}
         cluster.mirrors = {n: Mirror(**m) for n, m in (doc.get("mirrors") or {}).items()}
         cluster.trainer = doc.get("trainer", DEFAULT_REGION)
     return cluster
@@ -129,10 +130,12 @@ def up(
     log=print,
     trainer: str | None = None,
     secure: bool | None = None,
+    brokers: int | dict[str, int] = 1,
 ) -> Cluster:
-    """Start (or reuse) a broker per region, then one MirrorMaker 2 per rollout region's link
-    (unless ``mirror_links`` is False); ``secure`` True for secured regions, None to keep the
-    cluster as it was started (a new cluster unsecured)."""
+    """Start (or reuse) the brokers of each region, then one MirrorMaker 2 per rollout region's
+    link (unless ``mirror_links`` is False); ``secure`` True for secured regions, None to keep
+    the cluster as it was started (a new cluster unsecured); ``brokers`` per new region (one
+    number for all, or by name; default 1): a region keeps the count it was created with."""
     home = Path(home or default_home())
     names = regions or [DEFAULT_REGION]
     with _locked(home):
@@ -142,15 +145,18 @@ def up(
             trainer = cluster.trainer  # a cluster keeps its trainer region
         cluster.trainer = trainer or trainer_of(names)
         for name in names:
-            region = cluster.regions.get(name) or broker.new_region(name, home, secure)
+            count = brokers.get(name, 1) if isinstance(brokers, dict) else brokers
+            region = cluster.regions.get(name) or broker.new_region(name, home, secure, count)
             cluster.regions[name] = region
+            pids = ", ".join(str(n.pid) for n in region.nodes())
             if region.running():
-                log(f"region {name}: running at {region.bootstrap} (pid {region.pid})")
+                log(f"region {name}: running at {region.bootstrap} (pid {pids})")
                 continue
-            log(f"region {name}: starting Kafka ...")
+            log(f"region {name}: starting Kafka ({region.brokers} broker(s)) ...")
             broker.start(region, heap=heap)
             cluster.save()
-            log(f"region {name}: ready at {region.bootstrap} (pid {region.pid}, log {region.log})")
+            pids = ", ".join(str(n.pid) for n in region.nodes())
+            log(f"region {name}: ready at {region.bootstrap} (pid {pids}, log {region.log})")
         _create_cluster_topics(cluster, names)
         if mirror_links:
             for name in cluster.rollout_regions():
@@ -272,10 +278,12 @@ def down(
             link.pid = None
             log(f"mirror {name}: stopped")
         regions = [(n, r) for n, r in cluster.regions.items() if only is None or n in only]
-        procs.stop_all([(r.pid, str(r.properties)) for _, r in regions if r.pid])
+        procs.stop_all([t for _, r in regions for t in broker.targets(r)])
         for name, region in regions:
-            was, region.pid = region.pid, None
-            log(f"region {name}: stopped" + (f" (pid {was})" if was else ""))
+            was = [str(n.pid) for n in region.nodes() if n.pid]
+            for node in region.nodes():
+                region.set_pid(node.node_id, None)
+            log(f"region {name}: stopped" + (f" (pid {', '.join(was)})" if was else ""))
         cluster.save()
         if purge:
             for name in cluster.regions:

@@ -1,10 +1,16 @@
-"""What `rlstream cluster status` reports: per region, health, topics, groups and their lag."""
+"""What `rlstream cluster status` reports: per region, health, its brokers, topics with each
+partition's leader and in-sync replicas, under-replicated partitions, groups and their lag.
+
+A partition is under-replicated when fewer of its replicas are in sync than it has: with
+``min.insync.replicas`` 2 of 3 it still takes writes, but one more broker lost would stop them.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from rlstream.ops.cluster import Cluster
+from rlstream.ops.cluster.broker import Region
 
 
 def describe(cluster: Cluster, timeout: float = 5.0) -> dict[str, Any]:
@@ -16,9 +22,10 @@ def describe(cluster: Cluster, timeout: float = 5.0) -> dict[str, Any]:
             "bootstrap": region.bootstrap,
             "pid": region.pid,
             "log": str(region.log),
+            "brokers": _brokers(region),
         }
         report["regions"][name] = entry
-        if not region.running():
+        if not any(b["running"] for b in entry["brokers"]):
             entry["health"] = "stopped"
             continue
         admin = admin_client(region.settings())
@@ -27,10 +34,17 @@ def describe(cluster: Cluster, timeout: float = 5.0) -> dict[str, Any]:
         except Exception as exc:
             entry["health"] = f"unreachable: {exc}"
             continue
-        entry["health"] = "ok"
-        entry["topics"] = {
-            t: len(m.partitions) for t, m in meta.topics.items() if not t.startswith("__")
-        }
+        entry["health"] = "ok" if region.running() else "degraded"
+        entry["controller"] = meta.controller_id
+        shown = {t: m for t, m in meta.topics.items() if not t.startswith("__")}
+        entry["topics"] = {t: len(m.partitions) for t, m in shown.items()}
+        entry["partitions"] = partitions(meta.topics)
+        entry["under_replicated"] = [
+            f"{t}/{p['partition']}"
+            for t, ps in entry["partitions"].items()
+            for p in ps
+            if p["under_replicated"]
+        ]
         groups = admin.list_consumer_groups(request_timeout=timeout).result().valid
         entry["groups"] = {g.group_id: group_lag(admin, g.group_id, timeout) for g in groups}
     report["mirrors"] = {
@@ -38,3 +52,34 @@ def describe(cluster: Cluster, timeout: float = 5.0) -> dict[str, Any]:
         for name, m in cluster.mirrors.items()
     }
     return report
+
+
+def _brokers(region: Region) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": n.node_id,
+            "address": f"127.0.0.1:{n.broker_port}",
+            "pid": n.pid,
+            "rack": f"{region.name}-r{n.node_id}",
+            "running": region.node_running(n.node_id),
+        }
+        for n in region.nodes()
+    ]
+
+
+def partitions(topics: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Per topic (internal ones included: the offsets and transaction logs matter most), each
+    partition's leader, replicas and in-sync replicas, from a metadata answer."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for topic, meta in sorted(topics.items()):
+        out[topic] = [
+            {
+                "partition": pid,
+                "leader": p.leader,
+                "replicas": list(p.replicas),
+                "isr": list(p.isrs),
+                "under_replicated": len(p.isrs) < len(p.replicas),
+            }
+            for pid, p in sorted(meta.partitions.items())
+        ]
+    return out

@@ -1,0 +1,135 @@
+"""A replicated region (3 KRaft nodes, replication factor 3, ``min.insync.replicas`` 2) loses a
+broker mid-run: the leader of the partition the learner commits its manifests to is killed with
+SIGKILL between two versions. What must hold:
+
+- every topic the run uses and both internal logs have 3 replicas, 2 of them needed in sync;
+- nothing is lost and nothing trained twice (every released group decided once, no group behind
+  two versions, versions consecutive), and no role had to exit or restart for it;
+- the learner commits its next version within ``STALL_BOUND_S`` of the kill (measured);
+- the killed node comes back on its data, and every partition is in sync again.
+"""
+
+from __future__ import annotations
+
+import collections
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import decisions, decode_all, stop_procs, wait_for
+from test_pipeline import SETTINGS
+
+from rlstream.ops.run import failover
+from rlstream.ops.run.demo import start_role
+from rlstream.producers.client.admin import ensure_run_topics
+from rlstream.producers.client.settings import KafkaSettings
+from rlstream.schemas import topics
+
+pytestmark = [pytest.mark.slow, pytest.mark.unsecured_only("the region is unsecured")]
+
+HEAP = "384m"
+TASKS = 8  # enough versions to kill a leader between two, few enough for the suite
+#: From the kill to the next committed version: the new leader is elected within seconds (the
+#: controller sees the node's session expire: 9 s by default); the rest is one step's work.
+STALL_BOUND_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def replicated() -> Iterator[tuple[Path, KafkaSettings]]:
+    from rlstream.ops import cluster
+
+    with tempfile.TemporaryDirectory(prefix="rlstream-rep-") as tmp:
+        home = Path(tmp) / "cluster"
+        try:
+            state = cluster.up(["trainer"], home=home, heap=HEAP, log=lambda *_: None, brokers=3)
+            yield home, state.settings("trainer")
+        finally:
+            cluster.down(home=home, purge=True, log=lambda *_: None)
+
+
+def test_leader_killed_mid_step_loses_nothing_and_trains_nothing_twice(
+    replicated, unique_run, tmp_path
+):
+    home, kafka = replicated
+    run = unique_run
+    ensure_run_topics(kafka, run)
+    _check_replication(kafka, run)
+    sets = [*SETTINGS, "--set", f"scheduler.max_tasks={TASKS}"]
+    sets += ["--set", f"learner.state_dir={tmp_path / 'learner'}"]
+    sets += ["--set", f"learner.warm_start_cache={tmp_path / 'warm.pt'}"]
+    roles = {
+        "learner": [],
+        "admission": [],
+        "judge-tests": ["--name", "tests"],
+        "judge-format": ["--name", "format"],
+        "rollout": ["--member", "0"],
+        "scheduler": [],
+    }
+    started = {
+        name: start_role(name.split("-")[0], run, kafka, tmp_path, [*sets, *extra], name)
+        for name, extra in roles.items()
+    }
+    procs = {name: rp.proc for name, rp in started.items()}
+    manifests = topics.topic_name(run, "weights.manifests")
+    try:
+        wait_for(lambda: _newest_version(kafka, run) >= 1, 300, procs)
+        before = _newest_version(kafka, run)
+        time.sleep(0.5)  # into the next step
+        leader = failover.leader_of(kafka, manifests)
+        killed_at = failover.kill_node(home, "trainer", leader)
+        version, stall = failover.stall_after(kafka, run, killed_at, before, 180)
+        print(f"leader {leader} killed: version {version} committed {stall:.1f}s later")
+        assert stall < STALL_BOUND_S, f"version {version} came {stall:.1f}s after the kill"
+        assert failover.leader_of(kafka, manifests) not in (leader, -1)
+        failover.restart_node(home, "trainer", leader, HEAP)
+        wait_for(lambda: len(decisions(kafka, run)) >= TASKS, 300, procs)
+        _check_nothing_lost_or_twice(kafka, run)
+        failover.wait_in_sync(kafka, 120)
+    finally:
+        stop_procs(procs)
+    for name, rp in started.items():  # the clients rode through: no role exited or restarted
+        text = rp.log.read_text(errors="replace")
+        assert "exiting so that the role restarts" not in text, name
+        assert text.count("started (pid") <= 1, f"{name} was restarted"
+
+
+def _check_replication(kafka: KafkaSettings, run: str) -> None:
+    from rlstream.producers.client.admin import admin_client
+
+    admin = admin_client(kafka)
+    meta = admin.list_topics(timeout=10)
+    names = [topics.topic_name(run, s) for s in ("admitted", "weights.manifests")]
+    for name in [*names, "__transaction_state", "__consumer_offsets"]:
+        if name not in meta.topics:
+            continue  # an internal log is created at its first use
+        assert all(len(p.replicas) == 3 for p in meta.topics[name].partitions.values()), name
+    from confluent_kafka.admin import ConfigResource
+
+    res = ConfigResource(ConfigResource.Type.TOPIC, names[0])
+    configs = admin.describe_configs([res])[res].result()
+    assert configs["min.insync.replicas"].value == "2"
+
+
+def _newest_version(kafka: KafkaSettings, run: str) -> int:
+    from rlstream.ops.observe.ledger import accepted_manifests
+
+    return max((int(r["version"]) for r in accepted_manifests(kafka, run, 30)), default=-1)
+
+
+def _check_nothing_lost_or_twice(kafka: KafkaSettings, run: str) -> None:
+    from rlstream.ops.observe.ledger import trained_groups
+
+    decided = decisions(kafka, run)
+    assert len(decided) == TASKS, "a group was lost"
+    assert all(len(v) == 1 for v in decided.values()), "a group was decided twice"
+    counts = collections.Counter(trained_groups(kafka, run))
+    assert not counts or max(counts.values()) == 1, "a group was trained twice"
+    versions = sorted(
+        {
+            d.record["version"]
+            for d in decode_all(kafka, topics.topic_name(run, "weights.manifests"))
+        }
+    )
+    assert versions == list(range(len(versions))), f"versions not consecutive: {versions}"
