@@ -75,6 +75,15 @@ def register_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--poison-rounds", type=int, default=3, help="rounds of poison records")
     p.add_argument("--forged-rounds", type=int, default=2, help="rounds of forged manifests")
     p.add_argument("--seed", type=int, default=0, help="seed of the fault plan")
+    p.add_argument(
+        "--brokers",
+        type=int,
+        default=1,
+        help="brokers of the run's region (3: replicated; adds --failovers rounds of broker "
+        "faults: the manifest leader, the learner's transaction coordinator and the active "
+        "controller killed, and a rolling restart of every broker)",
+    )
+    p.add_argument("--failovers", type=int, default=1, help="rounds of broker faults (3 brokers)")
     p.add_argument("--timeout", type=float, default=1500.0, help="most seconds for the run")
     p.add_argument("--run", default=None, help="run name (default chaos-<time>)")
     p.add_argument("--config", default=None, help="TOML recipe (default ops/recipes/demo.toml)")
@@ -132,7 +141,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     config = load_run_config(args.config, sets)
     extra = ["--config", args.config] if args.config else []
     extra += [arg for item in sets for arg in ("--set", item)]
-    with local_cluster(args, reuse_default=False, heap=HEAP) as local:
+    brokers = getattr(args, "brokers", 1)
+    with local_cluster(args, reuse_default=False, heap=_heap(brokers), brokers=brokers) as local:
         home, settings = local.home, local.settings("trainer")
         ensure_run_topics(settings, name)
         driver = Driver(args, name, out, home, settings, config, extra)
@@ -140,6 +150,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         driver.run()
         wall = time.monotonic() - started
         result = driver.figures()
+        result.update(driver.failover_figures())
     result["wall_seconds"] = round(wall, 1)
     return result
 
@@ -263,6 +274,7 @@ class Driver:
         kinds = ["role"] * a.role_kills + ["broker"] * a.broker_kills
         kinds += ["poison"] * a.poison_rounds + ["forge"] * a.forged_rounds
         kinds += ["feedback", "attack"]
+        kinds += self._failover_kinds()
         self.rng.shuffle(kinds)
         slot = a.chaos_seconds / len(kinds)
         return [(slot * (i + self.rng.uniform(0.1, 0.9)), k) for i, k in enumerate(kinds)]
@@ -304,6 +316,34 @@ class Driver:
         restart_broker(self.home, "trainer", HEAP, self.args.broker_down)
         self.broker_kills += 1
         return f"killed the broker with SIGKILL; restarted after {self.args.broker_down:.0f}s"
+
+    # --- broker faults of a replicated region (ops.run.failover) ------------------------------
+
+    def _failover_kinds(self) -> list[str]:
+        if getattr(self.args, "brokers", 1) < 3:
+            return []
+        from rlstream.ops.run.failover import KINDS, BrokerFaults
+
+        self.failover = BrokerFaults(self.home, "trainer", self.run_name, _heap(3))
+        return [f"failover_{k}" for k in KINDS] * self.args.failovers
+
+    def _fault_failover_leader(self, i: int) -> str:
+        return str(self.failover.inject("leader"))
+
+    def _fault_failover_coordinator(self, i: int) -> str:
+        return str(self.failover.inject("coordinator"))
+
+    def _fault_failover_controller(self, i: int) -> str:
+        return str(self.failover.inject("controller"))
+
+    def _fault_failover_roll(self, i: int) -> str:
+        return str(self.failover.inject("roll"))
+
+    def failover_figures(self) -> dict[str, Any]:
+        brokers = getattr(self.args, "brokers", 1)
+        if not hasattr(self, "failover"):
+            return {"brokers": brokers}
+        return dict(self.failover.figures(self.settings, brokers))
 
     def _fault_poison(self, i: int) -> str:
         from rlstream.ops.run.faults import inject_poison
@@ -504,6 +544,13 @@ class Driver:
         }
 
 
+def _heap(brokers: int) -> str:
+    """Each broker's heap: ``HEAP`` alone, the replicated default beside the run's roles."""
+    from rlstream.ops.cluster.broker import default_heap
+
+    return HEAP if brokers == 1 else default_heap(brokers)
+
+
 def _position(p: Any) -> tuple[str, int, int]:
     return (p.topic, p.partition, p.offset)
 
@@ -527,4 +574,16 @@ def _lines(r: dict[str, Any]) -> list[str]:
         f"{r['feedback_stored']} time(s)",
         f"success: {r['warm_start_success']} (v0) -> {r['final_success']} "
         f"(v{r['final_versions']}); {r['wall_seconds']} s",
+        *_failover_lines(r),
+    ]
+
+
+def _failover_lines(r: dict[str, Any]) -> list[str]:
+    if "max_stall_s" not in r:
+        return []
+    return [
+        f"brokers: {r['brokers']} (replication factor {r['replication_factor']}): "
+        f"{r['leader_kills']} leader, {r['coordinator_kills']} coordinator and "
+        f"{r['controller_kills']} controller kills, {r['rolling_restarts']} rolling restarts; "
+        f"stall after each {r['stalls_s']} s (max {r['max_stall_s']} s)"
     ]

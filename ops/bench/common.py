@@ -29,6 +29,7 @@ def local_cluster(
     *,
     reuse_default: bool = True,
     heap: str = "1g",
+    brokers: int = 1,
 ) -> Iterator[Any]:
     """The local cluster (``ops.cluster.Cluster``) a benchmark runs on: the one at ``--home``
     when given (its ``regions``, and the links between them, must be running: an error says
@@ -59,7 +60,9 @@ def local_cluster(
     with tempfile.TemporaryDirectory(prefix="rlstream-bench-") as tmp:
         temp = Path(tmp) / "cluster"
         progress(f"starting a temporary local cluster ({', '.join(regions)}) for the benchmark ...")
-        state = cluster.up(list(regions), home=temp, heap=heap, log=lambda *_: None)
+        state = cluster.up(
+            list(regions), home=temp, heap=heap, log=lambda *_: None, brokers=brokers
+        )
         try:
             yield state
         finally:

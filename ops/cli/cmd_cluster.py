@@ -36,7 +36,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument(
         "--no-mirror", action="store_true", help="start the brokers only, no MirrorMaker 2"
     )
-    up.add_argument("--heap", default="1g", help="broker JVM heap, per broker (default 1g)")
+    up.add_argument(
+        "--heap",
+        default=None,
+        help="JVM heap of each broker (default 1g for a region of one broker, 512m each of 3)",
+    )
     up.add_argument(
         "--brokers",
         type=int,

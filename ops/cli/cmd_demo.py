@@ -50,6 +50,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="rollout engine: torch in process, or vllm (servers the workers start from "
         "`make vllm`'s venv; the policy's heads become 64 wide, which vLLM's CPU build runs)",
     )
+    p.add_argument(
+        "--brokers",
+        type=int,
+        default=1,
+        help="brokers of each local region started now (default 1; 3 replicates every topic, "
+        "see docs/kafka.md); the recipe's regions.brokers wins for the regions it names",
+    )
     p.add_argument("--config", default=None, help="TOML recipe (default ops/recipes/demo.toml)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", default=".rlstream/runs", help="where logs and the PNG go")
@@ -166,7 +173,10 @@ def _start_regions(args, run, config, regions) -> dict:
 
     local = [r for r in regions.names if r not in config.regions.clusters]
     secure = True if args.secure else None  # None: a running cluster stays as it was started
-    state = cluster.up(local, home=args.home, trainer=regions.trainer, secure=secure)
+    brokers = {r: config.regions.brokers.get(r, args.brokers) for r in local}
+    state = cluster.up(
+        local, home=args.home, trainer=regions.trainer, secure=secure, brokers=brokers
+    )
     settings = {r: config.regions.settings(r, args.home) for r in regions.names}  # admin's
     if args.secure:
         _authorize(run, regions, settings, _home(args))

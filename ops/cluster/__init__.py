@@ -126,7 +126,7 @@ def up(
     regions: list[str] | None = None,
     mirror_links: bool = True,
     home: Path | None = None,
-    heap: str = "1g",
+    heap: str | None = None,
     log=print,
     trainer: str | None = None,
     secure: bool | None = None,
@@ -135,7 +135,8 @@ def up(
     """Start (or reuse) the brokers of each region, then one MirrorMaker 2 per rollout region's
     link (unless ``mirror_links`` is False); ``secure`` True for secured regions, None to keep
     the cluster as it was started (a new cluster unsecured); ``brokers`` per new region (one
-    number for all, or by name; default 1): a region keeps the count it was created with."""
+    number for all, or by name; default 1): a region keeps the count it was created with;
+    ``heap`` per broker (default ``broker.default_heap``)."""
     home = Path(home or default_home())
     names = regions or [DEFAULT_REGION]
     with _locked(home):
@@ -153,7 +154,7 @@ def up(
                 log(f"region {name}: running at {region.bootstrap} (pid {pids})")
                 continue
             log(f"region {name}: starting Kafka ({region.brokers} broker(s)) ...")
-            broker.start(region, heap=heap)
+            broker.start(region, heap=heap or broker.default_heap(region.brokers))
             cluster.save()
             pids = ", ".join(str(n.pid) for n in region.nodes())
             log(f"region {name}: ready at {region.bootstrap} (pid {pids}, log {region.log})")

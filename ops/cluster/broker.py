@@ -180,6 +180,13 @@ def new_region(name: str, home: Path, secure: bool = False, brokers: int = 1) ->
     )
 
 
+def default_heap(brokers: int) -> str:
+    """The JVM heap of one broker of a region of ``brokers`` nodes when none is asked for: 1g
+    alone; 512m each when replicated (two regions of 3 stay within a small machine's memory;
+    measured in docs/kafka.md)."""
+    return "1g" if brokers == 1 else "512m"
+
+
 def replication(brokers: int) -> tuple[int, int]:
     """(replication factor, min.insync.replicas) of a region of ``brokers`` nodes: up to 3
     copies; 2 must acknowledge once there are 3 (one broker may die, writes go on)."""

@@ -11,13 +11,15 @@ Rules:
   would restart it; a rolling restart stops one node cleanly at a time and waits until no
   partition is under-replicated before the next, so a region of 3 never has fewer than 2 copies
   of a record in sync (``min.insync.replicas``) and writes never stop;
-- ``stall_after`` measures the time from a fault to the next version the learner committed.
+- ``stalls`` measures the time from each fault to the next version the learner committed.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rlstream.ops.run.faults import kill9
 from rlstream.producers.client.settings import KafkaSettings
@@ -129,17 +131,84 @@ def rolling_restart(home: Path, region: str, heap: str, timeout: float = 180.0) 
     return took
 
 
-def stall_after(
-    settings: KafkaSettings, run: str, fault_at: float, after_version: int, timeout: float
-) -> tuple[int, float]:
-    """Wait for the first accepted version past ``after_version``; returns it and the seconds
-    from ``fault_at`` (a ``time.time()``) to when it was committed (its record's timestamp)."""
+def commit_times(settings: KafkaSettings, run: str) -> list[tuple[int, float]]:
+    """(version, when its manifest was made, ``time.time()`` seconds) of every accepted
+    version, in log order: a version made after a fault was committed after it."""
     from rlstream.ops.observe.ledger import accepted_manifests
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for rec in accepted_manifests(settings, run, timeout=30):
-            if int(rec["version"]) > after_version:
-                return int(rec["version"]), int(rec["created_ms"]) / 1000 - fault_at
-        time.sleep(1.0)
-    raise TimeoutError(f"no version past {after_version} within {timeout:.0f}s of the fault")
+    return [
+        (int(r["version"]), int(r["created_ms"]) / 1000)
+        for r in accepted_manifests(settings, run, timeout=30)
+    ]
+
+
+def stalls(commits: list[tuple[int, float]], faults: list[float]) -> list[float | None]:
+    """Per fault time, the seconds to the first version made after it (None: none was)."""
+    out: list[float | None] = []
+    for fault in faults:
+        after = [at for _, at in commits if at > fault]
+        out.append(round(min(after) - fault, 2) if after else None)
+    return out
+
+
+def learner_transactional_id(run: str) -> str:
+    """The transactional id of the learner's rank 0 (its manifests and offsets)."""
+    from rlstream.schemas import topics
+
+    return f"{topics.group_id(run, 'learner')}.0"
+
+
+KINDS = ("leader", "coordinator", "controller", "roll")
+
+
+@dataclass
+class BrokerFaults:
+    """The broker faults of one run on a replicated region, and when each struck (for
+    ``stalls``): ``leader`` kills the leader of the manifest partition the learner commits to,
+    ``coordinator`` the learner's transaction coordinator, ``controller`` the active controller
+    (each SIGKILL, restarted after ``down_s``), ``roll`` restarts every node in turn."""
+
+    home: Path
+    region: str
+    run: str
+    heap: str
+    down_s: float = 5.0
+    done: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    times: list[float] = field(default_factory=list)
+
+    def inject(self, kind: str) -> str:
+        from rlstream.ops import cluster
+        from rlstream.schemas import topics
+
+        settings = cluster.load(self.home).settings(self.region)
+        if kind == "roll":
+            self.times.append(time.time())
+            took = rolling_restart(self.home, self.region, self.heap)
+            self.done[kind] += 1
+            return f"rolled every broker ({', '.join(f'{t:.0f}s' for t in took)} each)"
+        node = {
+            "leader": lambda: leader_of(settings, topics.topic_name(self.run, "weights.manifests")),
+            "coordinator": lambda: coordinator_of(settings, learner_transactional_id(self.run)),
+            "controller": lambda: controller_of(settings),
+        }[kind]()
+        self.times.append(kill_node(self.home, self.region, node))
+        time.sleep(self.down_s)
+        restart_node(self.home, self.region, node, self.heap)
+        self.done[kind] += 1
+        return f"killed the {kind} (node {node}) with SIGKILL; restarted after {self.down_s:.0f}s"
+
+    def figures(self, settings: KafkaSettings, brokers: int) -> dict[str, Any]:
+        from rlstream.ops.cluster.broker import replication
+
+        measured = stalls(commit_times(settings, self.run), self.times)
+        known = [s for s in measured if s is not None]
+        return {
+            "brokers": brokers,
+            "replication_factor": replication(brokers)[0],
+            "leader_kills": self.done["leader"],
+            "coordinator_kills": self.done["coordinator"],
+            "controller_kills": self.done["controller"],
+            "rolling_restarts": self.done["roll"],
+            "stalls_s": measured,
+            "max_stall_s": max(known) if known else None,
+        }

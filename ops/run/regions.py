@@ -88,13 +88,22 @@ class RegionsConfig(BaseModel):
         default_factory=dict,
         description="Existing clusters by region; a region without one is the local cluster's.",
     )
+    brokers: dict[str, int] = Field(
+        default_factory=dict,
+        description="Brokers of a local region when it is first started (1 when not named); 3 "
+        "keeps 3 copies of every topic with min.insync.replicas=2, surviving one broker's loss.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> RegionsConfig:
         topology = self.topology()  # validates names and distinctness
-        unknown = sorted(set(self.clusters) - set(topology.names))
-        if unknown:
-            raise ValueError(f"regions.clusters names unknown region(s) {unknown}")
+        for field in ("clusters", "brokers"):
+            unknown = sorted(set(getattr(self, field)) - set(topology.names))
+            if unknown:
+                raise ValueError(f"regions.{field} names unknown region(s) {unknown}")
+        bad = {r: n for r, n in self.brokers.items() if not 1 <= n <= 5}
+        if bad:
+            raise ValueError(f"regions.brokers must be 1 to 5 per region, not {bad}")
         return self
 
     def topology(self) -> topics.Regions:
