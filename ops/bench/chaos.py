@@ -99,7 +99,8 @@ def _main(args: argparse.Namespace) -> int:
     # stopped (by pid) on the way out.
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     result = run(args)
-    emit(result, args.json, _lines(result), name="chaos")
+    brokers = getattr(args, "brokers", 1)
+    emit(result, args.json, _lines(result), name="chaos" if brokers == 1 else f"chaos-{brokers}b")
     return 0 if held(result) else 1
 
 

@@ -211,4 +211,22 @@ class BrokerFaults:
             "rolling_restarts": self.done["roll"],
             "stalls_s": measured,
             "max_stall_s": max(known) if known else None,
+            "broker_rss_mb": broker_rss_mb(self.home, self.region),
         }
+
+
+def broker_rss_mb(home: Path, region: str) -> dict[str, int | None]:
+    """Resident memory of each node of ``region`` now, in MiB (None: not running)."""
+    from rlstream.ops import cluster
+
+    reg = cluster.load(home).regions[region]
+    out: dict[str, int | None] = {}
+    for node in reg.nodes():
+        out[str(node.node_id)] = None
+        try:
+            status = Path(f"/proc/{node.pid}/status").read_text().splitlines()
+            kb = next(ln for ln in status if ln.startswith("VmRSS")).split()[1]
+            out[str(node.node_id)] = int(kb) // 1024
+        except (OSError, StopIteration):
+            pass
+    return out
