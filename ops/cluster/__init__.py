@@ -92,7 +92,9 @@ class Cluster:
         return self.regions[region].settings(user)
 
     def running_regions(self) -> list[str]:
-        return [n for n, r in self.regions.items() if r.running()]
+        """Regions that serve: every node of a one-broker region, a majority of a replicated
+        one (a region that lost one broker of 3 still serves, degraded)."""
+        return [n for n, r in self.regions.items() if r.serving()]
 
     def rollout_regions(self) -> list[str]:
         return [n for n in self.regions if n != self.trainer]

@@ -160,6 +160,11 @@ class Region:
         """Every node of the region runs."""
         return all(self.node_running(n.node_id) for n in self.nodes())
 
+    def serving(self) -> bool:
+        """A majority of the region's nodes runs (its quorum can elect leaders)."""
+        alive = sum(self.node_running(n.node_id) for n in self.nodes())
+        return alive > self.brokers // 2
+
     def to_dict(self) -> dict:
         return asdict(self)
 

@@ -43,6 +43,7 @@ def test_a_region_state_without_peers_is_one_broker_and_peers_round_trip():
     assert Region.from_dict(two.to_dict()) == two
     two.set_pid(2, 9)
     assert two.node(2).pid == 9 and two.node(1).pid == 5
+    assert not two.serving()  # no process of ours runs under these pids
 
 
 def test_recipe_brokers_name_known_regions_within_bounds():
