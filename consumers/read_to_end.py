@@ -51,6 +51,9 @@ _TRANSIENT = (
     KafkaError.UNKNOWN_TOPIC_OR_PART,
     KafkaError._TIMED_OUT,
     KafkaError._TRANSPORT,
+    # The partition's leader left the metadata (a replica broker killed) while the request
+    # waited for it: librdkafka drops that broker's handle; the next try asks the new leader.
+    KafkaError._DESTROY_BROKER,
 )
 _SKIP = (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
 
@@ -149,9 +152,12 @@ def read_at(
     return None
 
 
-def retrying(call: Callable[[], T], timeout: float = 15.0) -> T:
+def retrying(call: Callable[[], T], timeout: float = 60.0) -> T:
     """``call()``, retried with a short backoff while it fails with a retriable Kafka error
-    (a partition without a leader yet, just after its topic was created) for up to ``timeout``."""
+    (a partition without a leader yet, just after its topic was created or after its leader
+    died) for up to ``timeout``. A new leader is elected only once the controller has seen the
+    dead broker's session expire (9 s by default) and the client has fresh metadata: measured
+    over 15 s on a loaded 2-core machine, where a shorter wait made a role exit."""
     deadline, pause = time.monotonic() + timeout, 0.05
     while True:
         try:
