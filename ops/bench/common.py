@@ -227,7 +227,6 @@ def machine() -> dict[str, Any]:
     return {
         "cpu": cpu or platform.processor(),
         "cores": os.cpu_count(),
-        "load_average": [round(x, 2) for x in os.getloadavg()],  # 1, 5, 15 min, when kept
         "memory_gb": mem_gb,
         "os": platform.platform(),
         "python": platform.python_version(),
