@@ -196,14 +196,32 @@ def _ingest(r: dict[str, Any]) -> Cells:
 
 
 def _learner(r: dict[str, Any]) -> Cells:
-    runs = {run["ranks"]: run["samples_per_s"] for run in r["runs"]}
-    one = runs.get(1)
-    more = [(n, s) for n, s in sorted(runs.items()) if n != 1]
-    figure = "; ".join(
-        f"{n} ranks {_f(s, 1)} samples/s" + (f" (**{_f(s / one)}×**)" if one else "")
-        for n, s in more
-    )
-    return f"{figure}; {r['params']:,} parameters", f"1 rank: {_f(one or 0, 1)} samples/s"
+    runs = r["runs"]
+    one = next((x["samples_per_s"] for x in runs if x["ranks"] == 1), None)
+    parts = [
+        f"{x['ranks']} ranks {_f(x['samples_per_s'], 1)} samples/s"
+        + (f" (**{_f(x['samples_per_s'] / one)}×**)" if one else "")
+        for x in runs
+        if x["ranks"] != 1
+    ]
+    parts += [  # the same rank count again on more threads (every core)
+        f"1 rank on {x['threads']} threads {_f(x['samples_per_s'], 1)} samples/s"
+        for x in runs[1:]
+        if x["ranks"] == 1 and x.get("threads")
+    ]
+    packing = r.get("packing")
+    if packing:
+        parts.append(
+            f"packed {_f(packing['packed']['tokens_per_s'], 1)} tokens/s "
+            f"(**{_f(packing['packing_speedup'])}×** padded)"
+        )
+    figure = "; ".join([*parts, f"{r['params']:,} parameters"])
+    first = next((x for x in runs if x["ranks"] == 1), {})
+    threads = f" on {first['threads']} thread(s)" if first.get("threads") else ""
+    baseline = f"1 rank{threads}: {_f(one or 0, 1)} samples/s"
+    if packing:
+        baseline += f"; padded {_f(packing['padded']['tokens_per_s'], 1)} tokens/s"
+    return figure, baseline
 
 
 def _publish(r: dict[str, Any]) -> Cells:
