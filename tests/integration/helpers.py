@@ -23,7 +23,7 @@ from confluent_kafka import (
 from rlstream.producers.client.admin import TopicWant, admin_client, apply_topics
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.weights.signing import KEY_FILE, Signer
-from rlstream.schemas import events
+from rlstream.schemas import events, topics
 
 _SIGNERS: dict[str, tuple[Signer, Path]] = {}
 
@@ -107,8 +107,6 @@ def decode_all(settings: KafkaSettings, topic: str) -> list[events.Decoded]:
 def decisions(settings: KafkaSettings, run: str) -> dict[str, list[str]]:
     """group id -> what admission decided for it, in stream order ("admitted" or the
     rejection's reason): one entry per decision, so a group decided twice shows twice."""
-    from rlstream.schemas import topics
-
     out: dict[str, list[str]] = collections.defaultdict(list)
     for stream in ("admitted", "rejected"):
         for d in decode_all(settings, topics.topic_name(run, stream)):
@@ -149,6 +147,23 @@ def wait_for(
         assert not dead, f"role(s) exited: {dead}"
         time.sleep(1)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+#: The roles of a whole one-region run (both judges, one rollout worker), as
+#: ``start_recipe_roles`` takes them.
+PIPELINE_ROLES: list[tuple[str, list[str]]] = [
+    ("learner", []),
+    ("admission", []),
+    ("judge", ["--name", "tests"]),
+    ("judge", ["--name", "format"]),
+    ("rollout", ["--member", "0"]),
+    ("scheduler", []),
+]
+
+
+def manifest_records(settings: KafkaSettings, run: str) -> list[dict[str, Any]]:
+    """Every committed weight manifest of ``run``, as written."""
+    return [d.record for d in decode_all(settings, topics.topic_name(run, "weights.manifests"))]
 
 
 def start_recipe_roles(

@@ -15,7 +15,15 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import decisions, decode_all, start_recipe_roles, stop_procs, wait_for
+from helpers import (
+    PIPELINE_ROLES,
+    decisions,
+    decode_all,
+    manifest_records,
+    start_recipe_roles,
+    stop_procs,
+    wait_for,
+)
 
 from rlstream.producers.client.admin import ensure_run_topics
 from rlstream.schemas import topics
@@ -92,26 +100,14 @@ kind = "format"
     return recipe
 
 
-def _versions(kafka, run: str) -> list[dict]:
-    return [d.record for d in decode_all(kafka, topics.topic_name(run, "weights.manifests"))]
-
-
 def test_a_dataset_family_trains_through_the_pipeline(kafka, unique_run, tmp_path):
     run = unique_run
     recipe = str(_recipe(tmp_path))
     ensure_run_topics(kafka, run)
-    roles = [
-        ("learner", []),
-        ("admission", []),
-        ("judge", ["--name", "tests"]),
-        ("judge", ["--name", "format"]),
-        ("rollout", ["--member", "0"]),
-        ("scheduler", []),
-    ]
-    procs = start_recipe_roles(kafka, run, tmp_path, recipe, roles)
+    procs = start_recipe_roles(kafka, run, tmp_path, recipe, PIPELINE_ROLES)
     try:
         wait_for(lambda: len(decisions(kafka, run)) >= TASKS, 150, procs)
-        wait_for(lambda: any(v["version"] >= 2 for v in _versions(kafka, run)), 60, procs)
+        wait_for(lambda: any(v["version"] >= 2 for v in manifest_records(kafka, run)), 60, procs)
         decided = decisions(kafka, run)
         assert len(decided) == TASKS and all(len(v) == 1 for v in decided.values())
         released = [d.record for d in decode_all(kafka, topics.topic_name(run, "tasks"))]
@@ -135,7 +131,7 @@ def test_a_dataset_family_trains_through_the_pipeline(kafka, unique_run, tmp_pat
         admitted = {g for g, v in decided.items() if v == ["admitted"]}
         trained = {
             (ref["topic"], ref["partition"], ref["offset"])
-            for m in _versions(kafka, run)
+            for m in manifest_records(kafka, run)
             if m["version"] > 0
             for ref in m["step_inputs"]
         }

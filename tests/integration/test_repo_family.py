@@ -16,7 +16,15 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import decisions, decode_all, start_recipe_roles, stop_procs, wait_for
+from helpers import (
+    PIPELINE_ROLES,
+    decisions,
+    decode_all,
+    manifest_records,
+    start_recipe_roles,
+    stop_procs,
+    wait_for,
+)
 
 from rlstream.envs import patches
 from rlstream.producers.client.admin import ensure_run_topics
@@ -74,26 +82,14 @@ kind = "format"
     return recipe
 
 
-def _versions(kafka, run: str) -> list[dict]:
-    return [d.record for d in decode_all(kafka, topics.topic_name(run, "weights.manifests"))]
-
-
 def test_a_repo_only_run_trains_through_the_pipeline(kafka, unique_run, tmp_path):
     run = unique_run
     recipe = str(_recipe(tmp_path))
     ensure_run_topics(kafka, run)
-    roles = [
-        ("learner", []),
-        ("admission", []),
-        ("judge", ["--name", "tests"]),
-        ("judge", ["--name", "format"]),
-        ("rollout", ["--member", "0"]),
-        ("scheduler", []),
-    ]
-    procs = start_recipe_roles(kafka, run, tmp_path, recipe, roles)
+    procs = start_recipe_roles(kafka, run, tmp_path, recipe, PIPELINE_ROLES)
     try:
         wait_for(lambda: len(decisions(kafka, run)) >= TASKS, 420, procs)
-        wait_for(lambda: any(v["version"] >= 1 for v in _versions(kafka, run)), 120, procs)
+        wait_for(lambda: any(v["version"] >= 1 for v in manifest_records(kafka, run)), 120, procs)
         decided = decisions(kafka, run)
         assert len(decided) == TASKS and all(len(v) == 1 for v in decided.values())
         released = [d.record for d in decode_all(kafka, topics.topic_name(run, "tasks"))]
@@ -116,7 +112,10 @@ def test_a_repo_only_run_trains_through_the_pipeline(kafka, unique_run, tmp_path
         assert all(not r["passed"] for r in tests if r["task_id"] in unchanged)
         admitted = {g for g, v in decided.items() if v == ["admitted"]}
         trained = [
-            ref for m in _versions(kafka, run) if m["version"] > 0 for ref in m["step_inputs"]
+            ref
+            for m in manifest_records(kafka, run)
+            if m["version"] > 0
+            for ref in m["step_inputs"]
         ]
         assert admitted and trained, "the learner trained on admitted repo groups"
     finally:
