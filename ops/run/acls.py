@@ -162,7 +162,7 @@ def _topic_grants(
     copies = [topics.remote_topic(s, topics.topic_name(run, c)) for s, c in regions.copies(here)]
     for op in ("describe", "describe_configs"):
         yield Grant(user, "topic", "prefixed", run_prefix, op)
-        for name in (topics.SCHEMAS_TOPIC, topics.RUNS_TOPIC, *copies):
+        for name in (topics.SCHEMAS_TOPIC, topics.RUNS_TOPIC, topics.AUDIT_TOPIC, *copies):
             yield Grant(user, "topic", "literal", name, op)
     for name in _read_topics(run, "schemas", regions, here):  # the copies of rl.schemas
         yield Grant(user, "topic", "literal", name, "read")
