@@ -41,12 +41,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     multi-region ``geo`` cluster (three brokers, two MirrorMakers) and the demo, which adds a
     region to the session's cluster. Everything else then runs beside one broker only.
 
-    Under ``pytest -n N --dist loadgroup`` (``make test``) the ``geo`` tests form one xdist
-    group (one worker starts the ``geo`` cluster once and runs them all) and the other
-    whole-pipeline tests (``HEAVY``) another: the two longest queues run on two workers at
-    once, instead of one after the other on one worker while the other goes idle (the one
-    queue was the suite's critical path). The other tests fill in around them. Without xdist
-    the markers are inert."""
+    Under ``pytest -n N --dist loadgroup`` (``make test``) the ``geo`` tests and the other
+    whole-pipeline tests (``HEAVY``) form one xdist group: one worker runs them in that order
+    (it starts the ``geo`` cluster once), the others share the rest. xdist hands out the
+    largest group first, so the longest queue starts at once. Without xdist the marker is
+    inert."""
 
     def heavy(item: pytest.Item) -> int:
         fixtures = getattr(item, "fixturenames", ())
@@ -55,8 +54,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return 1 if item.nodeid.startswith("tests/integration/test_learning.py") else 0
 
     for item in items:
-        if heavy(item) == 2:
-            item.add_marker(pytest.mark.xdist_group("geo"))
-        elif item.nodeid.startswith(HEAVY):
+        if heavy(item) == 2 or item.nodeid.startswith(HEAVY):
             item.add_marker(pytest.mark.xdist_group("heavy"))
     items.sort(key=heavy)  # stable: the order within each class is kept
