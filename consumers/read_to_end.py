@@ -14,7 +14,12 @@ Rules:
   the reader reaches its end of committed data (a transaction still open never holds it up);
 - a reader assigns partitions itself: no consumer group, no commits, no rebalance of any role;
 - the call raises ``TimeoutError`` if the end is not reached within ``timeout``: a caller never
-  takes a partial read for the whole log.
+  takes a partial read for the whole log;
+- a reader still assigned from its last call is paused before the ends are asked for: a broker
+  answers a connection's requests in order, so each end's query would otherwise wait behind
+  the reader's idle long-poll fetch (``fetch.wait.max.ms``, 500 ms by default): measured 4.7 s
+  for a 12-partition topic against 0.01 s paused, and the admission of every group waited for it.
+  It is resumed once the ends are known (a pause would outlive the caller's next ``assign``).
 """
 
 from __future__ import annotations
@@ -83,7 +88,12 @@ def read_to_end(
 
     The consumer must report partition ends (``enable.partition.eof``, as ``reader`` does)."""
     starts = list(partitions)
-    remaining = {(tp.topic, tp.partition): end for tp, end in _ends(consumer, starts, timeout)}
+    held = consumer.assignment()
+    consumer.pause(held)  # no new fetch queues before the ends' queries
+    try:
+        remaining = {(tp.topic, tp.partition): end for tp, end in _ends(consumer, starts, timeout)}
+    finally:
+        consumer.resume(held)  # a pause outlives a later assign of the same partitions
     remaining = {tp: end for tp, end in remaining.items() if end is not None}
     if not remaining:
         return

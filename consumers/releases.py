@@ -88,6 +88,7 @@ class TaskReleases:
                 continue  # not a task: nothing was released by it
             ref = {"topic": self.topic, "partition": partition, "offset": offset}
             self._note(str(task["task_id"]), target_of(task) or ANY_REGION, ref)
+        self._reader.unassign()  # read on demand: no fetch ahead, none in flight at the next read
 
     def _note(self, task_id: str, region: str, ref: dict[str, Any]) -> None:
         regions = self._regions.pop(task_id, {})
