@@ -155,8 +155,8 @@ class Admission:
     def _unreleased(self, rec: Record) -> str | None:
         """Why ``rec`` is refused as not released to its copy's region (module docstring)."""
         value = rec.value
-        if value["group_id"] in self.decided or value["group_id"] in self._staged:
-            return None  # ignored anyway: nothing to check
+        # checked even when the group is decided: a forged copy arriving after the genuine one
+        # is reported (dead-lettered), not silently dropped with the late copies
         released = self.releases.released_to(str(value["task_id"]))
         return release_refusal(value["group_id"], value["task_id"], self.copy_of(rec), released)
 
