@@ -216,7 +216,7 @@ def _learner(r: dict[str, Any]) -> Cells:
             f"(**{_f(packing['packing_speedup'])}×** padded)"
         )
     figure = "; ".join([*parts, f"{r['params']:,} parameters"])
-    first = next((x for x in runs if x["ranks"] == 1), {})
+    first: dict[str, Any] = next((x for x in runs if x["ranks"] == 1), {})
     threads = f" on {first['threads']} thread(s)" if first.get("threads") else ""
     baseline = f"1 rank{threads}: {_f(one or 0, 1)} samples/s"
     if packing:
