@@ -72,6 +72,15 @@ def reader(settings: KafkaSettings, name: str, **overrides: str) -> Consumer:
     return Consumer(conf)
 
 
+def lookup_reader(settings: KafkaSettings, name: str) -> Consumer:
+    """A ``reader`` for reads on demand (``read_at``, short catch-ups): its fetches wait at most
+    20 ms for data at a partition's end, not librdkafka's 500 ms. A broker answers a
+    connection's requests in order, so each read after the reader reached an end otherwise
+    queued behind that idle long-poll: feedback-rl's lookups of served completions took about
+    a second each (measured: 28 looked up in 41 s of a demo with editor feedback)."""
+    return reader(settings, name, **{"fetch.wait.max.ms": "20"})
+
+
 def partitions_of(consumer: Consumer, topic: str, timeout: float = 10.0) -> list[int] | None:
     """The partition ids of ``topic`` (None when the topic does not exist)."""
     meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)

@@ -37,7 +37,13 @@ from typing import Any
 import numpy as np
 from confluent_kafka import TopicPartition
 
-from rlstream.consumers.read_to_end import partitions_of, read_at, read_to_end, reader, retrying
+from rlstream.consumers.read_to_end import (
+    lookup_reader,
+    partitions_of,
+    read_at,
+    read_to_end,
+    retrying,
+)
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import arrays, topics
 from rlstream.schemas.errors import RlstreamError
@@ -134,7 +140,7 @@ class ServedLookup:
         self.topic = topics.topic_name(run, "served")
         self.feedback_topic = topics.topic_name(run, "feedback")
         self.max_ids = max_ids
-        self.consumer = reader(settings, "feedback-rl.served-lookup")
+        self.consumer = lookup_reader(settings, "feedback-rl.served-lookup")
         self.indexes: dict[int, _Index] = {}
         self._served: list[int] | None = None
         self._same_count = False

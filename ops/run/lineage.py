@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlstream.consumers.read_to_end import read_at, reader
+from rlstream.consumers.read_to_end import lookup_reader, read_at
 from rlstream.consumers.run_log import run_manifest
 from rlstream.consumers.weights.manifest_log import manifests_by_version
 from rlstream.producers.client.settings import KafkaSettings
@@ -67,7 +67,7 @@ class Log:
 
     def __init__(self, settings: KafkaSettings, source: str | None = None) -> None:
         self.source = source
-        self._reader = reader(settings, "lineage")
+        self._reader = lookup_reader(settings, "lineage")
         self._cache: dict[Position, dict[str, Any] | None] = {}
 
     def at(self, ref: dict[str, Any] | None, what: str) -> dict[str, Any] | None:
