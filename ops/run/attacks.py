@@ -142,14 +142,7 @@ def forged_feedback_tokens(
     landed = []
     for i, rec in enumerate(forged):
         body = json.dumps({**rec, "feedback_id": f"chaos-forged-{tag}-{i}"}).encode()
-        ts = str(int(time.time()))
-        headers = {
-            "Content-Type": "application/json",
-            fa.KEY_ID_HEADER: key_id,
-            fa.TIMESTAMP_HEADER: ts,
-            fa.DIGEST_HEADER: fa.body_digest(body),
-            fa.SIGNATURE_HEADER: fa.sign_digest(key, ts, target, "", body),
-        }
+        headers = fa.signed_headers(key, key_id, target, body)
         request = _request(f"{url}{FEEDBACK_PATH}", body, headers)
         if request is not None:
             [stored] = request["results"]
