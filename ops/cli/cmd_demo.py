@@ -7,7 +7,9 @@ regions, and every role agrees on the regions through the run config (``regions.
 every region (each region's own plan, ``rlstream acl apply --region R``) and on every link, and
 each role connects as its own user, a rollout worker in a rollout region too. Without
 ``--secure`` on a cluster started secured, the roles connect as ``admin`` and the links are still
-given the run's streams."""
+given the run's streams. ``--feedback N`` adds N simulated editor users (``ops.run.editors``): they
+ask ``serve policy`` for completions and send feedback through ``serve feedback``, and
+feedback-rl trains on it beside the rollouts."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -57,6 +60,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="brokers of each local region started now (default 1; 3 replicates every topic, "
         "see docs/kafka.md); the recipe's regions.brokers wins for the regions it names",
     )
+    p.add_argument(
+        "--feedback",
+        type=int,
+        default=0,
+        metavar="USERS",
+        help="simulated editor users who request completions from `serve policy` and send "
+        "feedback through `serve feedback`; feedback-rl trains on it beside the rollouts",
+    )
     p.add_argument("--config", default=None, help="TOML recipe (default ops/recipes/demo.toml)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", default=".rlstream/runs", help="where logs and the PNG go")
@@ -80,6 +91,8 @@ def _demo(args: argparse.Namespace) -> int:
     from rlstream.trainer.config import LearnerConfig
     from rlstream.trainer.learner_step import init_model
 
+    if args.feedback and args.secure:
+        raise SystemExit("error: --feedback runs on an unsecured cluster only for now")
     names = [r.strip() for r in args.regions.split(",") if r.strip()] or ["trainer"]
     run = args.run or time.strftime("demo-%Y%m%d-%H%M%S")
     out = Path(args.out) / run
@@ -101,6 +114,7 @@ def _demo(args: argparse.Namespace) -> int:
         f"regions.rollout={json.dumps(names[1:])}",
         *([f"learner.ranks={args.ranks}"] if args.ranks else []),
         *demo.engine_sets(args.engine, out),
+        *(demo.FEEDBACK_SETS if args.feedback else []),
     ]
     config = load_run_config(args.config, sets)
     regions = config.regions.topology()
@@ -118,6 +132,15 @@ def _demo(args: argparse.Namespace) -> int:
     learner_env = demo.sign_weights(home, run, key_file, learner_cfg.insecure_weights)
     roles = _start_roles(args, run, config, regions, settings, out / "logs", extra, learner_env)
     tracker = demo.start_role("tracker", run, home, out / "logs", extra, region=regions.trainer)
+    services: list[Any] = []
+    editors = None
+    if args.feedback:
+        from rlstream.ops.run import editors as editor_users
+
+        print(f"{args.feedback} editor users: serve policy and serve feedback ...", flush=True)
+        services, editors = editor_users.start(
+            run, home, out / "logs", extra, config, args.feedback
+        )
     progress, tally, stopper = demo.RunAnalytics(run), demo.RegionTally(), Stopper().install()
     follower = threading.Thread(
         target=demo.follow_streams,
@@ -135,6 +158,8 @@ def _demo(args: argparse.Namespace) -> int:
             started,
             lambda: tally.figures(regions, progress.version),
         )
+        if editors is not None:
+            editors.stop()
         trainers = [r for r in roles if r.name != "eval"]
         demo.stop_roles(trainers)  # the eval role finishes the last due version first
         due = demo.last_due(progress.version, config.eval.every)
@@ -144,6 +169,10 @@ def _demo(args: argparse.Namespace) -> int:
         raise
     finally:
         stopper.stop()
+        if editors is not None:
+            editors.stop()
+        for service in services:
+            service.stop()
         demo.stop_roles(roles)
         follower.join(timeout=10)
     wall = time.monotonic() - started
@@ -159,6 +188,11 @@ def _demo(args: argparse.Namespace) -> int:
     result.update(demo.weights_summary(home, run, config))
     result["learner_ranks"] = learner_cfg.ranks
     result.update(demo.engine_summary(out / "engines"))
+    result["feedback"] = None
+    if editors is not None:
+        from rlstream.ops.run.editors import trained_online_groups
+
+        result["feedback"] = {**editors.figures(), **trained_online_groups(home, run)}
     _print_summary(run, result, wall, png, out)
     if args.json:
         print(demo.dumps(result))
@@ -232,6 +266,8 @@ def _start_roles(
         member = ["--member", str(i), *extra]
         name = f"rollout-{where}-{i}"
         roles.append(start("rollout", run, settings[where], logs, member, name, where))
+    if args.feedback:
+        roles.append(start("feedback-rl", run, home, logs, extra, region=here))
     roles.append(start("scheduler", run, home, logs, extra, region=here))
     roles.append(start("eval", run, home, logs, extra, region=here))
     return roles
@@ -280,6 +316,14 @@ def _print_summary(run: str, result: dict, wall: float, png: Path, out: Path) ->
             f"{result['engine_swaps']} swaps (p50 {'-' if p50 is None else f'{p50:.3f}s'}), "
             f"{result['engine_restarts']} restarts"
             + ("" if memory is None else f", {memory / 2**30:.1f} GiB per worker's engine")
+        )
+    if result.get("feedback"):
+        f = result["feedback"]
+        print(
+            f"  editor feedback: {f['users']} users, {f['requests']} requests, "
+            f"{f['accepted']} completions accepted and {f['rejected']} rejected; online groups "
+            f"{f['online_groups_admitted']} admitted, {f['online_groups_trained']} trained"
+            + (f"; {f['errors']} errors, last: {f['last_error']}" if f["errors"] else "")
         )
     if result.get("model_dir"):
         print(f"final policy v{result['final_version']} (HF): {result['model_dir']}")

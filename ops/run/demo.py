@@ -466,6 +466,12 @@ policy has heads of 16 (d_model 64, 4 heads), which vLLM's CPU attention does no
 gives them 64 (the attention projections grow to 4 x 64 wide; everything else is the same)."""
 
 
+FEEDBACK_SETS = ["feedback_rl.window_seconds=2", "feedback_rl.max_staleness=4"]
+"""With ``--feedback``: feedback-rl closes a window 2 s after its first feedback (default 10 s,
+five versions of the demo's learner), and online groups keep a staleness budget of 4 (the
+served version trails the learner by the swap and the window)."""
+
+
 def engine_sets(engine: str, out: Path) -> list[str]:
     """The overrides that put the run's rollouts on ``engine`` and keep its figures in
     ``out/engines`` (each worker's engine writes its own file there)."""

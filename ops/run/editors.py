@@ -1,0 +1,229 @@
+"""Simulated editor users for ``rlstream demo --feedback N``: real-time RL beside the rollouts.
+
+Each user, in turn, does what an editor user of the served policy does:
+
+- asks the run's policy server (``rlstream serve policy``, following the run's weights) for
+  ``choices`` completions of a training task's prompt, drawn as the scheduler draws its tasks
+  (the recipe's families, training split only) from an index range of its own;
+- tries each completion as the user would by running it: the task family's own score, in the
+  sandbox (``TaskFamily.score``), so a user accepts what works;
+- sends one feedback event per completion through the feedback service (``rlstream serve
+  feedback``, HMAC-signed with the service's key): ``accepted`` when it passed, else
+  ``rejected``, naming only the request id, the choice and the user; the service stores a salted
+  hash of the user id, never the id.
+
+feedback-rl then joins each feedback with the served record and admits online groups, which the
+learner trains on beside the rollouts' groups; ``summary`` reads back how many were admitted and
+trained (named in a version's manifest).
+
+Bounded: a user waits ``pause_s`` between requests; a request or a feedback that fails is
+counted (``errors``, with the last reason) and the users go on; ``stop`` ends the loop.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import urllib.error
+import urllib.request
+from typing import Any
+
+from rlstream.producers.client.settings import KafkaSettings
+from rlstream.schemas import topics
+
+TASK_INDEX_BASE = 10_000_000
+"""Editor tasks are drawn from indices far above the scheduler's (its ``max_tasks`` at most)."""
+
+
+class EditorUsers:
+    """``users`` simulated editor users (``editor-0`` ...) in one background thread."""
+
+    def __init__(
+        self,
+        run: str,
+        scheduler_cfg: Any,
+        policy_url: str,
+        feedback_url: str,
+        key: bytes,
+        *,
+        model: str = "policy",
+        users: int = 3,
+        choices: int = 4,
+        max_tokens: int = 48,
+        pause_s: float = 1.0,
+        key_id: str = "k1",
+    ) -> None:
+        self.run, self.cfg, self.model = run, scheduler_cfg, model
+        self.policy_url, self.feedback_url = policy_url, feedback_url
+        self.key, self.key_id = key, key_id
+        self.users = [f"editor-{i}" for i in range(users)]
+        self.choices, self.max_tokens, self.pause_s = choices, max_tokens, pause_s
+        self.counts = {"requests": 0, "accepted": 0, "rejected": 0, "stored": 0, "errors": 0}
+        self.last_error: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="editor-users", daemon=True)
+
+    def start(self) -> EditorUsers:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 60.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        index = 0
+        while not self._stop.is_set():
+            user = self.users[index % len(self.users)]
+            try:
+                self.session(user, index)
+            except (OSError, ValueError, KeyError, RuntimeError) as exc:
+                self.counts["errors"] += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"[:300]
+            index += 1
+            self._stop.wait(self.pause_s)
+
+    def session(self, user: str, index: int) -> None:
+        """One request of ``user`` and its feedback (see the module rules)."""
+        from rlstream.envs import family as families
+        from rlstream.rollout.scheduler import task_record, with_fx_options
+
+        task = task_record(self.run, self.cfg, TASK_INDEX_BASE + index, 0)
+        body = {
+            "model": self.model,
+            "prompt": task["prompt"],
+            "max_tokens": self.max_tokens,
+            "n": self.choices,
+            "user": user,
+        }
+        status, answer = _post_json(f"{self.policy_url}/v1/completions", body, {})
+        if status == 503:
+            return  # no version served yet (or its stream is down): the user tries again later
+        if status != 200 or answer is None:
+            raise RuntimeError(f"completion answered {status}: {answer}")
+        self.counts["requests"] += 1
+        specs = with_fx_options(self.cfg.families, self.cfg.tasks)
+        scorer = families.families(specs)[task["family"]]
+        events = []
+        for choice in answer["choices"]:
+            passed = scorer.score(task["task_id"], choice["text"]).passed
+            action = "accepted" if passed else "rejected"
+            self.counts[action] += 1
+            events.append(
+                {
+                    "feedback_id": f"{answer['request_id']}-{choice['index']}",
+                    "request_id": answer["request_id"],
+                    "policy_version": int(answer["policy_version"]),
+                    "model": self.model,
+                    "action": action,
+                    "user_id": user,
+                    "task_class": "editor",
+                    "metadata": {"choice": str(choice["index"])},
+                }
+            )
+        self._send(events)
+
+    def _send(self, events: list[dict[str, Any]]) -> None:
+        from rlstream.producers.feedback import auth as fa
+        from rlstream.producers.feedback.models import FEEDBACK_PATH
+
+        body = json.dumps({"events": events}).encode()
+        target = fa.Target("POST", FEEDBACK_PATH, self.run)
+        headers = fa.signed_headers(self.key, self.key_id, target, body)
+        status, answer = _post(f"{self.feedback_url}{FEEDBACK_PATH}", body, headers)
+        if status != 202 or answer is None:
+            raise RuntimeError(f"feedback answered {status}: {answer}")
+        self.counts["stored"] += int(answer.get("accepted", 0))
+
+    def figures(self) -> dict[str, Any]:
+        return {"users": len(self.users), **self.counts, "last_error": self.last_error}
+
+
+def start(
+    run: str,
+    settings: KafkaSettings,
+    folder: Any,
+    recipe: list[str],
+    config: Any,
+    users: int,
+) -> tuple[list[Any], EditorUsers]:
+    """The run's feedback service (a fresh HMAC key) and policy server, up, and ``users``
+    editor users sending to them; returns (services, users) for the caller to stop."""
+    from rlstream.ops.run.faults import FeedbackService, PolicyService
+
+    key = secrets.token_hex(16).encode()
+    services = [
+        FeedbackService(run, settings, folder, key=key),
+        PolicyService(run, settings, folder, recipe=tuple(recipe)),
+    ]
+    for service in services:
+        service.start()
+    editors = EditorUsers(
+        run,
+        config.role("scheduler"),
+        services[1].url,
+        services[0].url,
+        key,
+        model=config.model,
+        users=users,
+        max_tokens=config.role("rollout").harness.max_new_tokens,
+    )
+    return services, editors.start()
+
+
+def trained_online_groups(settings: KafkaSettings, run: str) -> dict[str, int]:
+    """How many online groups (from editor feedback) feedback-rl admitted and rejected, how
+    many of the admitted ones a published version trained on (its manifest's inputs), and
+    which versions those were."""
+    from rlstream.consumers.read_to_end import read_topic
+    from rlstream.schemas import events
+
+    def records(stream: str) -> list[tuple[dict[str, Any], tuple[str, int, int]]]:
+        topic = topics.topic_name(run, stream)
+        out = []
+        for msg in read_topic(settings, topic, name="demo-online"):
+            try:
+                rec = events.decode(msg.value() or b"").record
+            except events.EventError:
+                continue
+            out.append((rec, (topic, int(msg.partition() or 0), int(msg.offset() or 0))))
+        return out
+
+    online = [where for rec, where in records("admitted") if rec.get("source") == "online"]
+    rejected = sum(1 for rec, _ in records("rejected") if rec.get("source") == "online")
+    trained = {
+        (i["topic"], int(i["partition"]), int(i["offset"])): int(rec["version"])
+        for rec, _ in records("weights.manifests")
+        for i in rec.get("step_inputs") or []
+    }
+    versions = sorted({trained[where] for where in online if where in trained})
+    return {
+        "online_groups_admitted": len(online),
+        "online_groups_rejected": rejected,
+        "online_groups_trained": sum(1 for where in online if where in trained),
+        "online_versions": versions,
+    }
+
+
+def _post_json(
+    url: str, payload: dict[str, Any], headers: dict[str, str]
+) -> tuple[int, dict[str, Any] | None]:
+    body = json.dumps(payload).encode()
+    return _post(url, body, {"Content-Type": "application/json", **headers})
+
+
+def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, Any] | None]:
+    """POST to a service of the run on 127.0.0.1 (no proxy); (status, the JSON answer)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    request = urllib.request.Request(url, body, headers, method="POST")
+    try:
+        with opener.open(request, timeout=120) as r:
+            return int(r.status), dict(json.loads(r.read()))
+    except urllib.error.HTTPError as e:
+        try:
+            return int(e.code), dict(json.loads(e.read()))
+        except ValueError:
+            return int(e.code), None
+    except (OSError, ValueError):
+        return 0, None
