@@ -172,7 +172,7 @@ def start(
     return services, editors.start()
 
 
-def trained_online_groups(settings: KafkaSettings, run: str) -> dict[str, int]:
+def trained_online_groups(settings: KafkaSettings, run: str) -> dict[str, Any]:
     """How many online groups (from editor feedback) feedback-rl admitted and rejected, how
     many of the admitted ones a published version trained on (its manifest's inputs), and
     which versions those were."""
