@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlstream.consumers.read_to_end import read_topic
@@ -37,6 +37,8 @@ class Ledger:
     released: dict[str, list[tuple[int, str | None]]]  # task id -> [(attempt, region)] in order
     decided: dict[str, list[str]]  # group id -> ["admitted"] or [reason], one per decision
     trained: list[str]  # group ids behind every published version's inputs
+    online: dict[str, list[str]] = field(default_factory=dict)
+    """feedback-rl's decisions (``source`` online: groups of editor feedback, not of tasks)."""
 
     @property
     def reissued(self) -> set[str]:
@@ -46,7 +48,7 @@ class Ledger:
         """The ledger's counts; a group id for which ``foreign`` holds was never released by
         the run and is counted in ``foreign_decided``/``foreign_trained`` only."""
         own = {g: v for g, v in self.decided.items() if not foreign(g)}
-        counts = collections.Counter(self.trained)
+        counts = collections.Counter(g for g in self.trained if g not in self.online)
         admitted = {g for g, v in own.items() if v == ["admitted"]}
         return {
             "groups_released": len(self.released),
@@ -63,6 +65,8 @@ class Ledger:
             ),
             "foreign_decided": sum(1 for g in self.decided if foreign(g)),
             "foreign_trained": sum(1 for g in counts if foreign(g)),
+            "online_decided": len(self.online),
+            "online_trained": sum(1 for g in set(self.trained) if g in self.online),
         }
 
 
@@ -73,6 +77,7 @@ def read_ledger(settings: KafkaSettings, run: str, timeout: float = 60.0) -> Led
     for rec, _ in _records(settings, topics.topic_name(run, "tasks"), "task", timeout):
         released[rec["task_id"]].append((rec["attempt"], (rec["tags"] or {}).get("region")))
     decided: dict[str, list[str]] = collections.defaultdict(list)
+    online: dict[str, list[str]] = collections.defaultdict(list)
     by_ref: dict[tuple[str, int, int], str] = {}
     for stream in ("admitted", "rejected"):
         topic = topics.topic_name(run, stream)
@@ -80,8 +85,9 @@ def read_ledger(settings: KafkaSettings, run: str, timeout: float = 60.0) -> Led
             if stream == "admitted":
                 by_ref[(topic, partition, offset)] = rec["group_id"]
             if rec["part_index"] == 0:
-                decided[rec["group_id"]].append(rec["reason"] or "admitted")
-    return Ledger(dict(released), dict(decided), _trained(manifests, by_ref))
+                into = online if rec.get("source") == "online" else decided
+                into[rec["group_id"]].append(rec["reason"] or "admitted")
+    return Ledger(dict(released), dict(decided), _trained(manifests, by_ref), dict(online))
 
 
 def trained_groups(settings: KafkaSettings, run: str, timeout: float = 60.0) -> list[str]:
