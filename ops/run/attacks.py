@@ -36,7 +36,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message
 
-from rlstream.ops.run.faults import Injected, _injected, _opener, _post, _sample_record
+from rlstream.ops.run.faults import Injected, _injected, _opener, _post, _sample_record, post
 from rlstream.producers.client.producer import EventProducer
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import events, topics
@@ -153,14 +153,9 @@ def forged_feedback_tokens(
 
 
 def _request(url: str, body: bytes, headers: dict[str, str]) -> dict[str, Any] | None:
-    import urllib.error
-    import urllib.request
-
-    try:
-        with _opener().open(urllib.request.Request(url, body, headers), timeout=30) as r:
-            return dict(json.loads(r.read()))
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
+    """The JSON answer of a POST that succeeded (2xx), else None."""
+    status, answer = post(url, body, headers)
+    return answer if 200 <= status < 300 else None
 
 
 def feedback_refusals(settings: KafkaSettings, run: str, landed: Iterable[Position]) -> Attempts:

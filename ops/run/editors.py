@@ -25,10 +25,9 @@ from __future__ import annotations
 import json
 import secrets
 import threading
-import urllib.error
-import urllib.request
 from typing import Any
 
+from rlstream.ops.run.faults import FeedbackService, PolicyService, post
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import topics
 
@@ -54,7 +53,12 @@ class EditorUsers:
         pause_s: float = 1.0,
         key_id: str = "k1",
     ) -> None:
+        from rlstream.envs import family as families
+        from rlstream.rollout.scheduler import with_fx_options
+
         self.run, self.cfg, self.model = run, scheduler_cfg, model
+        specs = with_fx_options(scheduler_cfg.families, scheduler_cfg.tasks)
+        self.families = families.families(specs)  # each task scored by its family, built once
         self.policy_url, self.feedback_url = policy_url, feedback_url
         self.key, self.key_id = key, key_id
         self.users = [f"editor-{i}" for i in range(users)]
@@ -86,8 +90,7 @@ class EditorUsers:
 
     def session(self, user: str, index: int) -> None:
         """One request of ``user`` and its feedback (see the module rules)."""
-        from rlstream.envs import family as families
-        from rlstream.rollout.scheduler import task_record, with_fx_options
+        from rlstream.rollout.scheduler import task_record
 
         task = task_record(self.run, self.cfg, TASK_INDEX_BASE + index, 0)
         body = {
@@ -97,14 +100,18 @@ class EditorUsers:
             "n": self.choices,
             "user": user,
         }
-        status, answer = _post_json(f"{self.policy_url}/v1/completions", body, {})
+        status, answer = post(
+            f"{self.policy_url}/v1/completions",
+            json.dumps(body).encode(),
+            {"Content-Type": "application/json"},
+            timeout=120,
+        )
         if status == 503:
             return  # no version served yet (or its stream is down): the user tries again later
         if status != 200 or answer is None:
             raise RuntimeError(f"completion answered {status}: {answer}")
         self.counts["requests"] += 1
-        specs = with_fx_options(self.cfg.families, self.cfg.tasks)
-        scorer = families.families(specs)[task["family"]]
+        scorer = self.families[task["family"]]
         events = []
         for choice in answer["choices"]:
             passed = scorer.score(task["task_id"], choice["text"]).passed
@@ -131,7 +138,7 @@ class EditorUsers:
         body = json.dumps({"events": events}).encode()
         target = fa.Target("POST", FEEDBACK_PATH, self.run)
         headers = fa.signed_headers(self.key, self.key_id, target, body)
-        status, answer = _post(f"{self.feedback_url}{FEEDBACK_PATH}", body, headers)
+        status, answer = post(f"{self.feedback_url}{FEEDBACK_PATH}", body, headers, timeout=120)
         if status != 202 or answer is None:
             raise RuntimeError(f"feedback answered {status}: {answer}")
         self.counts["stored"] += int(answer.get("accepted", 0))
@@ -150,8 +157,6 @@ def start(
 ) -> tuple[list[Any], EditorUsers]:
     """The run's feedback service (a fresh HMAC key) and policy server, up, and ``users``
     editor users sending to them; returns (services, users) for the caller to stop."""
-    from rlstream.ops.run.faults import FeedbackService, PolicyService
-
     key = secrets.token_hex(16).encode()
     services = [
         FeedbackService(run, settings, folder, key=key),
@@ -204,26 +209,3 @@ def trained_online_groups(settings: KafkaSettings, run: str) -> dict[str, Any]:
         "online_groups_trained": sum(1 for where in online if where in trained),
         "online_versions": versions,
     }
-
-
-def _post_json(
-    url: str, payload: dict[str, Any], headers: dict[str, str]
-) -> tuple[int, dict[str, Any] | None]:
-    body = json.dumps(payload).encode()
-    return _post(url, body, {"Content-Type": "application/json", **headers})
-
-
-def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, Any] | None]:
-    """POST to a service of the run on 127.0.0.1 (no proxy); (status, the JSON answer)."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    request = urllib.request.Request(url, body, headers, method="POST")
-    try:
-        with opener.open(request, timeout=120) as r:
-            return int(r.status), dict(json.loads(r.read()))
-    except urllib.error.HTTPError as e:
-        try:
-            return int(e.code), dict(json.loads(e.read()))
-        except ValueError:
-            return int(e.code), None
-    except (OSError, ValueError):
-        return 0, None

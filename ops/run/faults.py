@@ -489,15 +489,33 @@ def _get(url: str) -> int:
         return 0
 
 
-def _post(url: str, body: bytes, headers: dict[str, str]) -> int:
+def post(
+    url: str, body: bytes, headers: dict[str, str], timeout: float = 30.0
+) -> tuple[int, dict[str, Any] | None]:
+    """POST to a service of the run on 127.0.0.1 (no proxy): the status (0 when nothing
+    answered) and the answer's JSON object (None when it is not one)."""
     import urllib.error
     import urllib.request
 
     request = urllib.request.Request(url, body, headers, method="POST")
     try:
-        with _opener().open(request, timeout=30) as r:
-            return int(r.status)
+        with _opener().open(request, timeout=timeout) as r:
+            return int(r.status), _json_object(r.read())
     except urllib.error.HTTPError as e:
-        return int(e.code)
+        return int(e.code), _json_object(e.read())
     except OSError:
-        return 0
+        return 0, None
+
+
+def _json_object(raw: bytes) -> dict[str, Any] | None:
+    import json
+
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _post(url: str, body: bytes, headers: dict[str, str]) -> int:
+    return post(url, body, headers)[0]
