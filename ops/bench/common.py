@@ -30,20 +30,25 @@ def local_cluster(
     reuse_default: bool = True,
     heap: str = "1g",
     brokers: int = 1,
+    link: Any = None,
 ) -> Iterator[Any]:
     """The local cluster (``ops.cluster.Cluster``) a benchmark runs on: the one at ``--home``
     when given (its ``regions``, and the links between them, must be running: an error says
     so otherwise); else, with ``reuse_default``, the default home's cluster when those run
     there; else a temporary one, started in its own state directory and stopped (by pid) at
     the end. Benchmarks that break brokers pass ``reuse_default=False``: they touch a user's
-    cluster only when named."""
+    cluster only when named. ``link`` (``cluster.LinkSpec``): the regions joined by a WAN; a
+    named cluster must have one already (the bench sets its round trip)."""
     from rlstream.ops import cluster
 
     def ready(local: Any) -> bool:
         links = [r for r in regions if r != "trainer"]
         running = set(local.running_regions())
-        return set(regions) <= running and all(
-            r in local.mirrors and local.mirrors[r].running() for r in links
+        wan_ok = link is None or (local.wan is not None and local.wan.running())
+        return (
+            wan_ok
+            and set(regions) <= running
+            and all(r in local.mirrors and local.mirrors[r].running() for r in links)
         )
 
     home = getattr(args, "home", None)
@@ -61,7 +66,7 @@ def local_cluster(
         temp = Path(tmp) / "cluster"
         progress(f"starting a temporary local cluster ({', '.join(regions)}) for the benchmark ...")
         state = cluster.up(
-            list(regions), home=temp, heap=heap, log=lambda *_: None, brokers=brokers
+            list(regions), home=temp, heap=heap, log=lambda *_: None, brokers=brokers, link=link
         )
         try:
             yield state

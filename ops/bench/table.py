@@ -176,14 +176,33 @@ def _deltas(r: dict[str, Any]) -> Cells:
 
 
 def _geo(r: dict[str, Any]) -> Cells:
-    b = r["baseline"]
-    return (
-        f"commit → applied in the rollout region p50 {r['propagation_p50_s']} s, "
-        f"p99 {r['propagation_p99_s']} s; crossing {r['cross_region_ratio']} of the model a "
-        f"version; trajectories home p50 {r['trajectory_p50_s']} s",
-        f"one region: p50 {b['propagation_p50_s']} s, p99 {b['propagation_p99_s']} s; "
-        f"trajectories p50 {b['trajectory_p50_s']} s",
-    )
+    if "settings" not in r:  # kept before the WAN settings
+        r = {"brokers": 1, "settings": [{**r, "link": None}]}
+    figures, baselines = [], []
+    for s in r["settings"]:
+        link, b = s["link"], s["baseline"]
+        where = (
+            f"{link['rtt_ms']:g} ms RTT (measured {link['measured_rtt_ms']})"
+            if link
+            else "loopback"
+        )
+        text = (
+            f"{where}: commit → applied in the rollout region p50 {s['propagation_p50_s']} s, "
+            f"p99 {s['propagation_p99_s']} s; crossing {s['cross_region_ratio']} of the model a "
+            f"version; trajectories home p50 {s['trajectory_p50_s']} s"
+        )
+        if "cut" in s:
+            c = s["cut"]
+            text += (
+                f"; a {c['seconds']:g} s cut: caught up {c['caught_up_s']} s after the heal, "
+                f"{sum(c['duplicates'].values())} duplicates"
+            )
+        figures.append(text)
+        baselines.append(
+            f"one region: p50 {b['propagation_p50_s']} s, p99 {b['propagation_p99_s']} s; "
+            f"trajectories p50 {b['trajectory_p50_s']} s"
+        )
+    return "; ".join(figures), "; ".join(baselines)
 
 
 def _ingest(r: dict[str, Any]) -> Cells:

@@ -1,4 +1,4 @@
-"""``rlstream cluster up | down | status | fetch``: the embedded local Kafka."""
+"""``rlstream cluster up | down | status | fetch | link``: the embedded local Kafka."""
 
 from __future__ import annotations
 
@@ -56,7 +56,33 @@ def register(sub: argparse._SubParsersAction) -> None:
         "as its own user with least-privilege ACLs (then `rlstream acl apply --run RUN` for the "
         "role users, their ACLs and the run's streams on the links); kept by later starts",
     )
+    up.add_argument(
+        "--rtt-ms",
+        type=float,
+        default=None,
+        help="put a WAN between the trainer region and each rollout region: this round trip "
+        "(Toxiproxy, built once with Go); a later `up` with another value changes it in place",
+    )
+    up.add_argument(
+        "--mbit",
+        type=float,
+        default=None,
+        help="with --rtt-ms: each link connection's rate in Mbit/s (default unlimited)",
+    )
+    up.add_argument(
+        "--mirror-set",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="a MirrorMaker 2 setting every link gets last (repeatable; kept by later starts; "
+        "a link whose settings change restarts)",
+    )
     up.set_defaults(func=_up)
+
+    link = csub.add_parser("link", help="cut or heal a rollout region's WAN link")
+    link.add_argument("change", choices=["cut", "heal"])
+    link.add_argument("region", help="the rollout region")
+    link.set_defaults(func=_link)
 
     down = csub.add_parser("down", help="stop exactly what `up` started")
     down.add_argument("--purge", action="store_true", help="also delete the data and logs")
@@ -75,6 +101,9 @@ def _up(args: argparse.Namespace) -> int:
 
     try:
         regions = [r.strip() for r in args.regions.split(",") if r.strip()]
+        if args.mbit is not None and args.rtt_ms is None:
+            raise ValueError("--mbit sets the WAN link's rate: give --rtt-ms too")
+        spec = cluster.LinkSpec(args.rtt_ms, args.mbit) if args.rtt_ms is not None else None
         state = cluster.up(
             regions,
             not args.no_mirror,
@@ -83,6 +112,8 @@ def _up(args: argparse.Namespace) -> int:
             trainer=args.trainer,
             secure=args.secure,
             brokers=args.brokers,
+            link=spec,
+            mirror_settings=_pairs(args.mirror_set) if args.mirror_set is not None else None,
         )
     except (SetupError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -98,6 +129,25 @@ def _up(args: argparse.Namespace) -> int:
             f"{state.home / 'secrets'}"
         )
     print(f"state and logs: {state.home}")
+    return 0
+
+
+def _pairs(items: list[str]) -> dict[str, str]:
+    bad = [item for item in items if "=" not in item]
+    if bad:
+        raise ValueError(f"--mirror-set takes KEY=VALUE, not {bad}")
+    return dict(item.split("=", 1) for item in items)
+
+
+def _link(args: argparse.Namespace) -> int:
+    from rlstream.ops import cluster
+
+    try:
+        (cluster.cut_link if args.change == "cut" else cluster.heal_link)(args.region, args.home)
+    except SetupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"link {args.region}: {'cut' if args.change == 'cut' else 'healed'}")
     return 0
 
 
@@ -151,6 +201,16 @@ def _status(args: argparse.Namespace) -> int:
             print(f"  under-replicated partitions: {len(region['under_replicated'])}")
         for group, lag in sorted(region.get("groups", {}).items()):
             print(f"  group {group}  lag={lag}")
+    if report.get("wan"):
+        w = report["wan"]
+        rate = f", {w['mbit']:g} Mbit/s per connection" if w["mbit"] else ""
+        print(
+            f"wan: {'running' if w['running'] else 'stopped'} pid {w['pid']}, {w['rtt_ms']:g} ms RTT{rate}"
+        )
+        for name, link in w["links"].items():
+            measured = link.get("measured_rtt_ms")
+            seen = f", measured {measured:.1f} ms" if measured is not None else ""
+            print(f"  link {name}: {'CUT' if link['cut'] else 'up'} via {link['bootstrap']}{seen}")
     for name, m in report["mirrors"].items():
         state_word = "running" if m["running"] else "stopped"
         print(f"mirror {name}: {state_word} pid {m['pid']} flows {m['flows']}")

@@ -13,6 +13,10 @@ ACLs enforced); whether a region is secured is decided at its first start and ke
 is secured everywhere or nowhere. A secured link's MirrorMaker 2 connects to both of its clusters
 as its own user (``acls.mirror_user``), created there with its run-independent ACLs before it
 starts; ``authorize_links(cluster, run)`` (``acl apply``) adds the ACLs of a run's streams.
+``up(link=LinkSpec(rtt_ms, mbit))`` puts a WAN between the trainer region and every rollout
+region (``ops.cluster.wan``): each link's MirrorMaker then reaches the trainer region only
+through it; a later ``up`` with another spec changes the link in place, and ``cut_link`` /
+``heal_link`` partition one rollout region and bring it back.
 """
 
 from __future__ import annotations
@@ -26,18 +30,22 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlstream.ops.cluster import broker, mirror, procs
+from rlstream.ops.cluster import broker, mirror, procs, wan
 from rlstream.ops.cluster.broker import Region
 from rlstream.ops.cluster.mirror import Flow, Mirror, link_flows, parse_flow
+from rlstream.ops.cluster.wan import LinkSpec, Wan
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas.errors import SetupError
 
 __all__ = [
     "Cluster",
     "Flow",
+    "LinkSpec",
     "authorize_links",
+    "cut_link",
     "default_home",
     "down",
+    "heal_link",
     "link_flows",
     "load",
     "parse_flow",
@@ -60,6 +68,8 @@ class Cluster:
     regions: dict[str, Region] = field(default_factory=dict)
     mirrors: dict[str, Mirror] = field(default_factory=dict)  # by rollout region (link)
     trainer: str = DEFAULT_REGION
+    wan: Wan | None = None  # the WAN's proxy server, when the regions are linked through one
+    mirror_settings: dict[str, str] = field(default_factory=dict)  # every link's extra settings
 
     @property
     def state_file(self) -> Path:
@@ -71,6 +81,8 @@ class Cluster:
             "trainer": self.trainer,
             "regions": {n: r.to_dict() for n, r in self.regions.items()},
             "mirrors": {n: m.to_dict() for n, m in self.mirrors.items()},
+            "wan": self.wan.to_dict() if self.wan else None,
+            "mirror_settings": self.mirror_settings,
         }
         tmp = self.state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc, indent=2))
@@ -108,6 +120,8 @@ def load(home: Path | None = None) -> Cluster:
         cluster.regions = {n: Region.from_dict(r) for n, r in doc.get("regions", {}).items()}
         cluster.mirrors = {n: Mirror(**m) for n, m in (doc.get("mirrors") or {}).items()}
         cluster.trainer = doc.get("trainer", DEFAULT_REGION)
+        cluster.wan = Wan(**doc["wan"]) if doc.get("wan") else None
+        cluster.mirror_settings = doc.get("mirror_settings") or {}
     return cluster
 
 
@@ -133,12 +147,17 @@ def up(
     trainer: str | None = None,
     secure: bool | None = None,
     brokers: int | dict[str, int] = 1,
+    link: LinkSpec | None = None,
+    mirror_settings: dict[str, str] | None = None,
 ) -> Cluster:
     """Start (or reuse) the brokers of each region, then one MirrorMaker 2 per rollout region's
     link (unless ``mirror_links`` is False); ``secure`` True for secured regions, None to keep
     the cluster as it was started (a new cluster unsecured); ``brokers`` per new region (one
     number for all, or by name; default 1): a region keeps the count it was created with;
-    ``heap`` per broker (default ``broker.default_heap``)."""
+    ``heap`` per broker (default ``broker.default_heap``); ``link``: the WAN between the trainer
+    region and each rollout region (None keeps the cluster's, or none); ``mirror_settings``:
+    MirrorMaker 2 settings every link gets last (None keeps the cluster's); a link whose
+    settings changed restarts."""
     home = Path(home or default_home())
     names = regions or [DEFAULT_REGION]
     with _locked(home):
@@ -147,10 +166,16 @@ def up(
         if cluster.regions and trainer is None:
             trainer = cluster.trainer  # a cluster keeps its trainer region
         cluster.trainer = trainer or trainer_of(names)
+        if mirror_settings is not None:
+            cluster.mirror_settings = dict(mirror_settings)
         for name in names:
             count = brokers.get(name, 1) if isinstance(brokers, dict) else brokers
             region = cluster.regions.get(name) or broker.new_region(name, home, secure, count)
             cluster.regions[name] = region
+        if link is not None or cluster.wan is not None:
+            _plan_links(cluster, names, link)
+        for name in names:
+            region = cluster.regions[name]
             pids = ", ".join(str(n.pid) for n in region.nodes())
             if region.running():
                 log(f"region {name}: running at {region.bootstrap} (pid {pids})")
@@ -161,6 +186,8 @@ def up(
             pids = ", ".join(str(n.pid) for n in region.nodes())
             log(f"region {name}: ready at {region.bootstrap} (pid {pids}, log {region.log})")
         _create_cluster_topics(cluster, names)
+        if cluster.wan is not None:
+            _ensure_wan(cluster, link or cluster.wan.spec, log)
         if mirror_links:
             for name in cluster.rollout_regions():
                 if cluster.regions[name].running() and cluster.regions[cluster.trainer].running():
@@ -190,6 +217,69 @@ def _check_secure(cluster: Cluster, names: list[str], secure: bool | None) -> bo
     return secure
 
 
+def _plan_links(cluster: Cluster, names: list[str], link: LinkSpec | None) -> None:
+    """Give the trainer region a WAN listener for every rollout region; a running trainer
+    region cannot take a new one (its brokers read listeners at start)."""
+    trainer = cluster.regions.get(cluster.trainer)
+    if trainer is None:
+        raise SetupError(
+            f"a WAN link needs the trainer region {cluster.trainer!r}: name it in the regions"
+        )
+    for name in cluster.rollout_regions():
+        if trainer.add_link(name) and trainer.running():
+            raise SetupError(
+                f"the trainer region {cluster.trainer} runs without a listener for {name}'s WAN "
+                "link; `rlstream cluster down` first (the data stays), then `up` with the link"
+            )
+    if cluster.wan is None and link is not None:
+        cluster.wan = Wan(home=str(cluster.home), api_port=0, rtt_ms=link.rtt_ms, mbit=link.mbit)
+
+
+def _ensure_wan(cluster: Cluster, spec: LinkSpec, log) -> None:
+    """The WAN's proxy server running with one proxy per trainer broker per link, at ``spec``."""
+    assert cluster.wan is not None
+    if not cluster.wan.running():
+        cluster.wan = wan.start(cluster.home, spec)
+        log(f"wan: Toxiproxy running (pid {cluster.wan.pid}, api 127.0.0.1:{cluster.wan.api_port})")
+    cluster.wan.rtt_ms, cluster.wan.mbit = spec.rtt_ms, spec.mbit
+    trainer = cluster.regions[cluster.trainer]
+    for name, ports in trainer.links.items():
+        upstream = [listen for listen, _ in ports]
+        proxies = [proxy for _, proxy in ports]
+        wan.ensure_proxies(cluster.wan, name, list(zip(proxies, upstream, strict=True)))
+    rate = f", {spec.mbit:g} Mbit/s per connection" if spec.mbit else ""
+    log(f"wan: {cluster.trainer} <-> {', '.join(trainer.links)} at {spec.rtt_ms:g} ms RTT{rate}")
+    cluster.save()
+
+
+def cut_link(region: str, home: Path | None = None) -> None:
+    """Partition rollout region ``region`` from the trainer region (a black hole) until
+    ``heal_link``."""
+    cluster = load(home)
+    if cluster.wan is None or not cluster.wan.running():
+        raise SetupError("the cluster has no running WAN: `cluster up --rtt-ms MS` first")
+    wan.cut(cluster.wan, region)
+
+
+def heal_link(region: str, home: Path | None = None, log=lambda *_: None) -> None:
+    """End ``region``'s cut, then restart its link's MirrorMaker 2. A cut longer than the
+    Connect worker's session timeout makes MirrorMaker's herder for the flow home (whose worker
+    cluster is the trainer region, across the link) rebalance; its exactly-once tasks then fail
+    to stop, and dedicated mode never restarts them (measured: after a 60 s cut no trajectory
+    crossed home in the next 240 s). A restarted MirrorMaker resumes from its committed
+    offsets with exactly-once, so nothing is lost or copied twice."""
+    home = Path(home or default_home())
+    with _locked(home):
+        cluster = load(home)
+        if cluster.wan is None or not cluster.wan.running():
+            raise SetupError("the cluster has no running WAN: `cluster up --rtt-ms MS` first")
+        wan.heal(cluster.wan, region)
+        if region in cluster.mirrors:
+            mirror.stop(cluster.mirrors[region])
+            _ensure_link(cluster, region, log)
+        cluster.save()
+
+
 def _create_cluster_topics(cluster: Cluster, regions: list[str]) -> None:
     """Every region gets ``rl.schemas`` and ``rl.runs`` so any consumer there can decode."""
     from rlstream.producers.client.admin import ensure_cluster_topics
@@ -199,21 +289,35 @@ def _create_cluster_topics(cluster: Cluster, regions: list[str]) -> None:
 
 
 def _ensure_link(cluster: Cluster, region: str, log) -> None:
-    """The MirrorMaker 2 of ``region``'s link, started unless it runs with the same flows; on a
-    secured cluster its user and run-independent ACLs are written first."""
+    """The MirrorMaker 2 of ``region``'s link, started unless it runs with the same config
+    (flows, the way to the trainer region, extra settings); on a secured cluster its user and
+    run-independent ACLs are written first."""
+    from rlstream.ops.run import acls
+
     flows = link_flows(cluster.trainer, region)
     wanted = [str(f) for f in flows]
     current = cluster.mirrors.get(region)
-    if current and current.running() and current.flows == wanted:
+    trainer = cluster.regions[cluster.trainer]
+    via = {cluster.trainer: trainer.link_bootstrap(region)} if region in trainer.links else {}
+    extra = cluster.mirror_settings
+    user = acls.mirror_user(region) if cluster.regions[region].secure else None
+    wanted_text = mirror.mm2_properties(flows, cluster.regions, user, via, extra)
+    if (
+        current
+        and current.running()
+        and current.flows == wanted
+        and current.properties.read_text() == wanted_text
+    ):
         log(f"mirror {region}: running (pid {current.pid})")
         return
     if current:
         mirror.stop(current)
-    user = None
     if cluster.regions[region].secure:
         user = _authorize_link(cluster, region, run=None)
     log(f"mirror {region}: starting MirrorMaker 2 ({cluster.trainer} <-> {region}) ...")
-    started = mirror.start(cluster.home, flows, cluster.regions, name=region, user=user)
+    started = mirror.start(
+        cluster.home, flows, cluster.regions, name=region, user=user, via=via, extra=extra
+    )
     cluster.mirrors[region] = started
     cluster.save()  # recorded at once: a later link failing to start must not hide this one
     log(f"mirror {region}: running (pid {started.pid}, log {started.log})")
@@ -277,6 +381,8 @@ def down(
         cluster = load(home)
         links = [(n, m) for n, m in cluster.mirrors.items() if only is None or n in only]
         procs.stop_all([(m.pid, str(m.properties)) for _, m in links if m.pid])
+        if only is None and cluster.wan is not None:
+            wan.stop(cluster.wan)
         for name, link in links:
             link.pid = None
             log(f"mirror {name}: stopped")
@@ -292,5 +398,6 @@ def down(
             for name in cluster.regions:
                 shutil.rmtree(home / name, ignore_errors=True)
             shutil.rmtree(home / "mirror", ignore_errors=True)
+            shutil.rmtree(home / "wan", ignore_errors=True)
             cluster.state_file.unlink(missing_ok=True)
             log(f"purged {home}")

@@ -31,7 +31,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rlstream.ops.cluster import artifacts, procs, security
+from rlstream.ops.cluster import artifacts, procs, security, wan
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas.errors import SetupError
 
@@ -87,6 +87,9 @@ class Region:
     cluster_id: str = ""
     secure: bool = False
     peers: list[Node] = field(default_factory=list)
+    # WAN links into this (the trainer) region, by rollout region: per node, in ``nodes()``
+    # order, [the broker's listener port for the link, the link's proxy port] (``ops.cluster.wan``)
+    links: dict[str, list[list[int]]] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, doc: dict) -> Region:
@@ -129,6 +132,23 @@ class Region:
         """Admin settings that reach ``node_id`` alone (its readiness, its own view)."""
         port = self.node(node_id).broker_port
         return self.settings().model_copy(update={"bootstrap_servers": f"127.0.0.1:{port}"})
+
+    def add_link(self, region: str) -> bool:
+        """Ports for ``region``'s WAN link into this region; True if new (the brokers take the
+        link's listener at their next start)."""
+        if region in self.links:
+            return False
+        if self.secure:
+            raise SetupError(
+                f"a WAN link into the secured region {self.name} is not supported: its link "
+                "listener would need TLS and SASL too"
+            )
+        self.links[region] = [[procs.free_port(), procs.free_port()] for _ in self.nodes()]
+        return True
+
+    def link_bootstrap(self, region: str) -> str:
+        """How a client in rollout region ``region`` reaches this region: through the link."""
+        return ",".join(f"127.0.0.1:{proxy}" for _, proxy in self.links[region])
 
     def settings(self, user: str = security.ADMIN) -> KafkaSettings:
         """How ``user`` (``admin`` or a role's user when secured) reaches this region."""
@@ -203,17 +223,30 @@ def _properties(region: Region, node: Node) -> str:
     data = region.node_dir(node.node_id) / "data"
     factor, min_isr = replication(region.brokers)
     voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in region.nodes())
+    index = [n.node_id for n in region.nodes()].index(node.node_id)
+    # one listener per WAN link, advertising the link's proxy (ops.cluster.wan)
+    links = [(wan.listener_name(r), ports[index]) for r, ports in sorted(region.links.items())]
     lines = {
         "process.roles": "broker,controller",
         "node.id": str(node.node_id),
         "controller.quorum.voters": voters,
-        "listeners": (
-            f"PLAINTEXT://127.0.0.1:{node.broker_port},"
-            f"CONTROLLER://127.0.0.1:{node.controller_port}"
+        "listeners": ",".join(
+            [
+                f"PLAINTEXT://127.0.0.1:{node.broker_port}",
+                f"CONTROLLER://127.0.0.1:{node.controller_port}",
+                *(f"{name}://127.0.0.1:{listen}" for name, (listen, _) in links),
+            ]
         ),
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.broker_port}",
+        "advertised.listeners": ",".join(
+            [
+                f"PLAINTEXT://127.0.0.1:{node.broker_port}",
+                *(f"{name}://127.0.0.1:{proxy}" for name, (_, proxy) in links),
+            ]
+        ),
         "controller.listener.names": "CONTROLLER",
-        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "listener.security.protocol.map": ",".join(
+            ["CONTROLLER:PLAINTEXT", "PLAINTEXT:PLAINTEXT", *(f"{n}:PLAINTEXT" for n, _ in links)]
+        ),
         "inter.broker.listener.name": "PLAINTEXT",
         "log.dirs": str(data),
         "num.partitions": "1",

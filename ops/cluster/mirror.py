@@ -101,9 +101,18 @@ class Mirror:
         return asdict(self)
 
 
-def mm2_properties(flows: list[Flow], regions: dict[str, Region], user: str | None = None) -> str:
+def mm2_properties(
+    flows: list[Flow],
+    regions: dict[str, Region],
+    user: str | None = None,
+    via: dict[str, str] | None = None,
+    extra: dict[str, str] | None = None,
+) -> str:
     """The MirrorMaker 2 config: one replication per (src, dst), its topic regexes or-ed; a
-    secured region is reached as ``user``."""
+    secured region is reached as ``user``; a region named in ``via`` through that bootstrap
+    (a WAN link's, ``ops.cluster.wan``) instead of its own; ``extra`` settings come last and
+    win (``cluster up --mirror-set``)."""
+    via = via or {}
     names = sorted({f.src for f in flows} | {f.dst for f in flows})
     missing = [n for n in names if n not in regions]
     if missing:
@@ -111,7 +120,7 @@ def mm2_properties(flows: list[Flow], regions: dict[str, Region], user: str | No
             f"mirror flow names unknown region(s) {missing}; started: {sorted(regions)}"
         )
     lines = [f"clusters = {', '.join(names)}"]
-    lines += [f"{n}.bootstrap.servers = {regions[n].bootstrap}" for n in names]
+    lines += [f"{n}.bootstrap.servers = {via.get(n, regions[n].bootstrap)}" for n in names]
     # Connectors and converters come from their ServiceLoader manifests only: the reflective
     # classpath scan costs seconds per herder at start-up. Each herder takes its worker settings
     # from its target cluster's properties, so the setting is given per cluster too.
@@ -159,7 +168,14 @@ def mm2_properties(flows: list[Flow], regions: dict[str, Region], user: str | No
         "producer.max.request.size = 16777216",
         "consumer.max.partition.fetch.bytes = 16777216",
         "consumer.fetch.max.bytes = 33554432",
+        # Across a WAN the link's MirrorMaker produces remotely (trajectories home): each
+        # produce request costs a round trip and carries one batch per partition, so the
+        # 16 KiB default batch held a 1.1 MiB group to ~70 round trips (3.0 s at 40 ms RTT;
+        # docs/kafka.md, "A WAN between regions", has the measurement that chose these).
+        "producer.batch.size = 1048576",
+        "producer.linger.ms = 5",
     ]
+    lines += [f"{key} = {value}" for key, value in (extra or {}).items()]
     return "\n".join(lines) + "\n"
 
 
@@ -171,11 +187,13 @@ def start(
     timeout: float = 120.0,
     name: str = "mirror",
     user: str | None = None,
+    via: dict[str, str] | None = None,
+    extra: dict[str, str] | None = None,
 ) -> Mirror:
     mirror = Mirror(home=str(home), name=name, flows=[str(f) for f in flows])
     mirror.dir.mkdir(parents=True, exist_ok=True)
     mirror.log.parent.mkdir(parents=True, exist_ok=True)
-    text = mm2_properties(flows, regions, user)
+    text = mm2_properties(flows, regions, user, via, extra)
     if user is not None:  # it holds the user's password
         security.write_private(mirror.properties, text.encode())
     else:

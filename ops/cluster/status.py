@@ -1,5 +1,6 @@
 """What `rlstream cluster status` reports: per region, health, its brokers, topics with each
-partition's leader and in-sync replicas, under-replicated partitions, groups and their lag.
+partition's leader and in-sync replicas, under-replicated partitions, groups and their lag;
+with a WAN, each link's round trip measured now and whether it is cut.
 
 A partition is under-replicated when fewer of its replicas are in sync than it has: with
 ``min.insync.replicas`` 2 of 3 it still takes writes, but one more broker lost would stop them.
@@ -51,7 +52,35 @@ def describe(cluster: Cluster, timeout: float = 5.0) -> dict[str, Any]:
         name: {"pid": m.pid, "flows": m.flows, "running": m.running(), "log": str(m.log)}
         for name, m in cluster.mirrors.items()
     }
+    if cluster.wan is not None:
+        report["wan"] = _wan(cluster)
     return report
+
+
+def _wan(cluster: Cluster) -> dict[str, Any]:
+    from rlstream.ops.cluster import wan
+
+    assert cluster.wan is not None
+    running = cluster.wan.running()
+    links: dict[str, Any] = {}
+    trainer = cluster.regions[cluster.trainer]
+    for name, ports in trainer.links.items():
+        link: dict[str, Any] = {"bootstrap": trainer.link_bootstrap(name), "cut": None}
+        if running:
+            link["cut"] = wan.is_cut(cluster.wan, name)
+            if not link["cut"] and trainer.running():
+                try:
+                    link["measured_rtt_ms"] = wan.measure_rtt_ms(ports[0][1], samples=5)
+                except OSError:
+                    link["measured_rtt_ms"] = None
+        links[name] = link
+    return {
+        "pid": cluster.wan.pid,
+        "running": running,
+        "rtt_ms": cluster.wan.rtt_ms,
+        "mbit": cluster.wan.mbit,
+        "links": links,
+    }
 
 
 def _brokers(region: Region) -> list[dict[str, Any]]:

@@ -74,7 +74,8 @@ def kafka(cluster_home: Path) -> Iterator[KafkaSettings]:
 @pytest.fixture(scope="session")
 def geo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A local multi-region cluster for the session: ``trainer``, ``eu`` and ``us``, one KRaft
-    node each, and one MirrorMaker 2 per rollout region's link. Tests that kill a broker or a
+    node each, and one MirrorMaker 2 per rollout region's link, each link a WAN of
+    ``GEO_RTT_MS`` round trip (``ops.cluster.wan``). Tests that kill a broker or a
     MirrorMaker bring it back with ``cluster.up`` before they end; everything is stopped by pid
     when the session ends."""
     if KafkaSettings.from_env() is not None:
@@ -89,10 +90,19 @@ def geo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     home = tmp_path_factory.mktemp("geo") / "cluster"
     _GEO_HOMES.append(home)
     try:  # a region that fails to start must not leave the others running
-        yield cluster.up(["trainer", "eu", "us"], home=home, heap="384m", log=lambda *_: None)
+        yield cluster.up(
+            ["trainer", "eu", "us"],
+            home=home,
+            heap="384m",
+            log=lambda *_: None,
+            link=cluster.LinkSpec(rtt_ms=GEO_RTT_MS),
+        )
     finally:
         cluster.down(home=home, purge=True, log=lambda *_: None)
 
+
+#: The round trip of the ``geo`` cluster's links: a short WAN, so every geo test crosses one.
+GEO_RTT_MS = 20.0
 
 #: The ``geo`` cluster's home once started, and the session's last test that uses it.
 _GEO_HOMES: list[Path] = []

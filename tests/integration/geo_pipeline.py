@@ -124,6 +124,14 @@ class GeoRun:
         topic = topics.remote_topic(region, topics.topic_name(self.run, "trajectories"))
         return end_offsets(self.home_settings(), topic)
 
+    def weights_crossed(self, region: str) -> bool:
+        """Whether ``region`` holds a copy of every weight manifest the trainer region holds
+        (committed records counted: offsets differ, each side has its own transaction markers)."""
+        local = topics.topic_name(self.run, "weights.manifests")
+        there = settings_of(self.home, region)
+        copied = len(read_all(there, topics.remote_topic("trainer", local)))
+        return copied >= len(read_all(self.home_settings(), local))
+
     def reconcile(self) -> Ledger:
         """Every released group decided exactly once; trained at most once, admitted ones only."""
         ledger = self.ledger()
