@@ -287,6 +287,28 @@ def _engines(r: dict[str, Any]) -> Cells:
     )
 
 
+def _stability(r: dict[str, Any]) -> Cells:
+    finals: dict[str, dict[int, list[float]]] = {}
+    warm = [c["eval_warm_start"] for c in r["cases"]]
+    for c in r["cases"]:
+        finals.setdefault(c["loss"], {}).setdefault(c["max_staleness"], []).append(c["eval_final"])
+
+    def row(loss: str) -> str:
+        by_budget = finals[loss]
+        means = "/".join(_f(sum(v) / len(v)) for _, v in sorted(by_budget.items()))
+        worst = _f(min(min(v) for v in by_budget.values()))
+        return f"{loss} {means} (worst seed {worst})"
+
+    budgets = "/".join(str(b) for b in sorted(next(iter(finals.values()))))
+    samples = r["versions"] * r["samples_per_version"]
+    others = "; ".join(row(loss) for loss in finals if loss != "tis")
+    return (
+        f"held-out success after {samples} samples at staleness {budgets} (mean of "
+        f"{len(next(iter(next(iter(finals.values())).values())))} seeds): {others}",
+        f"tis (the default): {row('tis')}; warm start {_f(sum(warm) / len(warm))}",
+    )
+
+
 def _unknown(r: dict[str, Any]) -> Cells:
     return "see [docs/benchmarks.md](docs/benchmarks.md)", "see the results file"
 
@@ -302,5 +324,6 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], Cells]] = {
     "learner": _learner,
     "publish": _publish,
     "router-replay": _router_replay,
+    "stability": _stability,
     "sync": _sync,
 }
