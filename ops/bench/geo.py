@@ -25,7 +25,9 @@ version, waiting only for the local subscriber, and eu keeps committing groups; 
 (the heal to eu applying the newest version), ``stranded`` (groups committed in eu during the
 cut, which reach home only after the heal: the ones a run's scheduler re-issues elsewhere;
 the re-issue itself is the link-cut test's, tests/integration/test_geo_faults.py),
-``duplicates`` (versions eu applied twice, groups read at home twice: both must be 0).
+``interrupted`` (committed before the cut, home after it), ``duplicates`` (versions eu applied
+twice, groups read at home twice: both must be 0). The trajectory figures leave out the groups
+the cut stranded or interrupted.
 
 Figures (``--json``: the last stdout line), per setting: ``propagation_p50_s``/``_p99_s``: the
 learner's commit to the version applied (verified, decoded, handed over) in ``eu``;
@@ -113,7 +115,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ) as local:
         for rtt in rtts:
             link = None
-            if rtt is not None:
+            if rtt is None and local.wan is not None and local.wan.running():
+                link = _link(local, local.wan.rtt_ms, local.wan.mbit)  # a named cluster's WAN
+            elif rtt is not None:
                 local = cluster.up(
                     ["trainer", "eu"], home=local.home, link=cluster.LinkSpec(rtt, args.mbit),
                     log=lambda *_: None, mirror_settings=mirror_settings,
@@ -172,7 +176,9 @@ class _Cut:
         self.healed_at: float | None = None
         self.newest_during: int | None = None
         self.stranded: list[str] = []
+        self.traj_cut_at = 0.0
         self.traj_healed_at = 0.0
+        self.interrupted: list[str] = []
 
     def cut(self) -> None:
         from rlstream.ops import cluster
@@ -207,6 +213,7 @@ class _Cut:
             if newest in applied
             else None,
             "stranded": len(self.stranded),
+            "interrupted": len(self.interrupted),
             "stranded_home_p50_s": round(median(home), 3) if home else None,
             "duplicates": {
                 "versions_applied_twice": weights["applied_twice"]["eu"],
@@ -333,7 +340,7 @@ def _trajectories(
             committed[group] = time.time()
             if cut is not None and i == cut.at_group:
                 cut.cut()
-                cut_at = time.time()
+                cut_at = cut.traj_cut_at = time.time()
             elif cut is not None and cut_at is not None:
                 cut.stranded.append(group)
                 if time.time() - cut_at >= cut.seconds:
@@ -350,9 +357,14 @@ def _trajectories(
         consumer.close()
         producer.close()
     progress(f"trajectories from {where}: {len(seen)} of {args.groups} groups read at home")
-    stranded = set(cut.stranded) if cut is not None else set()
+    touched: set[str] = set()
+    if cut is not None:  # committed during the cut, or committed before it and home after it
+        cut.interrupted = [
+            g for g in committed if committed[g] < cut.traj_cut_at < seen.get(g, float("inf"))
+        ]
+        touched = set(cut.stranded) | set(cut.interrupted)
     return {
-        "latency_s": [seen[g] - committed[g] for g in committed if g in seen and g not in stranded],
+        "latency_s": [seen[g] - committed[g] for g in committed if g in seen and g not in touched],
         "home_at": dict(seen),
         "read_twice": sum(c > args.group_size for c in counts.values()),
     }

@@ -178,31 +178,35 @@ def _deltas(r: dict[str, Any]) -> Cells:
 def _geo(r: dict[str, Any]) -> Cells:
     if "settings" not in r:  # kept before the WAN settings
         r = {"brokers": 1, "settings": [{**r, "link": None}]}
-    figures, baselines = [], []
-    for s in r["settings"]:
-        link, b = s["link"], s["baseline"]
-        where = (
-            f"{link['rtt_ms']:g} ms RTT (measured {link['measured_rtt_ms']})"
-            if link
-            else "loopback"
+    sets = r["settings"]
+
+    def each(get: Callable[[dict[str, Any]], Any], digits: int = 2) -> str:
+        return "/".join(_f(get(s), digits) for s in sets)
+
+    links = [s["link"] for s in sets]
+    rtts = "/".join(f"{x['rtt_ms']:g}" for x in links if x)
+    measured = "/".join(_f(x["measured_rtt_ms"], 1) for x in links if x)
+    where = f"RTT {rtts} ms (measured {measured})" if all(links) else "loopback"
+    crossed = sets[0].get("cross_region_bytes_per_version")
+    figure = (
+        f"{where}: weights commit → applied in the rollout region p50 "
+        f"{each(lambda s: s['propagation_p50_s'])} s, p99 {each(lambda s: s['propagation_p99_s'])} s; "
+        f"trajectories home p50 {each(lambda s: s['trajectory_p50_s'])} s; "
+        + (f"{crossed / 1e6:.2f} MB " if crossed else "")
+        + f"crossing a version ({sets[0]['cross_region_ratio']} of the model)"
+    )
+    if all("cut" in s for s in sets):
+        cut = sets[0]["cut"]["seconds"]
+        dupes = sum(sum(s["cut"]["duplicates"].values()) for s in sets)
+        figure += (
+            f"; a {cut:g} s cut: caught up {each(lambda s: s['cut']['caught_up_s'], 0)} s after "
+            f"the heal, {dupes} duplicates"
         )
-        text = (
-            f"{where}: commit → applied in the rollout region p50 {s['propagation_p50_s']} s, "
-            f"p99 {s['propagation_p99_s']} s; crossing {s['cross_region_ratio']} of the model a "
-            f"version; trajectories home p50 {s['trajectory_p50_s']} s"
-        )
-        if "cut" in s:
-            c = s["cut"]
-            text += (
-                f"; a {c['seconds']:g} s cut: caught up {c['caught_up_s']} s after the heal, "
-                f"{sum(c['duplicates'].values())} duplicates"
-            )
-        figures.append(text)
-        baselines.append(
-            f"one region: p50 {b['propagation_p50_s']} s, p99 {b['propagation_p99_s']} s; "
-            f"trajectories p50 {b['trajectory_p50_s']} s"
-        )
-    return "; ".join(figures), "; ".join(baselines)
+    baseline = (
+        f"one region: weights p50 {each(lambda s: s['baseline']['propagation_p50_s'])} s; "
+        f"trajectories p50 {each(lambda s: s['baseline']['trajectory_p50_s'], 3)} s"
+    )
+    return figure, baseline
 
 
 def _ingest(r: dict[str, Any]) -> Cells:

@@ -44,6 +44,7 @@ from rlstream.schemas.errors import SetupError
 TOXIPROXY_MODULE = "github.com/Shopify/toxiproxy/v2/cmd/server"
 TOXIPROXY_VERSION = "v2.5.0"
 MARKER = "toxiproxy-server"
+GO_PLACES = ("/usr/local/go/bin/go", "/usr/lib/go/bin/go")  # where Go's installers put it
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ def binary() -> Path:
     target = artifacts.cache_root() / f"toxiproxy-{TOXIPROXY_VERSION}" / MARKER
     if target.exists():
         return target
-    go = shutil.which("go")
+    go = shutil.which("go") or next((g for g in GO_PLACES if Path(g).exists()), None)
     if not go:
         raise SetupError(
             "the Go toolchain is needed once to build Toxiproxy for a WAN link "

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import GEO_RTT_MS
 
 from rlstream.producers.client.settings import KafkaSettings
 
@@ -100,9 +101,6 @@ def geo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     finally:
         cluster.down(home=home, purge=True, log=lambda *_: None)
 
-
-#: The round trip of the ``geo`` cluster's links: a short WAN, so every geo test crosses one.
-GEO_RTT_MS = 20.0
 
 #: The ``geo`` cluster's home once started, and the session's last test that uses it.
 _GEO_HOMES: list[Path] = []

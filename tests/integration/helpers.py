@@ -27,6 +27,10 @@ from rlstream.schemas import events, topics
 
 _SIGNERS: dict[str, tuple[Signer, Path]] = {}
 
+#: The round trip of the session's ``geo`` cluster's links: a short WAN, so every geo test
+#: crosses one.
+GEO_RTT_MS = 20.0
+
 
 def signed_run(settings: KafkaSettings, run: str) -> Signer:
     """The signer of ``run``, created signed as its first learner start would create it

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import GEO_RTT_MS
 from vllm_support import requires_vllm
 
 pytestmark = pytest.mark.slow
@@ -108,9 +109,12 @@ def test_geo_bench_runs_on_the_regions_cluster(geo, tmp_path: Path) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
+    [setting] = result["settings"]
     for key in ("propagation_p50_s", "propagation_p99_s", "cross_region_ratio", "trajectory_p50_s"):
-        assert result[key] > 0, (key, result)
-    assert result["baseline"]["propagation_p50_s"] > 0
+        assert setting[key] > 0, (key, setting)
+    assert setting["baseline"]["propagation_p50_s"] > 0
+    link = setting["link"]  # the geo cluster's WAN, its round trip measured
+    assert link["rtt_ms"] == GEO_RTT_MS and link["measured_rtt_ms"] >= GEO_RTT_MS * 0.9, link
     assert json.loads((tmp_path / "bench-geo.json").read_text())["result"] == result
 
 
