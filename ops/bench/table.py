@@ -284,11 +284,18 @@ def _engines(r: dict[str, Any]) -> Cells:
     levels = "/".join(str(x["concurrency"]) for x in t)
     vllm = "/".join(str(round(x["vllm_tokens_per_s"])) for x in t)
     torch = "/".join(str(round(x["torch_tokens_per_s"])) for x in t)
-    return (
-        f"vLLM {vllm} tokens/s at {levels} concurrent; swap in place p50 "
-        f"{_f(s['in_place_p50_s'])} s",
-        f"torch {torch} tokens/s; reload from disk p50 {_f(s['from_disk_p50_s'])} s",
-    )
+    figure = f"vLLM {vllm} tokens/s at {levels} concurrent; swap in place p50 {_f(s['in_place_p50_s'])} s"
+    baseline = f"torch {torch} tokens/s; reload from disk p50 {_f(s['from_disk_p50_s'])} s"
+    partial = r.get("partial")
+    if partial:
+        p, b = partial["partial"], partial["between_tasks"]
+        figure += (
+            f"; partial rollouts {_f(p['samples_per_s'])} trained samples/s "
+            f"(**{_f(partial['gain'])}×**, {100 * p['spanning_fraction']:.1f}% of trajectories "
+            "span versions)"
+        )
+        baseline += f"; swapping between tasks: {_f(b['samples_per_s'])} trained samples/s"
+    return figure, baseline
 
 
 def _stability(r: dict[str, Any]) -> Cells:
