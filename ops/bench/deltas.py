@@ -37,7 +37,13 @@ Per case, medians over ``--reps`` repetitions, all single-threaded (numpy, zstd 
   are known (a subscriber that applied the version before), as a subscriber's hot path: no
   tensor-sized allocation, result hashed and verified; ``decode_gb_per_s``: ``decode`` into new
   arrays, base hashes computed;
-- baselines in the same run: zstd (level 3) of the full new weights and of old XOR new, and
+- baselines in the same run: zstd (level 3) of the full new weights and of old XOR new; the
+  strongest generic codings of the same bits we know (``generic``, zstd level 19, one thread):
+  ``xor_byteplanes_zstd19`` (old XOR new split into its byte planes, each compressed alone:
+  the high bytes of an update are mostly zero, the low ones noisy) and ``sparse_zstd19`` (the
+  changed positions as gaps, little-endian uint32, and the changed elements' values, as the
+  XOR or the new bits, whichever compresses smaller, each compressed alone), with
+  ``x_smaller_than_best_generic`` = ratio / the better of the two; and
   ``memcpy_gb_per_s`` (``np.copy`` of the same bytes into new memory; ``memcpy_reuse`` into
   memory already in use);
 - ``crypto_hash_gb_per_s``: the codec's tensor hash (BLAKE3, ``deltacodec.DEFAULT_HASH``) of
@@ -381,7 +387,7 @@ def _case(pairs: list[Pair], args: argparse.Namespace) -> dict[str, Any]:
     progress(f"deltas: encode and apply with xxh3 hashes x{args.reps}")
     legacy, t_enc_xxh3, _ = _time_encode(pairs, args, dc.LEGACY_HASH)
     _, t_apply_xxh3, exact_xxh3 = _time_decode(legacy, pairs, args.reps)
-    progress("deltas: bounds and baselines")
+    progress("deltas: bounds and baselines (zstd-19 generic codings take a while)")
     order0 = [dc.entropy_bound(_state(o), _state(n)) for o, n in pairs]
     cond = [dc.conditioned_bound(_state(o), _state(n)) for o, n in pairs]
     raw_bits = sum(b.raw_bits for b in order0)
@@ -420,6 +426,7 @@ def _case(pairs: list[Pair], args: argparse.Namespace) -> dict[str, Any]:
         **{f"{k}_gb_per_s": raw / t.wall / 1e9 for k, t in times.items()},
         "cpu_time_gb_per_s": {k: raw / t.cpu / 1e9 for k, t in times.items()},
         **_zstd_baselines(pairs),
+        **_generic_baselines(pairs, ratio),
         "bit_exact": exact and exact_xxh3,
         "hash_algorithm": dc.DEFAULT_HASH,
     }
@@ -546,6 +553,32 @@ def _zstd_baselines(pairs: list[Pair]) -> dict[str, float]:
     }
 
 
+def _generic_baselines(pairs: list[Pair], ratio: float) -> dict[str, Any]:
+    """The generic codings of old -> new at zstd level 19 (module docstring): their ratios and
+    how many times smaller the codec's encoding is than the better one."""
+    import numpy as np
+    import zstandard
+
+    cctx = zstandard.ZstdCompressor(level=19, threads=0)
+
+    def z(data: Any) -> int:
+        return len(cctx.compress(np.ascontiguousarray(data).tobytes()))
+
+    raw = planes = sparse = 0
+    for old, new in pairs:
+        for name, (_, b) in new.items():
+            a = old[name][1]
+            xor = a ^ b
+            raw += b.nbytes
+            as_bytes = xor.view(np.uint8).reshape(-1, xor.itemsize)
+            planes += sum(z(as_bytes[:, i]) for i in range(xor.itemsize))
+            changed = np.flatnonzero(xor)
+            gaps = np.diff(changed, prepend=-1).astype("<u4") - 1
+            sparse += z(gaps) + min(z(xor[changed]), z(b[changed])) + 8  # + the count
+    generic = {"xor_byteplanes_zstd19": raw / planes, "sparse_zstd19": raw / sparse}
+    return {"generic": generic, "x_smaller_than_best_generic": ratio / max(generic.values())}
+
+
 def _lines(result: dict[str, Any]) -> list[str]:
     head = (
         f"deltas: median of {result['reps']}, {result['cpu_count']} cpus,"
@@ -561,6 +594,9 @@ def _lines(result: dict[str, Any]) -> list[str]:
             " of it;"
             f" zstd full {c['zstd_full_ratio']:.2f}x, zstd xor {c['zstd_xor_ratio']:.1f}x),"
             f" bit exact: {c['bit_exact']}",
+            "  generic codings, zstd-19: "
+            + ", ".join(f"{k} {v:.1f}x" for k, v in c["generic"].items())
+            + f"; the codec is {c['x_smaller_than_best_generic']:.2f}x smaller than the best",
             f"  encode {c['encode_gb_per_s']:.2f} GB/s (warm {c['encode_warm_gb_per_s']:.2f}),"
             f" apply in place {c['apply_gb_per_s']:.2f} GB/s, decode {c['decode_gb_per_s']:.2f}"
             f" GB/s, memcpy {c['memcpy_gb_per_s']:.2f} GB/s (reuse {c['memcpy_reuse_gb_per_s']:.2f}),"

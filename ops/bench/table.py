@@ -164,7 +164,9 @@ def _deltas(r: dict[str, Any]) -> Cells:
     figures, baselines = [], []
     for c in r["cases"]:
         name = f"{c['workload']} lr {c['lr']:g} ({100 * c['changed_fraction']:.2g}% changed)"
-        figures.append(f"{name} **{_f(c['ratio'], 1)}×**")
+        margin = c.get("x_smaller_than_best_generic")
+        against = f" ({_f(margin)}× smaller than the best generic)" if margin else ""
+        figures.append(f"{name} **{_f(c['ratio'], 1)}×**{against}")
         generic = c.get("generic")
         best = (
             f"best generic {_f(max(generic.values()), 1)}×"

@@ -192,6 +192,12 @@ def test_bench_deltas_json_is_the_last_stdout_line(capsys: pytest.CaptureFixture
             case["ratio"] / case["conditioned_bound_x"]
         )
         assert case["conditioned_bound_x"] > case["order0_bound_x"]
+        generic = case["generic"]
+        assert set(generic) == {"xor_byteplanes_zstd19", "sparse_zstd19"}
+        assert all(v > 1 for v in generic.values())
+        assert case["x_smaller_than_best_generic"] == pytest.approx(
+            case["ratio"] / max(generic.values())
+        )
         for key in (
             "changed_fraction",
             "encode_gb_per_s",
