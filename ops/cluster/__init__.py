@@ -301,13 +301,13 @@ def _ensure_link(cluster: Cluster, region: str, log) -> None:
     via = {cluster.trainer: trainer.link_bootstrap(region)} if region in trainer.links else {}
     extra = cluster.mirror_settings
     user = acls.mirror_user(region) if cluster.regions[region].secure else None
-    wanted_text = mirror.mm2_properties(flows, cluster.regions, user, via, extra)
-    if (
-        current
-        and current.running()
-        and current.flows == wanted
-        and current.properties.read_text() == wanted_text
-    ):
+    if current and current.running() and current.flows == wanted:
+        # its user exists (it started as that user); a changed config restarts it
+        text = mirror.mm2_properties(flows, cluster.regions, user, via, extra)
+        same = current.properties.read_text() == text
+    else:
+        same = False
+    if same and current is not None:
         log(f"mirror {region}: running (pid {current.pid})")
         return
     if current:

@@ -105,7 +105,9 @@ def test_a_cut_link_is_worked_around_and_the_regions_late_copies_are_trained_nev
         tmp,
         ["eu", "us"],
         16,
-        ["scheduler.reissue_after_s=20", "admission.timeout_s=120"],
+        # long enough for us to finish a group on a loaded machine: a shorter one re-issued
+        # us's groups back to the cut eu and bounced them between the regions in CI
+        ["scheduler.reissue_after_s=60", "admission.timeout_s=120"],
     )
     cut = False
     try:
@@ -113,8 +115,8 @@ def test_a_cut_link_is_worked_around_and_the_regions_late_copies_are_trained_nev
         run.wait(lambda: run.arrived("eu") > 0, 240, "the first trajectories from eu")
         cluster.cut_link("eu", geo.home)
         cut, cut_at = True, time.monotonic()
-        run.wait(lambda: run.ledger().reissued, 120, "a group re-issued away from eu")
-        run.wait(lambda: run.decided_count() >= run.tasks, 300, "every group decided without eu")
+        run.wait(lambda: run.ledger().reissued, 240, "a group re-issued away from eu")
+        run.wait(lambda: run.decided_count() >= run.tasks, 420, "every group decided without eu")
         dark_s = time.monotonic() - cut_at
         cluster.heal_link("eu", geo.home)
         cut = False
