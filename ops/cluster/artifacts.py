@@ -1,4 +1,5 @@
-"""Kafka jars from Maven Central, resolved once into a per-user cache.
+"""Kafka jars from Maven Central, and Toxiproxy (the WAN link, ``ops.cluster.wan``) built with
+Go, each resolved once into a per-user cache.
 
 `ops/kafka/pom.xml` lists the artifacts (broker, MirrorMaker 2, tools, log4j2 with the slf4j 1.7
 binding). `mvn dependency:copy-dependencies` copies them and their dependencies into
@@ -16,6 +17,10 @@ from pathlib import Path
 
 from rlstream.schemas.errors import SetupError
 
+TOXIPROXY = "toxiproxy-server"
+TOXIPROXY_MODULE = "github.com/Shopify/toxiproxy/v2/cmd/server"
+TOXIPROXY_VERSION = "v2.5.0"
+GO_PLACES = ("/usr/local/go/bin/go", "/usr/lib/go/bin/go")  # where Go's installers put it
 POM = Path(__file__).resolve().parent.parent / "kafka" / "pom.xml"
 
 
@@ -83,3 +88,32 @@ def libs_dir() -> Path:
 
 def classpath() -> str:
     return str(libs_dir() / "*")
+
+
+def toxiproxy_binary() -> Path:
+    """The toxiproxy server, installed on first use with ``go install`` into the cache."""
+    target = cache_root() / f"toxiproxy-{TOXIPROXY_VERSION}" / TOXIPROXY
+    if target.exists():
+        return target
+    go = shutil.which("go") or next((g for g in GO_PLACES if Path(g).exists()), None)
+    if not go:
+        raise SetupError(
+            "the Go toolchain is needed once to build Toxiproxy for a WAN link "
+            "(https://go.dev/doc/install, or `apt-get install golang`)"
+        )
+    staging = target.parent / "bin.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    print(f"building Toxiproxy {TOXIPROXY_VERSION} with go install into {target} ...", flush=True)
+    proc = subprocess.run(
+        [go, "install", f"{TOXIPROXY_MODULE}@{TOXIPROXY_VERSION}"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "GOBIN": str(staging)},
+    )
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-20:])
+        raise SetupError(f"go install of Toxiproxy failed:\n{tail}")
+    (staging / "server").rename(target)
+    shutil.rmtree(staging, ignore_errors=True)
+    return target

@@ -25,8 +25,6 @@ Rules:
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import socket
 import statistics
 import struct
@@ -41,10 +39,7 @@ from typing import Any
 from rlstream.ops.cluster import artifacts, procs
 from rlstream.schemas.errors import SetupError
 
-TOXIPROXY_MODULE = "github.com/Shopify/toxiproxy/v2/cmd/server"
-TOXIPROXY_VERSION = "v2.5.0"
-MARKER = "toxiproxy-server"
-GO_PLACES = ("/usr/local/go/bin/go", "/usr/lib/go/bin/go")  # where Go's installers put it
+MARKER = artifacts.TOXIPROXY  # in the binary's path: procs.alive knows the process by it
 
 
 @dataclass(frozen=True)
@@ -92,40 +87,11 @@ def listener_name(region: str) -> str:
     return "LINK_" + "".join(c if c.isalnum() else "_" for c in region.upper())
 
 
-def binary() -> Path:
-    """The toxiproxy server, installed on first use with ``go install`` into the cache."""
-    target = artifacts.cache_root() / f"toxiproxy-{TOXIPROXY_VERSION}" / MARKER
-    if target.exists():
-        return target
-    go = shutil.which("go") or next((g for g in GO_PLACES if Path(g).exists()), None)
-    if not go:
-        raise SetupError(
-            "the Go toolchain is needed once to build Toxiproxy for a WAN link "
-            "(https://go.dev/doc/install, or `apt-get install golang`)"
-        )
-    staging = target.parent / "bin.partial"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    print(f"building Toxiproxy {TOXIPROXY_VERSION} with go install into {target} ...", flush=True)
-    proc = subprocess.run(
-        [go, "install", f"{TOXIPROXY_MODULE}@{TOXIPROXY_VERSION}"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "GOBIN": str(staging)},
-    )
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-20:])
-        raise SetupError(f"go install of Toxiproxy failed:\n{tail}")
-    (staging / "server").rename(target)
-    shutil.rmtree(staging, ignore_errors=True)
-    return target
-
-
 def start(home: Path, spec: LinkSpec, timeout: float = 30.0) -> Wan:
     wan = Wan(home=str(home), api_port=procs.free_port(), rtt_ms=spec.rtt_ms, mbit=spec.mbit)
     wan.dir.mkdir(parents=True, exist_ok=True)
     # argv[0] names the process MARKER, so procs.alive and procs.stop know it is ours
-    cmd = [str(binary()), "-host", "127.0.0.1", "-port", str(wan.api_port)]
+    cmd = [str(artifacts.toxiproxy_binary()), "-host", "127.0.0.1", "-port", str(wan.api_port)]
     proc = procs.spawn(cmd, wan.dir / "toxiproxy.log", cwd=wan.dir)
     wan.pid = proc.pid
     try:
