@@ -65,11 +65,16 @@ class DeliveryError(RlstreamError, RuntimeError):
 RETRIES = 5
 
 
-def retry_retriable(call: Callable[[], Any], what: str) -> Any:
+def retry_retriable(call: Callable[[], Any], what: str, guard: bool = False) -> Any:
     """``call()``, retried with exponential backoff and jitter while it raises a retriable
-    ``KafkaException`` that does not require an abort (at most ``RETRIES`` attempts)."""
+    ``KafkaException`` that does not require an abort (at most ``RETRIES`` attempts). With
+    ``guard``, each attempt runs under the hung-call guard (``exit_when_hung``): a call that
+    times out and is retried is not hung, one that blocks past the limit is."""
     for attempt in range(RETRIES):
         try:
+            if guard:
+                with _hang_guard(what):
+                    return call()
             return call()
         except KafkaException as exc:
             err = exc.args[0]
@@ -86,11 +91,14 @@ HUNG_EXIT_CODE = 75
 
 
 def exit_when_hung(seconds: float | None) -> None:
-    """Make this process exit (code ``HUNG_EXIT_CODE``) when a transactional call blocks longer
+    """Make this process exit (code ``HUNG_EXIT_CODE``) when one transactional call blocks longer
     than ``seconds`` (None: never). For a supervised role only: librdkafka's
     ``send_offsets_to_transaction`` has been seen to block for good after its broker was killed
     and restarted; the supervisor's restart fences the stuck transaction and resumes from the
-    committed offsets, which is what a restart is for."""
+    committed offsets, which is what a restart is for. The limit is per call, not per retried
+    operation: a call that returns a timeout after its own ``timeout`` and is retried (a
+    coordinator moving after a broker died) is slow, not hung, so ``seconds`` should exceed the
+    calls' timeout."""
     global _HANG_EXIT_S
     _HANG_EXIT_S = seconds
 
@@ -128,13 +136,13 @@ class Transaction:
     def send_offsets(self, offsets: Sequence[TopicPartition], group_metadata: object) -> None:
         """Commit these consumer offsets (of the group ``group_metadata`` names) with it."""
         if offsets:
-            with _hang_guard("send offsets"):
-                retry_retriable(
-                    lambda: self._producer.send_offsets_to_transaction(
-                        list(offsets), group_metadata, self._timeout
-                    ),
-                    "send offsets",
-                )
+            retry_retriable(
+                lambda: self._producer.send_offsets_to_transaction(
+                    list(offsets), group_metadata, self._timeout
+                ),
+                "send offsets",
+                guard=True,
+            )
 
 
 def make_producer(
@@ -195,8 +203,9 @@ class EventProducer:
         self._producer.begin_transaction()
         try:
             yield Transaction(self._producer, timeout)
-            with _hang_guard("commit"):
-                retry_retriable(lambda: self._producer.commit_transaction(timeout), "commit")
+            retry_retriable(
+                lambda: self._producer.commit_transaction(timeout), "commit", guard=True
+            )
         except KafkaException as exc:
             err = exc.args[0]
             if err.fatal():

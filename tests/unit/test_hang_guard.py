@@ -30,3 +30,27 @@ def test_a_hung_call_ends_the_process_with_its_code() -> None:
 def test_a_call_that_returns_in_time_or_no_policy_changes_nothing() -> None:
     assert _run("5", 0.1).stdout.strip() == "returned"
     assert _run("None", 0.5).stdout.strip() == "returned"
+
+
+RETRIED = """
+import time
+from confluent_kafka import KafkaError, KafkaException
+from rlstream.producers.client import producer as p
+p.exit_when_hung(0.6)
+calls = []
+def slow_then_done():
+    calls.append(1)
+    time.sleep(0.4)  # each attempt returns within the limit; all of them together do not
+    if len(calls) < 3:
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "timed out", retriable=True))
+    return "done"
+print(p.retry_retriable(slow_then_done, "send offsets", guard=True), len(calls))
+"""
+
+
+def test_the_limit_is_per_call_so_a_retried_timeout_is_not_a_hang() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", RETRIED], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done
+    assert done.stdout.split() == ["done", "3"]
