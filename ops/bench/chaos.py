@@ -20,6 +20,9 @@ and one round of attacks (``ops.run.attacks``) against the run's services and ro
 server taking pushed weights (``serve policy --weights push``) and one following the run (whose
 served completion the forged feedback names), feedback-rl, admission, the ``tests`` judge and
 its sandbox. Then the driver waits until the scheduler has seen every task released and decided.
+``--seeds N`` repeats the whole run N times, each a fresh run with the plan of its own seed
+(``--seed``, ``--seed`` + 1, ...): the counts are summed, the broker stalls pooled, and the result
+holds only when every run did (``combine``; each run's figures are kept under ``per_seed``).
 
 Figures (``--json``: the last stdout line), each read from what the roles wrote or logged:
 ``groups_released``/``groups_decided``/``groups_lost`` (released and never decided: must be
@@ -76,6 +79,13 @@ def register_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--forged-rounds", type=int, default=2, help="rounds of forged manifests")
     p.add_argument("--seed", type=int, default=0, help="seed of the fault plan")
     p.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="runs, each a fresh run with its own plan (seeds --seed, --seed+1, ...); the "
+        "figures are summed over them, the stalls pooled",
+    )
+    p.add_argument(
         "--brokers",
         type=int,
         default=1,
@@ -98,10 +108,88 @@ def _main(args: argparse.Namespace) -> int:
     # SIGTERM unwinds like Ctrl-C: the roles, the feedback service and a temporary cluster are
     # stopped (by pid) on the way out.
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
-    result = run(args)
+    seeds = [args.seed + i for i in range(max(1, args.seeds))]
+    runs = []
+    for i, seed in enumerate(seeds):
+        args.seed = seed
+        if len(seeds) > 1:
+            progress(f"seed {seed} ({i + 1} of {len(seeds)})")
+        runs.append(run(args, suffix=f"-s{seed}" if len(seeds) > 1 else ""))
+    result = combine(runs, seeds)
     brokers = getattr(args, "brokers", 1)
     emit(result, args.json, _lines(result), name="chaos" if brokers == 1 else f"chaos-{brokers}b")
     return 0 if held(result) else 1
+
+
+#: Figures that add up over seeds (counts); the others are kept per seed only.
+_SUMMED = [
+    "tasks",
+    "groups_released",
+    "groups_reissued",
+    "groups_decided",
+    "groups_admitted",
+    "groups_lost",
+    "groups_decided_twice",
+    "groups_decided_unreleased",
+    "groups_trained",
+    "groups_trained_twice",
+    "groups_trained_unadmitted",
+    "poison_injected",
+    "poison_dead_lettered",
+    "poison_missed",
+    "poison_groups_decided",
+    "poison_trained",
+    "dead_letters",
+    "dead_letters_of_genuine_records",
+    "forged_injected",
+    "forged_refused",
+    "forged_refusals_logged",
+    "genuine_refused",
+    "role_kills",
+    "role_restarts",
+    "roles_given_up",
+    "broker_kills",
+    "feedback_replays",
+    "feedback_replays_refused",
+    "feedback_replays_deduplicated",
+    "feedback_stored",
+    "leader_kills",
+    "coordinator_kills",
+    "controller_kills",
+    "rolling_restarts",
+    "wall_seconds",
+]
+
+
+def combine(runs: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
+    """One run's figures as they are (with ``seeds``); several runs' counts summed, the
+    attacks' tries and refusals summed per kind, the broker stalls pooled (``max_stall_s`` over
+    all of them), and each run's own figures under ``per_seed``."""
+    if len(runs) == 1:
+        return {**runs[0], "seeds": seeds}
+    out: dict[str, Any] = {"seeds": seeds, "finished": all(r["finished"] for r in runs)}
+    for key in _SUMMED:
+        if all(key in r for r in runs):
+            out[key] = round(sum(r[key] for r in runs), 1)
+    kinds = sorted({k for r in runs for k in r["attacks"]})
+    out["attacks"] = {
+        k: {
+            field: sum(r["attacks"].get(k, {}).get(field, 0) for r in runs)
+            for field in ("tried", "refused")
+        }
+        for k in kinds
+    }
+    out["held_per_seed"] = [held(r) for r in runs]
+    out["final_success_per_seed"] = [r["final_success"] for r in runs]
+    out["brokers"] = runs[0]["brokers"]
+    if all("stalls_s" in r for r in runs):
+        stalls = [s for r in runs for s in r["stalls_s"]]
+        known = [s for s in stalls if s is not None]
+        out["replication_factor"] = runs[0]["replication_factor"]
+        out["stalls_s"] = stalls
+        out["max_stall_s"] = max(known) if known else None
+    out["per_seed"] = runs
+    return out
 
 
 def held(r: dict[str, Any]) -> bool:
@@ -115,6 +203,8 @@ def held(r: dict[str, Any]) -> bool:
         "roles_given_up",
         "genuine_refused",
     )
+    if "per_seed" in r:
+        return all(held(one) for one in r["per_seed"])
     attacks_held = all(_held_off(a) for a in r["attacks"].values())
     return all(r[k] == 0 for k in zero) and r["feedback_stored"] == 1 and attacks_held
 
@@ -124,11 +214,12 @@ def _held_off(attempts: dict[str, int]) -> bool:
     return attempts["tried"] > 0 and attempts["refused"] == attempts["tried"]
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace, suffix: str = "") -> dict[str, Any]:
+    """One run with the plan of ``args.seed`` (named ``--run`` or by the time, plus ``suffix``)."""
     from rlstream.ops.run.config import load_run_config
     from rlstream.producers.client.admin import ensure_run_topics
 
-    name = args.run or time.strftime("chaos-%Y%m%d-%H%M%S")
+    name = (args.run or time.strftime("chaos-%Y%m%d-%H%M%S")) + suffix
     out = Path(args.out) / name
     (out / "logs").mkdir(parents=True, exist_ok=True)
     sets = [
@@ -557,6 +648,16 @@ def _position(p: Any) -> tuple[str, int, int]:
 
 
 def _lines(r: dict[str, Any]) -> list[str]:
+    if "per_seed" in r:
+        lines = []
+        for seed, one in zip(r["seeds"], r["per_seed"], strict=True):
+            lines += [f"seed {seed}:", *(f"  {line}" for line in _lines(one))]
+        stall = f", max stall {r['max_stall_s']} s" if "max_stall_s" in r else ""
+        return [
+            *lines,
+            f"over {len(r['seeds'])} seeds: {r['groups_lost']} lost, "
+            f"{r['groups_trained_twice']} trained twice, held {r['held_per_seed']}{stall}",
+        ]
     return [
         f"groups: {r['groups_released']} released, {r['groups_decided']} decided, "
         f"{r['groups_lost']} lost, {r['groups_trained_twice']} trained twice "

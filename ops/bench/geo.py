@@ -94,7 +94,12 @@ def _main(args: argparse.Namespace) -> int:
     if args.cut_s is not None and args.rtt_ms is None:
         raise SystemExit("error: --cut-s cuts the WAN link: give --rtt-ms too")
     result = run(args)
-    emit(result, args.json, _lines(result), name="geo")
+    emit(
+        result,
+        args.json,
+        _lines(result),
+        name="geo" if args.brokers == 1 else f"geo-{args.brokers}b",
+    )
     return 0
 
 

@@ -157,6 +157,14 @@ def _chaos(r: dict[str, Any]) -> Cells:
     if isinstance(attacks, dict):
         held = sum(1 for a in attacks.values() if a["tried"] and a["refused"] == a["tried"])
         figure += f"; attack kinds tried and all refused: {held}/{len(attacks)}"
+    if r.get("max_stall_s") is not None:
+        seeds = len(r.get("seeds", [0]))
+        figure += (
+            f"; {r['brokers']} brokers (RF {r['replication_factor']}), {seeds} seeds: "
+            f"{r['leader_kills']} leader, {r['coordinator_kills']} coordinator, "
+            f"{r['controller_kills']} controller kills, {r['rolling_restarts']} rolling "
+            f"restarts, next version within **{_f(r['max_stall_s'], 1)} s** of each (max)"
+        )
     return figure, "none: the figures are invariants"
 
 
@@ -189,6 +197,8 @@ def _geo(r: dict[str, Any]) -> Cells:
     rtts = "/".join(f"{x['rtt_ms']:g}" for x in links if x)
     measured = "/".join(_f(x["measured_rtt_ms"], 1) for x in links if x)
     where = f"RTT {rtts} ms (measured {measured})" if all(links) else "loopback"
+    if r.get("brokers", 1) > 1:
+        where = f"{r['brokers']} brokers a region, {where}"
     crossed = sets[0].get("cross_region_bytes_per_version")
     figure = (
         f"{where}: weights commit → applied in the rollout region p50 "
@@ -330,9 +340,11 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], Cells]] = {
     "async": _async,
     "bus": _bus,
     "chaos": _chaos,
+    "chaos-3b": _chaos,
     "deltas": _deltas,
     "engines": _engines,
     "geo": _geo,
+    "geo-3b": _geo,
     "ingest": _ingest,
     "learner": _learner,
     "publish": _publish,
