@@ -405,7 +405,8 @@ class Driver:
     def _fault_broker(self, i: int) -> str:
         from rlstream.ops.run.faults import restart_broker
 
-        restart_broker(self.home, "trainer", HEAP, self.args.broker_down)
+        heap = _heap(getattr(self.args, "brokers", 1))  # node 0 of a replicated region
+        restart_broker(self.home, "trainer", heap, self.args.broker_down)
         self.broker_kills += 1
         return f"killed the broker with SIGKILL; restarted after {self.args.broker_down:.0f}s"
 
