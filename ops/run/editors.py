@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import secrets
 import threading
+from collections import Counter
 from typing import Any
 
 from rlstream.ops.run.faults import FeedbackService, PolicyService, post
@@ -178,7 +179,8 @@ def start(
 
 
 def trained_online_groups(settings: KafkaSettings, run: str) -> dict[str, Any]:
-    """How many online groups (from editor feedback) feedback-rl admitted and rejected, how
+    """How many online groups (from editor feedback) feedback-rl admitted and rejected (and
+    why), how
     many of the admitted ones a published version trained on (its manifest's inputs), and
     which versions those were."""
     from rlstream.consumers.read_to_end import read_topic
@@ -196,7 +198,9 @@ def trained_online_groups(settings: KafkaSettings, run: str) -> dict[str, Any]:
         return out
 
     online = [where for rec, where in records("admitted") if rec.get("source") == "online"]
-    rejected = sum(1 for rec, _ in records("rejected") if rec.get("source") == "online")
+    rejected = Counter(
+        str(rec.get("reason")) for rec, _ in records("rejected") if rec.get("source") == "online"
+    )
     trained = {
         (i["topic"], int(i["partition"]), int(i["offset"])): int(rec["version"])
         for rec, _ in records("weights.manifests")
@@ -205,7 +209,8 @@ def trained_online_groups(settings: KafkaSettings, run: str) -> dict[str, Any]:
     versions = sorted({trained[where] for where in online if where in trained})
     return {
         "online_groups_admitted": len(online),
-        "online_groups_rejected": rejected,
+        "online_groups_rejected": sum(rejected.values()),
+        "online_rejected_by_reason": dict(rejected),
         "online_groups_trained": sum(1 for where in online if where in trained),
         "online_versions": versions,
     }
