@@ -122,18 +122,19 @@ def _check_replication(kafka: KafkaSettings, run: str) -> None:
     from confluent_kafka.admin import ConfigResource
 
     res = ConfigResource(ConfigResource.Type.TOPIC, names[0])
-    wait_for(lambda: _known(admin, res), 30, {}, what="the topic on every broker")
-    configs = admin.describe_configs([res])[res].result()
+    configs: dict = {}
+    wait_for(lambda: _read_configs(admin, res, configs), 30, {}, what="the topic's configs")
     assert configs["min.insync.replicas"].value == "2"
 
 
-def _known(admin, res) -> bool:
-    """Whether the broker asked knows the new topic yet (its metadata reaches each broker
-    a moment after the controller created it)."""
+def _read_configs(admin, res, into: dict) -> bool:
+    """Read the topic's configs into ``into``; False while the broker asked does not know the
+    new topic yet (its metadata reaches each broker a moment after the controller created it,
+    and each call may ask another broker: one that answered once proves nothing for the next)."""
     from confluent_kafka import KafkaException
 
     try:
-        admin.describe_configs([res])[res].result()
+        into.update(admin.describe_configs([res])[res].result())
     except KafkaException:
         return False
     return True
