@@ -160,7 +160,8 @@ def _chaos(r: dict[str, Any]) -> Cells:
     if r.get("max_stall_s") is not None:
         seeds = len(r.get("seeds", [0]))
         figure += (
-            f"; {r['brokers']} brokers (RF {r['replication_factor']}), {seeds} seeds: "
+            f"; {r['brokers']} brokers (RF {r['replication_factor']}), {seeds} "
+            f"seed{'s' if seeds != 1 else ''}: "
             f"{r['leader_kills']} leader, {r['coordinator_kills']} coordinator, "
             f"{r['controller_kills']} controller kills, {r['rolling_restarts']} rolling "
             f"restarts, next version within **{_f(r['max_stall_s'], 1)} s** of each (max)"
