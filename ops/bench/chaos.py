@@ -194,7 +194,10 @@ def combine(runs: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
 
 def held(r: dict[str, Any]) -> bool:
     """The run survived: nothing lost, decided twice or trained twice, no poison trained, no
-    role given up, no genuine manifest refused, the replayed feedback stored once."""
+    role given up, no genuine manifest refused, the replayed feedback stored once; with several
+    seeds, every run did."""
+    if "per_seed" in r:
+        return all(held(one) for one in r["per_seed"])
     zero = (
         "groups_lost",
         "groups_decided_twice",
@@ -203,8 +206,6 @@ def held(r: dict[str, Any]) -> bool:
         "roles_given_up",
         "genuine_refused",
     )
-    if "per_seed" in r:
-        return all(held(one) for one in r["per_seed"])
     attacks_held = all(_held_off(a) for a in r["attacks"].values())
     return all(r[k] == 0 for k in zero) and r["feedback_stored"] == 1 and attacks_held
 

@@ -180,9 +180,8 @@ def start(
 
 def trained_online_groups(settings: KafkaSettings, run: str) -> dict[str, Any]:
     """How many online groups (from editor feedback) feedback-rl admitted and rejected (and
-    why), how
-    many of the admitted ones a published version trained on (its manifest's inputs), and
-    which versions those were."""
+    why), how many of the admitted ones a published version trained on (its manifest's
+    inputs), and which versions those were."""
     from rlstream.consumers.read_to_end import read_topic
     from rlstream.schemas import events
 

@@ -72,10 +72,8 @@ def retry_retriable(call: Callable[[], Any], what: str, guard: bool = False) -> 
     times out and is retried is not hung, one that blocks past the limit is."""
     for attempt in range(RETRIES):
         try:
-            if guard:
-                with _hang_guard(what):
-                    return call()
-            return call()
+            with _hang_guard(what) if guard else contextlib.nullcontext():
+                return call()
         except KafkaException as exc:
             err = exc.args[0]
             if not err.retriable() or err.txn_requires_abort() or attempt == RETRIES - 1:
