@@ -23,7 +23,8 @@ Workloads (``--workloads``), each giving one case per learning rate:
   (``learner_step.published_state``, bf16). Its one case covers all consecutive version pairs:
   bytes, bits and times are summed over them.
 
-Per case, medians over ``--reps`` repetitions, all single-threaded (numpy, zstd threads=0):
+Per case, medians over ``--reps`` repetitions, single-threaded (numpy, zstd threads=0, the
+codec's ``workers=1``) unless said otherwise:
 
 - ``ratio``: bytes of the new weights / encoded chunk bytes; ``order0_bound_x`` and
   ``conditioned_bound_x``: the ratios the order-0 bound and the bound conditioned on the base
@@ -55,6 +56,11 @@ Per case, medians over ``--reps`` repetitions, all single-threaded (numpy, zstd 
 - ``encode_xxh3_gb_per_s`` and ``apply_xxh3_gb_per_s``: encode (fresh tensors) and apply in
   place with xxh3-128 hashes, as the codec did before BLAKE3: the cost of the cryptographic
   hash, measured in the same run;
+- ``cores``, ``encode_cores_gb_per_s``, ``apply_cores_gb_per_s``: encode (fresh tensors) and
+  apply in place with the codec's ``workers=--cores`` threads over tensors (default: every
+  core); ``encode_scaling`` and ``apply_scaling``: the single-threaded wall time over this
+  one's, in the same run (a workload's tensors bound it: the threads share out whole
+  tensors);
 - ``bit_exact``: every decoded and applied state equals the new state bit for bit (checked
   outside the timed region).
 
@@ -99,6 +105,9 @@ def register_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--learner-warm-steps", type=int, default=300, help="learner: warm start")
     p.add_argument("--learner-steps", type=int, default=6, help="learner: GRPO steps")
     p.add_argument("--reps", type=int, default=5, help="repetitions per timing (median)")
+    p.add_argument(
+        "--cores", type=int, default=os.cpu_count() or 1, help="threads of the scaling arm"
+    )
     p.add_argument("--max-chunk-bytes", type=int, default=900_000, help="codec chunk limit")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
@@ -384,6 +393,9 @@ def _case(pairs: list[Pair], args: argparse.Namespace) -> dict[str, Any]:
     encs, t_enc, t_enc_warm = _time_encode(pairs, args)
     progress(f"deltas: decode and apply in place x{args.reps}")
     t_dec, t_apply, exact = _time_decode(encs, pairs, args.reps)
+    progress(f"deltas: encode and apply on {args.cores} threads x{args.reps}")
+    _, t_enc_n, _ = _time_encode(pairs, args, workers=args.cores)
+    _, t_apply_n, exact_n = _time_decode(encs, pairs, args.reps, workers=args.cores)
     progress(f"deltas: encode and apply with xxh3 hashes x{args.reps}")
     legacy, t_enc_xxh3, _ = _time_encode(pairs, args, dc.LEGACY_HASH)
     _, t_apply_xxh3, exact_xxh3 = _time_decode(legacy, pairs, args.reps)
@@ -408,6 +420,8 @@ def _case(pairs: list[Pair], args: argparse.Namespace) -> dict[str, Any]:
         "crypto_hash": _time_hash(news, args.reps, dc.DEFAULT_HASH),
         "encode_xxh3": t_enc_xxh3,
         "apply_xxh3": t_apply_xxh3,
+        "encode_cores": t_enc_n,
+        "apply_cores": t_apply_n,
     }
     return {
         "params": sum(a.size for _, a in pairs[0][1].values()),
@@ -427,7 +441,10 @@ def _case(pairs: list[Pair], args: argparse.Namespace) -> dict[str, Any]:
         "cpu_time_gb_per_s": {k: raw / t.cpu / 1e9 for k, t in times.items()},
         **_zstd_baselines(pairs),
         **_generic_baselines(pairs, ratio),
-        "bit_exact": exact and exact_xxh3,
+        "cores": args.cores,
+        "encode_scaling": t_enc.wall / t_enc_n.wall,
+        "apply_scaling": t_apply.wall / t_apply_n.wall,
+        "bit_exact": exact and exact_xxh3 and exact_n,
         "hash_algorithm": dc.DEFAULT_HASH,
     }
 
@@ -438,10 +455,10 @@ def _allows(raw_bits: int, bound_bits: float) -> float | None:
 
 
 def _time_encode(
-    pairs: list[Pair], args: argparse.Namespace, algorithm: str | None = None
+    pairs: list[Pair], args: argparse.Namespace, algorithm: str | None = None, workers: int = 1
 ) -> tuple[list[Any], Timing, Timing]:
     """Encode from fresh wrappers (hashes computed) and with the base hashes known (hashes of
-    ``algorithm``, the codec's default if None)."""
+    ``algorithm``, the codec's default if None), on ``workers`` threads."""
     from rlstream.schemas import deltacodec as dc
 
     algorithm = algorithm or dc.DEFAULT_HASH
@@ -450,6 +467,7 @@ def _time_encode(
         "base_version": 0,
         "max_chunk_bytes": args.max_chunk_bytes,
         "hash_algorithm": algorithm,
+        "workers": workers,
     }
     t_cold, encs, _ = _timed(
         lambda: [dc.encode_delta(_state(o), _state(n), **mk) for o, n in pairs], args.reps
@@ -467,10 +485,12 @@ def _time_encode(
     return encs, t_cold, t_warm
 
 
-def _time_decode(encs: list[Any], pairs: list[Pair], reps: int) -> tuple[Timing, Timing, bool]:
+def _time_decode(
+    encs: list[Any], pairs: list[Pair], reps: int, workers: int = 1
+) -> tuple[Timing, Timing, bool]:
     """Decode into new arrays (base hashes computed), and apply in place onto a held copy of
-    the base whose hashes are known (copied outside the timed region); checks every result
-    bit for bit."""
+    the base whose hashes are known (copied outside the timed region), on ``workers``
+    threads; checks every result bit for bit."""
     from rlstream.schemas import deltacodec as dc
 
     wants = [_state(n) for _, n in pairs]
@@ -480,7 +500,7 @@ def _time_decode(encs: list[Any], pairs: list[Pair], reps: int) -> tuple[Timing,
 
     t_dec, _, ok_dec = _timed(
         lambda: [
-            dc.decode(e.manifest, e.chunks, _state(o))
+            dc.decode(e.manifest, e.chunks, _state(o), workers=workers)
             for e, (o, _) in zip(encs, pairs, strict=True)
         ],
         reps,
@@ -500,7 +520,8 @@ def _time_decode(encs: list[Any], pairs: list[Pair], reps: int) -> tuple[Timing,
 
     def apply(states: list[Any]) -> list[Any]:
         return [
-            dc.apply_in_place(e.manifest, e.chunks, s) for e, s in zip(encs, states, strict=True)
+            dc.apply_in_place(e.manifest, e.chunks, s, workers=workers)
+            for e, s in zip(encs, states, strict=True)
         ]
 
     t_apply, _, ok_apply = _timed(apply, reps, exact, setup=held)
@@ -603,6 +624,9 @@ def _lines(result: dict[str, Any]) -> list[str]:
             f" blake3 {c['crypto_hash_gb_per_s']:.2f} GB/s; with xxh3 hashes: encode"
             f" {c['encode_xxh3_gb_per_s']:.2f}, apply {c['apply_xxh3_gb_per_s']:.2f},"
             f" xxh3 {c['hash_gb_per_s']:.2f} GB/s",
+            f"  on {c['cores']} threads: encode {c['encode_cores_gb_per_s']:.2f} GB/s"
+            f" ({c['encode_scaling']:.2f}x one), apply {c['apply_cores_gb_per_s']:.2f} GB/s"
+            f" ({c['apply_scaling']:.2f}x one)",
             "  by CPU time: "
             + ", ".join(f"{k} {v:.2f}" for k, v in c["cpu_time_gb_per_s"].items())
             + " GB/s",

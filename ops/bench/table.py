@@ -183,6 +183,14 @@ def _deltas(r: dict[str, Any]) -> Cells:
             else f"zstd(XOR) {_f(c['zstd_xor_ratio'], 1)}×"
         )
         baselines.append(f"{c['workload']} lr {c['lr']:g}: {best}")
+    last = r["cases"][-1] if r["cases"] else {}
+    if "encode_scaling" in last:
+        scaling = [(c["encode_scaling"], c["apply_scaling"]) for c in r["cases"]]
+        figures.append(
+            f"on {last['cores']} cores encode {_f(min(e for e, _ in scaling))}–"
+            f"{_f(max(e for e, _ in scaling))}×, apply {_f(min(a for _, a in scaling))}–"
+            f"{_f(max(a for _, a in scaling))}× one core"
+        )
     return "; ".join(figures), "; ".join(baselines)
 
 

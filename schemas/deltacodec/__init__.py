@@ -37,6 +37,7 @@ from .bits import (
 from .bound import EntropyBound, conditioned_bound, entropy_bound
 from .codec import (
     DEFAULT_MAX_CHUNK_BYTES,
+    DEFAULT_WORKERS,
     Encoded,
     apply_in_place,
     decode,
@@ -62,6 +63,7 @@ __all__ = [
     "CRYPTOGRAPHIC",
     "DEFAULT_HASH",
     "DEFAULT_MAX_CHUNK_BYTES",
+    "DEFAULT_WORKERS",
     "DTYPE_WIDTHS",
     "FORMAT",
     "LEGACY_HASH",

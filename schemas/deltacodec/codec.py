@@ -26,7 +26,11 @@ Guarantees:
   pieces of the first model are still decoded), as the receiver holds the base;
   ``entropy_bound`` and ``conditioned_bound`` (``deltacodec.bound``) say what an order-0
   coder, and one that sees the base exponents, could at best reach on a given change.
-- Deterministic: the same inputs give byte-identical chunks and manifest.
+- Deterministic: the same inputs give byte-identical chunks and manifest, whatever the
+  number of ``workers``.
+- Parallel over tensors: ``workers`` threads (default ``DEFAULT_WORKERS``) encode, decode
+  and apply different tensors at once (the kernels, zstd and the hashes release the GIL);
+  each tensor is still one thread's serial work, so a model of one huge tensor gains nothing.
 
 Manifest fields: ``format``, ``version``, ``base_version`` (None for keyframes), ``kind``
 ("delta" | "keyframe"), ``tensors`` (sorted by name; each ``name``, ``dtype``, ``shape``,
@@ -47,9 +51,12 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import os
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import numpy as np
 import zstandard
@@ -92,6 +99,39 @@ from .wire import (
 DEFAULT_MAX_CHUNK_BYTES: Final = 900_000
 #: Smallest chunk limit accepted: one element stored raw must always fit in a chunk.
 MIN_CHUNK_BYTES: Final = 256
+#: Threads the codec spreads tensors over unless told otherwise: the cores, at most 8.
+DEFAULT_WORKERS: Final = max(1, min(8, os.cpu_count() or 1))
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+def _each(fn: Callable[[_T], _R], items: Sequence[_T], workers: int) -> list[_R]:
+    """``[fn(x) for x in items]``, on up to ``workers`` threads. Every call has finished
+    before this returns or raises (the first failure in ``items`` order), so a caller that
+    undoes writes on failure never races a thread still writing."""
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    if workers == 1 or len(items) < 2:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(min(workers, len(items)), thread_name_prefix="deltacodec") as pool:
+        futures = [pool.submit(fn, x) for x in items]
+        wait(futures)
+    return [f.result() for f in futures]
+
+
+class _PerThread:
+    """One zstd context per thread (a context is not shared between threads)."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self._make = make
+        self._local = threading.local()
+
+    def get(self) -> Any:
+        ctx = getattr(self._local, "ctx", None)
+        if ctx is None:
+            ctx = self._local.ctx = self._make()
+        return ctx
 
 
 @dataclass(frozen=True)
@@ -118,6 +158,7 @@ def encode_delta(
     base_version: int,
     max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
     hash_algorithm: str = DEFAULT_HASH,
+    workers: int = DEFAULT_WORKERS,
 ) -> Encoded:
     """Encode ``new`` as a delta against ``old`` (the state of ``base_version``).
 
@@ -125,8 +166,8 @@ def encode_delta(
     and only changed bit patterns are encoded; otherwise the tensor is sent whole. Tensors of
     ``old`` absent from ``new`` are absent from the decoded state. Every hash is of
     ``hash_algorithm`` (``deltacodec.bits``; another than the default only to write what older
-    code wrote)."""
-    return _encode(old, new, version, int(base_version), max_chunk_bytes, hash_algorithm)
+    code wrote). ``workers``: threads over tensors; the output does not depend on it."""
+    return _encode(old, new, version, int(base_version), max_chunk_bytes, hash_algorithm, workers)
 
 
 def encode_keyframe(
@@ -135,9 +176,10 @@ def encode_keyframe(
     version: int,
     max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
     hash_algorithm: str = DEFAULT_HASH,
+    workers: int = DEFAULT_WORKERS,
 ) -> Encoded:
     """Encode a full snapshot (no base): byte planes + zstd, same chunking and hashes."""
-    return _encode(None, state, version, None, max_chunk_bytes, hash_algorithm)
+    return _encode(None, state, version, None, max_chunk_bytes, hash_algorithm, workers)
 
 
 def _encode(
@@ -147,20 +189,26 @@ def _encode(
     base_version: int | None,
     limit: int,
     algorithm: str,
+    workers: int,
 ) -> Encoded:
     hasher(algorithm)  # an unknown algorithm fails before anything is encoded
     if limit < MIN_CHUNK_BYTES:
         raise ValueError(f"max_chunk_bytes must be >= {MIN_CHUNK_BYTES}, got {limit}")
-    cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=False, threads=0)
+    cctx = _PerThread(
+        lambda: zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=False, threads=0)
+    )
     budget = limit - CHUNK_HEADER.size
     names = sorted(new)
-    per_tensor: list[tuple[list[Piece], int, TensorBits | None]] = []
-    for i, name in enumerate(names):
+
+    def one(i: int) -> tuple[list[Piece], int, TensorBits | None]:
+        name = names[i]
         base = old.get(name) if old is not None else None
         if base is not None and (base.dtype, base.shape) != (new[name].dtype, new[name].shape):
             base = None
-        pieces, changed = _encode_tensor(i, base, new[name], budget, cctx, algorithm)
-        per_tensor.append((pieces, changed, base))
+        pieces, changed = _encode_tensor(i, base, new[name], budget, cctx.get(), algorithm)
+        return pieces, changed, base
+
+    per_tensor = _each(one, range(len(names)), workers)
     groups = _group_into_chunks([p for pieces, _, _ in per_tensor for p in pieces], limit)
     chunks = [pack_chunk(g) for g in groups]
     where = {(p.tensor, p.start): c for c, g in enumerate(groups) for p in g}
@@ -327,6 +375,7 @@ def decode(
     base: Mapping[str, TensorBits] | None = None,
     *,
     recycle: Mapping[str, TensorBits] | None = None,
+    workers: int = DEFAULT_WORKERS,
 ) -> dict[str, TensorBits]:
     """Decode and verify one version; returns the complete new state or raises.
 
@@ -342,17 +391,23 @@ def decode(
     ``base`` in a double-buffered worker: its tensors of matching dtype and shape, when their
     memory is writable and disjoint from ``base``, are overwritten with the new state instead
     of allocating (fresh pages cost more than the decode itself). It is consumed even when
-    decoding fails: do not use it afterwards."""
+    decoding fails: do not use it afterwards. ``workers``: threads over tensors."""
     pieces = _checked_pieces(manifest, chunks)
     bases = _match_base(manifest, base)
     algorithm = hash_algorithm(manifest)
-    dctx = zstandard.ZstdDecompressor()
+    dctx = _PerThread(zstandard.ZstdDecompressor)
     taken = _Spans(base.values() if base is not None else ())
-    out: dict[str, TensorBits] = {}
-    for entry, tensor_pieces in zip(manifest["tensors"], pieces, strict=True):
-        name = entry["name"]
-        bits = _output_array(entry, recycle.get(name) if recycle else None, taken)
-        out[name] = _decode_tensor(entry, tensor_pieces, bases.get(name), bits, dctx, algorithm)
+    entries = manifest["tensors"]
+    outputs = [
+        _output_array(e, recycle.get(e["name"]) if recycle else None, taken) for e in entries
+    ]
+
+    def one(i: int) -> TensorBits:
+        e = entries[i]
+        return _decode_tensor(e, pieces[i], bases.get(e["name"]), outputs[i], dctx.get(), algorithm)
+
+    decoded = _each(one, range(len(entries)), workers)
+    out = {e["name"]: t for e, t in zip(entries, decoded, strict=True)}
     if (
         base is not None
         and manifest["kind"] == "delta"
@@ -369,6 +424,7 @@ def apply_in_place(
     chunks: Sequence[bytes | None],
     state: Mapping[str, TensorBits],
     keep: Mapping[str, TensorBits] | None = None,
+    workers: int = DEFAULT_WORKERS,
 ) -> dict[str, TensorBits]:
     """Apply a delta onto the memory of ``state`` (its base) and return the new state, over
     that same memory: nothing tensor-sized is allocated, and only changed elements are
@@ -382,7 +438,9 @@ def apply_in_place(
     other or with ``keep``, a state the caller still uses), memory that cannot be written. After the first write, any failure (``ChunkCorrupt``,
     ``HashMismatch``) puts every written element back, so ``state`` holds the base again bit
     for bit, and raises. On success the ``TensorBits`` of ``state`` no longer describe their
-    memory (their cached hashes are dropped): use the returned state."""
+    memory (their cached hashes are dropped): use the returned state. ``workers``: threads
+    over tensors, each with its own record of what it wrote; all have stopped before
+    anything is put back."""
     pieces = _checked_pieces(manifest, chunks)
     entries = manifest["tensors"]
     if manifest["kind"] != "delta" or any(e["base_hash"] is None for e in entries):
@@ -391,25 +449,28 @@ def apply_in_place(
         raise ValueError("the delta does not name exactly the state's tensors")
     bases = _match_base(manifest, state)
     algorithm = hash_algorithm(manifest)
-    for e in entries:
-        if bases[e["name"]].hash_of(algorithm) != e["base_hash"]:
+    base_hashes = _each(lambda e: bases[e["name"]].hash_of(algorithm), entries, workers)
+    for e, h in zip(entries, base_hashes, strict=True):
+        if h != e["base_hash"]:
             raise BaseMismatch(f"base tensor {e['name']!r} differs from the delta's base")
     if state_hash(state, algorithm) != manifest["base_state_hash"]:
         raise BaseMismatch("base state hash differs from the delta's base_state_hash")
     views = _writable(state, keep or {})
-    dctx = zstandard.ZstdDecompressor()
-    undo: Undo = []
-    out: dict[str, TensorBits] = {}
+    dctx = _PerThread(zstandard.ZstdDecompressor)
+    undos: list[Undo] = [[] for _ in entries]
+
+    def one(i: int) -> TensorBits:
+        e = entries[i]
+        return _decode_tensor(e, pieces[i], None, views[e["name"]], dctx.get(), algorithm, undos[i])
+
     try:
-        for entry, tensor_pieces in zip(entries, pieces, strict=True):
-            bits = views[entry["name"]]
-            out[entry["name"]] = _decode_tensor(
-                entry, tensor_pieces, None, bits, dctx, algorithm, undo
-            )
+        applied = _each(one, range(len(entries)), workers)
+        out = {e["name"]: t for e, t in zip(entries, applied, strict=True)}
         if state_hash(out, algorithm) != manifest["state_hash"]:
             raise HashMismatch("decoded state hash differs from the manifest")
     except DeltaError:
-        undo_all(undo)
+        for undo in undos:
+            undo_all(undo)
         raise
     for t in state.values():
         t.forget_hash()

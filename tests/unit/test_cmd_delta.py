@@ -209,8 +209,13 @@ def test_bench_deltas_json_is_the_last_stdout_line(capsys: pytest.CaptureFixture
             "encode_xxh3_gb_per_s",
             "apply_xxh3_gb_per_s",
             "zstd_xor_ratio",
+            "encode_cores_gb_per_s",
+            "apply_cores_gb_per_s",
+            "encode_scaling",
+            "apply_scaling",
         ):
             assert case[key] > 0
+        assert case["cores"] == args.cores >= 1
 
 
 def test_hugging_face_directories_round_trip(tmp_path: Path) -> None:

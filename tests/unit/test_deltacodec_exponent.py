@@ -433,3 +433,34 @@ def test_exponent3_is_deterministic_and_decodes_golden_bytes() -> None:
         assert dc.same_state(dc.decode(enc.manifest, enc.chunks, old), new)
         held = {k: TensorBits(t.dtype, t.shape, t.bits.copy()) for k, t in old.items()}
         assert dc.same_state(dc.apply_in_place(enc.manifest, enc.chunks, held), new)
+
+
+def _many_tensors(seed: int) -> tuple[dict[str, TensorBits], dict[str, TensorBits]]:
+    arrays = {f"t{i}": _bf16_pair(20_000 + 3_000 * i, 1e-5, seed=seed + i) for i in range(6)}
+    return _state({k: a for k, (a, _) in arrays.items()}), _state(
+        {k: b for k, (_, b) in arrays.items()}
+    )
+
+
+def test_threads_over_tensors_change_no_byte_of_the_output() -> None:
+    old, new = _many_tensors(10)
+    one = dc.encode_delta(old, new, version=2, base_version=1, max_chunk_bytes=9_000, workers=1)
+    old, new = _many_tensors(10)  # fresh tensors: no hash cached by the first encode
+    four = dc.encode_delta(old, new, version=2, base_version=1, max_chunk_bytes=9_000, workers=4)
+    assert one.manifest == four.manifest and one.chunks == four.chunks
+    assert dc.same_state(dc.decode(four.manifest, four.chunks, old, workers=3), new)
+    out = dc.apply_in_place(four.manifest, four.chunks, _many_tensors(10)[0], workers=4)
+    assert dc.same_state(out, new)
+    with pytest.raises(ValueError, match="workers"):
+        dc.encode_delta(old, new, version=2, base_version=1, workers=0)
+
+
+def test_a_failure_on_one_thread_puts_back_what_every_thread_wrote() -> None:
+    old, new = _many_tensors(20)
+    enc = dc.encode_delta(old, new, version=2, base_version=1, workers=2)
+    manifest = json.loads(json.dumps(enc.manifest))
+    manifest["tensors"][-1]["hash"] = "0" * 64  # the last tensor fails after it was written
+    held = _many_tensors(20)[0]
+    with pytest.raises(dc.HashMismatch):
+        dc.apply_in_place(manifest, enc.chunks, held, workers=4)
+    assert dc.same_state(held, old)
