@@ -17,6 +17,8 @@ checks that no import circle forms):
   here because the codec writes and reads chunks through it and it builds on the pieces and
   the manifest rules: one owner for the bytes a version is made of;
 - ``bound``: entropy bounds of a change;
+- ``memory``: the memory the codec may write (recycled buffers, writable views) and the
+  threads it spreads tensors over;
 - ``codec``: encode, decode, apply in place (the rules and guarantees);
 - ``file``: a version in one file; ``warm``: compiling the kernels ahead of time.
 """
@@ -37,7 +39,6 @@ from .bits import (
 from .bound import EntropyBound, conditioned_bound, entropy_bound
 from .codec import (
     DEFAULT_MAX_CHUNK_BYTES,
-    DEFAULT_WORKERS,
     Encoded,
     apply_in_place,
     decode,
@@ -56,6 +57,7 @@ from .manifest import (
     validate_manifest,
     verify_chunk,
 )
+from .memory import DEFAULT_WORKERS
 from .warm import compile_kernels
 
 __all__ = [

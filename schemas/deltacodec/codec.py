@@ -48,24 +48,18 @@ through it.
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import math
-import os
-import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 import numpy as np
 import zstandard
 
 from .bits import (
     DEFAULT_HASH,
-    DTYPE_WIDTHS,
     LEGACY_HASH,
-    UINT_BY_WIDTH,
     TensorBits,
     as_bytes,
     digest,
@@ -85,6 +79,7 @@ from .manifest import (
     validate_manifest,
     verify_chunk,
 )
+from .memory import DEFAULT_WORKERS, PerThread, Spans, each, output_array, writable_views
 from .pieces import ENCODINGS, UNCHANGED, ZSTD_LEVEL, Changes, Piece, Undo, find_changes, undo_all
 from .wire import (
     CHUNK_HEADER,
@@ -99,39 +94,6 @@ from .wire import (
 DEFAULT_MAX_CHUNK_BYTES: Final = 900_000
 #: Smallest chunk limit accepted: one element stored raw must always fit in a chunk.
 MIN_CHUNK_BYTES: Final = 256
-#: Threads the codec spreads tensors over unless told otherwise: the cores, at most 8.
-DEFAULT_WORKERS: Final = max(1, min(8, os.cpu_count() or 1))
-
-_T = TypeVar("_T")
-_R = TypeVar("_R")
-
-
-def _each(fn: Callable[[_T], _R], items: Sequence[_T], workers: int) -> list[_R]:
-    """``[fn(x) for x in items]``, on up to ``workers`` threads. Every call has finished
-    before this returns or raises (the first failure in ``items`` order), so a caller that
-    undoes writes on failure never races a thread still writing."""
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
-    if workers == 1 or len(items) < 2:
-        return [fn(x) for x in items]
-    with ThreadPoolExecutor(min(workers, len(items)), thread_name_prefix="deltacodec") as pool:
-        futures = [pool.submit(fn, x) for x in items]
-        wait(futures)
-    return [f.result() for f in futures]
-
-
-class _PerThread:
-    """One zstd context per thread (a context is not shared between threads)."""
-
-    def __init__(self, make: Callable[[], Any]) -> None:
-        self._make = make
-        self._local = threading.local()
-
-    def get(self) -> Any:
-        ctx = getattr(self._local, "ctx", None)
-        if ctx is None:
-            ctx = self._local.ctx = self._make()
-        return ctx
 
 
 @dataclass(frozen=True)
@@ -194,7 +156,7 @@ def _encode(
     hasher(algorithm)  # an unknown algorithm fails before anything is encoded
     if limit < MIN_CHUNK_BYTES:
         raise ValueError(f"max_chunk_bytes must be >= {MIN_CHUNK_BYTES}, got {limit}")
-    cctx = _PerThread(
+    cctx = PerThread(
         lambda: zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=False, threads=0)
     )
     budget = limit - CHUNK_HEADER.size
@@ -208,7 +170,7 @@ def _encode(
         pieces, changed = _encode_tensor(i, base, new[name], budget, cctx.get(), algorithm)
         return pieces, changed, base
 
-    per_tensor = _each(one, range(len(names)), workers)
+    per_tensor = each(one, range(len(names)), workers)
     groups = _group_into_chunks([p for pieces, _, _ in per_tensor for p in pieces], limit)
     chunks = [pack_chunk(g) for g in groups]
     where = {(p.tensor, p.start): c for c, g in enumerate(groups) for p in g}
@@ -395,18 +357,16 @@ def decode(
     pieces = _checked_pieces(manifest, chunks)
     bases = _match_base(manifest, base)
     algorithm = hash_algorithm(manifest)
-    dctx = _PerThread(zstandard.ZstdDecompressor)
-    taken = _Spans(base.values() if base is not None else ())
+    dctx = PerThread(zstandard.ZstdDecompressor)
+    taken = Spans(base.values() if base is not None else ())
     entries = manifest["tensors"]
-    outputs = [
-        _output_array(e, recycle.get(e["name"]) if recycle else None, taken) for e in entries
-    ]
+    outputs = [output_array(e, recycle.get(e["name"]) if recycle else None, taken) for e in entries]
 
     def one(i: int) -> TensorBits:
         e = entries[i]
         return _decode_tensor(e, pieces[i], bases.get(e["name"]), outputs[i], dctx.get(), algorithm)
 
-    decoded = _each(one, range(len(entries)), workers)
+    decoded = each(one, range(len(entries)), workers)
     out = {e["name"]: t for e, t in zip(entries, decoded, strict=True)}
     if (
         base is not None
@@ -449,14 +409,14 @@ def apply_in_place(
         raise ValueError("the delta does not name exactly the state's tensors")
     bases = _match_base(manifest, state)
     algorithm = hash_algorithm(manifest)
-    base_hashes = _each(lambda e: bases[e["name"]].hash_of(algorithm), entries, workers)
+    base_hashes = each(lambda e: bases[e["name"]].hash_of(algorithm), entries, workers)
     for e, h in zip(entries, base_hashes, strict=True):
         if h != e["base_hash"]:
             raise BaseMismatch(f"base tensor {e['name']!r} differs from the delta's base")
     if state_hash(state, algorithm) != manifest["base_state_hash"]:
         raise BaseMismatch("base state hash differs from the delta's base_state_hash")
-    views = _writable(state, keep or {})
-    dctx = _PerThread(zstandard.ZstdDecompressor)
+    views = writable_views(state, keep or {})
+    dctx = PerThread(zstandard.ZstdDecompressor)
     undos: list[Undo] = [[] for _ in entries]
 
     def one(i: int) -> TensorBits:
@@ -464,7 +424,7 @@ def apply_in_place(
         return _decode_tensor(e, pieces[i], None, views[e["name"]], dctx.get(), algorithm, undos[i])
 
     try:
-        applied = _each(one, range(len(entries)), workers)
+        applied = each(one, range(len(entries)), workers)
         out = {e["name"]: t for e, t in zip(entries, applied, strict=True)}
         if state_hash(out, algorithm) != manifest["state_hash"]:
             raise HashMismatch("decoded state hash differs from the manifest")
@@ -475,25 +435,6 @@ def apply_in_place(
     for t in state.values():
         t.forget_hash()
     return out
-
-
-def _writable(
-    state: Mapping[str, TensorBits], keep: Mapping[str, TensorBits]
-) -> dict[str, np.ndarray]:
-    """Writable views of the state's memory; ``ValueError`` unless every tensor's memory may
-    be written and no two tensors share memory, with each other or with ``keep``."""
-    taken = _Spans(keep.values())
-    views: dict[str, np.ndarray] = {}
-    for name, t in state.items():
-        v = t.bits.view()
-        try:
-            v.flags.writeable = True
-        except ValueError as exc:
-            raise ValueError(f"{name!r}: memory that cannot be written") from exc
-        if v.size and not taken.claim(v):
-            raise ValueError(f"{name!r} shares memory with another tensor")
-        views[name] = v
-    return views
 
 
 def _checked_pieces(
@@ -562,51 +503,6 @@ def _match_base(
     ):
         raise BaseMismatch("base state hash differs from the delta's base_state_hash")
     return out
-
-
-class _Spans:
-    """Address ranges already in use (the base, then each recycled buffer), so that a
-    recycled buffer never overlaps the base or another output."""
-
-    def __init__(self, tensors: Iterable[TensorBits]) -> None:
-        # Base tensors may overlap (tied weights): merge so that spans stay disjoint and a
-        # claim only needs to look at its two neighbours.
-        self._spans: list[tuple[int, int]] = []
-        for lo, hi in sorted(s for t in tensors if (s := _span(t.bits))[1] > s[0]):
-            if self._spans and lo < self._spans[-1][1]:
-                self._spans[-1] = (self._spans[-1][0], max(hi, self._spans[-1][1]))
-            else:
-                self._spans.append((lo, hi))
-
-    def claim(self, array: np.ndarray) -> bool:
-        lo, hi = _span(array)
-        i = bisect.bisect_left(self._spans, (lo, hi))
-        neighbours = self._spans[max(0, i - 1) : i + 1]
-        if any(a < hi and lo < b for a, b in neighbours):
-            return False
-        self._spans.insert(i, (lo, hi))
-        return True
-
-
-def _span(array: np.ndarray) -> tuple[int, int]:
-    lo = int(array.__array_interface__["data"][0])
-    return lo, lo + array.nbytes
-
-
-def _output_array(entry: Mapping[str, Any], old: TensorBits | None, taken: _Spans) -> np.ndarray:
-    """Where a tensor is decoded to: a recycled buffer when one fits, else a new array."""
-    dtype = UINT_BY_WIDTH[DTYPE_WIDTHS[entry["dtype"]]]
-    n = math.prod(entry["shape"])
-    if old is not None and old.dtype == entry["dtype"] and old.numel == n and n:
-        buf = old.bits.view()
-        try:
-            buf.flags.writeable = True
-        except ValueError:  # memory we may not write (e.g. a bytes buffer): allocate
-            return np.empty(n, dtype=dtype)
-        if taken.claim(buf):
-            old.forget_hash()
-            return buf
-    return np.empty(n, dtype=dtype)
 
 
 def _decode_tensor(
