@@ -432,8 +432,9 @@ class Learner:
         self.ledger.trained |= {ref for item in used for ref in item.refs}
         stats["publish_s"] = time.perf_counter() - started - stats["step_s"]
         if self.lead and self.version % self.cfg.keyframe_every == 0:
-            # A new keyframe landed: chunks no worker can still need are deleted.
-            self.publisher.prune(self.admin)
+            # A new keyframe landed: chunks no worker can still need are deleted (after the
+            # commit: a broker failing over now delays the deletion, never the run).
+            self.publisher.prune(self.admin, best_effort=True)
         self.history.append({"version": float(self.version), **stats})
         return stats
 

@@ -61,12 +61,13 @@ numpy and Kafka only: importing this module never loads torch.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from rlstream.producers.client.producer import DeliveryError, EventProducer
@@ -85,6 +86,8 @@ from rlstream.producers.weights.signing import Signer
 from rlstream.schemas import deltacodec as codec
 from rlstream.schemas import events, topics
 from rlstream.schemas.deltacodec.wire import Ref, chunk_record, manifest_record
+
+log = logging.getLogger(__name__)
 
 #: Largest chunk payload the publisher asks the codec for (the topic catalog's limit).
 MAX_CHUNK_BYTES: Final = topics.CHUNK_PAYLOAD_BYTES
@@ -473,10 +476,21 @@ class WeightPublisher:
             raise DeliveryError(f"version {staged.version} was not committed by rank 0")
         return self._finish(staged, produce=False)
 
-    def prune(self, admin: AdminClient, keep_keyframes: int = 2) -> dict[tuple[str, int], int]:
+    def prune(
+        self, admin: AdminClient, keep_keyframes: int = 2, *, best_effort: bool = False
+    ) -> dict[tuple[str, int], int]:
         """``retention.prune`` over the manifests this publisher wrote; forgets the ones
-        pruned."""
-        out = retention.prune(admin, self.history, keep_keyframes=keep_keyframes)
+        pruned. With ``best_effort``, a Kafka error (a broker failing over while the records
+        are deleted) is logged, nothing is forgotten and ``{}`` returned: the next call
+        deletes the same records and more. A learner prunes after its version is committed,
+        so the deletion is housekeeping that can wait for the next keyframe."""
+        try:
+            out = retention.prune(admin, self.history, keep_keyframes=keep_keyframes)
+        except KafkaException as exc:
+            if not best_effort:
+                raise
+            log.warning("weight chunks not pruned this time (%s); the next keyframe retries", exc)
+            return {}
         keyframes = sorted({m["version"] for m in self.history if m["kind"] == "keyframe"})
         if out and len(keyframes) >= keep_keyframes:
             oldest = keyframes[-keep_keyframes]

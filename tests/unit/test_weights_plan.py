@@ -6,12 +6,16 @@
 from __future__ import annotations
 
 import itertools
+from concurrent.futures import Future
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 
 from rlstream.consumers.weights.routes import Link, Route, fetch_windows, plan_route
+from rlstream.producers.weights.publisher import WeightPublisher
 from rlstream.producers.weights.retention import retention_cutoffs
 from rlstream.producers.weights.rules import chunk_partitions, publish_kinds
 from rlstream.schemas import deltacodec as codec
@@ -254,6 +258,34 @@ def test_retention_cuts_past_dropped_chunks_where_no_kept_chunk_lies_and_nothing
     assert retention_cutoffs(log) == {("t", 0): 1, ("t", 2): 2}
     unknown = [*log[:3], {**log[3], "chunks": [{**log[3]["chunks"][0], "ref": None}]}]
     assert retention_cutoffs(unknown) == {}
+
+
+class _FailingAdmin:
+    """An admin client whose record deletion fails as it does while a leader moves."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def delete_records(self, request: list[Any], **_: Any) -> dict[Any, Future[Any]]:
+        self.calls += 1
+        future: Future[Any] = Future()
+        future.set_exception(KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION)))
+        return dict.fromkeys(request, future)
+
+
+def test_a_best_effort_prune_that_fails_forgets_nothing_and_raises_nothing() -> None:
+    log = [
+        _manifest(0, "keyframe", [(0, 0)]),
+        _manifest(1, "delta", [(0, 1)]),
+        _manifest(2, "keyframe", [(0, 2)]),
+        _manifest(3, "keyframe", [(0, 3)]),
+    ]
+    publisher = SimpleNamespace(history=list(log))
+    admin = _FailingAdmin()
+    with pytest.raises(KafkaException):
+        WeightPublisher.prune(publisher, admin)  # type: ignore[arg-type]
+    assert WeightPublisher.prune(publisher, admin, best_effort=True) == {}  # type: ignore[arg-type]
+    assert admin.calls == 2 and publisher.history == log  # the next prune deletes the same
 
 
 # --- chunk partitions and orphans ------------------------------------------------------------
