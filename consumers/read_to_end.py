@@ -82,8 +82,9 @@ def lookup_reader(settings: KafkaSettings, name: str) -> Consumer:
 
 
 def partitions_of(consumer: Consumer, topic: str, timeout: float = 10.0) -> list[int] | None:
-    """The partition ids of ``topic`` (None when the topic does not exist)."""
-    meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+    """The partition ids of ``topic`` (None when the topic does not exist). A metadata request
+    that times out while a broker fails over is asked again (``retrying``)."""
+    meta = retrying(lambda: consumer.list_topics(topic, timeout=timeout)).topics.get(topic)
     if meta is None or meta.error is not None:
         return None
     return sorted(meta.partitions)

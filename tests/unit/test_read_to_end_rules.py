@@ -1,0 +1,39 @@
+"""Pure rules of ``consumers.read_to_end``: which metadata failures are asked again."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from rlstream.consumers.read_to_end import partitions_of
+
+
+class _Consumer:
+    """Answers ``list_topics`` with the given failures first, then with two partitions."""
+
+    def __init__(self, *failures: int) -> None:
+        self.failures = list(failures)
+        self.calls = 0
+
+    def list_topics(self, topic: str, timeout: float) -> Any:
+        self.calls += 1
+        if self.failures:
+            raise KafkaException(KafkaError(self.failures.pop(0)))
+        meta = SimpleNamespace(error=None, partitions={1: None, 0: None})
+        return SimpleNamespace(topics={topic: meta})
+
+
+def test_a_metadata_request_timed_out_during_a_failover_is_asked_again() -> None:
+    consumer = _Consumer(KafkaError._TIMED_OUT, KafkaError._TRANSPORT)
+    assert partitions_of(consumer, "t") == [0, 1]  # type: ignore[arg-type]
+    assert consumer.calls == 3
+
+
+def test_a_lasting_error_is_raised_at_once() -> None:
+    consumer = _Consumer(KafkaError.TOPIC_AUTHORIZATION_FAILED)
+    with pytest.raises(KafkaException):
+        partitions_of(consumer, "t")  # type: ignore[arg-type]
+    assert consumer.calls == 1
