@@ -22,7 +22,7 @@ served completion the forged feedback names), feedback-rl, admission, the ``test
 its sandbox. Then the driver waits until the scheduler has seen every task released and decided.
 ``--seeds N`` repeats the whole run N times, each a fresh run with the plan of its own seed
 (``--seed``, ``--seed`` + 1, ...): the counts are summed, the broker stalls pooled, and the result
-holds only when every run did (``combine``; each run's figures are kept under ``per_seed``).
+holds only when every run did (``chaos_report.combine``; each run's figures are kept under ``per_seed``).
 
 Figures (``--json``: the last stdout line), each read from what the roles wrote or logged:
 ``groups_released``/``groups_decided``/``groups_lost`` (released and never decided: must be
@@ -57,6 +57,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlstream.ops.bench.chaos_report import combine, held, held_off, lines
 from rlstream.ops.bench.common import emit, local_cluster, progress
 
 HEAP = "768m"
@@ -117,102 +118,8 @@ def _main(args: argparse.Namespace) -> int:
         runs.append(run(args, suffix=f"-s{seed}" if len(seeds) > 1 else ""))
     result = combine(runs, seeds)
     brokers = getattr(args, "brokers", 1)
-    emit(result, args.json, _lines(result), name="chaos" if brokers == 1 else f"chaos-{brokers}b")
+    emit(result, args.json, lines(result), name="chaos" if brokers == 1 else f"chaos-{brokers}b")
     return 0 if held(result) else 1
-
-
-#: Figures that add up over seeds (counts); the others are kept per seed only.
-_SUMMED = [
-    "tasks",
-    "groups_released",
-    "groups_reissued",
-    "groups_decided",
-    "groups_admitted",
-    "groups_lost",
-    "groups_decided_twice",
-    "groups_decided_unreleased",
-    "groups_trained",
-    "groups_trained_twice",
-    "groups_trained_unadmitted",
-    "poison_injected",
-    "poison_dead_lettered",
-    "poison_missed",
-    "poison_groups_decided",
-    "poison_trained",
-    "dead_letters",
-    "dead_letters_of_genuine_records",
-    "forged_injected",
-    "forged_refused",
-    "forged_refusals_logged",
-    "genuine_refused",
-    "role_kills",
-    "role_restarts",
-    "roles_given_up",
-    "broker_kills",
-    "feedback_replays",
-    "feedback_replays_refused",
-    "feedback_replays_deduplicated",
-    "feedback_stored",
-    "leader_kills",
-    "coordinator_kills",
-    "controller_kills",
-    "rolling_restarts",
-    "wall_seconds",
-]
-
-
-def combine(runs: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
-    """One run's figures as they are (with ``seeds``); several runs' counts summed, the
-    attacks' tries and refusals summed per kind, the broker stalls pooled (``max_stall_s`` over
-    all of them), and each run's own figures under ``per_seed``."""
-    if len(runs) == 1:
-        return {**runs[0], "seeds": seeds}
-    out: dict[str, Any] = {"seeds": seeds, "finished": all(r["finished"] for r in runs)}
-    for key in _SUMMED:
-        if all(key in r for r in runs):
-            out[key] = round(sum(r[key] for r in runs), 1)
-    kinds = sorted({k for r in runs for k in r["attacks"]})
-    out["attacks"] = {
-        k: {
-            field: sum(r["attacks"].get(k, {}).get(field, 0) for r in runs)
-            for field in ("tried", "refused")
-        }
-        for k in kinds
-    }
-    out["held_per_seed"] = [held(r) for r in runs]
-    out["final_success_per_seed"] = [r["final_success"] for r in runs]
-    out["brokers"] = runs[0]["brokers"]
-    if all("stalls_s" in r for r in runs):
-        stalls = [s for r in runs for s in r["stalls_s"]]
-        known = [s for s in stalls if s is not None]
-        out["replication_factor"] = runs[0]["replication_factor"]
-        out["stalls_s"] = stalls
-        out["max_stall_s"] = max(known) if known else None
-    out["per_seed"] = runs
-    return out
-
-
-def held(r: dict[str, Any]) -> bool:
-    """The run survived: nothing lost, decided twice or trained twice, no poison trained, no
-    role given up, no genuine manifest refused, the replayed feedback stored once; with several
-    seeds, every run did."""
-    if "per_seed" in r:
-        return all(held(one) for one in r["per_seed"])
-    zero = (
-        "groups_lost",
-        "groups_decided_twice",
-        "groups_trained_twice",
-        "poison_trained",
-        "roles_given_up",
-        "genuine_refused",
-    )
-    attacks_held = all(_held_off(a) for a in r["attacks"].values())
-    return all(r[k] == 0 for k in zero) and r["feedback_stored"] == 1 and attacks_held
-
-
-def _held_off(attempts: dict[str, int]) -> bool:
-    """An attack kind was tried and refused every time."""
-    return attempts["tried"] > 0 and attempts["refused"] == attempts["tried"]
 
 
 def run(args: argparse.Namespace, suffix: str = "") -> dict[str, Any]:
@@ -507,7 +414,7 @@ class Driver:
             missing = [p for p in must if p.dead_letter and _position(p) not in letters]
             unrefused = [f for f in self.forged if f.offset not in refused]
             attacked = self._attack_figures(refused)
-            if not missing and not unrefused and all(_held_off(a) for a in attacked.values()):
+            if not missing and not unrefused and all(held_off(a) for a in attacked.values()):
                 return
             time.sleep(3.0)
 
@@ -647,47 +554,3 @@ def _heap(brokers: int) -> str:
 
 def _position(p: Any) -> tuple[str, int, int]:
     return (p.topic, p.partition, p.offset)
-
-
-def _lines(r: dict[str, Any]) -> list[str]:
-    if "per_seed" in r:
-        lines = []
-        for seed, one in zip(r["seeds"], r["per_seed"], strict=True):
-            lines += [f"seed {seed}:", *(f"  {line}" for line in _lines(one))]
-        stall = f", max stall {r['max_stall_s']} s" if "max_stall_s" in r else ""
-        return [
-            *lines,
-            f"over {len(r['seeds'])} seeds: {r['groups_lost']} lost, "
-            f"{r['groups_trained_twice']} trained twice, held {r['held_per_seed']}{stall}",
-        ]
-    return [
-        f"groups: {r['groups_released']} released, {r['groups_decided']} decided, "
-        f"{r['groups_lost']} lost, {r['groups_trained_twice']} trained twice "
-        f"({r['groups_trained']} trained, {r['groups_reissued']} re-issued)",
-        f"faults: {r['role_kills']} role kills ({r['role_restarts']} restarts logged, "
-        f"{r['roles_given_up']} given up), {r['broker_kills']} broker kills",
-        f"poison: {r['poison_dead_lettered']} of {r['poison_injected']} records dead-lettered "
-        f"({r['poison_missed']} missed; {r['dead_letters_by_reason']}), "
-        f"{r['poison_trained']} poison groups trained",
-        f"forged manifests: {r['forged_refused']} of {r['forged_injected']} refused "
-        f"({r['forged_refusals_logged']} refusals logged by the roles)",
-        "attacks refused: "
-        + ", ".join(f"{k} {a['refused']}/{a['tried']}" for k, a in r["attacks"].items()),
-        f"feedback replays: {r['feedback_replays_refused']} of {r['feedback_replays']} refused, "
-        f"{r['feedback_replays_deduplicated']} answered as duplicates; stored "
-        f"{r['feedback_stored']} time(s)",
-        f"success: {r['warm_start_success']} (v0) -> {r['final_success']} "
-        f"(v{r['final_versions']}); {r['wall_seconds']} s",
-        *_failover_lines(r),
-    ]
-
-
-def _failover_lines(r: dict[str, Any]) -> list[str]:
-    if "max_stall_s" not in r:
-        return []
-    return [
-        f"brokers: {r['brokers']} (replication factor {r['replication_factor']}): "
-        f"{r['leader_kills']} leader, {r['coordinator_kills']} coordinator and "
-        f"{r['controller_kills']} controller kills, {r['rolling_restarts']} rolling restarts; "
-        f"stall after each {r['stalls_s']} s (max {r['max_stall_s']} s)"
-    ]

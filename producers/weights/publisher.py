@@ -40,16 +40,10 @@ acknowledged) at once, the manifest inside the caller's transaction; when that a
 The rules (which kinds a version is published as, which keyframe it follows, where its chunks
 go, the learner's epoch in every manifest) are pure functions in ``producers.weights.rules``.
 
-Sharded (``ranks``, a learner of N ranks on torch.distributed): every rank holds a publisher
-and calls ``publish_version`` with the same version and the whole state; each encodes only its
-shard (``shards.shard_names``: contiguous, size-balanced ranges of the sorted names) and
-writes its chunks with its own chunk producer, numbered rank after rank and placed by the same
-round-robin rule as if one publisher wrote them all. The ranks then exchange (``ranks.
-all_gather``) their chunk refs once every chunk is acknowledged; rank 0 alone holds the
-transactional producer and commits the manifest naming every rank's chunks with the offsets
-(``shards.merge_shards``: the same wire format, so subscribers need not know), then
-tells the ranks whether it committed. A rank that fails (or dies) fails the version on every
-rank before any manifest exists; its chunks already written are orphans, never applied.
+Sharded (``ranks``, a learner of N ranks): every rank holds a publisher, encodes and writes only
+its shard, and rank 0 commits the one manifest naming every rank's chunks (``producers.weights.
+shards`` gives the rules; a rank that fails fails the version on every rank before any manifest
+exists).
 
 The records themselves (``WeightChunk``, ``WeightManifest``, and how the codec manifest maps to
 them) are the wire format, owned by ``schemas.deltacodec.wire``; which chunks may be deleted is

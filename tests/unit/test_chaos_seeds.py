@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlstream.ops.bench.chaos import combine, held
+from rlstream.ops.bench.chaos_report import combine, held
 
 
 def _run(lost: int = 0, stalls: list[float | None] | None = None) -> dict[str, Any]:
