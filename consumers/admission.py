@@ -35,6 +35,7 @@ The rules themselves are in ``admission_rules``.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
@@ -48,6 +49,7 @@ from rlstream.consumers.admission_rules import (
     behaviour_span,
     decide,
     release_refusal,
+    surplus,
 )
 from rlstream.consumers.consumer import Record, RoleContext
 from rlstream.consumers.read_to_end import read_to_end, reader
@@ -56,7 +58,7 @@ from rlstream.consumers.transactional import Output, TransactionalLoop
 from rlstream.consumers.weights.versions import VersionWatcher
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.runtime.metrics import track_buffer
-from rlstream.schemas import arrays, reassembly, topics
+from rlstream.schemas import arrays, events, reassembly, topics
 from rlstream.schemas.reassembly import Reassembler
 
 Copy = tuple[str, str]  # (group id, the region that rolled this copy out)
@@ -82,6 +84,8 @@ class Admission:
         self.first_offset: dict[Copy, dict[tuple[str, int], int]] = {}  # copy -> tp -> offset
         self.decided = DecidedSet(cfg.max_decided)  # committed decisions (the newest)
         self._staged: set[str] = set()  # decisions of the open transaction
+        self.admits: Counter[int] = Counter()  # learner version -> groups admitted (committed)
+        self._staged_admits: Counter[int] = Counter()  # the same, of the open transaction
         self.loaded: set[int] = set()
         self.segments: dict[str, Reassembler] = {}  # per copy: segments are never mixed
         self.counts = {"admitted": 0, "rejected": 0, "dropped_copies": 0, "unreleased": 0}
@@ -130,6 +134,7 @@ class Admission:
             verdict = decide(group, now_ms, version, self.cfg) if group else None
             if group is None or verdict is None:
                 continue
+            verdict = surplus(verdict, self._admitted_at(version), version, self.cfg)
             if not verdict.admitted and self._others_pending(key):
                 self._forget(key)  # another copy of the group may still be admitted
                 self.counts["dropped_copies"] += 1
@@ -224,6 +229,8 @@ class Admission:
         }
         stream = "admitted" if verdict.admitted else "rejected"
         self.counts[stream] += 1
+        if verdict.admitted:
+            self._staged_admits[max(version, 0)] += 1
         self._staged.add(group.group_id)  # decided once its transaction commits (``_settle``)
         for key in [k for k in self.pending if k[0] == group.group_id]:
             self._forget(key)  # every copy: the group is decided once
@@ -244,10 +251,18 @@ class Admission:
 
     # --- rebalance and recovery ----------------------------------------------------------
 
+    def _admitted_at(self, version: int) -> int:
+        """Groups admitted at learner ``version``, committed or in the open transaction."""
+        version = max(version, 0)
+        return self.admits[version] + self._staged_admits[version]
+
     def _assigned(self, partitions: list[TopicPartition]) -> None:
         new = {tp.partition for tp in partitions} - self.loaded
         if new:
-            self.decided |= decided_groups(self.settings, self.run, new)
+            count = self.cfg.max_groups_per_version > 0  # only the cap needs the versions
+            decided, admits = decided_groups(self.settings, self.run, new, count_versions=count)
+            self.decided |= decided
+            self.admits += admits
             self.loaded |= new
 
     def _revoked(self, partitions: list[TopicPartition]) -> None:
@@ -257,6 +272,8 @@ class Admission:
         """The transaction committed: its decisions are final."""
         self.decided |= self._staged
         self._staged.clear()
+        self.admits += self._staged_admits
+        self._staged_admits.clear()
         self._report()
 
     def _report(self) -> None:
@@ -270,6 +287,7 @@ class Admission:
         """Forget pending state and the aborted transaction's decisions: both are rebuilt by
         re-reading from the committed offsets."""
         self._staged.clear()
+        self._staged_admits.clear()
         self.pending.clear()
         self.first_offset.clear()
         self.segments.clear()
@@ -279,15 +297,34 @@ class Admission:
         self.releases.close()
 
 
-def decided_groups(settings: KafkaSettings, run: str, partitions: set[int]) -> set[str]:
-    """Group ids already in the admitted or rejected stream, in the given partitions."""
-    names = [topics.topic_name(run, "admitted"), topics.topic_name(run, "rejected")]
+def decided_groups(
+    settings: KafkaSettings, run: str, partitions: set[int], *, count_versions: bool = False
+) -> tuple[set[str], Counter[int]]:
+    """Group ids already in the admitted or rejected stream, in the given partitions, and (with
+    ``count_versions``) the admitted ones counted by the learner version they were admitted at."""
+    admitted = topics.topic_name(run, "admitted")
+    names = [admitted, topics.topic_name(run, "rejected")]
     consumer = reader(settings, "admission-restore")
+    decided: set[str] = set()
+    at: dict[str, int] = {}
     try:
         starts = [TopicPartition(t, p, OFFSET_BEGINNING) for t in names for p in partitions]
-        return {(msg.key() or b"").decode() for msg in read_to_end(consumer, starts)}
+        for msg in read_to_end(consumer, starts):
+            group_id = (msg.key() or b"").decode()
+            decided.add(group_id)
+            if count_versions and msg.topic() == admitted and group_id not in at:
+                at[group_id] = _learner_version(msg.value())
     finally:
         consumer.close()
+    return decided, Counter(v for v in at.values() if v >= 0)
+
+
+def _learner_version(value: bytes | None) -> int:
+    """The learner version of an admitted record (-1 if it cannot be read)."""
+    try:
+        return int(events.decode(value or b"", expect="admission").record["learner_version"])
+    except (events.DecodeError, KeyError, TypeError, ValueError):
+        return -1
 
 
 def run_role(ctx: RoleContext) -> dict[str, int]:

@@ -102,6 +102,7 @@ class TransactionalLoop:
         on_revoke: Callable[[list[TopicPartition]], None] | None = None,
         batch_size: int = 500,
         poll_timeout: float = 0.5,
+        tick_commits: bool = False,
         instance_id: str | None = None,
         offsets: Callable[[list[Record]], list[TopicPartition]] | None = None,
         tick_s: float | None = None,
@@ -110,6 +111,7 @@ class TransactionalLoop:
         self.group_id, self.dlq_topic = group_id, dlq_topic
         self.process, self.on_abort, self.on_commit = process, on_abort, on_commit
         self.batch_size, self.poll_timeout = batch_size, poll_timeout
+        self.tick_commits = tick_commits  # a tick's transaction sends ``offsets([])`` too
         # A stable instance id (static membership) lets a restarted member take its partitions
         # back at once instead of after the dead member's session times out.
         static = {"group.instance.id": instance_id} if instance_id else {}
@@ -197,10 +199,14 @@ class TransactionalLoop:
         return True
 
     def _tick(self) -> None:
-        """Run ``process([])`` in a transaction of its own (outputs only, no offsets)."""
+        """Run ``process([])`` in a transaction of its own: outputs only, and with
+        ``tick_commits`` the offsets ``offsets([])`` gives (a processor that holds records back
+        commits them with the outputs it releases on a tick)."""
         self._last_tick = time.monotonic()
         outputs = list(self.process([]))
-        if outputs and self.commit(lambda: self.produce(outputs)):
+        if outputs and self.commit(
+            lambda: self.produce(outputs), [] if self.tick_commits else None
+        ):
             self.stats.outputs += len(outputs)
 
     def produce(self, outputs: list[Output]) -> None:

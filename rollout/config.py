@@ -259,6 +259,12 @@ class RolloutConfig(BaseModel):
     env_latency: EnvLatency = Field(
         default_factory=EnvLatency, description="Simulated environment time (benchmarks)."
     )
+    env_overlap: bool = Field(
+        False,
+        description="Generate on while groups wait out their environment time (`env_latency`), "
+        "as sandboxes on machines of their own would: each group is published when its own "
+        "time ends, its task committed with it (a restart regenerates a group still waiting).",
+    )
     engine: Literal["torch", "openai", "vllm"] = Field(
         "torch",
         description="Inference engine: `torch` in process (reference); `openai`: the "

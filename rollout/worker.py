@@ -20,7 +20,11 @@ keeps a region cut off from the trainer region working.
 Environment time (``env_latency``, off by default): for benchmarks, each sample's environment
 time is drawn from a lognormal distribution (median ``median_s``, shape ``sigma``, capped at
 ``cap_s``, seeded by the task) on top of the real sandbox work; a group's samples run their
-environments side by side, so the group waits for its slowest sample (the largest draw).
+environments side by side, so the group waits for its slowest sample (the largest draw). The
+worker waits it out before its next task, or with ``env_overlap`` generates on meanwhile: a group
+is published when its time ends, in the transaction that commits its task (``offsets`` never
+passes a task whose group still waits), so a restart regenerates exactly the groups not yet
+published.
 
 Engines (``engine``): ``torch`` generates in this process with the swapped-in model; ``openai``
 generates on a remote OpenAI-compatible server at ``engine_url`` (``rollout.engines``); ``vllm``
@@ -55,11 +59,13 @@ import logging
 import tempfile
 import time
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from confluent_kafka import TopicPartition
 
 from rlstream.consumers.consumer import Record, RoleContext, Stopper
 from rlstream.consumers.transactional import Output, Refused, TransactionalLoop
@@ -108,6 +114,10 @@ class RolloutWorker:
         self.skipped = 0  # tasks meant for another region
         self.out_topic = topics.topic_name(run, "trajectories")
         self.pauses_ms: list[float] = []
+        # ``env_overlap``: groups generated and waiting out their environment time, oldest first,
+        # and per partition the offset after the last task read (``offsets``)
+        self.waiting: list[Waiting] = []
+        self.read_to: dict[tuple[str, int], int] = {}
         self.refused: dict[int, str] = {}  # versions the engine did not take, and why
         # partial swaps: the subscriber's own thread verifies versions during a rollout
         self.follow = cfg.swap == "partial" and cfg.engine != "openai"
@@ -183,7 +193,7 @@ class RolloutWorker:
             self.stats.swap_s.append(self.pauses_ms[-1] / 1000)
 
     def process(self, records: list[Record]) -> list[Output]:
-        outputs = []
+        outputs, fresh = [], []
         for rec in records:
             if not for_region(rec.value, self.cfg.region):
                 self.skipped += 1  # another region's task: its offset commits, nothing else
@@ -191,8 +201,41 @@ class RolloutWorker:
             self.refresh(0)
             self.swap()
             self.catch_up(int(rec.value.get("released_version") or 0))
-            outputs += self.roll(rec.value, rec)
-        return outputs
+            group = self.roll(rec.value, rec)
+            if self.cfg.env_overlap:
+                fresh.append(Waiting(group[1], rec.topic_partition, rec.offset, group[0]))
+            else:
+                outputs += group[0]
+        if not self.cfg.env_overlap:
+            return outputs
+        # state changes only once the whole batch rolled out (a refused record re-runs it)
+        for rec in records:
+            self.read_to[rec.topic_partition] = rec.offset + 1
+        now = time.time()
+        self.waiting += fresh
+        ended = [w for w in self.waiting if w.ends <= now]
+        self.waiting = [w for w in self.waiting if w.ends > now]
+        return [out for w in ended for out in w.outputs]
+
+    def offsets(self, records: list[Record]) -> list[TopicPartition]:
+        """``env_overlap``: per partition read, the offset after the last task read, but never
+        past a task whose group still waits (``records`` are already in ``read_to``)."""
+        return [
+            TopicPartition(t, p, o) for (t, p), o in commit_positions(self.read_to, self.waiting)
+        ]
+
+    def forget(self) -> None:
+        """An aborted transaction (the loop rewinds to the committed offsets): groups still
+        waiting are dropped, as their tasks were not committed and are read again."""
+        self.waiting.clear()
+        self.read_to.clear()
+
+    def revoked(self, partitions: list[TopicPartition]) -> None:
+        """A rebalance took ``partitions``: their waiting groups are dropped (their new owner
+        reads the tasks again from the committed offsets); the others' go on waiting."""
+        gone = {(tp.topic, tp.partition) for tp in partitions}
+        self.waiting = [w for w in self.waiting if w.partition not in gone]
+        self.read_to = {tp: o for tp, o in self.read_to.items() if tp not in gone}
 
     def catch_up(self, released_version: int) -> None:
         """Synchronous RL only: wait (at most ``weights_wait_s``) for the weights of the version
@@ -204,7 +247,9 @@ class RolloutWorker:
             self.refresh(0.2)
             self.swap()
 
-    def roll(self, task: dict[str, Any], rec: Record | None = None) -> list[Output]:
+    def roll(self, task: dict[str, Any], rec: Record | None = None) -> tuple[list[Output], float]:
+        """The group of ``task`` as trajectory outputs, and when its environment time ends
+        (epoch seconds): waited out here unless ``env_overlap``."""
         queued_ms, started_ms = int(task["created_ms"]), int(time.time() * 1000)
         seed = zlib.crc32(f"{self.cfg.seed}/{task['task_id']}".encode())  # stable across processes
         gen = torch.Generator().manual_seed(seed)
@@ -221,11 +266,13 @@ class RolloutWorker:
                 raise
             raise Refused(rec, str(exc)) from exc
         env_s = self.cfg.env_latency.group_seconds(int(task["group_size"]), seed)
+        ends = time.time() + env_s
         if env_s:
-            time.sleep(env_s)
+            if not self.cfg.env_overlap:
+                time.sleep(env_s)
             for sample in samples:
                 sample.timings["tool_s"] = sample.timings.get("tool_s", 0.0) + env_s
-        finished_ms = int(time.time() * 1000)
+        finished_ms = int(ends * 1000)
         self.write_stats()
         version = self.served_version()
         outputs = []
@@ -236,7 +283,7 @@ class RolloutWorker:
             limit = topics.STREAMS["trajectories"].max_value_bytes
             for part in arrays.split_segments(record, limit):
                 outputs.append(Output(self.out_topic, "trajectory", part, task["task_id"]))
-        return outputs
+        return outputs, ends
 
     def served_version(self) -> int:
         """The version that generated the group just rolled out: this worker's, or the one the
@@ -344,6 +391,43 @@ def make_engine(
     )
 
 
+@dataclass(frozen=True)
+class Waiting:
+    """A group generated and waiting out its environment time (``env_overlap``)."""
+
+    ends: float  # epoch seconds
+    partition: tuple[str, int]  # its task's
+    offset: int
+    outputs: list[Output]
+
+
+def commit_positions(
+    read_to: dict[tuple[str, int], int], waiting: list[Waiting]
+) -> list[tuple[tuple[str, int], int]]:
+    """Per partition read: the offset after its last task read, or its oldest task whose group
+    still waits (not published, so not committed)."""
+    out = []
+    for tp, after in read_to.items():
+        held = [w.offset for w in waiting if w.partition == tp]
+        out.append((tp, min([after, *held])))
+    return out
+
+
+def overlap_options(worker: RolloutWorker) -> dict[str, Any]:
+    """The loop's options for ``env_overlap``: commit a task with its group only, publish
+    groups whose environment time ended on an idle tick too."""
+    if not worker.cfg.env_overlap:
+        return {}
+    return {
+        "offsets": worker.offsets,
+        "on_abort": worker.forget,
+        "on_revoke": worker.revoked,
+        "tick_s": 0.05,
+        "tick_commits": True,
+        "poll_timeout": 0.05,
+    }
+
+
 def run_role(ctx: RoleContext) -> int:
     """One rollout worker until stopped; returns how many tasks it rolled out."""
     run, member = ctx.run, ctx.member
@@ -366,6 +450,7 @@ def run_role(ctx: RoleContext) -> int:
         process=worker.process,
         batch_size=1,
         consumer_conf={"max.poll.interval.ms": "600000"},
+        **overlap_options(worker),
     )
     try:
         stats = loop.run(ctx.stopper)

@@ -47,6 +47,14 @@ class RunConfig(BaseModel):
     group_size: int = Field(8, ge=2, le=1024, description="GRPO group size G.")
     groups_per_step: int = Field(4, ge=1, description="Admitted groups per learner step B.")
     max_staleness: int = Field(2, ge=0, description="Staleness budget (versions).")
+    sync_oversample: float = Field(
+        1.0,
+        ge=1.0,
+        le=4.0,
+        description="Synchronous RL (max_staleness 0) only: release this many times the groups "
+        "a step lacks at once, to cover no-signal rejections without a refill round; admission "
+        "then admits one step's groups per version and rejects the rest as surplus.",
+    )
     policy: PolicyConfig = Field(
         default_factory=lambda: PolicyConfig(vocab_size=protocol.VOCAB_SIZE),
         description="Policy architecture and shape, shared by every role that holds the model.",

@@ -90,8 +90,9 @@ class Role:
 
 
 def _scheduler(run: RunConfig, name: str | None) -> BaseModel:
-    shared = {"group_size": run.group_size, "groups_per_step": run.groups_per_step}
+    shared: dict[str, Any] = {"group_size": run.group_size, "groups_per_step": run.groups_per_step}
     shared |= {"max_staleness": run.max_staleness, "seed": run.seed}
+    shared |= {"oversample": run.sync_oversample}
     return run.scheduler.model_copy(update={**shared, "tasks": run.tasks, "families": run.families})
 
 
@@ -112,7 +113,11 @@ def _judge(run: RunConfig, name: str | None) -> BaseModel:
 
 
 def _admission(run: RunConfig, name: str | None) -> BaseModel:
-    return run.admission.model_copy(update={"max_staleness": run.max_staleness})
+    capped = run.max_staleness == 0 and run.sync_oversample > 1
+    cap = run.groups_per_step if capped else run.admission.max_groups_per_version
+    return run.admission.model_copy(
+        update={"max_staleness": run.max_staleness, "max_groups_per_version": cap}
+    )
 
 
 def _learner(run: RunConfig, name: str | None) -> BaseModel:

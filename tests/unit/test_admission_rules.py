@@ -8,6 +8,7 @@ from rlstream.consumers.admission_rules import (
     admitted_samples,
     decide,
     staleness,
+    surplus,
 )
 from rlstream.rollout.scheduler import releasable
 
@@ -110,6 +111,39 @@ def test_a_budget_of_zero_releases_a_batch_only_when_the_learner_waits_for_it():
     assert sync(5, 5, 4, 0) == 0  # ... which completed it
     assert sync(9, 9, 7, 1) == 1  # after a step: 3 held, 1 lacking
     assert sync(0, 0, 0, -1) == 4  # before the first version is known
+
+
+def test_an_oversampled_synchronous_release_covers_what_its_step_lacks_rounded_up():
+    def sync(released: int, decided: int, admitted: int, version: int) -> int:
+        return releasable(
+            released, decided, 4, 0, admitted=admitted, version=version, oversample=1.5
+        )
+
+    assert sync(0, 0, 0, 0) == 6  # 4 lacking x 1.5
+    assert sync(6, 5, 3, 0) == 0  # still generating or judging
+    assert sync(6, 6, 3, 0) == 2  # 2 no-signal groups left it 1 short: 1 x 1.5, rounded up
+    assert sync(6, 6, 4, 0) == 0  # full (the surplus rejected): the learner trains it first
+    assert sync(6, 6, 4, 1) == 6  # trained: the next release
+    assert releasable(0, 0, 4, 2, oversample=1.5) == 8  # asynchronous pacing ignores it
+    # the release at version 3 was trained (version 4): its 2 stragglers are not waited for
+    late = {"admitted": 16, "version": 4, "oversample": 1.5}
+    assert releasable(24, 22, 4, 0, released_at=3, **late) == 6
+    assert releasable(24, 22, 4, 0, released_at=4, **late) == 3  # 2 of this release in flight
+    assert releasable(24, 22, 4, 0, released_at=None, **late) == 3  # unknown: all count
+    assert sync(6, 3, 0, 0) == 2  # 3 rejected, 3 in flight cannot make 4: topped up at once
+    assert releasable(24, 22, 4, 0, released_at=3, admitted=16, version=4) == 0  # no oversample
+
+
+def test_past_the_cap_an_admitted_verdict_becomes_a_surplus_rejection():
+    capped = CFG.model_copy(update={"max_groups_per_version": 4})
+    admit = decide(_group([5, 5], [1.0, 0.0]), 0, learner_version=5, cfg=capped)
+    assert admit is not None and admit.admitted
+    assert surplus(admit, 3, 5, capped) is admit  # the 4th of version 5
+    late = surplus(admit, 4, 5, capped)  # a 5th
+    assert not late.admitted and late.reason == "other" and late.detail.startswith("surplus:")
+    assert surplus(admit, 99, 5, CFG) is admit  # no cap
+    no_signal = decide(_group([5, 5], [1.0, 1.0]), 0, learner_version=5, cfg=capped)
+    assert no_signal is not None and surplus(no_signal, 4, 5, capped) is no_signal
 
 
 def _ref(offset: int) -> dict:
