@@ -126,14 +126,22 @@ def _f(value: float, digits: int = 2) -> str:
 
 def _async(r: dict[str, Any]) -> Cells:
     runs = ", ".join(_f(x) for x in r.get("speedup_runs", []))
-    figure = (
-        f"async (budget {r['max_staleness']}) {_f(r['async']['samples_per_s'])} trained "
-        f"samples/s; speedup **{_f(r['speedup'])}×** (runs {runs})"
-    )
+    rate = f"{_f(r['async']['samples_per_s'])} trained samples/s, **{_f(r['speedup'])}×** (runs {runs})"
     ttt = r.get("time_to_target")
     if isinstance(ttt, dict):
-        figure += f"; time to held-out {ttt['target']}: {_f(ttt['speedup'])}×"
+        times = ", ".join(
+            f"{a:.0f}/{s:.0f}" for a, s in zip(ttt["async_runs_s"], ttt["sync_runs_s"], strict=True)
+        )
+        gain = "n/a" if ttt["speedup"] is None else f"**{_f(ttt['speedup'])}×**"
+        figure = (
+            f"σ={r['headline_sigma']:g}: time to held-out {_f(ttt['target'])} {gain} "
+            f"(async/sync s per seed: {times}); {rate}"
+        )
+    else:
+        figure = f"async (budget {r['max_staleness']}) {rate}"
     baseline = r.get("baseline", "sync (budget 0)")
+    if baseline == "sync-tuned":
+        baseline = f"sync-tuned (oversample {r['oversample']}, env calls side by side)"
     return figure, f"{baseline}: {_f(r['sync']['samples_per_s'])} samples/s"
 
 

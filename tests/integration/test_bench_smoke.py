@@ -35,13 +35,13 @@ CASES = {
     ),
     "async": (
         [
-            *("--versions", "3", "--reps", "1", "--sweep", "0,1", "--max-staleness", "1"),
+            *("--versions", "3", "--seeds", "1", "--sigmas", "0.5", "--sweep", ""),
             *("--groups-per-step", "2", "--group-size", "2", "--workers", "1"),
-            *("--env-median-s", "0.05", "--minutes", "5"),
+            *("--env-median-s", "0.05", "--minutes", "5", "--eval-every", "1", "--eval-tasks", "2"),
             # the arms' figures, not learning: a barely warm policy whose groups all train
             *("--set", "learner.warm_start.steps=20", "--set", "admission.reject_no_signal=false"),
         ],
-        ["speedup", "speedup_runs", "sweep", "pipeline"],
+        ["speedup", "time_to_target", "breakdown", "env_sigma_sweep", "sweep", "baseline"],
     ),
     "ingest": (
         ["--seconds", "0.5", "--reps", "1", "--concurrency", "2,4", "--warmup", "0.5"],
