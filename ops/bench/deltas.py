@@ -1,4 +1,4 @@
-"""``rlstream bench deltas``: the weight-delta codec on three workloads, against the bounds the
+"""``rlstream bench deltas``: the weight-delta codec on four workloads, against the bounds the
 data allows and against baselines.
 
 Workloads (``--workloads``), each giving one case per learning rate:
@@ -14,6 +14,12 @@ Workloads (``--workloads``), each giving one case per learning rate:
   prediction over the Python sources of this package. Then, per learning rate, one more real
   Adam step (gradient of a fresh batch, the pretraining moments carried over, the case's lr):
   the bf16 casts of the master weights before and after.
+- ``finetune``: fine-tuning of a pretrained model: the same byte LM (``--finetune-layers``
+  blocks of width ``--finetune-width``) pretrained for ``--pretrain-minutes`` with Adam (lr
+  1e-3, every core) on this package's Python sources, once per machine (cached under
+  ``~/.cache/rlstream/bench``), then per learning rate ``--finetune-steps`` steps of a fresh
+  Adam on the project's Markdown (prose it never saw): the consecutive bf16 versions, one case
+  per learning rate covering all its version pairs (summed, as for ``learner``).
 - ``learner``: the project's own learner: the policy of ``LearnerConfig().policy`` (the tiny
   Qwen3-MoE of ``rollout.hf_policy``) warm-started by ``trainer.warmstart``
   (``--learner-warm-steps`` steps), then ``--learner-steps`` GRPO steps
@@ -72,36 +78,40 @@ run also records the load average).
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any, NamedTuple
 
-from rlstream.ops.bench.common import bf16_bits, emit, median, progress
-
-WEIGHT_STD = 0.01
-ADAM_M_STD = 0.229  # sqrt((1 - beta1) / (1 + beta1)) for beta1 = 0.9
-ADAM_V_STD = 0.045  # relative spread of v for beta2 = 0.999
-ADAM_EPS = 1e-8
-WORKLOADS = ("synthetic", "adam-real", "learner")
-CONTEXT = 128  # bytes of context of the adam-real language model
-
-#: One state: tensor name -> (dtype tag, flat bit patterns).
-Arrays = dict[str, tuple[str, Any]]
-Pair = tuple[Arrays, Arrays]
+from rlstream.ops.bench.common import emit, median, progress
+from rlstream.ops.bench.delta_workloads import (
+    WORKLOADS,
+    Arrays,
+    Pair,
+    adam_real,
+    finetune,
+    learner_versions,
+    synthetic,
+)
 
 
 def register_bench(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("deltas", help="weight-delta codec on three workloads vs bounds and zstd")
+    p = sub.add_parser("deltas", help="weight-delta codec on four workloads vs bounds and zstd")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated workloads")
     p.add_argument("--params", type=int, default=100_000_000, help="synthetic: bf16 weights")
     p.add_argument("--tensors", type=int, default=4, help="synthetic: tensors of the weights")
-    p.add_argument("--lrs", default="1e-6,1e-5", help="synthetic, adam-real: learning rates")
+    p.add_argument(
+        "--lrs", default="1e-6,1e-5", help="synthetic, adam-real, finetune: learning rates"
+    )
     p.add_argument("--real-width", type=int, default=512, help="adam-real: model width")
     p.add_argument("--real-layers", type=int, default=4, help="adam-real: transformer blocks")
     p.add_argument("--real-seconds", type=float, default=60.0, help="adam-real: pretraining")
+    p.add_argument("--finetune-width", type=int, default=384, help="finetune: model width")
+    p.add_argument("--finetune-layers", type=int, default=4, help="finetune: transformer blocks")
+    p.add_argument(
+        "--pretrain-minutes", type=float, default=15.0, help="finetune: pretraining (cached)"
+    )
+    p.add_argument("--finetune-steps", type=int, default=4, help="finetune: versions per lr")
     p.add_argument("--learner-warm-steps", type=int, default=300, help="learner: warm start")
     p.add_argument("--learner-steps", type=int, default=6, help="learner: GRPO steps")
     p.add_argument("--reps", type=int, default=5, help="repetitions per timing (median)")
@@ -128,9 +138,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"unknown workloads {unknown}; choose from {list(WORKLOADS)}")
     lrs = [float(x) for x in args.lrs.split(",")]
     makers: dict[str, Callable[[], Iterator[tuple[float, list[Pair], str]]]] = {
-        "synthetic": lambda: _synthetic(args, lrs),
-        "adam-real": lambda: _adam_real(args, lrs),
-        "learner": lambda: _learner(args),
+        "synthetic": lambda: synthetic(args, lrs),
+        "adam-real": lambda: adam_real(args, lrs),
+        "finetune": lambda: finetune(args, lrs),
+        "learner": lambda: learner_versions(args),
     }
     _warm_up()
     cases = []
@@ -155,197 +166,6 @@ def _warm_up() -> None:
     from rlstream.schemas import deltacodec as dc
 
     dc.compile_kernels()
-
-
-# --- workloads --------------------------------------------------------------------------
-
-
-def _synthetic(
-    args: argparse.Namespace, lrs: list[float]
-) -> Iterator[tuple[float, list[Pair], str]]:
-    import numpy as np
-
-    rng = np.random.default_rng(args.seed)
-    sizes = _split(args.params, args.tensors)
-    progress(f"deltas: synthetic: {args.params:,} bf16 params in {len(sizes)} tensors")
-    master = [rng.standard_normal(n, dtype=np.float32) * np.float32(WEIGHT_STD) for n in sizes]
-    old = {f"layer{i}.weight": ("bfloat16", bf16_bits(w)) for i, w in enumerate(master)}
-    what = f"{args.params:,} i.i.d. N(0, 0.01^2) weights, simulated steady-state Adam step"
-    for lr in lrs:
-        progress(f"deltas: synthetic: lr {lr:g}: simulating one Adam step")
-        new = {
-            f"layer{i}.weight": ("bfloat16", bf16_bits(_adam_step(w, lr, rng)))
-            for i, w in enumerate(master)
-        }
-        yield lr, [(old, new)], what
-
-
-def _split(params: int, tensors: int) -> list[int]:
-    tensors = max(1, min(tensors, params))
-    return [params // tensors + (i < params % tensors) for i in range(tensors)]
-
-
-def _adam_step(w: Any, lr: float, rng: Any) -> Any:
-    import numpy as np
-
-    m = rng.standard_normal(w.size, dtype=np.float32) * np.float32(ADAM_M_STD)
-    v = np.float32(1.0) + rng.standard_normal(w.size, dtype=np.float32) * np.float32(ADAM_V_STD)
-    m *= np.float32(lr) / (np.sqrt(v) + np.float32(ADAM_EPS))
-    return w + m
-
-
-def _torch_bf16(module: Any) -> Arrays:
-    """The bf16 casts (round to nearest even) of a module's parameters and float buffers."""
-    import torch
-
-    out: Arrays = {}
-    for name, t in module.state_dict().items():
-        if t.is_floating_point():
-            bits = t.detach().to(torch.bfloat16).contiguous().view(torch.int16).numpy()
-            out[name] = ("bfloat16", bits.view("<u2").reshape(-1).copy())
-    return out
-
-
-def _corpus() -> Any:
-    """The bytes of this package's Python sources, in path order (the language model's text)."""
-    import numpy as np
-
-    root = Path(__file__).resolve().parents[2]
-    files = sorted(
-        p for p in root.rglob("*.py") if ".venv" not in p.parts and "build" not in p.parts
-    )
-    return np.frombuffer(b"\n".join(p.read_bytes() for p in files), dtype=np.uint8)
-
-
-def _byte_lm(width: int, layers: int) -> Any:
-    import torch
-    from torch import nn
-
-    class ByteLM(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.embed = nn.Embedding(256, width)
-            self.pos = nn.Parameter(torch.randn(CONTEXT, width) * 0.02)
-            block = nn.TransformerEncoderLayer(
-                width,
-                4,
-                4 * width,
-                dropout=0.0,
-                activation="gelu",
-                batch_first=True,
-                norm_first=True,
-            )
-            self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
-            self.norm = nn.LayerNorm(width)
-            self.head = nn.Linear(width, 256, bias=False)
-
-        def forward(self, x: Any) -> Any:
-            n = x.shape[1]
-            mask = nn.Transformer.generate_square_subsequent_mask(n)
-            h = self.blocks(self.embed(x) + self.pos[:n], mask=mask, is_causal=True)
-            return self.head(self.norm(h))
-
-    return ByteLM()
-
-
-def _lm_loss(model: Any, text: Any, gen: Any, batch: int = 16) -> Any:
-    import torch
-    from torch.nn import functional as F
-
-    at = torch.randint(0, len(text) - CONTEXT - 1, (batch,), generator=gen)
-    rows = torch.stack(
-        [torch.from_numpy(text[i : i + CONTEXT + 1].astype("int64")) for i in at.tolist()]
-    )
-    logits = model(rows[:, :-1])
-    return F.cross_entropy(logits.reshape(-1, 256), rows[:, 1:].reshape(-1))
-
-
-def _adam_real(
-    args: argparse.Namespace, lrs: list[float]
-) -> Iterator[tuple[float, list[Pair], str]]:
-    import copy
-
-    import torch
-
-    torch.manual_seed(args.seed)
-    torch.set_num_threads(1)
-    text = _corpus()
-    model = _byte_lm(args.real_width, args.real_layers)
-    params = sum(p.numel() for p in model.parameters())
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.999))
-    gen = torch.Generator().manual_seed(args.seed)
-    progress(
-        f"deltas: adam-real: pretraining a {params:,}-parameter byte LM for {args.real_seconds:g}s"
-    )
-    start, steps, loss = time.perf_counter(), 0, float("nan")
-    while time.perf_counter() - start < args.real_seconds or steps == 0:
-        opt.zero_grad(set_to_none=True)
-        out = _lm_loss(model, text, gen)
-        out.backward()
-        opt.step()
-        steps, loss = steps + 1, out.item()
-    progress(f"deltas: adam-real: {steps} steps, loss {loss:.3f} nats/byte")
-    what = (
-        f"byte-level causal transformer LM, {params:,} params ({args.real_layers} blocks, width"
-        f" {args.real_width}), Adam-pretrained {steps} steps ({args.real_seconds:g}s, loss"
-        f" {loss:.2f} nats/byte) on this package's sources, then one real Adam step"
-    )
-    old = _torch_bf16(model)
-    for lr in lrs:
-        stepped = copy.deepcopy(model)
-        step_opt = torch.optim.Adam(stepped.parameters(), lr=lr, betas=(0.9, 0.999))
-        step_opt.load_state_dict(opt.state_dict())
-        for group in step_opt.param_groups:
-            group["lr"] = lr
-        _lm_loss(stepped, text, torch.Generator().manual_seed(args.seed + 1)).backward()
-        step_opt.step()
-        yield lr, [(old, _torch_bf16(stepped))], what
-
-
-def _learner(args: argparse.Namespace) -> Iterator[tuple[float, list[Pair], str]]:
-    import random
-
-    import torch
-
-    from rlstream.trainer import grpo
-    from rlstream.trainer import local_loop as ll
-    from rlstream.trainer.config import LearnerConfig, WarmStartConfig
-    from rlstream.trainer.learner_step import published_state
-    from rlstream.trainer.warmstart import warm_start
-
-    torch.set_num_threads(1)
-    torch.manual_seed(args.seed)
-    learner = LearnerConfig()
-    warm = WarmStartConfig(steps=args.learner_warm_steps)
-    cfg = ll.LocalLoopConfig(seed=args.seed, warm_start=warm, lr=learner.lr)
-    progress(f"deltas: learner: warm start ({args.learner_warm_steps} steps)")
-    model = warm_start(learner.policy, warm, None, lambda *_: None)
-    opt = torch.optim.Adam(model.parameters(), lr=learner.lr, betas=(0.9, 0.98))
-    rng, gen, scorer = (
-        random.Random(args.seed),
-        torch.Generator().manual_seed(args.seed),
-        ll.Scorer(1),
-    )
-
-    def publish() -> Arrays:
-        return {k: (t.dtype, t.bits) for k, t in published_state(model, "bfloat16").items()}
-
-    versions = [publish()]
-    try:
-        for step in range(args.learner_steps):
-            seqs, advs, rewards = ll.collect(model, cfg, rng, gen, scorer)
-            grpo.grpo_step(model, opt, grpo.make_batch(seqs, advs), learner.grpo)
-            versions.append(publish())
-            progress(f"deltas: learner: step {step + 1}, success {sum(rewards) / len(rewards):.2f}")
-    finally:
-        scorer.close()
-    params = sum(p.numel() for p in model.parameters())
-    what = (
-        f"the project's Qwen3-MoE policy ({params:,} params), warm start {args.learner_warm_steps}"
-        f" steps then {args.learner_steps} GRPO steps of the learner's Adam; consecutive"
-        " published bf16 versions"
-    )
-    yield learner.lr, list(itertools.pairwise(versions)), what
 
 
 # --- measuring --------------------------------------------------------------------------

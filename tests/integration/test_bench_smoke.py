@@ -21,6 +21,8 @@ CASES = {
         [
             *("--params", "200000", "--reps", "1", "--lrs", "1e-5", "--real-seconds", "1"),
             *("--real-width", "32", "--real-layers", "1"),
+            *("--finetune-width", "32", "--finetune-layers", "1", "--pretrain-minutes", "0.01"),
+            "--finetune-steps=2",
             *("--learner-warm-steps", "2", "--learner-steps", "1"),
         ],
         ["cases"],
