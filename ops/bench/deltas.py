@@ -109,7 +109,7 @@ def register_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--finetune-width", type=int, default=384, help="finetune: model width")
     p.add_argument("--finetune-layers", type=int, default=4, help="finetune: transformer blocks")
     p.add_argument(
-        "--pretrain-minutes", type=float, default=15.0, help="finetune: pretraining (cached)"
+        "--pretrain-minutes", type=float, default=10.0, help="finetune: pretraining (cached)"
     )
     p.add_argument("--finetune-steps", type=int, default=4, help="finetune: versions per lr")
     p.add_argument("--learner-warm-steps", type=int, default=300, help="learner: warm start")
