@@ -136,7 +136,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "samples_per_s": median([r["samples_per_s"] for r in sweep_runs[b]]),
                 "final_heldout": median([r["final_heldout"] for r in sweep_runs[b]]),
                 "mean_staleness": median([r["mean_staleness"] for r in sweep_runs[b]]),
+                "time_to_target_s": reached(sweep_runs[b], head["time_to_target"]["target"]),
                 "runs": len(sweep_runs[b]),
+                **({"heldout": sweep_runs[b][0]["heldout"]} if b in budgets else {}),
             }
             for b in sorted(sweep_runs)
         ],
@@ -182,10 +184,10 @@ def time_to_target(sync: list[dict[str, Any]], fast: list[dict[str, Any]]) -> di
     the lowest best success of all the runs, so that every run reaches it."""
     target = min(max(s for _, _, s in r["heldout"]) for r in [*sync, *fast])
 
-    def reached(r: dict[str, Any]) -> float:
+    def first(r: dict[str, Any]) -> float:
         return next(t for _, t, s in r["heldout"] if s >= target - 1e-9)
 
-    sync_s, async_s = [reached(r) for r in sync], [reached(r) for r in fast]
+    sync_s, async_s = [first(r) for r in sync], [first(r) for r in fast]
     start = min(s for r in [*sync, *fast] for v, _, s in r["heldout"] if v == 0)
     return {
         "target": round(target, 4),
@@ -196,6 +198,13 @@ def time_to_target(sync: list[dict[str, Any]], fast: list[dict[str, Any]]) -> di
         "sync_runs_s": sync_s,
         "async_runs_s": async_s,
     }
+
+
+def reached(runs: list[dict[str, Any]], target: float) -> float | None:
+    """The median seconds until the runs' held-out success first reached ``target`` (None
+    when one of them never did)."""
+    times = [next((t for _, t, s in r["heldout"] if s >= target - 1e-9), None) for r in runs]
+    return None if any(t is None for t in times) else median([t for t in times if t is not None])
 
 
 def _mean_breakdown(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -350,10 +359,12 @@ def _lines(r: dict[str, Any]) -> list[str]:
                 f"  {arm}: interval {b['interval_s']:.2f} = {stages}; learner idle "
                 f"{b['learner_idle']:.0%}"
             )
-    lines.append("sweep: max_staleness  samples/s  final held-out  mean staleness")
+    lines.append("sweep: max_staleness  samples/s  final held-out  mean staleness  to target s")
     for p in r["sweep"]:
+        to = p.get("time_to_target_s")
         lines.append(
             f"       {p['max_staleness']:>13}  {p['samples_per_s']:>9.2f}  "
-            f"{p['final_heldout']:>14.3f}  {p['mean_staleness']:>14.2f}"
+            f"{p['final_heldout']:>14.3f}  {p['mean_staleness']:>14.2f}  "
+            + ("never" if to is None else f"{to:>11.0f}")
         )
     return lines

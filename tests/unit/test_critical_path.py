@@ -76,3 +76,11 @@ def test_time_to_target_is_when_each_run_first_reached_the_lowest_best_of_all_ru
     assert out["target"] == 0.35 and out["warm_start"] == 0.25  # the second sync run's best
     assert out["sync_runs_s"] == [60.0, 40.0] and out["async_runs_s"] == [10.0]
     assert out["speedup"] == pytest.approx(50.0 / 10.0)
+
+
+def test_a_sweep_run_reports_when_it_reached_the_headline_target_or_never() -> None:
+    from rlstream.ops.bench.asyncrl import reached
+
+    runs = [{"heldout": [(0, 0.0, 0.3), (3, 12.0, 0.5), (6, 20.0, 0.7)]}]
+    assert reached(runs, 0.7) == 20.0 and reached(runs, 0.5) == 12.0
+    assert reached(runs, 0.8) is None
