@@ -107,7 +107,9 @@ def test_a_patch_that_hangs_scores_zero_as_a_timeout(fam) -> None:
     path = next(p for p in sorted(files) if p.endswith(".py") and not repo.is_test_file(p))
     hang = dict(files)
     hang[path] = "while True:\n    pass\n" + files[path]
-    r = _judge(task, patches.diff(files, hang), _cfg(wall_timeout_s=4, cpu_limit_s=3))
+    # the CPU limit well above the wall timeout: a busy loop must meet the timeout first, not
+    # race it to a CPU-limit kill (which scores 0 as a dead process, not as a timeout)
+    r = _judge(task, patches.diff(files, hang), _cfg(wall_timeout_s=4, cpu_limit_s=30))
     assert r["score"] == 0 and r["details"].get("tests.timeout") == 1.0, r
 
 
