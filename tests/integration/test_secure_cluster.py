@@ -209,7 +209,10 @@ def test_writes_are_enforced_exactly_as_planned(secured: Secured) -> None:
 
 def test_roles_are_denied_what_they_must_not_do(secured: Secured) -> None:
     run = secured.run
-    # rollout may not read the learner's input, nor take its group or its transactional id
+    # rollout may not read the learner's input, nor take its group or its transactional id; a
+    # record is there first (admission may write it), or the read would find nothing to fetch
+    # whatever tests ran before on this cluster
+    assert _produce(secured.user("admission"), secured.topic("admitted")) == [None]
     consumer = reader(secured.user("rollout"), f"{run}.peek")
     with pytest.raises(RuntimeError, match=r"[Aa]uthoriz"):
         list(read_to_end(consumer, _partitions(secured.topic("admitted")), timeout=15))
