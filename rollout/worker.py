@@ -201,11 +201,11 @@ class RolloutWorker:
             self.refresh(0)
             self.swap()
             self.catch_up(int(rec.value.get("released_version") or 0))
-            group = self.roll(rec.value, rec)
+            group, ends = self.roll(rec.value, rec)
             if self.cfg.env_overlap:
-                fresh.append(Waiting(group[1], rec.topic_partition, rec.offset, group[0]))
+                fresh.append(Waiting(ends, rec.topic_partition, rec.offset, group))
             else:
-                outputs += group[0]
+                outputs += group
         if not self.cfg.env_overlap:
             return outputs
         # state changes only once the whole batch rolled out (a refused record re-runs it)
