@@ -67,6 +67,15 @@ codec's ``workers=1``) unless said otherwise:
   core); ``encode_scaling`` and ``apply_scaling``: the single-threaded wall time over this
   one's, in the same run (a workload's tensors bound it: the threads share out whole
   tensors);
+- ``fast_apply``: the same versions encoded with ``encode_delta(fast_apply=True)`` (float
+  tensors' changes as ``direct`` pieces: positions in element order, not conditioned on the
+  base), what that costs and buys: ``ratio``, ``encoded_bytes``, ``encodings``,
+  ``x_smaller_than_best_generic`` (against the same generic codings), ``encode_gb_per_s``
+  (fresh tensors), ``apply_gb_per_s`` (in place, ``check="changes"``: each piece verified by
+  its chunk's checksum and its changes' checksum, no tensor hashed; the subscriber's hot path
+  between full checks), ``apply_full_gb_per_s`` (in place, ``check="full"``: every hash, as
+  ``apply_gb_per_s`` above), ``apply_cores_gb_per_s`` and ``apply_scaling``
+  (``check="changes"`` on ``--cores`` threads), ``cpu_time_gb_per_s`` and ``bit_exact``;
 - ``bit_exact``: every decoded and applied state equals the new state bit for bit (checked
   outside the timed region).
 
@@ -219,6 +228,7 @@ def _case(pairs: list[Pair], args: argparse.Namespace) -> dict[str, Any]:
     progress(f"deltas: encode and apply with xxh3 hashes x{args.reps}")
     legacy, t_enc_xxh3, _ = _time_encode(pairs, args, dc.LEGACY_HASH)
     _, t_apply_xxh3, exact_xxh3 = _time_decode(legacy, pairs, args.reps)
+    fast = _fast_apply(pairs, args)
     progress("deltas: bounds and baselines (zstd-19 generic codings take a while)")
     order0 = [dc.entropy_bound(_state(o), _state(n)) for o, n in pairs]
     cond = [dc.conditioned_bound(_state(o), _state(n)) for o, n in pairs]
@@ -260,12 +270,41 @@ def _case(pairs: list[Pair], args: argparse.Namespace) -> dict[str, Any]:
         **{f"{k}_gb_per_s": raw / t.wall / 1e9 for k, t in times.items()},
         "cpu_time_gb_per_s": {k: raw / t.cpu / 1e9 for k, t in times.items()},
         **_zstd_baselines(pairs),
-        **_generic_baselines(pairs, ratio),
+        **(generic := _generic_baselines(pairs, ratio)),
+        "fast_apply": {
+            **fast,
+            "x_smaller_than_best_generic": fast["ratio"] / max(generic["generic"].values()),
+        },
         "cores": args.cores,
         "encode_scaling": t_enc.wall / t_enc_n.wall,
         "apply_scaling": t_apply.wall / t_apply_n.wall,
-        "bit_exact": exact and exact_xxh3 and exact_n,
+        "bit_exact": exact and exact_xxh3 and exact_n and fast["bit_exact"],
         "hash_algorithm": dc.DEFAULT_HASH,
+    }
+
+
+def _fast_apply(pairs: list[Pair], args: argparse.Namespace) -> dict[str, Any]:
+    """The versions encoded for fast applies, and their applies under each check."""
+    raw = sum(a.nbytes for _, new in pairs for _, a in new.values())
+    progress(f"deltas: fast-apply coding: encode, apply in place x{args.reps}")
+    encs, t_enc, _ = _time_encode(pairs, args, fast_apply=True)
+    times = {"encode": t_enc}
+    _, times["apply"], exact = _time_decode(encs, pairs, args.reps, check="changes")
+    _, times["apply_full"], exact_full = _time_decode(encs, pairs, args.reps, check="full")
+    _, times["apply_cores"], exact_n = _time_decode(
+        encs, pairs, args.reps, workers=args.cores, check="changes"
+    )
+    encoded = sum(e.manifest["encoded_bytes"] for e in encs)
+    return {
+        "ratio": raw / encoded,
+        "encoded_bytes": encoded,
+        "encodings": sorted(
+            {p[3] for e in encs for t in e.manifest["tensors"] for p in t["pieces"]}
+        ),
+        **{f"{k}_gb_per_s": raw / t.wall / 1e9 for k, t in times.items()},
+        "apply_scaling": times["apply"].wall / times["apply_cores"].wall,
+        "cpu_time_gb_per_s": {k: raw / t.cpu / 1e9 for k, t in times.items()},
+        "bit_exact": exact and exact_full and exact_n,
     }
 
 
@@ -275,10 +314,15 @@ def _allows(raw_bits: int, bound_bits: float) -> float | None:
 
 
 def _time_encode(
-    pairs: list[Pair], args: argparse.Namespace, algorithm: str | None = None, workers: int = 1
+    pairs: list[Pair],
+    args: argparse.Namespace,
+    algorithm: str | None = None,
+    workers: int = 1,
+    fast_apply: bool = False,
 ) -> tuple[list[Any], Timing, Timing]:
     """Encode from fresh wrappers (hashes computed) and with the base hashes known (hashes of
-    ``algorithm``, the codec's default if None), on ``workers`` threads."""
+    ``algorithm``, the codec's default if None), on ``workers`` threads; with
+    ``fast_apply``, for fast applies (then the warm timing is not measured: zero)."""
     from rlstream.schemas import deltacodec as dc
 
     algorithm = algorithm or dc.DEFAULT_HASH
@@ -288,10 +332,13 @@ def _time_encode(
         "max_chunk_bytes": args.max_chunk_bytes,
         "hash_algorithm": algorithm,
         "workers": workers,
+        "fast_apply": fast_apply,
     }
     t_cold, encs, _ = _timed(
         lambda: [dc.encode_delta(_state(o), _state(n), **mk) for o, n in pairs], args.reps
     )
+    if fast_apply:
+        return encs, t_cold, Timing(0.0, 0.0)
     warm = [_state(o) for o, _ in pairs]
     for state in warm:
         for t in state.values():
@@ -306,11 +353,11 @@ def _time_encode(
 
 
 def _time_decode(
-    encs: list[Any], pairs: list[Pair], reps: int, workers: int = 1
+    encs: list[Any], pairs: list[Pair], reps: int, workers: int = 1, check: str = "full"
 ) -> tuple[Timing, Timing, bool]:
-    """Decode into new arrays (base hashes computed), and apply in place onto a held copy of
-    the base whose hashes are known (copied outside the timed region), on ``workers``
-    threads; checks every result bit for bit."""
+    """Decode into new arrays (base hashes computed), and apply in place (``check``) onto a
+    held copy of the base whose hashes are known (copied outside the timed region), on
+    ``workers`` threads; checks every result bit for bit."""
     from rlstream.schemas import deltacodec as dc
 
     wants = [_state(n) for _, n in pairs]
@@ -340,7 +387,7 @@ def _time_decode(
 
     def apply(states: list[Any]) -> list[Any]:
         return [
-            dc.apply_in_place(e.manifest, e.chunks, s, workers=workers)
+            dc.apply_in_place(e.manifest, e.chunks, s, workers=workers, check=check)
             for e, s in zip(encs, states, strict=True)
         ]
 
@@ -427,6 +474,7 @@ def _lines(result: dict[str, Any]) -> list[str]:
     )
     lines = [head]
     for c in result["cases"]:
+        f = c["fast_apply"]
         lines += [
             f"{c['workload']} lr {c['lr']:g} ({c['params']:,} params x {c['versions']}):"
             f" {c['changed_fraction']:.3%} changed, ratio {c['ratio']:.1f}x"
@@ -450,6 +498,12 @@ def _lines(result: dict[str, Any]) -> list[str]:
             "  by CPU time: "
             + ", ".join(f"{k} {v:.2f}" for k, v in c["cpu_time_gb_per_s"].items())
             + " GB/s",
+            f"  fast-apply coding: ratio {f['ratio']:.1f}x"
+            f" ({f['x_smaller_than_best_generic']:.2f}x smaller than the best generic),"
+            f" encode {f['encode_gb_per_s']:.2f} GB/s, apply in place {f['apply_gb_per_s']:.2f}"
+            f" GB/s checking the changes ({f['apply_full_gb_per_s']:.2f} with every hash),"
+            f" on {c['cores']} threads {f['apply_cores_gb_per_s']:.2f} GB/s"
+            f" ({f['apply_scaling']:.2f}x one)",
         ]
     return lines
 

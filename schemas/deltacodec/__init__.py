@@ -10,6 +10,8 @@ checks that no import circle forms):
 - ``rangecoder``, ``rans``: the coders of the base-conditioned encodings, whose numba kernels
   are in ``kernels`` (imported on first use only);
 - ``exponent``: the base-conditioned encodings written now (``exponent2``, ``exponent3``);
+- ``direct``: the fast-apply encoding (changes in element order, the differences conditioned
+  on the base, a checksum of the changes), applied at a cost that follows the change;
 - ``legacy``: decoders of encodings no longer written, for old logs;
 - ``encodings``: which encoding a piece gets, and the decoder of each;
 - ``manifest``: manifest rules and the codec's errors;

@@ -66,7 +66,8 @@ from .bits import (
     hasher,
     state_hash,
 )
-from .encodings import decode_piece, encode_best
+from .direct import ChangesMismatch
+from .encodings import SELF_CHECKED, decode_piece, encode_best
 from .exponent import EXPONENT_FIELDS
 from .manifest import (
     FORMAT,
@@ -121,6 +122,7 @@ def encode_delta(
     max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
     hash_algorithm: str = DEFAULT_HASH,
     workers: int = DEFAULT_WORKERS,
+    fast_apply: bool = False,
 ) -> Encoded:
     """Encode ``new`` as a delta against ``old`` (the state of ``base_version``).
 
@@ -128,8 +130,13 @@ def encode_delta(
     and only changed bit patterns are encoded; otherwise the tensor is sent whole. Tensors of
     ``old`` absent from ``new`` are absent from the decoded state. Every hash is of
     ``hash_algorithm`` (``deltacodec.bits``; another than the default only to write what older
-    code wrote). ``workers``: threads over tensors; the output does not depend on it."""
-    return _encode(old, new, version, int(base_version), max_chunk_bytes, hash_algorithm, workers)
+    code wrote). ``workers``: threads over tensors; the output does not depend on it.
+    ``fast_apply``: float tensors' changes coded ``direct`` (``deltacodec.direct``): larger,
+    but applied in place at a cost that follows the change and checked without hashing
+    (``apply_in_place(check="changes")``)."""
+    return _encode(
+        old, new, version, int(base_version), max_chunk_bytes, hash_algorithm, workers, fast_apply
+    )
 
 
 def encode_keyframe(
@@ -141,7 +148,7 @@ def encode_keyframe(
     workers: int = DEFAULT_WORKERS,
 ) -> Encoded:
     """Encode a full snapshot (no base): byte planes + zstd, same chunking and hashes."""
-    return _encode(None, state, version, None, max_chunk_bytes, hash_algorithm, workers)
+    return _encode(None, state, version, None, max_chunk_bytes, hash_algorithm, workers, False)
 
 
 def _encode(
@@ -152,6 +159,7 @@ def _encode(
     limit: int,
     algorithm: str,
     workers: int,
+    fast_apply: bool,
 ) -> Encoded:
     hasher(algorithm)  # an unknown algorithm fails before anything is encoded
     if limit < MIN_CHUNK_BYTES:
@@ -167,7 +175,9 @@ def _encode(
         base = old.get(name) if old is not None else None
         if base is not None and (base.dtype, base.shape) != (new[name].dtype, new[name].shape):
             base = None
-        pieces, changed = _encode_tensor(i, base, new[name], budget, cctx.get(), algorithm)
+        pieces, changed = _encode_tensor(
+            i, base, new[name], budget, cctx.get(), algorithm, fast_apply
+        )
         return pieces, changed, base
 
     per_tensor = each(one, range(len(names)), workers)
@@ -219,6 +229,7 @@ def _encode_tensor(
     budget: int,
     cctx: zstandard.ZstdCompressor,
     algorithm: str,
+    fast_apply: bool,
 ) -> tuple[list[Piece], int]:
     """Pieces of one tensor, each at most ``budget`` bytes, and its changed-element count.
     Both hashes are computed on the way (in the same pass as the comparison)."""
@@ -226,6 +237,7 @@ def _encode_tensor(
     new_h = None if tensor.knows(algorithm) else hasher(algorithm)
     n, width = tensor.numel, tensor.width
     field = EXPONENT_FIELDS.get(tensor.dtype)
+    coding = (field, fast_apply)
     # Range size follows the last ratio seen so that a piece roughly fills a chunk.
     # Ranges of at most MAX_RANGE_BYTES raw bytes bound the encoder's temporary memory (changed
     # positions are int64) and let a decoder refuse a piece claiming more (check_piece).
@@ -244,7 +256,7 @@ def _encode_tensor(
         else:
             ch = find_changes(old_r, new_r, old_h, new_h)
             changed += int(ch.pos.size)
-        made = _fit(index, lo, old_r, new_r, ch, budget, cctx, field)
+        made = _fit(index, lo, old_r, new_r, ch, budget, cctx, coding)
         ratio = new_r.nbytes / max(1, sum(p.nbytes for p in made))
         pieces += made
         lo = hi
@@ -263,11 +275,12 @@ def _fit(
     ch: Changes | None,
     budget: int,
     cctx: zstandard.ZstdCompressor,
-    field: tuple[int, int] | None,
+    coding: tuple[tuple[int, int] | None, bool],
 ) -> list[Piece]:
-    """Encode a range; split it and retry until every piece fits ``budget`` (terminates:
-    a one-element raw piece always fits, as ``budget >= MIN_CHUNK_BYTES - header``)."""
-    piece = encode_best(index, start, old, new, ch, cctx, field)
+    """Encode a range (``coding``: the exponent field and ``fast_apply``); split it and retry
+    until every piece fits ``budget`` (terminates: a one-element raw piece always fits, as
+    ``budget >= MIN_CHUNK_BYTES - header``)."""
+    piece = encode_best(index, start, old, new, ch, cctx, *coding)
     if piece.nbytes <= budget:
         return [piece]
     n = new.size
@@ -280,7 +293,7 @@ def _fit(
         if a < b:
             sub = ch.window(a, b) if ch is not None else None
             old_s = old[a:b] if old is not None else None
-            out += _fit(index, start + a, old_s, new[a:b], sub, budget, cctx, field)
+            out += _fit(index, start + a, old_s, new[a:b], sub, budget, cctx, coding)
     return out
 
 
@@ -385,48 +398,70 @@ def apply_in_place(
     state: Mapping[str, TensorBits],
     keep: Mapping[str, TensorBits] | None = None,
     workers: int = DEFAULT_WORKERS,
+    check: str = "full",
 ) -> dict[str, TensorBits]:
     """Apply a delta onto the memory of ``state`` (its base) and return the new state, over
     that same memory: nothing tensor-sized is allocated, and only changed elements are
-    written (each tensor is read once more, to hash it).
+    written (each tensor is read once more, to hash it, unless ``check`` says otherwise).
 
     Checked before anything is written, as ``decode`` does: the manifest, the chunks (sizes,
     checksums, pieces), each base tensor's hash and the base state hash (base hashes not yet
     cached are computed, a read pass). Refused with ``ValueError``, nothing written, when
     the delta cannot be applied in place: a keyframe, a tensor without base or of another
     dtype or shape, a tensor of ``state`` the delta drops, tensors sharing memory (with each
-    other or with ``keep``, a state the caller still uses), memory that cannot be written. After the first write, any failure (``ChunkCorrupt``,
+    other or with ``keep``, a state the caller still uses), memory that cannot be written.
+    After the first write, any failure (``ChunkCorrupt``, ``BaseMismatch``,
     ``HashMismatch``) puts every written element back, so ``state`` holds the base again bit
     for bit, and raises. On success the ``TensorBits`` of ``state`` no longer describe their
     memory (their cached hashes are dropped): use the returned state. ``workers``: threads
     over tensors, each with its own record of what it wrote; all have stopped before
-    anything is put back."""
+    anything is put back.
+
+    ``check``: "full" (the default) verifies as above: every tensor's hash before and after,
+    and both state hashes, so the result is the encoder's state bit for bit. "changes"
+    verifies a tensor whose pieces all check themselves (``direct`` pieces, written with
+    ``encode_delta(fast_apply=True)``, and ``unchanged`` ones) by those pieces alone, and
+    reads nothing else of it: every chunk's checksum (the bytes are the encoder's) and each
+    piece's checksum of its changes (every element written had the encoder's base bits and
+    now has its new bits; else ``BaseMismatch``, everything put back). What that does not see
+    is a base element the delta leaves alone that differs from the encoder's: the next "full"
+    check refuses that base (``BaseMismatch``, before any write), so a caller that runs one
+    every K versions learns of such a difference at most K versions late. Tensors with other
+    pieces are hashed as under "full"; the state hashes are checked only when no tensor was
+    spared its hash, and the spared tensors come back without a cached hash."""
     pieces = _checked_pieces(manifest, chunks)
     entries = manifest["tensors"]
     if manifest["kind"] != "delta" or any(e["base_hash"] is None for e in entries):
         raise ValueError("only a delta with a base for every tensor is applied in place")
     if {e["name"] for e in entries} != set(state):
         raise ValueError("the delta does not name exactly the state's tensors")
+    if check not in ("full", "changes"):
+        raise ValueError(f"check is 'full' or 'changes', not {check!r}")
     bases = _match_base(manifest, state)
     algorithm = hash_algorithm(manifest)
-    base_hashes = each(lambda e: bases[e["name"]].hash_of(algorithm), entries, workers)
-    for e, h in zip(entries, base_hashes, strict=True):
+    spared = [check == "changes" and all(p.encoding in SELF_CHECKED for p in ps) for ps in pieces]
+    hashed = [e for e, skip in zip(entries, spared, strict=True) if not skip]
+    base_hashes = each(lambda e: bases[e["name"]].hash_of(algorithm), hashed, workers)
+    for e, h in zip(hashed, base_hashes, strict=True):
         if h != e["base_hash"]:
             raise BaseMismatch(f"base tensor {e['name']!r} differs from the delta's base")
-    if state_hash(state, algorithm) != manifest["base_state_hash"]:
+    whole = not any(spared)
+    if whole and state_hash(state, algorithm) != manifest["base_state_hash"]:
         raise BaseMismatch("base state hash differs from the delta's base_state_hash")
     views = writable_views(state, keep or {})
     dctx = PerThread(zstandard.ZstdDecompressor)
     undos: list[Undo] = [[] for _ in entries]
 
     def one(i: int) -> TensorBits:
-        e = entries[i]
-        return _decode_tensor(e, pieces[i], None, views[e["name"]], dctx.get(), algorithm, undos[i])
+        e, bits = entries[i], views[entries[i]["name"]]
+        return _decode_tensor(
+            e, pieces[i], None, bits, dctx.get(), algorithm, undos[i], not spared[i]
+        )
 
     try:
         applied = each(one, range(len(entries)), workers)
         out = {e["name"]: t for e, t in zip(entries, applied, strict=True)}
-        if state_hash(out, algorithm) != manifest["state_hash"]:
+        if whole and state_hash(out, algorithm) != manifest["state_hash"]:
             raise HashMismatch("decoded state hash differs from the manifest")
     except DeltaError:
         for undo in undos:
@@ -513,13 +548,15 @@ def _decode_tensor(
     dctx: zstandard.ZstdDecompressor,
     algorithm: str,
     undo: Undo | None = None,
+    verify: bool = True,
 ) -> TensorBits:
     """Decode one tensor into ``bits``, hashing base and result piece by piece; with
-    ``undo`` (and no ``base``), ``bits`` holds the verified base and is patched in place."""
+    ``undo`` (and no ``base``), ``bits`` holds the verified base and is patched in place.
+    Without ``verify`` (pieces that check themselves) the result is not hashed."""
     name, shape = entry["name"], tuple(entry["shape"])
     n = bits.size
     old_h = hasher(algorithm) if base is not None and not base.knows(algorithm) else None
-    new_h = hasher(algorithm)
+    new_h = hasher(algorithm) if verify else None
     covered = 0
     for p in pieces:
         if p.start != covered or p.stop > n:
@@ -531,6 +568,8 @@ def _decode_tensor(
                 decode_piece(p, base_r, out_r, dctx, old_h, new_h)
             else:
                 decode_piece(p, out_r, out_r, dctx, None, new_h, undo)
+        except ChangesMismatch as exc:
+            raise BaseMismatch(f"{name!r} elements {p.start}..{p.stop}: {exc}") from exc
         except ValueError as exc:
             raise ChunkCorrupt(f"{name!r} elements {p.start}..{p.stop}: {exc}") from exc
         covered = p.stop
@@ -541,8 +580,9 @@ def _decode_tensor(
             base.remember_hash(old_h.hexdigest(), algorithm)
         if base.hash_of(algorithm) != entry["base_hash"]:
             raise BaseMismatch(f"base tensor {name!r} differs from the delta's base")
-    if new_h.hexdigest() != entry["hash"]:
-        raise HashMismatch(f"decoded {name!r} does not match its hash")
     out = TensorBits(entry["dtype"], shape, bits)
-    out.remember_hash(entry["hash"], algorithm)
+    if new_h is not None:
+        if new_h.hexdigest() != entry["hash"]:
+            raise HashMismatch(f"decoded {name!r} does not match its hash")
+        out.remember_hash(entry["hash"], algorithm)
     return out

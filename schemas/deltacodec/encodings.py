@@ -4,7 +4,8 @@
 smallest (``deltacodec.pieces`` lists the encodings and their layout): ``unchanged`` when nothing
 changed; else ``sparse`` (changed fraction <= 0.9), for a float dtype ``exponent3`` and, on few
 changes or many, ``exponent2`` (``deltacodec.exponent``), ``xor`` and ``diff`` (>= 0.5); and
-``raw`` when nothing else is smaller. Without a base: ``planes`` or ``raw``.
+``raw`` when nothing else is smaller; asked for fast applies, ``direct`` (``deltacodec.direct``)
+in place of ``sparse`` and the exponent encodings. Without a base: ``planes`` or ``raw``.
 
 ``decode_piece`` decodes every encoding ever written, the retired ones through
 ``deltacodec.legacy``; it raises ValueError on any inconsistency and the codec turns it into its
@@ -19,10 +20,12 @@ import numpy as np
 import zstandard
 
 from .bits import as_bytes
+from .direct import apply_direct, encode_direct
 from .exponent import decode_exponent2, encode_exponent2, encode_exponent3
 from .legacy import decode_exponent
 from .pieces import (
     DIFF,
+    DIRECT,
     ENCODINGS,
     EXPONENT,
     EXPONENT2,
@@ -49,7 +52,12 @@ from .pieces import (
     unzigzag,
 )
 
-NEEDS_BASE: Final = frozenset({UNCHANGED, SPARSE, XOR, DIFF, EXPONENT, EXPONENT2, EXPONENT3})
+NEEDS_BASE: Final = frozenset(
+    {UNCHANGED, SPARSE, XOR, DIFF, EXPONENT, EXPONENT2, EXPONENT3, DIRECT}
+)
+#: Pieces that verify what they write without the tensor's hash: ``direct`` (its changes'
+#: checksum) and ``unchanged`` (writes nothing).
+SELF_CHECKED: Final = frozenset({UNCHANGED, DIRECT})
 BY_EXPONENT: Final = frozenset({EXPONENT, EXPONENT2, EXPONENT3})
 # Sparse is tried up to this changed fraction and the dense fallbacks from the next one on:
 # on simulated bf16 RL steps sparse still wins at 90% changed, dense only near 100%.
@@ -71,12 +79,15 @@ def encode_best(
     ch: Changes | None,
     cctx: zstandard.ZstdCompressor,
     field: tuple[int, int] | None = None,
+    fast_apply: bool = False,
 ) -> Piece:
     """The smallest encoding of ``new`` (elements ``start..``) given ``old`` and its changes.
     Without a base: ``planes`` or ``raw``. With one: ``unchanged`` when nothing changed, else
     the smallest of ``sparse`` (changed fraction <= 0.9), for a float dtype (its exponent
     ``field``) ``exponent3`` and, on few changes or many, ``exponent2``, ``xor`` and ``diff``
-    (>= 0.5), and ``raw`` (its size is known without building it)."""
+    (>= 0.5), and ``raw`` (its size is known without building it). With ``fast_apply``, a
+    float range's changes are coded ``direct`` instead of ``sparse`` and the exponent
+    encodings (the dense fallbacks and ``raw`` still win where they are smaller)."""
     n = new.size
     stop = start + n
     if old is None or ch is None:
@@ -86,12 +97,16 @@ def encode_best(
     else:
         cands = []
         k = int(ch.pos.size)
-        if k <= SPARSE_MAX_FRACTION * n:
+        if field is not None and fast_apply:
+            aux, streams = encode_direct(old, ch.pos, ch.diff, field)
+            cands.append(Piece(tensor, start, stop, DIRECT, aux, k, tuple(streams)))
+        elif k <= SPARSE_MAX_FRACTION * n:
             cands.append(encode_sparse(tensor, start, stop, ch, cctx))
-        if field is not None:
+        if field is not None and not fast_apply:
             aux, streams = encode_exponent3(old, ch.pos, ch.diff, field)
             cands.append(Piece(tensor, start, stop, EXPONENT3, aux, k, tuple(streams)))
-        if field is not None and (k <= EXPONENT2_MAX_CHANGES or k >= EXPONENT2_MIN_FRACTION * n):
+        exponent2 = k <= EXPONENT2_MAX_CHANGES or k >= EXPONENT2_MIN_FRACTION * n
+        if field is not None and not fast_apply and exponent2:
             aux, streams = encode_exponent2(old, ch.pos, ch.diff, field)
             cands.append(Piece(tensor, start, stop, EXPONENT2, aux, k, tuple(streams)))
         if k >= DENSE_MIN_FRACTION * n:
@@ -128,6 +143,19 @@ def decode_piece(
         if undo is not None and same_memory(base, out):
             undo.append((out, plan.done[: plan.ndone], plan.old[: plan.ndone]))
         plan.finish()
+        return
+    if base is not None and piece.encoding == DIRECT:
+        if old_hasher is not None:
+            old_hasher.update(as_bytes(base))
+        if not same_memory(base, out):
+            np.copyto(out, base)
+        done, old, error = apply_direct(piece, out)
+        if undo is not None and same_memory(base, out):
+            undo.append((out, done, old))
+        if error is not None:
+            raise error
+        if new_hasher is not None:
+            new_hasher.update(as_bytes(out))
         return
     if base is not None and piece.encoding in (UNCHANGED, SPARSE):
         pos, deltas = sparse_changes(piece, n, dtype, dctx)

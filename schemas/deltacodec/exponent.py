@@ -61,7 +61,7 @@ FIELD_IDS: Final[dict[int, tuple[tuple[int, int], int]]] = {
     3: (EXPONENT_FIELDS["float32"], 4),
     4: (EXPONENT_FIELDS["float64"], 8),
 }
-_ID_OF_FIELD: Final = {field: i for i, (field, _) in FIELD_IDS.items()}
+ID_OF_FIELD: Final = {field: i for i, (field, _) in FIELD_IDS.items()}
 
 # --- encoder ---------------------------------------------------------------------------
 
@@ -91,7 +91,7 @@ def encode_exponent2(
     (at least one) of a range whose base is ``old``."""
     present, gaps, z, starts = _table(old, pos, diff, field)
     coded = rangecoder.encode(present, gaps, z, starts, old.size)
-    return _ID_OF_FIELD[field], [(STORED, coded)]
+    return ID_OF_FIELD[field], [(STORED, coded)]
 
 
 def encode_exponent3(
@@ -100,7 +100,7 @@ def encode_exponent3(
     """``aux`` and the one stream of an ``exponent3`` piece (``exponent2``'s layout, the
     static rANS coder's stream)."""
     present, gaps, z, starts = _table(old, pos, diff, field)
-    return _ID_OF_FIELD[field], [(STORED, rans.encode(present, gaps, z, starts))]
+    return ID_OF_FIELD[field], [(STORED, rans.encode(present, gaps, z, starts))]
 
 
 # --- decoder ---------------------------------------------------------------------------

@@ -21,6 +21,11 @@ Encodings, per piece, the smallest one kept (``deltacodec.encodings`` chooses an
   coder (~5x slower), tried too on pieces of few changes or of a high changed fraction, where
   it is smaller. ``exponent`` pieces, the first form (encoding 6, no longer written), are still
   decoded (``deltacodec.legacy``).
+- ``direct`` (float dtypes): the changes in element order with ``exponent3``'s per-bucket
+  value laws and a checksum of the changes (``deltacodec.direct``): applied reading and
+  writing only the changed elements, verified without hashing the tensor; larger than
+  ``exponent3`` (its positions are not conditioned on the base), written when the encoder is
+  asked for fast applies (``fast_apply``).
 - ``xor`` / ``diff``: dense fallbacks, byte planes of ``old ^ new`` or of zigzag ``new - old``
   over the whole range.
 - ``planes``: no base (keyframes, new tensors): byte planes of the bits.
@@ -30,7 +35,7 @@ Every stream is zstd-compressed (single-threaded, low level) or stored, whicheve
 Wire layout of a piece, little-endian: header ``<IQQBBBxQ`` (tensor index, start, stop,
 encoding, stream count, aux, count), one ``<BI`` (codec, length) per stream, then the stream
 bytes. ``aux`` is the sparse value packing (0 planes, 2 or 4 bits), 0 for an ``exponent`` piece, the
-exponent field's id for an ``exponent2`` or ``exponent3`` piece; ``count`` the number of changed elements. Encodings are only ever added: a
+exponent field's id for an ``exponent2``, ``exponent3`` or ``direct`` piece; ``count`` the number of changed elements. Encodings are only ever added: a
 decoder reads every piece an earlier encoder wrote (``ENCODINGS`` keeps their numbers). Decoders raise ``ValueError`` on any inconsistency; the caller turns it
 into the codec's own error.
 """
@@ -48,7 +53,7 @@ import zstandard
 
 from .bits import UINT_BY_WIDTH, as_bytes
 
-UNCHANGED, SPARSE, XOR, DIFF, PLANES, RAW, EXPONENT, EXPONENT2, EXPONENT3 = range(9)
+UNCHANGED, SPARSE, XOR, DIFF, PLANES, RAW, EXPONENT, EXPONENT2, EXPONENT3, DIRECT = range(10)
 ENCODINGS: Final = (
     "unchanged",
     "sparse",
@@ -59,6 +64,7 @@ ENCODINGS: Final = (
     "exponent",
     "exponent2",
     "exponent3",
+    "direct",
 )
 STORED, ZSTD = 0, 1
 PIECE_HEADER: Final = struct.Struct("<IQQBBBxQ")

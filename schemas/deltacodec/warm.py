@@ -15,7 +15,8 @@ def compile_kernels() -> list[str]:
     cache compiles it, so a set-up step that runs this first spares the roles that start
     together (a learner and its rollout workers) doing it each at once. Encodes, applies in
     place and decodes two small deltas, one coded as ``exponent2`` pieces and one as
-    ``exponent3``; returns their tensors' encodings."""
+    ``exponent3``, and the second again as ``direct`` pieces; returns their tensors'
+    encodings."""
     rng = np.random.default_rng(0)
     encodings: list[str] = []
     # an optimizer-like step of i.i.d. weights: few changes (exponent2), then ~2% (exponent3)
@@ -24,11 +25,13 @@ def compile_kernels() -> list[str]:
         moved = weights + rng.standard_normal(n, dtype=np.float32) * np.float32(step)
         old, new = ((w.view(np.uint32) >> 16).astype(np.uint16) for w in (weights, moved))
         base, want = ({"w": TensorBits("bfloat16", (n,), b)} for b in (old, new))
-        enc = encode_delta(base, want, version=1, base_version=0)
-        held = {"w": TensorBits("bfloat16", (n,), old.copy())}
-        applied = apply_in_place(enc.manifest, enc.chunks, held)  # a writable base
-        decoded = decode(enc.manifest, enc.chunks, base)  # a read-only one: other kernel types
-        if not (same_state(applied, want) and same_state(decoded, want)):
-            raise AssertionError("the codec's warm-up delta did not decode bit-exactly")
-        encodings += [e["encoding"] for e in enc.manifest["tensors"]]
+        for fast in (False, True) if n > 4096 else (False,):
+            enc = encode_delta(base, want, version=1, base_version=0, fast_apply=fast)
+            held = {"w": TensorBits("bfloat16", (n,), old.copy())}
+            check = "changes" if fast else "full"
+            applied = apply_in_place(enc.manifest, enc.chunks, held, check=check)  # writable
+            decoded = decode(enc.manifest, enc.chunks, base)  # read-only: other kernel types
+            if not (same_state(applied, want) and same_state(decoded, want)):
+                raise AssertionError("the codec's warm-up delta did not decode bit-exactly")
+            encodings += [e["encoding"] for e in enc.manifest["tensors"]]
     return encodings

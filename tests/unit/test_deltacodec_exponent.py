@@ -1,4 +1,4 @@
-"""The base-conditioned delta encodings (``exponent3`` and ``exponent2`` pieces, and the
+"""The base-conditioned delta encodings (``exponent3``, ``exponent2`` and ``direct`` pieces, and the
 ``exponent`` pieces of the first encoder, no longer written), in-place apply, and the bounds.
 
 Properties asserted: pieces of both encodings written now round-trip bit for bit (decoded into
@@ -28,6 +28,7 @@ from rlstream.schemas import deltacodec as dc
 from rlstream.schemas.deltacodec import TensorBits
 from rlstream.schemas.deltacodec import file as dfile
 from rlstream.schemas.deltacodec.bits import UINT_BY_WIDTH
+from rlstream.schemas.deltacodec.direct import encode_direct
 from rlstream.schemas.deltacodec.encodings import decode_piece
 from rlstream.schemas.deltacodec.exponent import (
     EXPONENT_FIELDS,
@@ -36,6 +37,7 @@ from rlstream.schemas.deltacodec.exponent import (
     encode_exponent3,
 )
 from rlstream.schemas.deltacodec.pieces import (
+    DIRECT,
     EXPONENT2,
     EXPONENT3,
     Piece,
@@ -88,8 +90,9 @@ def _changed(rng: np.random.Generator, old: np.ndarray, pattern: str) -> np.ndar
 
 
 def _round_trip_piece(dtype: str, old: np.ndarray, new: np.ndarray) -> None:
-    """Encode the change as one piece of each exponent encoding written now; decode each into
-    new memory and in place, and undo."""
+    """Encode the change as one piece of each base-conditioned encoding written now
+    (``exponent2``, ``exponent3``, ``direct``); decode each into new memory and in place, and
+    undo."""
     dctx = zstandard.ZstdDecompressor()
     ch = find_changes(old, new, None, None)
     if not ch.pos.size:
@@ -97,10 +100,12 @@ def _round_trip_piece(dtype: str, old: np.ndarray, new: np.ndarray) -> None:
     k, field = int(ch.pos.size), EXPONENT_FIELDS[dtype]
     aux2, streams2 = encode_exponent2(old, ch.pos, ch.diff, field)
     aux3, streams3 = encode_exponent3(old, ch.pos, ch.diff, field)
-    assert FIELD_IDS[aux2] == FIELD_IDS[aux3] == (field, old.itemsize)
+    aux9, streams9 = encode_direct(old, ch.pos, ch.diff, field)
+    assert FIELD_IDS[aux2] == FIELD_IDS[aux3] == FIELD_IDS[aux9] == (field, old.itemsize)
     for piece in (
         Piece(0, 0, old.size, EXPONENT2, aux2, k, tuple(streams2)),
         Piece(0, 0, old.size, EXPONENT3, aux3, k, tuple(streams3)),
+        Piece(0, 0, old.size, DIRECT, aux9, k, tuple(streams9)),
     ):
         piece = parse_chunk(b"RLDK\x01\x00\x00\x00\x01\x00\x00\x00" + piece.to_bytes())[0]
         out = np.empty_like(old)

@@ -1,7 +1,7 @@
 """Crafted chunks: the decoders refuse out-of-range input, never write outside a tensor.
 
-Real pieces of every encoding (``sparse``, ``exponent2``, ``exponent3``, ``xor``, ``diff``,
-``planes``, ``raw``, ``unchanged`` from this encoder; the retired ``exponent`` from its golden
+Real pieces of every encoding (``sparse``, ``exponent2``, ``exponent3``, ``direct``, ``xor``,
+``diff``, ``planes``, ``raw``, ``unchanged`` from this encoder; the retired ``exponent`` from its golden
 bytes) are corrupted at random with a fixed seed: bytes flipped, piece and stream header fields
 set to edge values (0, the element count, past it, 2**31, 2**63 - 1, 2**64 - 1 ...), streams cut
 short or grown, encodings swapped. Each crafted chunk is then *vouched for*: its checksum and
@@ -81,8 +81,11 @@ def _cases() -> list[tuple[str, dict[str, TensorBits], dc.Encoded]]:
 
     base, after = state(old), state(new)
     delta = dc.encode_delta(base, after, version=2, base_version=1, max_chunk_bytes=6_000)
+    fast = dc.encode_delta(  # direct pieces
+        base, after, version=2, base_version=1, max_chunk_bytes=6_000, fast_apply=True
+    )
     keyframe = dc.encode_keyframe(after, version=2, max_chunk_bytes=6_000)
-    out = [("delta", base, delta), ("keyframe", base, keyframe)]
+    out = [("delta", base, delta), ("fast-apply", base, fast), ("keyframe", base, keyframe)]
     for stem in ("exponent-delta", "exponent3-delta"):  # golden bytes: the retired encoding
         golden = dfile.unpack((DATA / f"{stem}.rlwd").read_bytes())
         arrays = np.load(DATA / f"{stem}-states.npz")
