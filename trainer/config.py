@@ -155,6 +155,11 @@ class LearnerConfig(BaseModel):
         0, ge=0, description="... per this many rollout groups trained; 0 = no limit."
     )
     keyframe_every: int = Field(8, ge=1, description="A keyframe every K versions.")
+    fast_apply_deltas: bool = Field(
+        False,
+        description="Code weight deltas for fast applies (direct pieces: larger, applied at a"
+        " cost that follows the change and checked without hashing; docs/benchmarks.md).",
+    )
     max_versions: int = Field(1_000_000, ge=1, description="Stop after publishing this version.")
     publish_dtype: Literal["bfloat16", "float32"] = Field(
         "bfloat16", description="Dtype of published weights."

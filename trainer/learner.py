@@ -209,8 +209,9 @@ class Learner:
             key = learner_key(cfg, run)
             signer = ensure_run_key(settings, run, key, insecure=cfg.insecure_weights)
         self.publisher = rank_publisher(
-            settings, run, cfg.model, f"{group}.0", self.ranks, cfg.keyframe_every, signer
-        )
+            settings, run, cfg.model, f"{group}.0", self.ranks, cfg.keyframe_every, signer,
+            fast_apply=cfg.fast_apply_deltas,
+        )  # fmt: skip
         self.producer = self.publisher.producer
         self.model, self.optimizer = init_model(cfg, log, warm=self.lead)
         self.reference = reference_policy(cfg, self.model)  # version 0, before any checkpoint

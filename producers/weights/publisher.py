@@ -91,7 +91,6 @@ State = Mapping[str, codec.TensorBits]
 #: Fault injection for tests: ``(version, kind, index, payload) -> payload to send``.
 FaultHook = Callable[[int, str, int, bytes], bytes]
 
-
 # --- the publisher ---------------------------------------------------------------------------
 
 
@@ -177,6 +176,7 @@ class WeightPublisher:
         chunk_producer: EventProducer | None = None,
         ranks: Ranks | None = None,
         hash_algorithm: str = codec.DEFAULT_HASH,
+        fast_apply: bool = False,
     ) -> None:
         publish_kinds(0, keyframe_every, False)  # validates keyframe_every
         self.producer, self.run, self.model = producer, run, model
@@ -184,11 +184,10 @@ class WeightPublisher:
         self.chunk_topic = chunk_topic or topics.topic_name(run, "weights.chunks")
         self.manifest_topic = manifest_topic or topics.topic_name(run, "weights.manifests")
         self.keyframe_every, self.max_chunk_bytes = keyframe_every, max_chunk_bytes
-        self.flush_timeout = flush_timeout
+        self.flush_timeout, self.fast_apply = flush_timeout, fast_apply  # codec.encode_delta
         self.fault_hook = fault_hook  # tests only: corrupts payloads, manifests stay truthful
-        # Manifests are signed with the run's key (``producers.weights.signing``); None: unsigned,
-        # which the readers of a run not created insecure refuse.
-        self.signer = signer
+        self.signer = signer  # the run's key (``weights.signing``); None: unsigned, refused by
+        # the readers of a run not created insecure
         self.hash_algorithm = hash_algorithm  # another than blake3 only to write as old code did
         self.epoch = epoch  # the learner's incarnation, written into every manifest
         # Sharded over several ranks (None or one rank: this publisher encodes everything).
@@ -513,6 +512,7 @@ class WeightPublisher:
             base_version=self._last.version,
             max_chunk_bytes=self.max_chunk_bytes,
             hash_algorithm=self.hash_algorithm,
+            fast_apply=self.fast_apply,
         )
 
     def _produce_chunks(
@@ -582,18 +582,19 @@ def rank_publisher(
     ranks: Ranks | None = None,
     keyframe_every: int = DEFAULT_KEYFRAME_EVERY,
     signer: Signer | None = None,
+    fast_apply: bool = False,
 ) -> WeightPublisher:
     """The publisher of one learner rank (or of the only one, ``ranks`` None): rank 0 holds the
     transactional producer ``transactional_id`` (it commits manifests and offsets, signed by
     ``signer``) and gets a chunk producer of its own; another rank writes chunks only, with
     one plain idempotent producer (no transactional id, nothing to fence, nothing to sign).
-    ``publisher.producer`` is the producer."""
+    ``fast_apply``: deltas coded for fast applies. ``publisher.producer`` is the producer."""
     if ranks is None or ranks.rank == 0:
-        producer = EventProducer.transactional(settings, transactional_id)
-        return WeightPublisher(
-            producer, run, model, keyframe_every=keyframe_every, ranks=ranks, signer=signer
-        )
-    producer = EventProducer.connect(settings)
+        producer, chunks = EventProducer.transactional(settings, transactional_id), None
+    else:
+        producer = chunks = EventProducer.connect(settings)
+        signer = None
     return WeightPublisher(
-        producer, run, model, keyframe_every=keyframe_every, ranks=ranks, chunk_producer=producer
-    )
+        producer, run, model, keyframe_every=keyframe_every, ranks=ranks, signer=signer,
+        chunk_producer=chunks, fast_apply=fast_apply,
+    )  # fmt: skip
