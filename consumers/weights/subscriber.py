@@ -10,7 +10,9 @@ callback. The records and how they map to the codec are the wire format
 (``schemas.deltacodec.wire``). Guarantees:
 
 - never partial: the exposed state is always one complete version whose every chunk checksum,
-  tensor hash and state hash matched its manifest;
+  tensor hash and state hash matched its manifest (recycling with ``full_check_every`` K > 1:
+  between multiples of K, tensors of deltas published for fast applies are checked by their
+  chunks' and changes' checksums instead, ``stage_step``);
 - any failure (missing or corrupt chunk, hash mismatch, wrong base, fetch timeout) leaves the
   exposed version as it was, is logged and recorded in ``failures``, and excludes that
   manifest from later routes, so the worker catches up from a keyframe instead (a version
@@ -118,26 +120,48 @@ def stage_step(
     base: State | None,
     spare: State | None = None,
     kept: Kept | None = None,
+    full_check_every: int = 1,
+    spare_version: int | None = None,
 ) -> State:
     """The state after one step of a route. With a ``spare`` (buffers of the version before
     ``base``, given up by the caller) and ``kept`` (the delta that turned that version into
     ``base``), a delta is applied in place: the spare is brought to ``base`` with ``kept``,
     then to the new version (``codec.apply_in_place``: nothing tensor-sized is allocated or
     copied, and ``base`` is never written). Otherwise, or when that is refused, the step is
-    decoded (into the spare's buffers when given). Raises the codec's errors."""
+    decoded (into the spare's buffers when given). Raises the codec's errors.
+
+    In place, a version that is a multiple of ``full_check_every`` is applied with every
+    hash checked, the others with ``check="changes"`` (pieces that check themselves are
+    verified by their chunks' and changes' checksums alone: ``codec.apply_in_place``). A spare
+    whose hashes are known must match ``kept``'s base state hash; one brought to its version
+    by a "changes" check, whose hashes are not known, must be ``spare_version``, the version
+    the caller served from it."""
     if spare is not None and kept is not None and base is not None:
         before, before_chunks = kept
+        algorithm = codec.hash_algorithm(before)
+        if all(t.knows(algorithm) for t in spare.values()):
+            fits = before["base_state_hash"] == codec.state_hash(spare, algorithm)
+        else:
+            fits = spare_version is not None and before["base_version"] == spare_version
         if (
             manifest["kind"] == before["kind"] == "delta"
             and before["state_hash"] == manifest["base_state_hash"]
-            and before["base_state_hash"] == codec.state_hash(spare, codec.hash_algorithm(before))
+            and fits
         ):
+
+            def check(m: Mapping[str, Any]) -> str:
+                return "full" if m["version"] % full_check_every == 0 else "changes"
+
             # a refusal (the spare sharing memory with the base included) or a failure leaves
             # the spare whole (at its version or the base's): decode() then reports the step's
             # own error, if it has one
             with contextlib.suppress(ValueError, codec.DeltaError):
-                caught_up = codec.apply_in_place(before, before_chunks, spare, keep=base)
-                return codec.apply_in_place(manifest, chunks, caught_up, keep=base)
+                caught_up = codec.apply_in_place(
+                    before, before_chunks, spare, keep=base, check=check(before)
+                )
+                return codec.apply_in_place(
+                    manifest, chunks, caught_up, keep=base, check=check(manifest)
+                )
     return codec.decode(manifest, chunks, base, recycle=spare)
 
 
@@ -215,7 +239,10 @@ class WeightSubscriber:
     for callers that copy the state in ``on_swap`` and keep no reference to a snapshot's
     arrays afterwards. ``expected`` is the model's tensor table
     (None: learnt from the first version served) and ``max_state_bytes`` the largest state
-    accepted (None: half the machine's memory)."""
+    accepted (None: half the machine's memory). ``full_check_every`` (recycling only): applied
+    in place, only versions that are its multiples are checked against every hash, the others
+    by their pieces' own checksums where they carry them (deltas published for fast applies:
+    ``stage_step``)."""
 
     def __init__(
         self,
@@ -232,7 +259,11 @@ class WeightSubscriber:
         recycle: bool = False,
         expected: TensorTable | None = None,
         max_state_bytes: int | None = None,
+        full_check_every: int = 1,
     ) -> None:
+        if full_check_every < 1:
+            raise ValueError(f"full_check_every must be >= 1, got {full_check_every}")
+        self.full_check_every = full_check_every
         self.settings, self.run, self.model = settings, run, model
         self.source = source  # None: this cluster's own topics; else the region copied from
         self._manifests = ManifestLog.of_run(settings, run, model, manifest_topic, source=source)
@@ -257,7 +288,7 @@ class WeightSubscriber:
         self.ceiling: int | None = None  # newest version to move to (None: the newest)
         self._initial = initial  # the caller's arrays: never recycled
         self.recycle = recycle
-        self._spare: State | None = None
+        self._spare: Snapshot | None = None  # the version replaced at the last hand-over
         self._kept: Kept | None = None  # the delta that made the version served (recycle)
         group = f"rlstream.{run}.weights-reader.{uuid.uuid4().hex[:8]}"  # never joined
         self._chunk_reader = Consumer({**settings.librdkafka(), **_READER, "group.id": group})
@@ -417,7 +448,10 @@ class WeightSubscriber:
                 chunks, got = self._fetch(rec)
                 t2 = time.perf_counter()
                 manifest = codec_manifest(rec, chunks)
-                state = stage_step(manifest, chunks, state, spare, kept)
+                state = stage_step(
+                    manifest, chunks, state, spare.state if spare else None, kept,
+                    self.full_check_every, spare.version if spare else None,
+                )  # fmt: skip
                 if self.recycle and len(route.steps) == 1 and manifest["kind"] == "delta":
                     self._kept = (manifest, chunks)  # brings the version replaced next forward
                 fetch_s, decode_s = fetch_s + t2 - t1, decode_s + time.perf_counter() - t2
@@ -439,7 +473,7 @@ class WeightSubscriber:
         if self.table is None:  # the first version served fixes the model's tensors
             self.table = tensor_table(snapshot.state)
         if self.recycle and replaced is not None and replaced is not self._initial:
-            self._spare = replaced.state
+            self._spare = replaced
         return swap_ms
 
     def _refuse(self, key: Key, exc: Exception, later: bool = False) -> None:

@@ -84,3 +84,32 @@ def test_a_spare_sharing_memory_with_the_base_is_never_written() -> None:
         t.remember_hash(v0[k].hash)  # claims to be v0: only memory can tell
     out = stage_step(d12.manifest, d12.chunks, base, alias, (d01.manifest, d01.chunks))
     assert dc.same_state(out, v2) and dc.same_state(base, v1)
+
+
+def test_between_full_checks_fast_apply_deltas_are_checked_by_their_changes() -> None:
+    """``full_check_every`` 4: versions 2 and 3 are applied in place with ``check="changes"``
+    (no tensor hashed, so none known after); a spare whose hashes are unknown is matched to
+    the kept delta by the version the caller served from it."""
+    v0, v1, v2, v3 = _versions(4)
+    d01, d12, d23 = (
+        dc.encode_delta(a, b, version=i + 1, base_version=i, fast_apply=True)
+        for i, (a, b) in enumerate([(v0, v1), (v1, v2), (v2, v3)])
+    )
+    base, spare = _copy(v1), _copy(v0)
+    where = _address(spare)
+    out2 = stage_step(
+        d12.manifest, d12.chunks, base, spare, (d01.manifest, d01.chunks), 4, spare_version=0
+    )
+    assert dc.same_state(out2, v2) and _address(out2) == where
+    assert not out2["w"].knows(dc.DEFAULT_HASH)
+    # the next version goes into the buffers of v1 (hashes known), then into those of v2
+    out3 = stage_step(d23.manifest, d23.chunks, out2, base, (d12.manifest, d12.chunks), 4)
+    assert dc.same_state(out3, v3) and dc.same_state(out2, v2)
+    # a spare without hashes that the caller did not serve at the kept delta's base: decoded
+    stale = _copy(v3)
+    for t in stale.values():
+        t.forget_hash()
+    out = stage_step(
+        d23.manifest, d23.chunks, _copy(v2), stale, (d12.manifest, d12.chunks), 4, spare_version=3
+    )
+    assert dc.same_state(out, v3)
