@@ -258,17 +258,14 @@ def _ingest(r: dict[str, Any]) -> Cells:
 
 def _learner(r: dict[str, Any]) -> Cells:
     runs = r["runs"]
-    one = next((x["samples_per_s"] for x in runs if x["ranks"] == 1), None)
+    ones = [x for x in runs if x["ranks"] == 1]
+    # the baseline: the strongest 1-rank run (on every core, where the bench measured that)
+    best = max((x["samples_per_s"] for x in ones), default=None)
     parts = [
         f"{x['ranks']} ranks {_f(x['samples_per_s'], 1)} samples/s"
-        + (f" (**{_f(x['samples_per_s'] / one)}×**)" if one else "")
+        + (f" (**{_f(x['samples_per_s'] / best)}×** the fastest 1-rank run)" if best else "")
         for x in runs
         if x["ranks"] != 1
-    ]
-    parts += [  # the same rank count again on more threads (every core)
-        f"1 rank on {x['threads']} threads {_f(x['samples_per_s'], 1)} samples/s"
-        for x in runs[1:]
-        if x["ranks"] == 1 and x.get("threads")
     ]
     packing = r.get("packing")
     if packing:
@@ -277,12 +274,15 @@ def _learner(r: dict[str, Any]) -> Cells:
             f"(**{_f(packing['packing_speedup'])}×** padded)"
         )
     figure = "; ".join([*parts, f"{r['params']:,} parameters"])
-    first: dict[str, Any] = next((x for x in runs if x["ranks"] == 1), {})
-    threads = f" on {first['threads']} thread(s)" if first.get("threads") else ""
-    baseline = f"1 rank{threads}: {_f(one or 0, 1)} samples/s"
+    baseline = "; ".join(
+        "1 rank"
+        + (f" on {x['threads']} thread(s)" if x.get("threads") else "")
+        + f": {_f(x['samples_per_s'], 1)} samples/s"
+        for x in ones
+    )
     if packing:
         baseline += f"; padded {_f(packing['padded']['tokens_per_s'], 1)} tokens/s"
-    return figure, baseline
+    return figure, baseline or "not recorded"
 
 
 def _publish(r: dict[str, Any]) -> Cells:
