@@ -37,20 +37,12 @@ from ..errors import RlstreamError
 from . import kernels
 from .exponent import FIELD_IDS, ID_OF_FIELD
 from .pieces import STORED, Piece, Stream, zigzag
+from .rans import varint
 
 
 class ChangesMismatch(RlstreamError, ValueError):
     """The changed elements' checksum differs: the base held is not the encoder's there (the
     codec raises it as ``BaseMismatch``)."""
-
-
-def _varint(v: int) -> bytes:
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
 
 
 def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
@@ -96,8 +88,8 @@ def encode_direct(
     for i in (0, 4):  # the gaps', then the differences' two lanes of words and plain bits
         *lanes, raw, nbits = parts[i : i + 4]
         for words in lanes:
-            out += [_varint(words.size), words.astype("<u2").tobytes()]
-        out.append(_varint(nbits))
+            out += [varint(words.size), words.astype("<u2").tobytes()]
+        out.append(varint(nbits))
         out.append(raw.astype("<u8").tobytes()[: 4 * ((nbits + 31) // 32)])
     stream = b"".join(out)
     return ID_OF_FIELD[field], [(STORED, stream)]

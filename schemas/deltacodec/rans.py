@@ -43,7 +43,8 @@ import numpy as np
 from . import kernels
 
 
-def _varint(v: int) -> bytes:
+def varint(v: int) -> bytes:
+    """``v`` (>= 0) as LEB128 bytes."""
     out = bytearray()
     while v >= 0x80:
         out.append((v & 0x7F) | 0x80)
@@ -58,7 +59,7 @@ def encode(buckets: np.ndarray, gaps: np.ndarray, values: np.ndarray, starts: np
     kernel = kernels.load("rans").encode
     header, words, raw, nraw = kernel(*kernels.table_args(buckets, gaps, values, starts))
     plain = raw.astype("<u8").tobytes()[:nraw]
-    return b"".join((header.tobytes(), _varint(words.size), words.astype("<u2").tobytes(), plain))
+    return b"".join((header.tobytes(), varint(words.size), words.astype("<u2").tobytes(), plain))
 
 
 def decode(

@@ -29,9 +29,8 @@ from .rans import (
     gap_model,
     gap_shift,
     get_varint,
-    put_bits,
-    put_gamma,
-    put_remainder,
+    put_gap,
+    put_value,
     put_varint,
     rans_put,
     starts_of,
@@ -162,16 +161,8 @@ def encode(
     raw_v = np.zeros(vbits // 64 + 3, np.uint64)
     at_g, at_v = 0, 0
     for i in range(k):
-        q = gaps[i] >> m
-        if q >= esc:
-            at_g = put_gamma(raw_g, at_g, u64(q - esc + 1))
-        at_g = put_remainder(raw_g, at_g, gaps[i], m)
-        _, extra, nbits = value_symbol(values[i])
-        if nbits < 0:
-            at_v = put_bits(raw_v, at_v, (values[i] - u64(1)) & u64(1), 1)
-            at_v = put_gamma(raw_v, at_v, extra)
-        else:
-            at_v = put_bits(raw_v, at_v, extra, nbits)
+        at_g = put_gap(raw_g, at_g, gaps[i], m, esc)
+        at_v = put_value(raw_v, at_v, values[i])
     gstart = np.zeros(GAP_SYMBOLS + 1, np.int64)
     starts_of(gfreq, gstart, gsym)
     vstart = np.zeros((nb, VALUE_SYMBOLS + 1), np.int64)

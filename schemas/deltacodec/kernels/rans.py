@@ -333,6 +333,27 @@ def fix_sum_seen(freq: Any, nsym: Any, total: Any) -> None:
 
 
 @inline
+def put_gap(raw: Any, at: Any, g: Any, m: Any, esc: Any) -> Any:
+    """The plain bits of gap ``g`` (quotient symbol ``esc`` is the escape): the quotient's
+    excess as a gamma number when it escapes, then the ``m`` remainder bits."""
+    q = g >> m
+    if q >= esc:
+        at = put_gamma(raw, at, u64(q - esc + 1))
+    return put_remainder(raw, at, g, m)
+
+
+@inline
+def put_value(raw: Any, at: Any, z: Any) -> Any:
+    """The plain bits of zigzag difference ``z`` (``value_symbol``): the sign and low bits, or
+    after the escape the sign and a gamma number."""
+    _, extra, nbits = value_symbol(z)
+    if nbits < 0:
+        at = put_bits(raw, at, (z - u64(1)) & u64(1), 1)
+        return put_gamma(raw, at, extra)
+    return put_bits(raw, at, extra, nbits)
+
+
+@inline
 def put_varint(out: Any, pos: Any, v: Any) -> Any:
     while v >= 0x80:
         out[pos] = (v & 0x7F) | 0x80
@@ -385,17 +406,9 @@ def encode(buckets: Any, gaps: Any, values: Any, starts: Any) -> Any:
     for j in range(nb):
         m, esc = shifts[j], gsym[j] - 1
         for i in range(starts[j], starts[j + 1]):
-            q = gaps[i] >> m
-            if q >= esc:
-                at = put_gamma(raw, at, u64(q - esc + 1))
-            at = put_remainder(raw, at, gaps[i], m)
+            at = put_gap(raw, at, gaps[i], m, esc)
         for i in range(starts[j], starts[j + 1]):
-            _, extra, nbits = value_symbol(values[i])
-            if nbits < 0:
-                at = put_bits(raw, at, (values[i] - u64(1)) & u64(1), 1)
-                at = put_gamma(raw, at, extra)
-            else:
-                at = put_bits(raw, at, extra, nbits)
+            at = put_value(raw, at, values[i])
     words = np.zeros(2 * gaps.size + 2, np.uint16)
     x, w = np.int64(RANS_L), 0
     gstart, vstart = np.zeros(GAP_SYMBOLS + 1, np.int64), np.zeros(VALUE_SYMBOLS + 1, np.int64)
