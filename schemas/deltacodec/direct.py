@@ -130,9 +130,9 @@ def apply_direct(piece: Piece, out: np.ndarray) -> tuple[np.ndarray, np.ndarray,
         nraw = (nbits + 31) // 32
         if at + 4 * nraw > len(data):
             raise ValueError("direct piece: truncated plain bits")
-        raw = np.zeros((nraw + 1) // 2 + 2, np.uint64)  # 64-bit words, a zero one after
-        raw.view(np.uint8)[: 4 * nraw] = np.frombuffer(data, np.uint8, 4 * nraw, at)
-        parts.append((*lanes, raw, nbits))
+        padded = bytearray(8 * ((nraw + 1) // 2 + 2))  # whole 64-bit words, a zero one after
+        padded[: 4 * nraw] = data[at : at + 4 * nraw]
+        parts.append((*lanes, np.frombuffer(padded, "<u8").astype(np.uint64), nbits))
         at += 4 * nraw
     if at != len(data):
         raise ValueError("direct piece: bytes left over")
