@@ -33,9 +33,9 @@ from .rans import (
     put_value,
     put_varint,
     rans_put,
+    read_value_law,
     starts_of,
     theta_q12,
-    uniform,
     value_bits,
     value_model,
     value_symbol,
@@ -249,22 +249,9 @@ def read_header(buf: Any, mask: Any, count: Any, rowof: Any, tables: Any, gtable
         prev += step
         if prev > mask:
             return bad
-        vbits = value_bits(k)
-        if k < VALUE_TABLE_MIN:
-            uniform(freq, nv, 1 << vbits)
-        else:
-            used = np.int64(0)
-            for s in range(nv - 1):
-                f, pos = get_varint(buf, pos, end)
-                if f < 0 or f >= 1 << vbits:
-                    return bad
-                freq[s] = f
-                used += f
-            if used >= 1 << vbits:
-                return bad
-            freq[nv - 1] = (1 << vbits) - used
-        for s in range(nv):
-            freq[s] <<= SCALE - vbits
+        pos = read_value_law(buf, pos, end, k, nv, freq)
+        if pos < 0:
+            return bad
         pack_table(freq, nv, tables[j])
         rowof[prev] = j
         total += k

@@ -445,6 +445,31 @@ def get_varint(buf: Any, pos: Any, end: Any) -> Any:
 
 
 @inline
+def read_value_law(buf: Any, pos: Any, end: Any, k: Any, nv: Any, freq: Any) -> Any:
+    """A bucket's value law of ``nv`` symbols and ``k`` changes into ``freq`` (counts out of
+    TOTAL): all alike below VALUE_TABLE_MIN changes, else its first ``nv - 1`` normalised
+    counts read from ``buf[pos:end]`` (the last is the rest); returns the position after
+    them, -1 when a count is out of range."""
+    vbits = value_bits(k)
+    if k < VALUE_TABLE_MIN:
+        uniform(freq, nv, 1 << vbits)
+    else:
+        used = np.int64(0)
+        for s in range(nv - 1):
+            f, pos = get_varint(buf, pos, end)
+            if f < 0 or f >= 1 << vbits:
+                return np.int64(-1)
+            freq[s] = f
+            used += f
+        if used >= 1 << vbits:
+            return np.int64(-1)
+        freq[nv - 1] = (1 << vbits) - used
+    for s in range(nv):
+        freq[s] <<= SCALE - vbits
+    return pos
+
+
+@inline
 def read_table(buf: Any, pos: Any, end: Any, mask: Any, count: Any, cols: Any) -> Any:
     """The bucket table: per bucket (its step, changes, remainder bits, quotient ratio and
     value counts) in ``cols``; returns (buckets, position after it), -1 buckets when it is
@@ -470,22 +495,9 @@ def read_table(buf: Any, pos: Any, end: Any, mask: Any, count: Any, cols: Any) -
         prev += step
         if prev > mask:
             return -1, pos
-        vbits = value_bits(k)
-        if k < VALUE_TABLE_MIN:
-            uniform(vfreq[j], nv, 1 << vbits)
-        else:
-            used = np.int64(0)
-            for s in range(nv - 1):
-                f, pos = get_varint(buf, pos, end)
-                if f < 0 or f >= 1 << vbits:
-                    return -1, pos
-                vfreq[j, s] = f
-                used += f
-            if used >= 1 << vbits:
-                return -1, pos
-            vfreq[j, nv - 1] = (1 << vbits) - used
-        for s in range(nv):
-            vfreq[j, s] <<= SCALE - vbits
+        pos = read_value_law(buf, pos, end, k, nv, vfreq[j])
+        if pos < 0:
+            return -1, pos
         buckets[j], starts[j], shifts[j] = prev, total, m
         thetas[j], vsym[j] = theta, nv
         total += k
