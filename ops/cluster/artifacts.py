@@ -47,6 +47,27 @@ def java_binary() -> str:
     return found
 
 
+#: The JVM's collector and compilers for every JVM the launcher starts (brokers, MirrorMakers,
+#: the storage tool): Kafka reads from the page cache and writes through it, so the heap holds
+#: only metadata and request buffers, and few compiler and GC threads suit a small machine.
+JVM_PERFORMANCE_DEFAULT = (
+    "-XX:+UseG1GC",
+    "-XX:MaxDirectMemorySize=256m",
+    "-XX:CICompilerCount=2",
+    "-XX:ParallelGCThreads=2",
+    "-XX:ConcGCThreads=1",
+)
+
+
+def jvm_performance_options() -> list[str]:
+    """``$KAFKA_JVM_PERFORMANCE_OPTS`` when set (the variable Kafka's own start scripts read, and
+    like them it replaces the defaults: e.g. the test suite's short-lived brokers run the serial
+    collector and the client compiler only, see tests/conftest.py), else
+    ``JVM_PERFORMANCE_DEFAULT``."""
+    chosen = os.environ.get("KAFKA_JVM_PERFORMANCE_OPTS", "").split()
+    return chosen or list(JVM_PERFORMANCE_DEFAULT)
+
+
 def libs_dir() -> Path:
     """The directory holding every Kafka jar; resolves it with Maven on first use."""
     target = cache_root() / f"kafka-{kafka_version()}" / "libs"

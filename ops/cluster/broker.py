@@ -303,14 +303,7 @@ def _java(folder: Path, heap: str) -> list[str]:
         artifacts.java_binary(),
         f"-Xms{min(256, _megabytes(heap))}m",
         f"-Xmx{heap}",
-        "-XX:+UseG1GC",
-        # Kafka serves reads from the page cache and writes through it: the heap holds only
-        # metadata and request buffers, so a small one is enough; these keep the JVM's own
-        # off-heap use small too (few compiler and GC threads on a small machine).
-        "-XX:MaxDirectMemorySize=256m",
-        "-XX:CICompilerCount=2",
-        "-XX:ParallelGCThreads=2",
-        "-XX:ConcGCThreads=1",
+        *artifacts.jvm_performance_options(),
         "-Djava.awt.headless=true",
         f"-Dlog4j2.configurationFile={folder / 'log4j2.properties'}",
         "-cp",

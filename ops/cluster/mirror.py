@@ -207,6 +207,7 @@ def start(
         artifacts.java_binary(),
         "-Xms128m",
         f"-Xmx{heap}",
+        *artifacts.jvm_performance_options(),
         f"-Dlog4j2.configurationFile={mirror.dir / 'log4j2.properties'}",
         "-cp",
         artifacts.classpath(),

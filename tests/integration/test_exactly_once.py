@@ -57,8 +57,12 @@ def test_sigkill_mid_batch_then_restart_outputs_each_input_once(kafka, unique_ru
             producer.produce(names["input"], "task", task(unique_run, f"t{i}"), f"t{i}")
         producer.produce_raw(names["input"], b"\x00garbage that is no event", b"bad")
 
-    first = _start(kafka, names, delay=0.02)
-    time.sleep(2.5)  # a few batches committed, one open
+    first = _start(kafka, names, delay=0.02)  # 300 inputs take 6 s at least
+    # killed once its first batch is committed (a fresh broker's first transaction takes
+    # seconds: the transaction log is created then), the next one open
+    deadline = time.monotonic() + 60
+    while not read_all(kafka, names["output"]) and time.monotonic() < deadline:
+        time.sleep(0.2)
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
     partial = len(read_all(kafka, names["output"]))
