@@ -8,11 +8,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from helpers import decode_all, make_topics, read_all, task
+from helpers import decode_all, make_topics, read_all, task, wait_for
 
 from rlstream.consumers.consumer import Record, Stopper
 from rlstream.consumers.transactional import Output, TransactionalLoop
@@ -60,9 +59,12 @@ def test_sigkill_mid_batch_then_restart_outputs_each_input_once(kafka, unique_ru
     first = _start(kafka, names, delay=0.02)  # 300 inputs take 6 s at least
     # killed once its first batch is committed (a fresh broker's first transaction takes
     # seconds: the transaction log is created then), the next one open
-    deadline = time.monotonic() + 60
-    while not read_all(kafka, names["output"]) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_for(
+        lambda: bool(read_all(kafka, names["output"])),
+        60,
+        {"copier": first},
+        what="the copier's first committed batch",
+    )
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
     partial = len(read_all(kafka, names["output"]))

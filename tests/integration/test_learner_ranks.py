@@ -42,8 +42,9 @@ SETTINGS = [
     "learner.keyframe_every=3",
     "admission.reject_no_signal=false",
     "rollout.harness.max_new_tokens=24",
-    # the worker waits 1.5 s a group: when rank 1 is killed (version 3 out) groups are still to
-    # come for the restarted learner (generated at once, all 16 were trained before the kill)
+    # the worker waits 1.5 s a group, so groups are still to come for the restarted learner
+    # when rank 1 is killed at version 3 (generated without a wait, all 16 could be trained
+    # before the kill)
     "rollout.env_latency.median_s=1.5",
     "rollout.env_latency.sigma=0",
 ]
