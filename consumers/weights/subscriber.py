@@ -73,6 +73,7 @@ from typing import Any, NamedTuple
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
+from rlstream.consumers.read_to_end import retrying
 from rlstream.consumers.weights.manifest_log import Key, ManifestLog
 from rlstream.consumers.weights.routes import Link, Route, fetch_windows, plan_route, refusal
 from rlstream.producers.client.settings import KafkaSettings
@@ -525,9 +526,10 @@ class WeightSubscriber:
         """Per partition, the first offset at or after the previous manifest's time."""
         before = [m["created_ms"] for (v, _), m in self._manifests.items() if v < rec["version"]]
         since = max(0, max(before, default=0) - CLOCK_SLACK_MS)
-        meta = self._chunk_reader.list_topics(topic, timeout=10).topics[topic].partitions
+        reader = self._chunk_reader  # both asked again while a partition's leader is elected
+        meta = retrying(lambda: reader.list_topics(topic, timeout=10)).topics[topic].partitions
         query = [TopicPartition(topic, p, since) for p in meta]
-        found = self._chunk_reader.offsets_for_times(query, timeout=10)
+        found = retrying(lambda: reader.offsets_for_times(query, timeout=10))
         return {tp.partition: tp.offset for tp in found if tp.offset >= 0}
 
     def _scan(

@@ -104,9 +104,17 @@ def test_leader_killed_mid_step_loses_nothing_and_trains_nothing_twice(
         text = rp.log.read_text(errors="replace")
         hung = text.count("blocked for 30s; exiting so that the role restarts")
         assert hung <= 1, f"{name} hung {hung} times"
-        assert text.count("started (pid") <= 1 + hung, f"{name} was restarted for another reason"
+        restarts = text.count("started (pid") - 1
+        assert restarts <= hung, f"{name} was restarted for another reason:\n{_why_exited(text)}"
         guarded[name] = hung
     print(f"restarted by the hung-call guard: {[n for n, h in guarded.items() if h]}")
+
+
+def _why_exited(log: str, context: int = 25) -> str:
+    """The role log's lines before each of its exits (what the assertion shows)."""
+    lines = log.splitlines()
+    exits = [i for i, line in enumerate(lines) if "exited with" in line]
+    return "\n...\n".join("\n".join(lines[max(0, i - context) : i + 1]) for i in exits)
 
 
 def _check_replication(kafka: KafkaSettings, run: str) -> None:
