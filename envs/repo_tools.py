@@ -28,6 +28,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 from rlstream.envs import patches, sandbox
@@ -43,9 +44,21 @@ MAX_FILES = 64  # the sandbox's workspace cap
 MAX_BYTES = 2 * 2**20
 
 
-@functools.cache
+_LIBRARY_LOCK = threading.Lock()
+
+
 def test_library() -> str:
-    """A root-owned copy of ``LIBRARY_MODULES`` no one else can write (one per process)."""
+    """A root-owned copy of ``LIBRARY_MODULES`` no one else can write (one per process).
+
+    Made once under a lock: a scorer's threads ask for it at once, and every caller must get the
+    same folder (the sandbox binds the one its config names, and the driver's ``LIBRARY`` must
+    name that folder; two copies made at once had each thread's first two calls disagree)."""
+    with _LIBRARY_LOCK:
+        return _make_test_library()
+
+
+@functools.cache
+def _make_test_library() -> str:
     import importlib.util
 
     # not under /tmp: the sandbox's own /tmp (a private tmpfs) would hide it

@@ -74,6 +74,32 @@ def test_every_reference_patch_passes_and_every_unpatched_task_fails(
         assert all(tasks[r["task_id"]].FAIL_TO_PASS[0] in r["detail"] for r in results)
 
 
+def test_threads_scoring_at_once_share_one_test_library(monkeypatch) -> None:
+    """A scorer's threads start at once: each asks for the test library for its sandbox's binds
+    and again for its driver, and all must get one folder (two copies made at once once gave a
+    thread a driver naming a folder its sandbox did not bind: no pytest, a reference patch
+    scored 0)."""
+    import functools
+    import threading
+
+    # a cache of its own, empty: the process's library (made by earlier tests) is left as it is
+    fresh = functools.cache(repo_tools._make_test_library.__wrapped__)
+    monkeypatch.setattr(repo_tools, "_make_test_library", fresh)
+    start, seen = threading.Barrier(4), []
+
+    def ask() -> None:
+        start.wait()
+        seen.append(repo_tools.test_library())
+        seen.append(repo_tools.test_library())
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(seen) == 8 and len(set(seen)) == 1, seen
+
+
 def test_pure_rules_of_the_builder() -> None:
     from rlstream.envs import repo_build
 
