@@ -1,8 +1,13 @@
 """The delta codec's numba kernels, one module per coder (``exponent``: bucket ranks and plans;
-``rangecoder``: the adaptive binary range coder; ``rans``: the static rANS coder), at module
-level so that numba's on-disk cache (``__pycache__`` beside each module) serves every process
-after the first. They are imported on first use only (``load``), so that importing the codec
-stays cheap (no numba); ``rlstream delta warm`` compiles them all once.
+``rangecoder``: the adaptive binary range coder; ``rans``: the static rANS coder; ``direct``:
+changes in element order) and the raw bit I/O they share (``bits``), at module level so that
+numba's on-disk cache (``__pycache__`` beside each module) serves every process after the
+first. They are imported on first use only (``load``), so that importing the codec stays cheap
+(no numba); ``rlstream delta warm`` compiles them all once.
+
+Numba keys a kernel's cache on its own file only: ``rans`` and ``direct`` inline helpers of
+``bits`` (and ``direct`` of ``rans``), so after editing those remove this folder's
+``__pycache__`` before testing, or a kernel keeps the old helper compiled in.
 
 Each coder's decoder kernel takes the same arguments and fills the same arrays: the coded
 bytes, the bucket mask, its own header values, then ``buckets``, ``starts``, ``gaps`` and

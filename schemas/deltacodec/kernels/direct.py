@@ -2,7 +2,7 @@
 decoder that applies each change as it decodes it, reading only the changed elements.
 
 The model helpers (gap and value laws, rANS steps, plain-bit writers) are the static rANS
-coder's (``kernels.rans``); what is new is the order (changes in element order, two rANS
+coder's (``kernels.rans``, ``kernels.bits``); what is new is the order (changes in element order, two rANS
 states) and the decoder's packed tables. Every read of the coded stream is bounds-checked: a
 kernel fed damaged bytes refuses it, and it never writes outside the arrays it is given."""
 
@@ -16,6 +16,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from .bits import get_varint, put_varint
 from .rans import (
     GAP_SYMBOLS,
     MAX_SHIFT,
@@ -28,10 +29,8 @@ from .rans import (
     VALUE_TOP_BITS,
     gap_model,
     gap_shift,
-    get_varint,
     put_gap,
     put_value,
-    put_varint,
     rans_put,
     read_value_law,
     starts_of,
