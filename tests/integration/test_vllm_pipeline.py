@@ -161,7 +161,10 @@ def test_a_killed_engine_is_restarted_by_its_worker_and_no_group_is_lost(
         (lambda: _stats(stats_dir).get("engine_restarts", 0) >= 1, "the worker's restart"),
         (lambda: decided() >= TASKS, "every task decided"),
     ]
-    _pipeline(kafka, run, tmp_path, steps, (f"scheduler.max_tasks={TASKS}",))
+    # the worker waits 1.5 s a group, so versions arrive while tasks remain: generated without a
+    # wait, the 16 tasks were all rolled out on version 0 in 20 s, before any swap
+    sets = (f"scheduler.max_tasks={TASKS}", "rollout.env_latency.median_s=1.5")
+    _pipeline(kafka, run, tmp_path, steps, (*sets, "rollout.env_latency.sigma=0"))
     stats = _stats(stats_dir)
     assert stats["engine_restarts"] == 1 and stats["engine_pid"] != killed[0]
     decided_groups = decisions(kafka, run)
