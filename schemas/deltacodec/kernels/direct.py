@@ -1,10 +1,11 @@
 """The numba kernels of ``direct`` pieces (rules in ``deltacodec.direct``): the encoder, and the
 decoder that applies each change as it decodes it, reading only the changed elements.
 
-The model helpers (gap and value laws, rANS steps, plain-bit writers) are the static rANS
-coder's (``kernels.rans``, ``kernels.bits``); what is new is the order (changes in element order, two rANS
-states) and the decoder's packed tables. Every read of the coded stream is bounds-checked: a
-kernel fed damaged bytes refuses it, and it never writes outside the arrays it is given."""
+The model helpers (gap and value laws, rANS steps) are the static rANS coder's
+(``kernels.rans``), the plain-bit and varint writers ``kernels.bits``'s; what is new is the
+order (changes in element order, two rANS states) and the decoder's packed tables. Every read
+of the coded stream is bounds-checked: a kernel fed damaged bytes refuses it, and it never
+writes outside the arrays it is given."""
 
 from __future__ import annotations
 
