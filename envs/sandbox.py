@@ -274,7 +274,8 @@ def run(
     and identity (see the module rules; the result's status is the verdict side's). Never raises
     for the program's faults; raises :class:`IsolationUnavailable` when the accepted isolation
     cannot be set up (a judged run in ``rlimits`` mode without root: the two sides would share
-    one uid), and ``ValueError`` for a bad file name.
+    one uid), and ``ValueError`` for a bad file name. Files that cannot be laid out together
+    (a file under a file) are the program's fault: a ``crash`` result, nothing run.
     """
     cfg = cfg or SandboxConfig()
     mode = choose_mode(cfg)
@@ -303,7 +304,10 @@ def _run_in(
     root = tempfile.mkdtemp(prefix="rlstream-sbx-")
     cg = _cgroup(cfg)
     try:
-        spec = _stage(root, mode, code, cfg, uids, files, answer)
+        try:
+            spec = _stage(root, mode, code, cfg, uids, files, answer)
+        except OSError as exc:  # the files given cannot be laid out: the answer's fault
+            return _unstaged(exc, mode)
         python, ro_paths = sandbox_zygote.interpreter(mode, cfg.python)
         spec["ro_paths"] = ro_paths + [check_library(p) for p in cfg.library]
         spec["cgroup_tasks"] = cg.tasks_files() if cg else []
@@ -323,6 +327,14 @@ def _run_in(
         shutil.rmtree(root, ignore_errors=True)
         if cg is not None:
             cg.remove()
+
+
+def _unstaged(exc: OSError, mode: Mode) -> SandboxResult:
+    """The result of a run whose workspace cannot be laid out (a file under a file, say):
+    nothing ran; a failure of what was given, never the sandbox's error."""
+    where = f" ({Path(exc.filename).name})" if exc.filename else ""
+    reason = f"the workspace cannot be laid out: {exc.strerror or exc}{where}"
+    return SandboxResult("crash", "", reason, None, None, 0.0, 0.0, reason=reason, mode=mode)
 
 
 def _cgroup(cfg: SandboxConfig) -> sandbox_cgroup.Cgroup | None:
@@ -564,8 +576,6 @@ def _collect(
         status, code, sig, reason = classify(report.get("status"), cpu, cfg, late)
         if status == "killed" and sig == signal.SIGKILL and cg is not None and cg.oom_kills():
             status, reason = "oom", "memory limit (all processes)"
-    if status == "crash" and code == 70 and "sandbox setup failed" in stderr:
-        status, reason = "error", stderr.strip().splitlines()[-1]
     return SandboxResult(
         status=status,
         stdout=stdout,

@@ -170,6 +170,8 @@ def _become_nobody(spec: dict, who: dict) -> None:
     check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "dumpable")
     check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
+    os.dup2(who["setup_fd"], SETUP_FD)
+    who["setup_fd"] = SETUP_FD
     _keep_fds(who["fds"], who["stdin"])
     os.chdir(who["cwd"])
     os.umask(0o077)
@@ -185,7 +187,8 @@ def _keep_fds(fds: list[int], stdin: bool) -> None:
     os.closerange(3, 200)
     for i, fd in enumerate(parked):
         os.dup2(fd, 3 + i)
-    os.closerange(3 + len(fds), 65536)
+    os.closerange(3 + len(fds), SETUP_FD)
+    os.closerange(SETUP_FD + 1, 65536)
 
 
 def _verdict_path(answer_uid: int | None) -> list[str]:
@@ -221,12 +224,19 @@ def _audit_hook(event: str, args: tuple) -> None:
         raise PermissionError("sandbox: " + event + " is not allowed")
 
 
+SETUP_FD = 255  # a worker's set-up channel to init while it sets up (under RLIMIT_NOFILE)
+_setup_errors: list[str] = []  # init's: what a worker's set-up channel said
+
+
 def worker(spec: dict, who: dict, program: tuple[str, object]) -> None:
     """One program's process (never returns): limits, identity, filters, then the program.
 
-    The program runs as the module ``__main__`` of its own (the bootstrap's module is not in
-    ``sys.modules``). The verdict side of a judged run imports only from ``_verdict_path``
-    and writes no bytecode; any other program also imports from its cwd (the workspace).
+    A set-up failure is written on the set-up channel (``who["setup_fd"]``, a pipe to init,
+    closed before the program runs), so only the sandbox, never a program's exit status or
+    output, can say that set-up failed. The program runs as the module ``__main__`` of its own
+    (the bootstrap's module is not in ``sys.modules``). The verdict side of a judged run imports
+    only from ``_verdict_path`` and writes no bytecode; any other program also imports from its
+    cwd (the workspace).
     """
     try:
         path = _verdict_path(spec["answer_uid"]) if who["role"] == "verdict" else None
@@ -235,8 +245,10 @@ def worker(spec: dict, who: dict, program: tuple[str, object]) -> None:
             _install_seccomp()
             sys.addaudithook(_audit_hook)
     except BaseException as exc:  # report, never run the program
-        os.write(2, f"sandbox setup failed: {exc}\n".encode())
+        with contextlib.suppress(OSError):
+            os.write(who["setup_fd"], f"{who['role']}: {exc}".encode()[:4000])
         os._exit(70)
+    os.close(who["setup_fd"])
     if path is None:
         path = [who["cwd"], *sys.path]
     else:
@@ -343,7 +355,10 @@ def supervise(spec: dict, pid: int, clock: _Clock) -> dict:
         except ChildProcessError:
             break
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return {"status": status, "cpu": usage.ru_utime + usage.ru_stime, "timed_out": clock.expired}
+    report = {"status": status, "cpu": usage.ru_utime + usage.ru_stime, "timed_out": clock.expired}
+    if _setup_errors:
+        report["setup_error"] = "; ".join(_setup_errors)
+    return report
 
 
 def collect(top: str, max_files: int, max_bytes: int) -> dict:
@@ -430,14 +445,22 @@ def init_main(spec: dict) -> None:
 
 def _fork(spec: dict, who: dict, program: tuple[str, object], group: int) -> int:
     """Fork a worker for ``who`` (in rlimits mode it joins process group ``group``, or leads
-    its own); its pid."""
+    its own); its pid, once it finished setting up (what failed is in ``_setup_errors``)."""
+    setup_r, setup_w = os.pipe()
     pid = os.fork()
     if pid == 0:
+        os.close(setup_r)
+        who["setup_fd"] = setup_w
         if spec["mode"] == "rlimits":
             os.setpgid(0, group)
         elif who["role"] == "answer":
             os.setsid()  # no process group shared with the verdict side to signal
         worker(spec, who, program)
+    os.close(setup_w)
+    with os.fdopen(setup_r, "rb") as channel:  # EOF once the worker's set-up ended
+        failed = channel.read(4001)
+    if failed:
+        _setup_errors.append(failed.decode("utf-8", "replace"))
     return pid
 
 
@@ -471,8 +494,8 @@ def _start_judged(
                 # no pid to signal the verdict side by (other modes: another uid can't)
                 check(libc.unshare(0x20000000), "unshare the answer's PID namespace")
             _fork(spec, who, answer, pid)
-        except (SetupError, OSError) as exc:  # no answer: the verdict side fails it
-            os.write(2, f"sandbox setup failed: {exc}\n".encode())
+        except (SetupError, OSError) as exc:  # no answer: the sandbox's error, not a fail
+            _setup_errors.append(f"answer: {exc}")
     os.close(to_answer_r)
     os.close(from_answer_w)
     return pid
