@@ -22,7 +22,8 @@ verdict fails. Values cross the pipes as tagged JSON (:func:`encode`): only plai
 bool, int, float, complex, str, bytes, tuple, list, dict, set, frozenset) comes out of
 :func:`decode`, as fresh builtin objects, so nothing the answer sends can run code in the
 verdict side. An answer's exception is re-raised there as the builtin exception of that name
-(else ``RuntimeError``). The hidden tests never enter the answer's process.
+(else, and for ``StopIteration``/``StopAsyncIteration`` as PEP 479 does, ``RuntimeError``).
+The hidden tests never enter the answer's process.
 In ``visible`` mode it runs the prompt's doctest examples and ``visible_test`` instead, and
 prints what failed (the policy's ``@test`` tool).
 """
@@ -170,6 +171,9 @@ class Candidate:
             return value
         if reply[0] == "raise" and len(reply) == 3:
             kind = getattr(builtins, str(reply[1]), None)
+            # PEP 479: an answer's StopIteration must not end the tests' map/filter/zip early
+            if kind in (StopIteration, StopAsyncIteration):
+                kind = None
             if isinstance(kind, type) and issubclass(kind, Exception):
                 raise kind(str(reply[2]))
             raise RuntimeError(f"{reply[1]}: {reply[2]}")
