@@ -33,11 +33,15 @@ Rules and guarantees:
   FAIL_TO_PASS and PASS_TO_PASS must all pass. A run out of time scores 0 with
   ``tests.timeout``. A sandbox that cannot run is an ``error``.
 - What the verdict rests on: the verdict side is its own uid and imports only the standard
-  library; the answer's process (the patched repository, pytest in-process, pytest and what
-  the tests need read-only from a root-owned ``library`` folder) reports each test's outcome
-  to it as plain JSON. Code the patch adds runs in that process, so a patch written to rewrite
-  pytest's report there could forge outcomes; the sandbox still holds it (no host, no network,
-  no exec, capped), and it cannot touch the verdict side or the tests' files.
+  library; the answer's process (the patched repository, pytest in-process from a root-owned
+  ``library`` folder placed before the repository on ``sys.path``, plugin autoload off, an
+  audit hook against descriptors by number, ``/proc``, tracing and the collector's objects)
+  reports each test's outcome to it as plain JSON. Code the patch adds runs in that process,
+  so before anything runs :mod:`rlstream.envs.patch_policy` refuses a tree that plants test
+  machinery or start-up hooks, puts a file under a file, or newly uses what reaches the report
+  descriptor, the process or the runner (``patch.refused``, score 0). Files of the tests
+  (``is_test_file``: test modules, conftests, anything in a tests folder) are laid again from
+  the base. docs/sandbox.md says what this leaves open.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rlstream.envs import patches, repo_tools, sandbox
+from rlstream.envs import patch_policy, patches, repo_tools, sandbox
 from rlstream.envs.dataset import DATA, hashed_split, resolve, seed_split, verdict_of
 from rlstream.envs.family import EVAL_SEED_BASE, FamilyTask, Split, TaskFamily, Verdict
 from rlstream.envs.tools import Environment
@@ -172,9 +176,14 @@ def load(path: str) -> Loaded:
     return _load(str(p), st.st_mtime_ns, st.st_size)
 
 
+TEST_FOLDERS = ("tests", "test", "testing")
+
+
 def is_test_file(path: str) -> bool:
-    """A file of the tests (laid again from the base before scoring)."""
-    name = path.rsplit("/", 1)[-1]
+    """A file of the tests, or of a tests folder (laid again from the base before scoring)."""
+    *folders, name = path.split("/")
+    if any(f in TEST_FOLDERS for f in folders):
+        return True
     return name == "conftest.py" or name.startswith("test_") or name.endswith("_test.py")
 
 
@@ -200,15 +209,20 @@ def base_files(task: RepoTask, tree: Tree) -> dict[str, str]:
 
 def prepared(task: RepoTask, tree: Tree, patch: str) -> dict[str, str] | Verdict:
     """The tree to test: base + ``patch``, the tests laid again from the base, + test_patch;
-    a 0 verdict saying why when the patch cannot be used."""
+    a 0 verdict saying why when the patch cannot be used or is refused (:mod:`patch_policy`)."""
+    base = base_files(task, tree)
     try:
-        files = patches.apply(base_files(task, tree), patch)
+        files = patches.apply(base, patch)
     except patches.PatchError as exc:
         key = "patch.outside_repo" if exc.outside else "patch.does_not_apply"
         return Verdict(False, 0.0, f"the patch cannot be used: {exc}", {key: 1.0})
     for path in [p for p in files if is_test_file(p)]:
         del files[path]
     files.update({p: t for p, t in tree.files.items() if is_test_file(p)})
+    refused = patch_policy.check(base, files)
+    if refused:
+        why = "; ".join(refused[:3]) + (f" (and {len(refused) - 3} more)" if refused[3:] else "")
+        return Verdict(False, 0.0, f"the patch is refused: {why}", {"patch.refused": 1.0})
     try:
         return patches.apply(files, task.test_patch)
     except patches.PatchError as exc:

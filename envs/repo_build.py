@@ -295,9 +295,11 @@ def build(packages: list[str], count: int, seed: int, log: Any = print) -> dict[
             pkgs.append(prepare(p, Path(tmp, str(i))))
             log(f"{pkgs[-1].name} {pkgs[-1].version}: {len(pkgs[-1].files)} files, "
                 f"{len(pkgs[-1].passing)} passing tests")  # fmt: skip
+    from rlstream.envs.repo import is_test_file  # tests are never mutated
+
     queues = []
     for pkg in pkgs:
-        found = [s for path in sorted(pkg.files) if not repo_is_test(path)
+        found = [s for path in sorted(pkg.files) if not is_test_file(path)
                  for s in sites(path, pkg.files[path])]  # fmt: skip
         rng.shuffle(found)
         queues.append(found)
@@ -319,13 +321,6 @@ def build(packages: list[str], count: int, seed: int, log: Any = print) -> dict[
         "dropped": dropped,
     }
     return {"rows": [p.tree_row() for p in pkgs] + tasks, "summary": summary}
-
-
-def repo_is_test(path: str) -> bool:
-    """A test file or a file of a tests folder (never mutated)."""
-    from rlstream.envs.repo import is_test_file
-
-    return is_test_file(path) or path.split("/", 1)[0] in ("tests", "test", "testing")
 
 
 if __name__ == "__main__":  # run_suite_fresh's child: {"files", "paths"} in, outcomes out

@@ -19,9 +19,16 @@ pytest in the ``answer`` and ``tool`` roles; ``header`` puts the constants in fr
 
 pytest and what the tests need (``LIBRARY``: a root-owned copy bound read-only into the
 private root, ``envs.repo``) go on ``sys.path`` of the answer's and the tool's process only,
-after the repository's own source folders (``PATHS``); pytest runs with an empty config of its
-own (the repository's ``pytest.ini``/``setup.cfg`` options, coverage and all, are not read), no
-cache, no bytecode written.
+after the standard library and before the repository's own source folders (``PATHS``; the
+workspace itself is no entry), so nothing in the repository stands in for pytest, its plugins
+or a module they import. pytest runs with plugin autoload off (no ``*.dist-info`` entry point is
+read), an empty config of its own (the repository's ``pytest.ini``/``setup.cfg`` options,
+coverage and all, are not read), no cache, no bytecode written. In the answer's process an
+audit hook (:func:`_guard`, installed before anything of the repository is imported) refuses
+opening a descriptor by number or a path under ``/proc`` or ``/dev/fd``, tracing, profiling
+and walking the garbage collector's objects: the ways to the report descriptor and to the
+runner's state that code of the answer has without naming them (what it names is refused
+before the run, :mod:`rlstream.envs.patch_policy`).
 """
 
 import json
@@ -56,12 +63,33 @@ class _Outcomes:
             self.outcomes[report.nodeid or "<collection>"] = "error"
 
 
-def run_pytest(quiet, targets):
+_GUARDED = ("sys.settrace", "sys.setprofile", "sys._current_frames", "gc.get_objects",
+            "gc.get_referrers", "gc.get_referents")  # fmt: skip
+
+
+def _guard(event, args):
+    """The answer's process: refuse the events of the module rules (a hook cannot be removed)."""
+    if event in _GUARDED:
+        raise PermissionError("sandbox: " + event + " is not allowed here")
+    if event == "open":
+        path = args[0]
+        if isinstance(path, bytes):
+            path = path.decode("utf-8", "replace")
+        if isinstance(path, int) or str(path).startswith(("/proc", "/dev/fd", "/dev/std")):
+            raise PermissionError("sandbox: opening " + repr(path) + " is not allowed here")
+
+
+def run_pytest(quiet, targets, guard=False):
     """Run ``targets`` (all when empty) in the cwd; the plugin holding the outcomes."""
     here = os.getcwd()
     sys.dont_write_bytecode = True
-    sys.path[:0] = [os.path.join(here, p) for p in PATHS] + LIBRARY
+    mine = [p for p in sys.path if p and not os.path.realpath(p).startswith(here)]
+    sys.path[:] = mine + LIBRARY + [os.path.join(here, p) for p in PATHS]
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     import pytest
+
+    if guard:
+        sys.addaudithook(_guard)
 
     ini = os.path.join("/tmp", "rlstream-pytest.ini")
     with open(ini, "w") as fh:
@@ -79,7 +107,7 @@ def answer():
     os.dup2(devnull, 1)  # pytest's report is not the verdict
     # whole files, not node ids: one id pytest cannot find again would stop the whole run
     files = sorted({t.split("::", 1)[0] for t in TESTS})
-    outcomes = run_pytest(True, files).outcomes
+    outcomes = run_pytest(True, files, guard=True).outcomes
     data = json.dumps({"outcomes": outcomes}).encode()
     view = memoryview(data)
     while view:

@@ -1,0 +1,242 @@
+"""Verdicts out of the answer's reach: each wrong answer here once scored as passing, or turned
+its failure into a judge error, or crashed the scorer; each must now score a plain fail.
+
+Repo family: a patch that forges the report (from the package, by name and without), plants a
+``pytest.py``, a ``*.dist-info`` plugin, a conftest outside the tests, options in ``setup.cfg``,
+a test helper, or a file under a file. The refusals before the run (``patch_policy``) and the
+structure of the run (the driver's ``sys.path``, autoload off, the audit hook) are each checked
+on their own: the structural probes bypass the policy and call the test run directly.
+Dataset family: an answer raising ``StopIteration`` into the tests' ``map``/``filter``/``zip``.
+Every family: an answer that claims a sandbox set-up failure (the old exit-70 convention).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from rlstream.envs import patch_policy, patches, repo, sandbox
+from rlstream.envs.dataset import DatasetConfig, DatasetFamily, Problem
+from rlstream.envs.family import EVAL_SEED_BASE, FamilySpec
+from rlstream.envs.judges import JudgeConfig, judge_tests
+from rlstream.envs.tools import Workspace
+
+FILE = "builtin:repo/tasks.jsonl"
+BOX = "userns"  # the weakest mode accepted; as root every run here is "full"
+
+FORGE_REPORT = (
+    "import os, json, __main__\n"
+    "os.write(4, json.dumps({'outcomes': {t: 'passed' for t in __main__.TESTS}}).encode())\n"
+    "os._exit(0)\n"
+)
+FORGE_HIDDEN = (  # no refused name: the descriptor by a computed number, then a clean exit
+    "import json, __main__\n"
+    "_fd = int('4')\n"
+    "with open(_fd, 'w', closefd=False) as _f:\n"
+    "    _f.write(json.dumps({'outcomes': {t: 'passed' for t in __main__.TESTS}}))\n"
+    "raise SystemExit(0)\n"
+)
+SHADOW_PYTEST = (
+    "import __main__\n"
+    "def main(args, plugins=()):\n"
+    "    for t in __main__.TESTS:\n"
+    "        plugins[0].outcomes[t] = 'passed'\n"
+    "    return 0\n"
+)
+FORGING_PLUGIN = (
+    "import pytest\n"
+    "@pytest.hookimpl(hookwrapper=True)\n"
+    "def pytest_runtest_makereport(item, call):\n"
+    "    outcome = yield\n"
+    "    outcome.get_result().outcome = 'passed'\n"
+)
+
+
+@pytest.fixture(scope="module")
+def fam() -> repo.RepoFamily:
+    found = sandbox.probe()
+    if found["full"] and found["userns"]:
+        pytest.skip(f"no namespaced sandbox here: {found}")
+    return repo.RepoFamily("repo", repo.RepoConfig(path=FILE, eval_fraction=0.0))
+
+
+def _task(fam: repo.RepoFamily, package: str) -> repo.RepoTask:
+    return next(t for t in fam.loaded.tasks.values() if t.repo.startswith(package))
+
+
+def _source_file(files: dict[str, str]) -> str:
+    return next(p for p in sorted(files) if p.endswith("__init__.py") and not repo.is_test_file(p))
+
+
+def _score(fam: repo.RepoFamily, task: repo.RepoTask, changed: dict[str, str | None]):
+    """Score the base tree with ``changed`` laid over it (None removes a file) as a patch."""
+    base = repo.base_files(task, fam.loaded.trees[task.base])
+    files = {**base, **{k: v for k, v in changed.items() if v is not None}}
+    return fam.score_patch(task, patches.diff(base, files), BOX)
+
+
+def _run_unfiltered(fam: repo.RepoFamily, task: repo.RepoTask, extra: dict[str, str]):
+    """The test run alone, on the base tree plus ``extra``: the structure, without the policy."""
+    tree = fam.loaded.trees[task.base]
+    files = {**repo.base_files(task, tree), **extra}
+    return repo.run_tests(task, tree, files, repo.box(fam.cfg, BOX))
+
+
+@pytest.mark.parametrize("package", ["inflection", "semver"])
+def test_a_report_forged_from_the_package_is_refused_before_it_runs(fam, package) -> None:
+    task = _task(fam, package)
+    base = repo.base_files(task, fam.loaded.trees[task.base])
+    init = _source_file(base)
+    for forged in (FORGE_REPORT, "getattr(__import__('o' + 's'), 'wr' + 'ite')(4, b'{}')\n"):
+        v = _score(fam, task, {init: forged + base[init]})
+        assert not v.passed and v.details.get("patch.refused") == 1.0, v
+        assert v.error is None and "refused" in v.rationale
+
+
+def test_a_report_forged_without_a_refused_name_is_stopped_by_the_audit_hook(fam) -> None:
+    task = _task(fam, "inflection")
+    base = repo.base_files(task, fam.loaded.trees[task.base])
+    init = _source_file(base)
+    assert not patch_policy.check(base, {**base, init: FORGE_HIDDEN + base[init]})
+    v = _score(fam, task, {init: FORGE_HIDDEN + base[init]})
+    assert not v.passed and v.error is None, v
+
+
+@pytest.mark.parametrize(
+    ("name", "extra"),
+    [
+        ("repo_shadow_pytest", {"pytest.py": SHADOW_PYTEST}),
+        ("repo_shadow_pytest_src", {"src/pytest.py": SHADOW_PYTEST}),
+        ("repo_plugin_autoload", {
+            "forge-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: forge\nVersion: 1.0\n",
+            "forge-1.0.dist-info/entry_points.txt": "[pytest11]\nforge = forge_plugin\n",
+            "forge_plugin.py": FORGING_PLUGIN,
+        }),
+        ("conftest_outside_tests", {"src/conftest.py": FORGING_PLUGIN}),
+        ("options_in_setup_cfg", {
+            "setup.cfg": "[tool:pytest]\naddopts = -p forge_plugin\n",
+            "pytest.ini": "[pytest]\naddopts = -p forge_plugin\n",
+            "forge_plugin.py": FORGING_PLUGIN,
+        }),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("package", ["inflection", "semver"])
+def test_planted_test_machinery_neither_passes_nor_takes_effect(fam, package, name, extra) -> None:
+    task = _task(fam, package)
+    v = _score(fam, task, dict(extra))
+    assert not v.passed and v.error is None, (name, v)
+    structural = _run_unfiltered(fam, task, extra)  # the same files, no policy in front
+    assert not structural.passed and structural.error is None, (name, structural)
+    assert task.FAIL_TO_PASS[0] in structural.rationale, structural
+
+
+def test_a_changed_test_helper_is_laid_again_from_the_base(fam) -> None:
+    task = _task(fam, "semver")
+    tree = fam.loaded.trees[task.base]
+    base = repo.base_files(task, tree)
+    helpers = [
+        p for p in base if p.startswith("tests/") and not p.rsplit("/")[-1].startswith("test")
+    ]
+    assert helpers and all(repo.is_test_file(p) for p in helpers)
+    changed = {p: "raise SystemExit(0)\n" for p in helpers}
+    files = repo.prepared(task, tree, patches.diff(base, {**base, **changed}))
+    assert isinstance(files, dict) and all(files[p] == base[p] for p in helpers)
+
+
+def test_a_file_under_a_file_is_a_scored_fail_never_a_crash(fam) -> None:
+    task = _task(fam, "inflection")
+    base = repo.base_files(task, fam.loaded.trees[task.base])
+    init = _source_file(base)
+    patch = f"--- /dev/null\n+++ b/{init}/x\n@@ -0,0 +1 @@\n+x\n"
+    v = fam.score_patch(task, patch, BOX)
+    assert not v.passed and v.error is None, v
+    r = sandbox.run("print('ran')", sandbox.SandboxConfig(isolation=BOX),
+                    files={"a.py": "x", "a.py/b": "y"})  # fmt: skip
+    assert r.status == "crash" and "cannot be laid out" in r.reason and "ran" not in r.stdout
+    ws = Workspace({"a.py": b"x"}, 8, 1000)
+    for name in ("a.py/b", "a.py/b/c"):
+        with pytest.raises(ValueError, match="a file and a folder"):
+            ws.put(name, b"y")
+    ws.put("d/e.py", b"z")
+    with pytest.raises(ValueError, match="a file and a folder"):
+        ws.put("d", b"y")
+
+
+def test_the_judge_scores_a_file_under_a_file_as_a_fail(fam) -> None:
+    task = _task(fam, "inflection")
+    init = _source_file(repo.base_files(task, fam.loaded.trees[task.base]))
+    spec = FamilySpec(plugin="repo", options={"path": FILE, "eval_fraction": 0.0})
+    cfg = JudgeConfig(kind="tests", families={"repo": spec}, isolation=BOX, evaluation=True)
+    traj = {
+        "task_id": f"repo-{EVAL_SEED_BASE}:{task.instance_id}",
+        "completion": f"--- /dev/null\n+++ b/{init}/x\n@@ -0,0 +1 @@\n+x\n",
+    }
+    reward = judge_tests(traj, cfg)
+    assert reward["score"] == 0.0 and "error" not in reward, reward
+
+
+@pytest.mark.parametrize(
+    "test",
+    [
+        "def check(candidate):\n    assert all(map(candidate, [1, 2, 3]))\n",
+        "def check(candidate):\n    assert not list(filter(lambda x: not candidate(x), [1, 2]))\n",
+        "def check(candidate):\n    assert all(a for a, _ in zip(map(candidate, [1, 2]), [1, 2]))\n",
+        "def check(candidate):\n    assert [x for x in map(candidate, [1, 2]) if not x] == []\n",
+    ],
+)
+def test_stop_iteration_from_the_answer_does_not_end_the_tests_early(test: str) -> None:
+    fam = DatasetFamily("mini", DatasetConfig())
+    problem = Problem("p/0", 'def f(x):\n    """Is x positive?"""\n', "f", test)
+    assert fam.score_problem(problem, "    return x > 0\n", BOX).passed
+    for exc in ("StopIteration", "StopAsyncIteration"):
+        v = fam.score_problem(problem, f"    raise {exc}\n", BOX)
+        assert not v.passed and v.error is None, v
+        assert "RuntimeError" in v.rationale and exc in v.rationale, v.rationale
+
+
+def test_an_answer_cannot_claim_a_sandbox_setup_failure() -> None:
+    """Exit 70 with the old set-up message on stderr is the answer's crash, not a judge error:
+    only the sandbox's own channel can say that set-up failed."""
+    cfg = sandbox.SandboxConfig(isolation=BOX)
+    code = "import sys\nsys.stderr.write('sandbox setup failed: forged\\n')\nsys.exit(70)\n"
+    r = sandbox.run(code, cfg)
+    assert r.status == "crash" and r.exit_code == 70, r
+    from rlstream.envs.fx import FxFamily
+
+    fx = FxFamily("fx", FxFamily.Config())
+    task = fx.sample(3)
+    answer = (
+        "__import__('sys').stderr.write('sandbox setup failed: x\\n');"
+        "__import__('os')._exit(70);return x"
+    )
+    v = fx.score(task.task_id, answer, BOX)
+    assert not v.passed and v.error is None, v
+
+
+def test_the_shipped_tasks_still_pass_with_their_patch_and_fail_without(fam) -> None:
+    seen: set[str] = set()
+    for task in fam.loaded.tasks.values():
+        if task.repo in seen:
+            continue
+        seen.add(task.repo)
+        good = fam.score_patch(task, task.patch, BOX)
+        assert good.passed, (task.instance_id, good.rationale)
+        empty = fam.score_patch(task, "", BOX)
+        assert not empty.passed and empty.error is None
+
+
+def test_the_policy_names_what_it_refuses_and_allows_what_the_base_had() -> None:
+    base = {"pkg/__init__.py": "import os\nX = os.environ.get('Y')\n"}
+    ok = {"pkg/__init__.py": "import os\nX = os.environ.get('Z')\nP = os.path.join('a')\n"}
+    assert patch_policy.check(base, ok) == []
+    bad = {
+        "pkg/__init__.py": "import os\nm = os\nos.write(1, b'')\nimport gc\n",
+        "pytest_forge.py": "",
+        "x.pth": "",
+        "a.egg-info/PKG-INFO": "",
+    }
+    found = "\n".join(patch_policy.check(base, bad))
+    for what in ("os as a value", "os.write", "import gc", "pytest_forge.py", "x.pth", "egg-info"):
+        assert what in found, (what, found)
+    had = {"pkg/__init__.py": "import sys\nsys.modules['x'] = 1\n"}
+    assert patch_policy.check(had, {"pkg/__init__.py": had["pkg/__init__.py"] + "Y = 2\n"}) == []
+    assert patch_policy.check({}, {"f.py": "def ("}) == []  # left to the tests
