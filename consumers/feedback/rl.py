@@ -3,13 +3,17 @@ groups (``source=online``) in the admitted stream, next to the rollout groups; t
 decide a window are in ``consumers.feedback.rules``.
 
 Windows: per input partition, consecutive feedback records; a window closes when it holds
-``window_size`` records or ``window_seconds`` after its first record arrived. A feedback id
-seen before (a retry stored twice) is dropped and counted, never trained twice: retries share
-the request id, hence the partition, so the open window or the remembered ids catch them (the
-last ``dedup_ids`` decided ids, reloaded on partition assignment from the ``dedup_lookback``
-records before the committed offset, so a restart forgets none of them). Ids are compared in
-their client's namespace (``producers.feedback.dedupe.dedupe_key`` with the record's
-``feedback_client`` header), so one client's ids never drop another client's feedback.
+``window_size`` records or ``window_seconds`` after its first record arrived. Feedback is
+trained at most once per served completion: a record whose feedback id was seen before (a retry
+stored twice), or that matches a served completion (request id and choice, ``served_key``)
+that earlier feedback matched, is dropped and counted as a duplicate; feedback that does not
+match what was served claims nothing, so a forged record cannot block the honest one. Feedback
+is keyed by request id, hence its partition, so the open window or the remembered keys catch
+them (the last ``dedup_ids``, reloaded on partition assignment from the ``dedup_lookback``
+records before the committed offset and checked against the served stream again, so a restart
+forgets none of them). Feedback ids are compared in their client's namespace
+(``producers.feedback.dedupe.dedupe_key`` with the record's ``feedback_client`` header), so one
+client's ids never drop another client's feedback.
 
 Exactly once, without a state store: outputs, dead letters and consumer offsets commit in one
 transaction (``TransactionalLoop``); the committed offset of a partition is the first record of
@@ -59,7 +63,7 @@ from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.feedback.dedupe import client_of_headers, dedupe_key
 from rlstream.schemas import arrays, events, topics
 
-__all__ = ["FeedbackRL", "FeedbackRLConfig", "decided_ids", "run_role"]
+__all__ = ["FeedbackRL", "FeedbackRLConfig", "decided", "run_role"]
 
 # --- the role -------------------------------------------------------------------------------
 
@@ -132,34 +136,40 @@ class FeedbackRL:
             return []
         window = self.windows.get(tp)
         fid = dedupe_key(client_of_headers(rec.message.headers()), rec.value["feedback_id"])
-        if fid in self.seen or fid in self._staged or (window is not None and fid in window.ids):
+        if self._decided(fid, window):
             self.counts["duplicate"] += 1
             return []
-        value = self._served(rec.value, tp[1])
+        value, outcome = self._served(rec.value, tp[1])
+        claim = served_key(value) if outcome == "served_found" else None
+        if claim is not None and self._decided(claim, window):
+            self.counts["duplicate"] += 1  # this completion is trained already
+            return []
+        self.counts[outcome] += 1
         if window is None:
             window = self.windows[tp] = _Window(offset, time.monotonic())
         window.items.append(Item(value, {"topic": tp[0], "partition": tp[1], "offset": offset}))
-        window.ids.add(fid)
+        window.ids.update(k for k in (fid, claim) if k is not None)
         return self._close(tp) if len(window.items) >= self.cfg.window_size else []
 
-    def _served(self, value: dict[str, Any], partition: int) -> dict[str, Any]:
+    def _decided(self, key: str, window: _Window | None) -> bool:
+        return key in self.seen or key in self._staged or (window is not None and key in window.ids)
+
+    def _served(self, value: dict[str, Any], partition: int) -> tuple[dict[str, Any], str]:
         """The feedback with the served completion it names copied in (see the module), or as
         it is with the reason under ``lookup_error`` (not found) or ``served_refusal`` (a bad
-        reference, a disagreement): then it is rejected as untrainable."""
+        reference, a disagreement): then it is rejected as untrainable. With the outcome's
+        count name (``served_found`` only for the first)."""
         try:
             found = self.served.named(value, partition)
         except BadReference as exc:
-            self.counts["trajectory_ref_unreadable"] += 1
-            return {**value, "served_refusal": str(exc)}
+            return {**value, "served_refusal": str(exc)}, "trajectory_ref_unreadable"
         except NotServed as exc:
-            self.counts["served_not_found"] += 1
-            return {**value, "lookup_error": str(exc)}
+            return {**value, "lookup_error": str(exc)}, "served_not_found"
         why = served_mismatch(value, found.record)
         if why is not None:
-            self.counts["served_mismatch"] += 1
-            return {**value, "served_refusal": f"it disagrees with its served completion: {why}"}
-        self.counts["served_found"] += 1
-        return with_served(value, found)
+            why = f"it disagrees with its served completion: {why}"
+            return {**value, "served_refusal": why}, "served_mismatch"
+        return with_served(value, found), "served_found"
 
     def _close_due(self, now: float) -> list[Output]:
         due = [tp for tp, w in self.windows.items() if now - w.opened >= self.cfg.window_seconds]
@@ -223,8 +233,11 @@ class FeedbackRL:
         committed = self.loop.consumer.committed(partitions)
         for tp in committed:
             if tp.offset > 0:
-                for fid in decided_ids(self.settings, tp, self.cfg.dedup_lookback):
+                for fid, value in decided(self.settings, tp, self.cfg.dedup_lookback):
                     self.seen[fid] = None
+                    value, outcome = self._served(value, tp.partition)
+                    if outcome == "served_found":  # it claimed its completion
+                        self.seen[served_key(value)] = None
         while len(self.seen) > self.cfg.dedup_ids:
             self.seen.popitem(last=False)
 
@@ -272,14 +285,23 @@ class FeedbackRL:
             self.served.close()
 
 
-def decided_ids(settings: KafkaSettings, committed: TopicPartition, lookback: int) -> list[str]:
-    """Feedback ids (dedupe keys: in their client's namespace) of the (at most ``lookback``)
-    records before a committed offset, in order.
+def served_key(value: dict[str, Any]) -> str:
+    """The served completion a feedback names (request id and choice): what it claims once
+    it matched that completion, so the completion is trained at most once."""
+    choice = str((value.get("metadata") or {}).get("choice", "0"))
+    return f"served {value['request_id']} {choice}"
+
+
+def decided(
+    settings: KafkaSettings, committed: TopicPartition, lookback: int
+) -> list[tuple[str, dict[str, Any]]]:
+    """(feedback id as a dedupe key, in its client's namespace; the record) of the (at most
+    ``lookback``) records before a committed offset, in order.
 
     Every record before the committed offset of a feedback partition is decided (windows close
     in offset order), so these ids are the ones a retry must not bring back.
     """
-    start, stop, ids = max(0, committed.offset - lookback), committed.offset, []
+    start, stop, found = max(0, committed.offset - lookback), committed.offset, []
     decode = events.deserializer(expect="feedback")
     consumer = reader(settings, "feedback-rl-restore")
     try:
@@ -288,9 +310,11 @@ def decided_ids(settings: KafkaSettings, committed: TopicPartition, lookback: in
             if (msg.offset() or 0) >= stop:
                 break
             with contextlib.suppress(events.EventError):
-                fid = decode(msg.value(), None).record["feedback_id"]
-                ids.append(dedupe_key(client_of_headers(msg.headers()), fid))
-        return ids
+                value = decode(msg.value(), None).record
+                found.append(
+                    (dedupe_key(client_of_headers(msg.headers()), value["feedback_id"]), value)
+                )
+        return found
     finally:
         consumer.close()
 

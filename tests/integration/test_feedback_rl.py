@@ -409,3 +409,49 @@ def test_feedback_ids_are_per_client(kafka: KafkaSettings, unique_run: str) -> N
     assert first.get("duplicate", 0) == 0 and second["duplicate"] == 2
     admitted = decode_all(kafka, topics.topic_name(run, "admitted"))
     assert sum(len(d.record["samples"]) for d in admitted) == 4
+
+
+@pytest.mark.unsecured_only("its worker process is given a bare bootstrap address, no credentials")
+def test_a_served_completion_is_trained_once_however_many_feedbacks_name_it(
+    kafka: KafkaSettings, unique_run: str
+) -> None:
+    """Feedback with fresh ids (from other clients) naming a served completion that feedback
+    already named is dropped as a duplicate, within a window and after a restart: one served
+    completion, one trained sample."""
+    from rlstream.consumers.consumer import Stopper
+    from rlstream.consumers.feedback.rl import FeedbackRL, FeedbackRLConfig
+    from rlstream.producers.feedback.dedupe import record_headers
+
+    run = unique_run
+    ensure_run_topics(kafka, run)
+    choices = [
+        {**feedback(run, 0, 0, "accepted", "tab"), "request_id": "req-1", "metadata": {"choice": c}}
+        for c in ("0", "1")
+    ]
+    with EventProducer.connect(kafka) as producer:
+        for i, rec in enumerate(choices):
+            value = served(run, rec, sample_index=i, group_size=2)
+            producer.produce(topics.topic_name(run, "served"), "trajectory", value, "req-1")
+    topic = topics.topic_name(run, "feedback")
+
+    def produce(sends: list[tuple[int, str]]) -> None:
+        with EventProducer.connect(kafka) as producer:
+            for choice, fid in sends:
+                rec = {
+                    **choices[choice],
+                    "feedback_id": fid,
+                    "action": "rejected" if choice else "accepted",
+                }
+                producer.produce(
+                    topic, "feedback", rec, "req-1", headers=record_headers(f"key:{fid}", fid)
+                )
+
+    cfg = FeedbackRLConfig(window_size=4, window_seconds=0.5)
+    produce([(0, "a"), (0, "b"), (1, "c"), (0, "d")])
+    first = FeedbackRL(kafka, run, cfg, version=lambda: 0).run(Stopper(), idle_exit_s=3.0)
+    produce([(0, "e"), (1, "f")])  # to a fresh process: both completions are remembered
+    second = FeedbackRL(kafka, run, cfg, version=lambda: 0).run(Stopper(), idle_exit_s=3.0)
+    assert first.get("duplicate", 0) == 2 and second["duplicate"] == 2, (first, second)
+    admitted = decode_all(kafka, topics.topic_name(run, "admitted"))
+    samples = [s for d in admitted for s in d.record["samples"]]
+    assert len(samples) == 2, (first, second)
