@@ -43,11 +43,12 @@ MIN_TOKEN_CHARS = 16
 
 
 class PushRefused(Refused):
-    """A push refused: the HTTP ``status`` to answer and the reason (said to the caller)."""
+    """A request refused: the HTTP ``status`` to answer, the reason (said to the caller) and, for
+    429, the seconds to wait."""
 
-    def __init__(self, status: int, reason: str) -> None:
+    def __init__(self, status: int, reason: str, retry_after_s: int | None = None) -> None:
         super().__init__(reason)
-        self.status = status
+        self.status, self.retry_after_s = status, retry_after_s
 
 
 class UpdateWeightsRequest(BaseModel):
@@ -153,17 +154,52 @@ def read_token_file(path: str | Path) -> SecretStr:
 
 
 def load_token(
-    path: str | Path | None = None, environ: Mapping[str, str] | None = None
+    path: str | Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    names: tuple[str, str] = (TOKEN_FILE_ENV, TOKEN_ENV),
 ) -> SecretStr | None:
-    """The push token: the file ``path``, else ``$RLSTREAM_POLICY_PUSH_TOKEN_FILE``'s file, else
-    ``$RLSTREAM_POLICY_PUSH_TOKEN``; None when none is given."""
+    """A token: the file ``path``, else the file the first of ``names`` names, else the second
+    variable's value (by default the push token's); None when none is given."""
     env = os.environ if environ is None else environ
-    path = path or env.get(TOKEN_FILE_ENV)
+    file_env, value_env = names
+    path = path or env.get(file_env)
     if path:
         return read_token_file(path)
-    value = env.get(TOKEN_ENV, "").strip()
+    value = env.get(value_env, "").strip()
     if not value:
         return None
     if len(value) < MIN_TOKEN_CHARS:
-        raise SetupError(f"${TOKEN_ENV} is shorter than {MIN_TOKEN_CHARS} characters")
+        raise SetupError(f"${value_env} is shorter than {MIN_TOKEN_CHARS} characters")
     return SecretStr(value)
+
+
+API_TOKEN_ENV = "RLSTREAM_POLICY_API_TOKEN"
+API_TOKEN_FILE_ENV = "RLSTREAM_POLICY_API_TOKEN_FILE"
+
+
+class CompletionsGate:
+    """Who may ask ``serve policy`` for completions, and how often: every completion becomes a
+    served record that feedback can train on, so the endpoint takes a bearer token (401, as
+    vLLM's and SGLang's ``--api-key``) and each token has a rate (429 with ``Retry-After``,
+    ``producers.feedback.limits``), checked before the body is read."""
+
+    def __init__(self, tokens: list[SecretStr], rate_per_s: float = 20.0, burst: int = 40) -> None:
+        from rlstream.producers.feedback.limits import RateLimiter
+
+        if not tokens:
+            raise ValueError("a completions gate needs at least one token")
+        self.tokens = [t.get_secret_value().encode() for t in tokens]
+        self.rates = RateLimiter(rate_per_s, burst)
+
+    def admit(self, authorization: str | None) -> None:
+        """Nothing when the request may go on; ``PushRefused`` (401 or 429) saying why."""
+        from rlstream.producers.feedback.auth import presented_token
+        from rlstream.producers.feedback.dedupe import principal_of_token
+
+        if not authorization:
+            raise PushRefused(401, "completions need Authorization: Bearer <API token>")
+        if not check_bearer(authorization, self.tokens):
+            raise PushRefused(401, "the API token is not this server's")
+        wait = self.rates.take(principal_of_token(presented_token(authorization) or b""))
+        if wait is not None:
+            raise PushRefused(429, f"over this token's rate; retry in {wait} s", wait)

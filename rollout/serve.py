@@ -80,7 +80,13 @@ from rlstream.producers.client.producer import DeliveryError, EventProducer
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.rollout.config import PolicyConfig
 from rlstream.rollout.model import Generation, build_policy, generate
-from rlstream.rollout.push_auth import PushConfig, PushRefused, UpdateWeightsRequest, update_request
+from rlstream.rollout.push_auth import (
+    CompletionsGate,
+    PushConfig,
+    PushRefused,
+    UpdateWeightsRequest,
+    update_request,
+)
 from rlstream.schemas import arrays, topics
 from rlstream.schemas.deltacodec import to_torch
 from rlstream.schemas.errors import RlstreamError
@@ -293,6 +299,7 @@ class PolicyServer:
         record_timeout_s: float = 10.0,
         weights: str = "kafka",
         push: PushConfig | None = None,
+        gate: CompletionsGate | None = None,
     ) -> None:
         if weights == "push" and push is None:
             raise ValueError("a server that takes pushed weights needs a push token and folder")
@@ -311,6 +318,7 @@ class PolicyServer:
         self.following = "released" if released_only else "newest"
         self.subscriber: WeightSubscriber | None = None
         self.push_config = push if weights == "push" else None
+        self.gate = gate  # None: completions are open (a library caller's own choice)
         if weights == "push":
             self.following = "pushed"
         else:
@@ -493,6 +501,16 @@ def _error(status: int, message: str, field: str | None = None) -> web.Response:
 
 def make_app(server: PolicyServer) -> web.Application:
     async def completions(request: web.Request) -> web.Response:
+        if server.gate is not None:
+            try:
+                server.gate.admit(request.headers.get("Authorization"))  # before the body
+            except PushRefused as exc:
+                response = _error(exc.status, exc.reason)
+                if exc.retry_after_s is not None:
+                    response.headers["Retry-After"] = str(exc.retry_after_s)
+                if exc.status == 401:
+                    response.headers["WWW-Authenticate"] = 'Bearer realm="rlstream-policy"'
+                return response
         try:
             payload = await request.json()
         except ValueError:

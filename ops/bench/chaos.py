@@ -374,7 +374,9 @@ class Driver:
         tag = f"{self.args.seed}-{i}"
         pushes = attacks.unauthenticated_policy_push(self.pushed.url)
         self.attacks["unauthenticated_policy_push"] = pushes
-        attacks.complete(self.policy.url, self.config.model)  # served: forged feedback names it
+        attacks.complete(
+            self.policy.url, self.config.model, self.policy.auth
+        )  # served: forged feedback names it
         self.forged_feedback = attacks.forged_feedback_tokens(
             self.settings, self.feedback.url, self.run_name, self.feedback.key
         )

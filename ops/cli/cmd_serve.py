@@ -178,6 +178,27 @@ def _register_policy(ssub: argparse._SubParsersAction) -> None:
         default=1000,
         help="refuse a pushed version more than this far ahead of the served one",
     )
+    p.add_argument(
+        "--api-token-file",
+        default=None,
+        metavar="FILE",
+        help="file holding the bearer token a completion request must carry (mode 0600); "
+        "default $RLSTREAM_POLICY_API_TOKEN_FILE, else $RLSTREAM_POLICY_API_TOKEN; the push "
+        "token is accepted too. Every completion is recorded for training, so there is no "
+        "open default: without a token the server refuses to start unless --open",
+    )
+    p.add_argument(
+        "--rate-per-token",
+        type=float,
+        default=20.0,
+        help="completion requests per second each token may make (burst twice that); 429 over it",
+    )
+    p.add_argument(
+        "--open",
+        action="store_true",
+        help="serve completions without a token (anyone who reaches the port can mint served "
+        "completions that feedback trains on): for a local trial only",
+    )
     add_kafka_args(p)
     p.set_defaults(func=_serve_policy)
 
@@ -191,6 +212,7 @@ def _serve_policy(args: argparse.Namespace) -> int:
 
     config = load_run_config(args.config, args.set)
     push = push_config(args) if args.weights == "push" else None
+    gate = completions_gate(args, push)
     settings = service_settings(args, POLICY_USER)
     try:  # a run started before the served stream existed gets it here (not as its own user)
         apply_topics(admin_client(settings), run_topic_wants(args.run), timeout=10)
@@ -206,6 +228,7 @@ def _serve_policy(args: argparse.Namespace) -> int:
         region=args.region or "trainer",
         weights=args.weights,
         push=push,
+        gate=gate,
     )
     following = "released versions only" if args.released_only else "the newest version"
     if args.weights == "push":
@@ -222,6 +245,36 @@ def _serve_policy(args: argparse.Namespace) -> int:
     finally:
         server.close()
     return 0
+
+
+def completions_gate(args: argparse.Namespace, push: Any) -> Any:
+    """Who may ask for completions (``rollout.push_auth.CompletionsGate``): the API token and
+    the push token; None only with ``--open``. Exits with the reason when there is no token."""
+    from rlstream.rollout.push_auth import (
+        API_TOKEN_ENV,
+        API_TOKEN_FILE_ENV,
+        CompletionsGate,
+        load_token,
+    )
+    from rlstream.schemas.errors import SetupError
+
+    try:
+        api = load_token(args.api_token_file, names=(API_TOKEN_FILE_ENV, API_TOKEN_ENV))
+    except SetupError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    tokens = [t for t in (api, push.token if push is not None else None) if t is not None]
+    if not tokens:
+        if args.open:
+            print("warning: completions are open (--open): anyone who reaches the port can "
+                  "mint served completions", file=sys.stderr)  # fmt: skip
+            return None
+        raise SystemExit(
+            "error: serve policy needs an API token for /v1/completions: --api-token-file FILE, "
+            f"${API_TOKEN_FILE_ENV} or ${API_TOKEN_ENV} (or --open for a local trial)"
+        )
+    if args.rate_per_token <= 0:
+        raise SystemExit("error: --rate-per-token must be > 0")
+    return CompletionsGate(tokens, args.rate_per_token, max(1, int(2 * args.rate_per_token)))
 
 
 def push_config(args: argparse.Namespace) -> Any:

@@ -89,13 +89,15 @@ def unauthenticated_policy_push(url: str, model_path: str = "/") -> Attempts:
     return Attempts(len(tries), sum(1 for s in statuses if s == 401) if unchanged else 0)
 
 
-def complete(url: str, model: str, timeout: float = 90.0) -> dict[str, Any]:
+def complete(url: str, model: str, auth: dict[str, str], timeout: float = 90.0) -> dict[str, Any]:
     """One completion from the policy server at ``url`` (recorded in the run's served stream
-    before it is answered), waiting while it answers 503 (no version loaded yet)."""
+    before it is answered; ``auth``: its Authorization header), waiting while it answers 503
+    (no version loaded yet)."""
     body = json.dumps({"model": model, "prompt": "f(x)", "max_tokens": 6}).encode()
     deadline = time.monotonic() + timeout
     while True:
-        answer = _request(f"{url}/v1/completions", body, {"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json", **auth}
+        answer = _request(f"{url}/v1/completions", body, headers)
         if answer is not None:
             return answer
         if time.monotonic() > deadline:

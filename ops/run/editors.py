@@ -53,6 +53,7 @@ class EditorUsers:
         max_tokens: int = 48,
         pause_s: float = 1.0,
         key_id: str = "k1",
+        policy_auth: dict[str, str] | None = None,
     ) -> None:
         from rlstream.envs import family as families
         from rlstream.rollout.scheduler import with_fx_options
@@ -61,6 +62,7 @@ class EditorUsers:
         specs = with_fx_options(scheduler_cfg.families, scheduler_cfg.tasks)
         self.families = families.families(specs)  # each task scored by its family, built once
         self.policy_url, self.feedback_url = policy_url, feedback_url
+        self.policy_auth = policy_auth or {}
         self.key, self.key_id = key, key_id
         self.users = [f"editor-{i}" for i in range(users)]
         self.choices, self.max_tokens, self.pause_s = choices, max_tokens, pause_s
@@ -104,7 +106,7 @@ class EditorUsers:
         status, answer = post(
             f"{self.policy_url}/v1/completions",
             json.dumps(body).encode(),
-            {"Content-Type": "application/json"},
+            {"Content-Type": "application/json", **self.policy_auth},
             timeout=120,
         )
         if status == 503:
@@ -174,6 +176,7 @@ def start(
         model=config.model,
         users=users,
         max_tokens=config.role("rollout").harness.max_new_tokens,
+        policy_auth=services[1].auth,
     )
     return services, editors.start()
 

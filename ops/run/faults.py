@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import os
 import random
+import secrets
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -394,20 +395,20 @@ class FeedbackService(Service):
 class PolicyService(Service):
     """``rlstream serve policy`` of the run (its recipe given by ``recipe``: ``--config`` and
     ``--set`` arguments): following the run's weight stream, or with ``push_token`` serving
-    only versions pushed with that token into ``folder/LABEL-pushed``."""
+    only versions pushed with that token into ``folder/LABEL-pushed``; completions take
+    ``api_token`` (``auth``) or the push token."""
 
     label: str = "policy"
     recipe: tuple[str, ...] = ()
     push_token: str | None = None
+    api_token: str = field(default_factory=lambda: secrets.token_hex(16))
 
     def command(self) -> list[str]:
-        cmd = ["policy", "--run", self.run, *self.recipe]
+        api = self._token_file("api", self.api_token)
+        cmd = ["policy", "--run", self.run, *self.recipe, "--api-token-file", str(api)]
         if self.push_token is None:
             return cmd
-        token = self.folder / f"{self.label}.token"
-        fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(self.push_token)
+        token = self._token_file("token", self.push_token)
         pushed = self.folder / f"{self.label}-pushed"
         pushed.mkdir(exist_ok=True)
         return [
@@ -419,6 +420,18 @@ class PolicyService(Service):
             "--push-dir",
             str(pushed),
         ]
+
+    def _token_file(self, suffix: str, token: str) -> Path:
+        path = self.folder / f"{self.label}.{suffix}"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(token)
+        return path
+
+    @property
+    def auth(self) -> dict[str, str]:
+        """The header a completion request to this server carries."""
+        return {"Authorization": f"Bearer {self.api_token}"}
 
 
 def replay_feedback(service: FeedbackService, tag: str) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 from aiohttp.test_utils import TestClient, TestServer
+from pydantic import SecretStr
 
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.rollout import push_auth
@@ -187,3 +188,33 @@ def test_the_engine_sends_its_token_in_the_header_only(
     assert headers["Authorization"] == f"Bearer {TOKEN}" and TOKEN not in url
     assert TOKEN.encode() not in data and TOKEN not in repr(engine)
     assert engine.pushed == 4 and os.path.isdir(tmp_path / "v4")
+
+
+def test_completions_need_a_token_and_keep_to_its_rate(tmp_path: Path) -> None:
+    """Every completion becomes a served record that feedback trains on: without the API token
+    (or with another) it is refused 401 before the body is read; over a token's rate, 429 with
+    Retry-After; with the token it goes on (here to 503: nothing pushed is served yet)."""
+    api = "api-token-0123456789abcdef"
+    gate = push_auth.CompletionsGate([SecretStr(api)], rate_per_s=0.01, burst=2)
+    server = PolicyServer(NOWHERE, "r1", "policy", POLICY, weights="push", gate=gate,
+                          push=PushConfig(token=TOKEN, weights_dir=tmp_path), record_timeout_s=0.1)  # fmt: skip
+    body = {"model": "policy", "prompt": "x", "max_tokens": 1}
+
+    async def calls(c: TestClient) -> list[tuple[int, str | None]]:
+        out = []
+        for token in (None, "not-the-api-token-at-all", api, api, api):
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            r = await c.post("/v1/completions", json=body, headers=headers)
+            out.append((r.status, r.headers.get("Retry-After")))
+        return out
+
+    async def main() -> Any:
+        async with TestClient(TestServer(make_app(server))) as client:
+            return await calls(client)
+
+    try:
+        answers = asyncio.run(main())
+    finally:
+        server.close()
+    assert [a[0] for a in answers] == [401, 401, 503, 503, 429], answers
+    assert answers[-1][1] is not None and int(answers[-1][1]) >= 1
