@@ -3,7 +3,8 @@ only: loaded by the bootstrap from its own directory, run in the sandbox's init 
 mount namespace, before any program exists.
 
 Rules: the new root is a small tmpfs; ``/usr`` (and ``/bin``, ``/lib*``, ``/sbin`` or their
-symlinks), the interpreter's prefix and ``/etc/ld.so.cache`` are bound read-only; ``/dev`` holds
+symlinks), the interpreter's prefix and ``/etc/ld.so.cache`` are bound read-only, with every
+``site-packages``/``dist-packages`` folder in them hidden (``installed_packages``); ``/dev`` holds
 null, zero, full, random and urandom; ``/proc`` is the sandbox's own; one size-capped scratch
 tmpfs, owned by the workspace's owner, is shown as ``/work``, ``/tmp`` and ``/dev/shm``. After
 ``pivot_root`` the old root is detached and ``/`` is remounted read-only: the only writable
@@ -79,10 +80,31 @@ def _system_dirs(root: str, ro_paths: list[str]) -> None:
     for path in ro_paths:
         if not path.startswith("/usr/"):
             _bind_ro(path, _mkdirs(root, path))
+    for host in installed_packages(["/usr", *ro_paths]):
+        mount("tmpfs", _mkdirs(root, host), "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV,
+              "size=4k,nr_inodes=16,mode=755")  # fmt: skip
     etc = _mkdirs(root, "/etc")
     if os.path.isfile("/etc/ld.so.cache"):
         _touch(os.path.join(etc, "ld.so.cache"))
         _bind_ro("/etc/ld.so.cache", os.path.join(etc, "ld.so.cache"))
+
+
+def installed_packages(bases: list[str]) -> list[str]:
+    """The folders of installed packages (``site-packages``, ``dist-packages``) under the
+    interpreter folders ``bases`` binds: each is hidden behind an empty read-only tmpfs, so no
+    program reads what is installed there (rlstream's own task files, when it is installed into
+    the interpreter rather than a virtualenv, among them)."""
+    found = []
+    for base in bases:
+        for lib in ("lib", "lib64", "local/lib", "local/lib64"):
+            top = os.path.join(base, lib)
+            names = sorted(os.listdir(top)) if os.path.isdir(top) else []
+            for name in (n for n in names if n.startswith("python")):
+                for kind in ("site-packages", "dist-packages"):
+                    path = os.path.realpath(os.path.join(top, name, kind))
+                    if os.path.isdir(path) and path not in found:
+                        found.append(path)
+    return found
 
 
 def _devices(root: str) -> None:

@@ -240,3 +240,20 @@ def test_the_policy_names_what_it_refuses_and_allows_what_the_base_had() -> None
     had = {"pkg/__init__.py": "import sys\nsys.modules['x'] = 1\n"}
     assert patch_policy.check(had, {"pkg/__init__.py": had["pkg/__init__.py"] + "Y = 2\n"}) == []
     assert patch_policy.check({}, {"f.py": "def ("}) == []  # left to the tests
+
+
+def test_no_installed_package_is_readable_in_the_sandbox() -> None:
+    """Where rlstream (hidden tests, canonical solutions, reference patches) lies when it is
+    installed into the interpreter rather than a virtualenv: every site-packages and
+    dist-packages folder of what the sandbox binds shows empty inside it."""
+    import os
+    import sys
+
+    from rlstream.envs import sandbox_root
+
+    found = sandbox_root.installed_packages(["/usr", os.path.realpath(sys.base_prefix)])
+    assert any(os.listdir(p) for p in found), found  # something is installed on the host
+    code = f"import os\nfor p in {found!r}:\n    print(p, len(os.listdir(p)))\n"
+    r = sandbox.run(code, sandbox.SandboxConfig(isolation=BOX))
+    assert r.status == "ok", r
+    assert r.stdout.split() == [w for p in found for w in (p, "0")], r.stdout
