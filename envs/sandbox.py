@@ -296,7 +296,9 @@ def _run_in(
     files: Mapping[str, bytes | str] | None,
     answer: str | None = None,
 ) -> SandboxResult:
-    uids: list[int | None] = [_UID_BASE + secrets.randbelow(1_000_000) for _ in range(2)]
+    verdict_uid = _UID_BASE + secrets.randbelow(1_000_000)
+    answer_uid = _UID_BASE + (verdict_uid - _UID_BASE + 1 + secrets.randbelow(999_999)) % 1_000_000
+    uids: list[int | None] = [verdict_uid, answer_uid]  # two draws that never collide
     if mode == "userns" or os.geteuid() != 0:
         uids = [None, None]
     if answer is None:
