@@ -121,6 +121,13 @@ class CompletionRequest(BaseModel):
         False, description="Spell logprobs tokens as token_id:N (as vLLM's server does)."
     )
     return_routes: bool = Field(False, description="Answer each choice's routed experts.")
+    task_class: str | None = Field(
+        None,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="The request's kind (tab, agent, chat; non-standard): recorded, and the "
+        "class its feedback's baseline is kept in (a feedback cannot name another).",
+    )
 
 
 class NotRecorded(RlstreamError, RuntimeError):
@@ -280,6 +287,7 @@ def sampling_settings(req: CompletionRequest, seed: int, prompt_truncated: bool)
         "requested_temperature": repr(req.temperature),
         "logprobs": "" if req.logprobs is None else str(req.logprobs),
         "prompt_truncated": "true" if prompt_truncated else "false",
+        "task_class": req.task_class or "",
     }
 
 

@@ -120,15 +120,18 @@ def served_mismatch(feedback: dict[str, Any], served: dict[str, Any]) -> str | N
 def with_served(feedback: dict[str, Any], found: ServedCompletion) -> dict[str, Any]:
     """``feedback`` with the served completion's tokens, logprobs, routes and temperature.
 
-    Rule: the policy version and model are the served record's (what served it, not what a
-    client says), and ``trajectory_ref`` is the served record's position.
+    Rule: the policy version, the model and the task class are the served record's (what
+    served it and what it was asked as, not what a client says: a feedback cannot move another
+    class's baseline), and ``trajectory_ref`` is the served record's position.
     """
     served = found.record
+    details = (served.get("outcome") or {}).get("details") or {}
     return {
         **feedback,
         **{k: served[k] for k in SERVED_FIELDS},
         "policy_version": served["policy_version"],
         "model": served["model"],
+        "task_class": details.get("task_class") or None,
         "trajectory_ref": found.ref,
     }
 

@@ -102,6 +102,7 @@ class EditorUsers:
             "max_tokens": self.max_tokens,
             "n": self.choices,
             "user": user,
+            "task_class": "editor",
         }
         status, answer = post(
             f"{self.policy_url}/v1/completions",

@@ -96,3 +96,24 @@ def test_the_index_keeps_the_newest_request_ids_only() -> None:
     remember(ids, "req-2", 10, max_ids=3)  # a later record makes its request the newest
     remember(ids, "req-5", 11, max_ids=3)
     assert list(ids) == ["req-4", "req-2", "req-5"]
+
+
+def test_the_task_class_is_the_served_requests_not_the_feedbacks() -> None:
+    """A feedback client cannot move another class's baseline: the class is what the request
+    was served as (``task_class`` of the completion request, recorded), else the default."""
+    from dataclasses import replace
+
+    from rlstream.rollout.serve import CompletionRequest, sampling_settings
+
+    out, prompt = _generated(top_n=0)
+    choice = served_choice(out, 0, prompt)
+    ref = {"topic": "rl.r1.served", "partition": 0, "offset": 1}
+    for asked, expected in (("tab", "tab"), (None, None)):
+        req = CompletionRequest(model="policy", prompt="x", task_class=asked)
+        ctx = replace(_context(), settings=sampling_settings(req, seed=5, prompt_truncated=False))
+        rec = served_record(ctx, 0, 1, choice, protocol.decode(choice.token_ids))
+        served = events.decode(events.encode("trajectory", rec)).record
+        value = with_served(
+            _feedback(0, "accepted", task_class="agent"), ServedCompletion(served, ref)
+        )
+        assert value["task_class"] == expected
