@@ -122,12 +122,13 @@ class ManifestLog(Mapping[Key, dict[str, Any]]):
         *,
         source: str | None = None,
         audit: bool = False,
+        verifier: Verifier | None = None,
     ) -> ManifestLog:
         """The log of ``run``'s manifests topic (or of ``topic``); with ``source`` (a region
         name), of MirrorMaker's copy from that region, ``SOURCE.rl.RUN.weights.manifests``."""
         name = f"{run}.manifest-log"
         own = topics.remote_topic(source, topics.topic_name(run, "weights.manifests"))
-        return cls(settings, topic or own, model, name=name, audit=audit)
+        return cls(settings, topic or own, model, name=name, audit=audit, verifier=verifier)
 
     # -- the records ----------------------------------------------------------------------
 

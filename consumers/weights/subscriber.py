@@ -78,6 +78,7 @@ from rlstream.consumers.weights.manifest_log import Key, ManifestLog
 from rlstream.consumers.weights.routes import Link, Route, fetch_windows, plan_route, refusal
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.runtime import metrics
+from rlstream.producers.weights.signing import Verifier
 from rlstream.schemas import deltacodec as codec
 from rlstream.schemas import events, topics
 from rlstream.schemas.deltacodec.wire import (
@@ -243,7 +244,8 @@ class WeightSubscriber:
     accepted (None: half the machine's memory). ``full_check_every`` (recycling only): applied
     in place, only versions that are its multiples are checked against every hash, the others
     by their pieces' own checksums where they carry them (deltas published for fast applies:
-    ``stage_step``)."""
+    ``stage_step``). ``verifier``: the run's public key as configured (else resolved by
+    ``consumers.weights.trust.run_trust``: a mirrored copy needs it given)."""
 
     def __init__(
         self,
@@ -261,13 +263,16 @@ class WeightSubscriber:
         expected: TensorTable | None = None,
         max_state_bytes: int | None = None,
         full_check_every: int = 1,
+        verifier: Verifier | None = None,
     ) -> None:
         if full_check_every < 1:
             raise ValueError(f"full_check_every must be >= 1, got {full_check_every}")
         self.full_check_every = full_check_every
         self.settings, self.run, self.model = settings, run, model
         self.source = source  # None: this cluster's own topics; else the region copied from
-        self._manifests = ManifestLog.of_run(settings, run, model, manifest_topic, source=source)
+        self._manifests = ManifestLog.of_run(
+            settings, run, model, manifest_topic, source=source, verifier=verifier
+        )
         self.manifest_topic = self._manifests.topic
         if not self._manifests.exists():
             self._manifests.close()

@@ -5,19 +5,21 @@ Rules:
 - resolve (``run_trust``): a reader of run R's manifests takes, in this order: the public key
   its launcher gave it (``$RLSTREAM_WEIGHTS_VERIFY_KEY``, hex: ``rlstream demo`` gives every
   role the run's key this way, and a role on a secured cluster, which grants the roles no READ
-  on ``rl.runs``, takes it from the cluster's secrets); else the public key recorded in R's
-  run manifest (``rl.runs``, whose writers the ACLs restrict; in a rollout region
-  MirrorMaker's copy ``SOURCE.rl.runs`` beside ``SOURCE.rl.R.weights.manifests``); R's
-  explicit insecure choice recorded there (said loudly); for a replay of a run recorded
+  on ``rl.runs``, takes it from the cluster's secrets); else, on R's home cluster only, the
+  public key recorded in R's run manifest (``rl.runs``, whose writers the ACLs restrict), or
+  R's explicit insecure choice recorded there (said loudly); for a replay of a run recorded
   before keys (``audit``), any manifest, said loudly; else nothing is trusted and nothing
-  accepted (fail-closed);
+  accepted (fail-closed). A reader of a mirrored copy (``SOURCE.rl.R.weights.manifests`` in a
+  rollout region) trusts only the key it is given: MirrorMaker's ``SOURCE.rl.runs`` is writable
+  by whoever can write that region's cluster, so neither a key nor ``insecure`` is read there;
 - create (``ensure_run_key``): a run gets its key once, from whoever creates it (``rlstream
   demo``, before any role starts) or at the learner's first start when nothing is recorded
   yet: the private half in a file only the learner is given, the public half recorded in the
   run manifest (read, updated and written back, every other field kept; a manifest is created
   when the run has none). A learner whose key file is missing, or holds another key than the
   one recorded, refuses to start rather than sign with a key no reader trusts;
-  ``insecure=True`` records the explicit choice to publish unsigned instead;
+  ``insecure=True`` records the explicit choice to publish unsigned instead, and a learner
+  without it refuses a run recorded insecure (a record never downgrades it to unsigned);
 - a run manifest written again (``rlstream demo`` at the end of a run) keeps the weight fields
   (``weight_fields``);
 - a key folder (the key file and, beside it, ``PUBLIC_FILE``) hands the key over by
@@ -70,10 +72,10 @@ def weight_fields(record: Mapping[str, Any] | None) -> dict[str, Any]:
     return {KEY_FIELD: record.get(KEY_FIELD), INSECURE_FIELD: bool(record.get(INSECURE_FIELD))}
 
 
-def _recorded(settings: KafkaSettings, run: str, source: str | None = None) -> Any:
+def _recorded(settings: KafkaSettings, run: str) -> Any:
     """Run ``run``'s manifest as this client may read it: the record, None when there is none,
     or ``UNREADABLE`` when this client may not read ``rl.runs`` (the reason is logged)."""
-    topic = topics.remote_topic(source, topics.RUNS_TOPIC)
+    topic = topics.RUNS_TOPIC
     try:
         return run_manifest(settings, run, topic=topic)
     except (RuntimeError, TimeoutError, KafkaException) as exc:
@@ -87,7 +89,12 @@ def run_trust(settings: KafkaSettings, topic: str, *, audit: bool = False) -> Tr
         return Trust(Verifier.from_hex(os.environ[VERIFY_KEY_ENV]), source=f"${VERIFY_KEY_ENV}")
     name = topics.parse_topic(topic)
     assert name.run is not None
-    recorded = _recorded(settings, name.run, name.region)
+    if name.region is not None:  # a mirrored copy: whoever writes this cluster could write it
+        return Trust(
+            source=f"{topic} is a copy from region {name.region}: a rollout region trusts only "
+            f"the key it is given (${VERIFY_KEY_ENV}), never a mirrored {topics.RUNS_TOPIC}"
+        )
+    recorded = _recorded(settings, name.run)
     fields = weight_fields(None if recorded is UNREADABLE else recorded)
     if fields[KEY_FIELD]:
         return Trust(Verifier.from_hex(fields[KEY_FIELD]), source=f"run manifest of {name.run}")
@@ -159,6 +166,12 @@ def _ensure_run_key(
             )
         return Signer.from_file(path)
     fields = weight_fields(recorded)
+    if fields[INSECURE_FIELD] and not insecure:
+        raise RuntimeError(
+            f"run {run} is recorded insecure (unsigned weights) but this learner is not "
+            "configured so (learner.insecure_weights): refusing to publish unsigned weights "
+            "on a record's word"
+        )
     if fields[INSECURE_FIELD] or (insecure and not fields[KEY_FIELD]):
         if not fields[INSECURE_FIELD]:
             record_weight_fields(settings, run, insecure=True)

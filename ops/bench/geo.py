@@ -238,13 +238,17 @@ def _weights(
     from rlstream.ops.bench.sync import _Model
     from rlstream.producers.client.producer import EventProducer
     from rlstream.producers.weights.publisher import WeightPublisher
+    from rlstream.producers.weights.signing import Verifier
 
     model = _Model(args.mb, seed=0, lr=args.lr)
     producer = EventProducer.transactional(settings["trainer"], f"rlstream.{run}.learner")
     signer = run_signer(settings["trainer"], run)
+    verifier = Verifier.from_hex(signer.public_hex)  # a rollout region is given the run's key
     pub = WeightPublisher(producer, run, MODEL, keyframe_every=args.keyframe_every, signer=signer)
     subs = {
-        "eu": WeightSubscriber(settings["eu"], run, MODEL, source="trainer", fetch_timeout=60),
+        "eu": WeightSubscriber(
+            settings["eu"], run, MODEL, source="trainer", fetch_timeout=60, verifier=verifier
+        ),
         "trainer": WeightSubscriber(settings["trainer"], run, MODEL, fetch_timeout=60),
     }
     commits: dict[int, float] = {}

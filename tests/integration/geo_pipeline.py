@@ -53,6 +53,8 @@ class GeoRun:
     tasks: int
     extra_sets: list[str] = field(default_factory=list)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # every role's: the run's public key
+    learner_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def regions(self) -> topics.Regions:
@@ -70,11 +72,21 @@ class GeoRun:
         return [arg for item in sets for arg in ("--set", item)]
 
     def start(self) -> GeoRun:
+        from rlstream.consumers.weights.trust import ensure_run_key
+        from rlstream.producers.weights.signing import KEY_FILE, SIGNING_KEY_ENV, VERIFY_KEY_ENV
+
         (self.tmp / self.run).mkdir(parents=True, exist_ok=True)
         for name in self.regions.names:
             ensure_run_topics(
                 settings_of(self.home, name), self.run, regions=self.regions, here=name
             )
+        # the run's key before any role, given to every role (a rollout region trusts only the
+        # key it is given) and its file to the learner alone, as `rlstream demo` does
+        key_file = self.tmp / self.run / "learner-key" / KEY_FILE
+        signer = ensure_run_key(settings_of(self.home, "trainer"), self.run, key_file)
+        assert signer is not None
+        self.env = {VERIFY_KEY_ENV: signer.public_hex}
+        self.learner_env = {**self.env, SIGNING_KEY_ENV: str(key_file)}
         self._start("learner", "learner", "trainer")
         self._start("admission", "admission", "trainer")
         self._start("judge-tests", "judge", "trainer", "--name", "tests")
@@ -86,7 +98,10 @@ class GeoRun:
     def _start(self, name: str, role: str, region: str, *extra: str) -> None:
         settings = settings_of(self.home, region)
         logs = self.tmp / self.run
-        proc = start_role(role, self.run, settings, logs, [*self.sets(), *extra], name, region)
+        env = self.learner_env if role == "learner" else self.env
+        proc = start_role(
+            role, self.run, settings, logs, [*self.sets(), *extra], name, region, env=env
+        )
         self.procs[name] = proc.proc
 
     def log(self, name: str) -> Path:

@@ -25,6 +25,7 @@ from rlstream.producers.client.admin import ensure_run_topics
 from rlstream.producers.client.producer import EventProducer
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.weights.publisher import WeightPublisher
+from rlstream.producers.weights.signing import Verifier
 from rlstream.schemas import deltacodec as codec
 from rlstream.schemas import events, topics
 
@@ -100,7 +101,8 @@ def test_only_committed_weights_and_trajectories_cross_regions(geo, unique_run):
             pass
 
     source = REGIONS.sources("weights.manifests", "eu")[0]
-    with WeightSubscriber(eu, run, MODEL, source=source, fetch_timeout=30) as sub:
+    key = Verifier.from_hex(signer.public_hex)  # a rollout region is given the run's key
+    with WeightSubscriber(eu, run, MODEL, source=source, fetch_timeout=30, verifier=key) as sub:
         assert sub.manifest_topic == f"trainer.{topics.topic_name(run, 'weights.manifests')}"
         got = sub.wait_for(1, timeout=120)
         assert got is not None and got.version == 1, "eu never got version 1 through MirrorMaker"

@@ -209,3 +209,42 @@ def test_manifests_read_before_the_runs_key_is_recorded_are_held_not_lost(
         sub.wait_for(1, timeout=30)
         _assert_on(sub, learner, 1)
         assert not sub.refused_manifests and not sub.failures
+
+
+def test_a_mirrored_runs_record_is_no_trust_anchor(
+    kafka: KafkaSettings, unique_run: str, tmp_path: Path
+) -> None:
+    """Whoever can write a rollout region's cluster can write MirrorMaker's copy of rl.runs:
+    a record there naming their own key, or marking the run insecure, is not read; a reader of
+    the mirrored manifests trusts only the key it is given."""
+    from helpers import make_topics
+
+    copy = topics.remote_topic("trainer", topics.RUNS_TOPIC)
+    make_topics(kafka, copy, partitions=1)
+    theirs = signing.Signer.from_file(signing.generate(tmp_path)[0])
+    record = {
+        "run": unique_run, "created_ms": 1, "updated_ms": 1, "status": "created",
+        "config_json": "{}", "seeds": {}, "code_version": "x", "model": "", "start_offsets": [],
+        "topics": [], "description": "forged", "weights_public_key": theirs.public_hex,
+        "weights_insecure": True,
+    }  # fmt: skip
+    with EventProducer.connect(kafka) as producer:
+        producer.produce(copy, "run_manifest", record, unique_run)
+    mirrored = topics.remote_topic("trainer", topics.topic_name(unique_run, "weights.manifests"))
+    trust = run_trust(kafka, mirrored)
+    assert trust.verifier is None and not trust.insecure and not trust.known, trust
+    assert "given" in trust.source
+
+
+def test_a_record_never_downgrades_a_learner_to_unsigned(
+    kafka: KafkaSettings, unique_run: str
+) -> None:
+    """A run created with a key and later recorded insecure (a record anyone with write access
+    to rl.runs could make): the learner refuses to start rather than publish unsigned."""
+    from rlstream.consumers.weights.trust import ensure_run_key, record_weight_fields
+
+    _make_topics(kafka, unique_run)
+    signed_run(kafka, unique_run)
+    record_weight_fields(kafka, unique_run, insecure=True)
+    with pytest.raises(RuntimeError, match="recorded insecure"):
+        ensure_run_key(kafka, unique_run, run_key_file(unique_run))
