@@ -38,7 +38,13 @@ callback. The records and how they map to the codec are the wire format
   MirrorMaker copies each topic on its own, so a manifest may cross before its chunks: reading
   a copy, a version whose chunks are not all there yet is recorded in ``deferred`` and tried
   again ``RETRY_S`` later, not refused (the scan still stops at the end of the copy, so a worker
-  between two tasks never waits on a link);
+  between two tasks never waits on a link); one whose chunks have not all arrived
+  ``crossing_timeout_s`` after it was first deferred is refused for good (``ChunksLate``, in
+  ``failures`` and the refusal counter), so a mirror that holds chunks back cannot keep a
+  region retrying one version: it catches up from a later keyframe instead;
+- freshness: ``freshness_lag()`` (and the gauge ``rlstream_weights_freshness_lag_versions``)
+  is how many versions the newest verified manifest is ahead of the version served: what a
+  region that is held back (a link, a mirror, a refused chain) reports;
 - chunk fetches go straight to the positions the manifest names (``ChunkRef.ref``); when those
   are absent or belong to another cluster (a MirrorMaker copy keeps the topic's data but not
   its offsets), the partitions are scanned from the previous manifest's time instead (a copy
@@ -264,6 +270,7 @@ class WeightSubscriber:
         max_state_bytes: int | None = None,
         full_check_every: int = 1,
         verifier: Verifier | None = None,
+        crossing_timeout_s: float = 600.0,
     ) -> None:
         if full_check_every < 1:
             raise ValueError(f"full_check_every must be >= 1, got {full_check_every}")
@@ -282,6 +289,9 @@ class WeightSubscriber:
         self.failures: deque[Failure] = deque(maxlen=HISTORY)
         # the latest tries of versions whose chunks had not all crossed yet (bounded)
         self.deferred: deque[Failure] = deque(maxlen=64)
+        self.crossing_timeout_s = crossing_timeout_s
+        self._deferred_since: dict[Key, float] = {}  # first deferral of each version still late
+        self._lag = metrics.freshness_lag().labels(model)
         self.reports: deque[Applied] = deque(maxlen=HISTORY)
         self.table: TensorTable | None = expected
         if self.table is None and initial is not None:
@@ -323,6 +333,14 @@ class WeightSubscriber:
     def newest_known(self) -> int | None:
         """The newest version any manifest read so far names."""
         return self._manifests.newest
+
+    def freshness_lag(self) -> int:
+        """Versions between the newest verified manifest and the one served (0: up to date;
+        the newest plus one while nothing is served)."""
+        newest = self.newest_known()
+        if newest is None:
+            return 0
+        return newest - (self.version if self.version is not None else -1)
 
     def refusal_of(self, version: int) -> str | None:
         """Why ``version`` can never be applied, or None while it still may be (see
@@ -396,6 +414,7 @@ class WeightSubscriber:
             ]
             route = plan_route(links, self.version, self._skip())
             if route is None:
+                self._lag.set(self.freshness_lag())
                 return applied
             report = self._apply(route)
             if report is not None:
@@ -409,6 +428,7 @@ class WeightSubscriber:
         keyframes = sorted(v for v, kind in self._manifests if kind == "keyframe")
         if self.version is not None and len(keyframes) >= 2:
             self._manifests.forget_before(min(self.version, keyframes[-2]))
+        self._deferred_since = {k: t for k, t in self._deferred_since.items() if k in self._manifests}
 
     def _apply(self, route: Route) -> Applied | None:
         """Apply a route into staging; hand it over only when every step verified."""
@@ -486,6 +506,13 @@ class WeightSubscriber:
         """Exclude ``key`` from routes: for good, or (``later``) for ``RETRY_S`` only."""
         kind = type(exc).__name__
         reason = f"{kind}: {exc}"
+        now = time.monotonic()
+        if later and now - self._deferred_since.setdefault(key, now) > self.crossing_timeout_s:
+            kind = "ChunksLate"
+            reason = (
+                f"{kind}: not all its chunks arrived in {self.crossing_timeout_s:.0f}s ({reason})"
+            )
+            later = False
         if later:
             log.info(
                 "weights: version %d (%s) not all crossed yet, again in %.0fs: %s",
@@ -494,8 +521,9 @@ class WeightSubscriber:
                 reason,
             )
             self.deferred.append(Failure(key[0], key[1], reason))
-            self._later[key] = time.monotonic() + RETRY_S
+            self._later[key] = now + RETRY_S
             return
+        self._deferred_since.pop(key, None)
         log.warning(
             "weights: refusing version %d (%s), staying on %s: %s", *key, self.version, reason
         )

@@ -289,6 +289,17 @@ def weight_refusals(registry: Registry = REGISTRY) -> Counter:
     )
 
 
+def freshness_lag(registry: Registry = REGISTRY) -> Gauge:
+    """``rlstream_weights_freshness_lag_versions{model}``: versions between the newest verified
+    weight manifest a reader knows and the version it serves."""
+    return registry.gauge(
+        "rlstream_weights_freshness_lag_versions",
+        "Versions the newest verified weight manifest is ahead of the one served (a region "
+        "held back by a link, a mirror or refused versions).",
+        ("model",),
+    )
+
+
 def track_buffer(name: str, size: int, bound: int, registry: Registry = REGISTRY) -> None:
     """Report a buffer's current ``size`` and its ``bound`` (items) under ``name``.
 

@@ -345,3 +345,39 @@ def test_forged_manifests_are_refused_and_the_old_weights_keep_serving(
         assert watcher.version == 3
     finally:
         watcher.close()
+
+
+def test_a_version_whose_chunks_never_cross_is_skipped_and_the_lag_reported(
+    kafka: KafkaSettings, unique_run: str
+) -> None:
+    """A rollout region's copy holds the manifests but a mirror holds the chunks back: each
+    version is deferred, then refused for good once ``crossing_timeout_s`` passed (a region is
+    never kept retrying one version), and the region reports how far behind it is."""
+    from helpers import make_topics
+
+    from rlstream.producers.runtime.metrics import REGISTRY
+
+    run = unique_run
+    _make_topics(kafka, run)
+    pub = _publisher(kafka, run, k=2)
+    _publish(pub, Learner(seed=5), range(3))
+    home = topics.topic_name(run, "weights.manifests")
+    copy = topics.remote_topic("trainer", home)
+    make_topics(
+        kafka, copy, topics.remote_topic("trainer", topics.topic_name(run, "weights.chunks"))
+    )
+    with EventProducer.connect(kafka) as producer:  # the manifests cross, the chunks never do
+        for key, value, msg in read_all(kafka, home):
+            producer.produce_raw(copy, value, key, msg.headers())
+    key = signing.Verifier.from_hex(signed_run(kafka, run).public_hex)
+    with _subscriber(kafka, run, source="trainer", verifier=key, crossing_timeout_s=1.0) as sub:
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline and len(sub.failures) < 2:
+            sub.poll(1.0)
+        assert sub.version is None and sub.newest_known() == 2
+        assert sub.deferred and all("MissingChunk" in d.reason for d in sub.deferred)
+        late = [f for f in sub.failures if "ChunksLate" in f.reason]
+        assert {f.version for f in late} == {0, 2}, sub.failures  # the keyframes (k=2) it tried
+        assert sub.freshness_lag() == 3
+    gauge = "rlstream_weights_freshness_lag_versions"
+    assert f'{gauge}{{model="{MODEL}"}} 3.0' in REGISTRY.exposition()
