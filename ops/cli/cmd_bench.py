@@ -26,6 +26,7 @@ BENCHES = (
     "rlstream.ops.bench.table",
     "rlstream.ops.bench.engines",
     "rlstream.ops.bench.stability",
+    "rlstream.ops.bench.verdicts",
 )
 # Benchmarks added as the features land are appended here.
 

@@ -257,3 +257,20 @@ def test_no_installed_package_is_readable_in_the_sandbox() -> None:
     r = sandbox.run(code, sandbox.SandboxConfig(isolation=BOX))
     assert r.status == "ok", r
     assert r.stdout.split() == [w for p in found for w in (p, "0")], r.stdout
+
+
+def test_the_verdicts_bench_times_both_arms_on_passing_work(fam) -> None:
+    """``rlstream bench verdicts`` at its smallest: every package, both arms, reference patches
+    passing in each (else it raises), and the defences switched back on afterwards."""
+    import argparse
+
+    from rlstream.envs import repo_tools
+    from rlstream.ops.bench import verdicts
+
+    driver, check = repo_tools.driver, patch_policy.check
+    result = verdicts.run(argparse.Namespace(pairs=2, isolation=BOX))
+    assert set(result["packages"]) == {t.repo for t in fam.loaded.tasks.values()}
+    for p in result["packages"].values():
+        assert p["with_defences_ms"] > 0 and p["without_ms"] > 0 and p["policy_check_ms"] > 0
+    assert (repo_tools.driver, patch_policy.check) == (driver, check)
+    assert verdicts._interval([float(i) for i in range(20)]) == [5.0, 14.0]
