@@ -61,6 +61,20 @@ def _max_error(state: dict[str, torch.Tensor], prompt: list[int], gen: Generatio
     return worst
 
 
+def _until_running(url: str, timeout: float = 60.0) -> None:
+    """Wait until the vLLM server at ``url`` reports a request running (its /metrics)."""
+    from urllib.request import urlopen
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with urlopen(f"{url}/metrics", timeout=5) as answer:
+            for line in answer.read().decode().splitlines():
+                if line.startswith("vllm:num_requests_running") and float(line.split()[-1]) > 0:
+                    return
+        time.sleep(0.01)
+    raise TimeoutError(f"no request running on {url} within {timeout:.0f}s")
+
+
 def _session(pid: int) -> list[int]:
     """The live processes of the session ``pid`` leads (the server and its engine)."""
     found = []
@@ -91,7 +105,7 @@ def test_a_killed_server_is_restarted_and_the_request_sent_again(tmp_path: Path)
 
         worker = threading.Thread(target=run)
         worker.start()
-        time.sleep(0.5)  # the request is in flight
+        _until_running(engine.url)  # the request is in flight (a fixed wait raced its end)
         os.kill(killed, signal.SIGKILL)
         worker.join(600)
         assert not worker.is_alive()
