@@ -33,7 +33,7 @@ $(STAMP): pyproject.toml
 	@# design: the repository root is the package); the warning is not for the person setting up
 	PYTHONWARNINGS=ignore $(BIN)/python -m pip install -q -e '.[dev]'
 	@# the commit-msg hook (subjects of at most 72 characters), where this is a git checkout
-	@if [ -d .git ]; then git config core.hooksPath ops/githooks; fi
+	@if [ -d .git ]; then git config core.hooksPath .githooks; fi
 	touch $@
 
 vllm: $(VLLM_STAMP)  ## install vLLM's CPU build into .venv-vllm (once: 6-11 min, 6.2 GB; wheels kept for next time)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-HOOK = Path(__file__).resolve().parents[2] / "ops" / "githooks" / "commit-msg"
+HOOK = Path(__file__).resolve().parents[2] / ".githooks" / "commit-msg"
 
 
 def _hook(tmp_path: Path, message: str) -> int:
