@@ -38,7 +38,11 @@ hash to it, else the push is refused and the old version keeps serving) and ``po
 the answer. The endpoint is privileged (``rollout.push_auth``): a bearer token (401), a
 ``model_path`` inside the push directory (403), a body with ``state_hash`` (422), a version not
 older than the served one and within ``max_version_jump`` of it (409); every refusal says why.
-The directory is loaded and hashed outside the generation lock and swapped in under it.
+The pushed ``state_hash`` is the pusher's claim, so it must also be the one the learner signed
+for that version (``SignedHashes``: the run's verified manifests on this cluster; 409 while
+none of the version is known, 422 when it differs): a token holder cannot have a state of its
+own served and attributed to a version. The directory is loaded and hashed outside the
+generation lock and swapped in under it.
 
 Rollout requests (what the ``openai`` engine sends; vLLM's OpenAI server reads the same names):
 ``prompt`` may be a list of token ids (fed as given, no BOS added); ``stop_token_ids`` stop a
@@ -62,6 +66,7 @@ import math
 import os
 import secrets
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -75,6 +80,7 @@ from confluent_kafka import KafkaException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rlstream.consumers.eval_log import ReleaseFollower
+from rlstream.consumers.weights.manifest_log import ManifestLog
 from rlstream.consumers.weights.subscriber import WeightSubscriber
 from rlstream.producers.client.producer import DeliveryError, EventProducer
 from rlstream.producers.client.settings import KafkaSettings
@@ -308,6 +314,7 @@ class PolicyServer:
         weights: str = "kafka",
         push: PushConfig | None = None,
         gate: CompletionsGate | None = None,
+        signed_hash: Callable[[int], str | None] | None = None,
     ) -> None:
         if weights == "push" and push is None:
             raise ValueError("a server that takes pushed weights needs a push token and folder")
@@ -327,6 +334,10 @@ class PolicyServer:
         self.subscriber: WeightSubscriber | None = None
         self.push_config = push if weights == "push" else None
         self.gate = gate  # None: completions are open (a library caller's own choice)
+        # push mode: the state hash the learner signed for a version (the run's manifests)
+        self.signed_hash = signed_hash
+        if weights == "push" and signed_hash is None:
+            self.signed_hash = SignedHashes(settings, run, model)
         if weights == "push":
             self.following = "pushed"
         else:
@@ -377,7 +388,22 @@ class PolicyServer:
     def push(self, req: UpdateWeightsRequest) -> int:
         """Load, check and swap one push, for a caller that holds the model."""
         assert self.push_config is not None
-        return self.swap_push(*self.push_config.load(req, self.version))
+        made = self.push_config.load(req, self.version)
+        self.check_signed(made[0], req.state_hash)
+        return self.swap_push(*made)
+
+    def check_signed(self, version: int, state_hash: str) -> None:
+        """A pushed version is served only as the learner signed it: ``PushRefused`` (409) when
+        no verified manifest of ``version`` is known here, (422) when its state hash is not
+        ``state_hash`` (which the loaded state already matched)."""
+        assert self.signed_hash is not None
+        signed = self.signed_hash(version)
+        if signed is None:
+            raise PushRefused(409, f"no signed manifest of version {version} is known here")
+        if signed != state_hash:
+            raise PushRefused(
+                422, f"state hash {state_hash} is not the one signed for version {version}"
+            )
 
     def complete(self, req: CompletionRequest) -> dict[str, Any]:
         """Generate, record (see the module rule "Recorded"), then answer."""
@@ -494,12 +520,42 @@ class PolicyServer:
 
     def close(self) -> None:
         try:
+            if isinstance(self.signed_hash, SignedHashes):
+                self.signed_hash.close()
             if self.subscriber is not None:
                 self.subscriber.close()
             if self.releases is not None:
                 self.releases.close()
         finally:
             self.recorder.wait(self.record_timeout_s)
+
+
+class SignedHashes:
+    """The state hash of each version of a run's model as its verified, signed manifests say
+    (``ManifestLog``: the run's trust applies), read on demand, waiting up to ``wait_s`` for a
+    version not read yet. Thread-safe: pushes are checked off the event loop."""
+
+    def __init__(self, settings: KafkaSettings, run: str, model: str, wait_s: float = 15.0):
+        self.settings, self.run, self.model, self.wait_s = settings, run, model, wait_s
+        self._log: ManifestLog | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, version: int) -> str | None:
+        with self._lock:
+            if self._log is None:
+                self._log = ManifestLog.of_run(self.settings, self.run, self.model)
+            deadline = time.monotonic() + self.wait_s
+            while True:
+                found = [rec["state_hash"] for (v, _), rec in self._log.items() if v == version]
+                left = deadline - time.monotonic()
+                if found or left <= 0:
+                    return found[0] if found else None
+                self._log.wait(min(left, 1.0))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._log is not None:
+                self._log.close()
 
 
 def _error(status: int, message: str, field: str | None = None) -> web.Response:
@@ -562,6 +618,7 @@ def make_app(server: PolicyServer) -> web.Application:
             gate.authorize(request.headers.get("Authorization"))  # before the body is read
             req = update_request(await request.read())
             made = await loop.run_in_executor(None, gate.load, req, server.version)
+            await loop.run_in_executor(None, server.check_signed, made[0], req.state_hash)
             async with server.lock:  # never while a completion is generated
                 version = await loop.run_in_executor(None, server.swap_push, *made)
         except PushRefused as exc:

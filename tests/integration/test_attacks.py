@@ -49,10 +49,12 @@ def test_every_attack_is_tried_and_refused(
 
     # a policy server that takes pushed weights, serving version 0 (pushed with the token)
     push = PushConfig(token=TOKEN, weights_dir=tmp_path / "pushed")
-    server = PolicyServer(kafka, run, "policy", POLICY, weights="push", push=push)
     state = {k: v.detach().bfloat16() for k, v in build_policy(POLICY).state_dict().items()}
     save_state_hf(POLICY, state, tmp_path / "pushed" / "v0")
     digest = state_hash(from_torch(state))
+    server = PolicyServer(
+        kafka, run, "policy", POLICY, weights="push", push=push, signed_hash={0: digest}.get
+    )  # the run's learner signed version 0 with this state
     server.push(
         UpdateWeightsRequest(
             model_path=str(tmp_path / "pushed" / "v0"), weight_version="0", state_hash=digest

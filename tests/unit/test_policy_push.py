@@ -53,7 +53,10 @@ def _version_dir(root: Path, seed: int) -> tuple[Path, str]:
     return path, state_hash(from_torch(state))
 
 
-def _serve(root: Path, calls: Any, max_jump: int = 5) -> tuple[Any, PolicyServer, list[str]]:
+def _serve(
+    root: Path, calls: Any, signed: dict[int, str], max_jump: int = 5
+) -> tuple[Any, PolicyServer, list[str]]:
+    """A push-mode server whose run signed ``signed`` (version -> state hash)."""
     lines: list[str] = []
     push = PushConfig(token=TOKEN, weights_dir=root, max_version_jump=max_jump)
     server = PolicyServer(
@@ -65,6 +68,7 @@ def _serve(root: Path, calls: Any, max_jump: int = 5) -> tuple[Any, PolicyServer
         push=push,
         record_timeout_s=0.1,
         log=lines.append,
+        signed_hash=signed.get,
     )
 
     async def main() -> Any:
@@ -106,7 +110,7 @@ def test_a_push_needs_the_token_and_is_confined_complete_and_bounded(tmp_path: P
             await (await c.get("/healthz")).json(),
         ]
 
-    (*answers, health), server, lines = _serve(root, calls)
+    (*answers, health), server, lines = _serve(root, calls, {1: h1, 6: h2})
     statuses = [a[0] for a in answers]
     assert statuses == [401, 401, 403, 403, 422, 422, 200, 409, 409, 200], answers
     assert answers[0][2] and answers[1][2], "a 401 names its scheme (WWW-Authenticate)"
@@ -218,3 +222,25 @@ def test_completions_need_a_token_and_keep_to_its_rate(tmp_path: Path) -> None:
         server.close()
     assert [a[0] for a in answers] == [401, 401, 503, 503, 429], answers
     assert answers[-1][1] is not None and int(answers[-1][1]) >= 1
+
+
+def test_a_push_is_served_only_as_the_learner_signed_it(tmp_path: Path) -> None:
+    """The pushed state_hash is the pusher's claim: a state that hashes to it but is not the one
+    the run's signed manifest names for that version is refused 422, and a version with no
+    signed manifest known 409; the served version stays."""
+    root = tmp_path / "pushed"
+    v1, h1 = _version_dir(root, 1)
+    v2, h2 = _version_dir(root, 2)
+
+    async def calls(c: TestClient) -> list[Any]:
+        return [
+            await _push(c, {"model_path": str(v1), "weight_version": "1", "state_hash": h1}),
+            await _push(c, {"model_path": str(v2), "weight_version": "2", "state_hash": h2}),
+            await _push(c, {"model_path": str(v2), "weight_version": "3", "state_hash": h2}),
+        ]
+
+    answers, server, _ = _serve(root, calls, {1: h1, 2: "a-hash-the-learner-signed"})
+    assert [a[0] for a in answers] == [200, 422, 409], answers
+    assert "signed for version 2" in answers[1][1]["message"]
+    assert "no signed manifest of version 3" in answers[2][1]["message"]
+    assert server.version == 1

@@ -136,15 +136,18 @@ def test_a_pushed_version_is_served_only_if_it_hashes_to_what_the_caller_says(tm
 
     nowhere = KafkaSettings(bootstrap_servers="127.0.0.1:1")  # pushing needs no broker
     push = PushConfig(token="push-token-0123456789", weights_dir=tmp_path)
+    signed: dict[int, str] = {}  # the run's signed manifests: version -> state hash
     server = PolicyServer(
-        nowhere, "r1", "policy", POLICY, weights="push", record_timeout_s=0.1, push=push
-    )
+        nowhere, "r1", "policy", POLICY, weights="push", record_timeout_s=0.1, push=push,
+        signed_hash=signed.get,
+    )  # fmt: skip
     try:
         assert server.subscriber is None and server.following == "pushed"
         new = POLICY.model_copy(update={"seed": 3})
         state = {k: v.detach().bfloat16() for k, v in build_policy(new).state_dict().items()}
         save_state_hf(POLICY, state, tmp_path / "v1")
         good = state_hash(from_torch(state))
+        signed[1] = good
         with pytest.raises(ValueError, match="hash"):
             server.push(
                 UpdateWeightsRequest(
