@@ -279,7 +279,9 @@ class RolloutWorker:
         for sample in samples:
             record = self._trajectory(task, sample, queued_ms, started_ms, finished_ms)
             spans = version_spans(sample.versions, version)
-            record.update(policy_version=spans[0]["version"], version_spans=spans)
+            oldest = spans[0]["version"]
+            epoch = self.subscriber.epoch_of(oldest)
+            record.update(policy_version=oldest, version_spans=spans, learner_epoch=epoch)
             limit = topics.STREAMS["trajectories"].max_value_bytes
             for part in arrays.split_segments(record, limit):
                 outputs.append(Output(self.out_topic, "trajectory", part, task["task_id"]))

@@ -292,6 +292,7 @@ class WeightSubscriber:
         self.crossing_timeout_s = crossing_timeout_s
         self._deferred_since: dict[Key, float] = {}  # first deferral of each version still late
         self._lag = metrics.freshness_lag().labels(model)
+        self._epochs: dict[int, int] = {}  # version handed over -> its manifest's learner epoch
         self.reports: deque[Applied] = deque(maxlen=HISTORY)
         self.table: TensorTable | None = expected
         if self.table is None and initial is not None:
@@ -333,6 +334,11 @@ class WeightSubscriber:
     def newest_known(self) -> int | None:
         """The newest version any manifest read so far names."""
         return self._manifests.newest
+
+    def epoch_of(self, version: int) -> int:
+        """The learner epoch of the manifest ``version`` was handed over from (the latest 64
+        versions; 0 when unknown). Safe from any thread."""
+        return self._epochs.get(version, 0)
 
     def freshness_lag(self) -> int:
         """Versions between the newest verified manifest and the one served (0: up to date;
@@ -428,7 +434,9 @@ class WeightSubscriber:
         keyframes = sorted(v for v, kind in self._manifests if kind == "keyframe")
         if self.version is not None and len(keyframes) >= 2:
             self._manifests.forget_before(min(self.version, keyframes[-2]))
-        self._deferred_since = {k: t for k, t in self._deferred_since.items() if k in self._manifests}
+        self._deferred_since = {
+            k: t for k, t in self._deferred_since.items() if k in self._manifests
+        }
 
     def _apply(self, route: Route) -> Applied | None:
         """Apply a route into staging; hand it over only when every step verified."""
@@ -438,6 +446,10 @@ class WeightSubscriber:
             return None
         state, fetch_s, decode_s, nbytes = staged
         target = self._manifests[route.steps[-1]]
+        self._epochs = {
+            **{v: e for v, e in self._epochs.items() if v > route.target - 64},
+            route.target: int(target.get("learner_epoch", 0)),
+        }  # replaced whole: readers in other threads see one dict or the other
         # the codec orders tensors by name; hand them over in the manifest's state-dict order
         snapshot = Snapshot(route.target, {t["name"]: state[t["name"]] for t in target["tensors"]})
         apply_s = time.perf_counter() - t0

@@ -89,6 +89,7 @@ def test_new_versions_reach_rollouts_in_progress(kafka, unique_run, tmp_path):
         assert all(a["token_end"] == b["token_start"] for a, b in itertools.pairwise(spans))
         assert all(a["version"] < b["version"] for a, b in itertools.pairwise(spans))
         assert t["policy_version"] == spans[0]["version"]
+        assert t["learner_epoch"] == 1  # the run's first learner published every version
     oldest = {}
     for t in trajectories:
         old = oldest.get(t["group_id"], (10**9, -1))

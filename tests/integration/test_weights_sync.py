@@ -130,12 +130,13 @@ def test_live_follower_crosses_a_keyframe_on_deltas_and_ends_bit_exact(kafka, un
 
 def test_late_joiner_bootstraps_from_the_newest_keyframe(kafka, unique_run):
     _make_topics(kafka, unique_run)
-    learner, pub = Learner(seed=1), _publisher(kafka, unique_run, k=3)
+    learner, pub = Learner(seed=1), _publisher(kafka, unique_run, k=3, epoch=4)
     _publish(pub, learner, range(6))
     with _subscriber(kafka, unique_run) as sub:
         applied = sub.poll(10)
         assert [a.steps for a in applied] == [((3, "keyframe"), (4, "delta"), (5, "delta"))]
         _assert_on(sub, learner, 5)
+        assert (sub.epoch_of(5), sub.epoch_of(4)) == (4, 0)  # the epoch trajectories of 5 carry
         report = applied[0]
         assert report.bytes_fetched > 0
         assert report.apply_s >= report.fetch_s + report.decode_s - 1e-6

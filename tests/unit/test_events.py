@@ -125,6 +125,7 @@ def examples() -> dict[str, dict[str, Any]]:
         },
         "version_spans": [],  # one version: policy_version (see the partial-rollout test)
         "routes_recorded": True,
+        "learner_epoch": 2,
     }
     reward = {
         "run": "r1",
