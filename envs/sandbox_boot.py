@@ -355,7 +355,9 @@ def supervise(spec: dict, pid: int, clock: _Clock) -> dict:
         except ChildProcessError:
             break
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    report = {"status": status, "cpu": usage.ru_utime + usage.ru_stime, "timed_out": clock.expired}
+    report: dict[str, object] = {
+        "status": status, "cpu": usage.ru_utime + usage.ru_stime, "timed_out": clock.expired
+    }  # fmt: skip
     if _setup_errors:
         report["setup_error"] = "; ".join(_setup_errors)
     return report

@@ -64,12 +64,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     def arm(defended: bool) -> None:
         repo_tools.driver = (
-            driver
-            if defended
-            # type: ignore[assignment]
-            else (lambda *a: driver(*a).replace("guard=True", "guard=False"))
+            driver if defended else (lambda *a: driver(*a).replace("guard=True", "guard=False"))
         )
-        patch_policy.check = check if defended else (lambda base, files: [])  # type: ignore[assignment]
+        patch_policy.check = check if defended else (lambda base, files: [])
 
     packages = {}
     try:

@@ -162,22 +162,21 @@ def start(
     """The run's feedback service (a fresh HMAC key) and policy server, up, and ``users``
     editor users sending to them; returns (services, users) for the caller to stop."""
     key = secrets.token_hex(16).encode()
-    services = [
-        FeedbackService(run, settings, folder, key=key),
-        PolicyService(run, settings, folder, recipe=tuple(recipe)),
-    ]
+    feedback = FeedbackService(run, settings, folder, key=key)
+    policy = PolicyService(run, settings, folder, recipe=tuple(recipe))
+    services = [feedback, policy]
     for service in services:
         service.start()
     editors = EditorUsers(
         run,
         config.role("scheduler"),
-        services[1].url,
-        services[0].url,
+        policy.url,
+        feedback.url,
         key,
         model=config.model,
         users=users,
         max_tokens=config.role("rollout").harness.max_new_tokens,
-        policy_auth=services[1].auth,
+        policy_auth=policy.auth,
     )
     return services, editors.start()
 
