@@ -256,6 +256,9 @@ def test_the_serve_services_run_as_their_own_users_within_their_acls(secured: Se
         codes = [e.code() if e else None for e in errors.values()]
         assert codes == [KafkaError.TOPIC_AUTHORIZATION_FAILED] * 2, (service.sasl_username, errors)
     assert _write_errors(policy, [secured.topic("served")]) == {secured.topic("served"): None}
+    # a record is there first (rollout may write it), or the read would find nothing to fetch
+    # whatever tests ran before on this cluster (a fresh-clone run failed so)
+    assert _produce(secured.user("rollout"), secured.topic("trajectories")) == [None]
     for service in (feedback, policy):
         consumer = reader(service, f"{run}.peek")
         with pytest.raises(RuntimeError, match=r"[Aa]uthoriz"):
