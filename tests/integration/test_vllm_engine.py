@@ -216,7 +216,9 @@ def test_a_new_version_goes_in_during_a_generation_and_rows_continue(
         _split_rows(engine, gate, float("inf"), 0)  # how long two rows take now, unswapped
         took = time.monotonic() - started
         # the version lands at a time, not a token: a few fractions of that time
-        mid = [_split_rows(engine, gate, f * took, i) for i, f in enumerate((0.4, 0.2, 0.6), 1)]
+        # five tries: on a loaded machine the first three all missed once (fresh-clone run)
+        fractions = (0.4, 0.2, 0.6, 0.3, 0.5)
+        mid = [_split_rows(engine, gate, f * took, i) for i, f in enumerate(fractions, 1)]
     finally:
         engine.close()
     assert any(mid), "no version landed while the rows were being generated"
