@@ -212,11 +212,17 @@ def test_a_new_version_goes_in_during_a_generation_and_rows_continue(
     engine = start_engine(tmp_path, base, gate=gate)
     gate.engine = engine
     try:
+        _split_rows(engine, gate, float("inf"), 0)  # unswapped: every token the old version's
+        # how long two rows take now: the generation alone (the reference check that follows it
+        # in _split_rows took longer than it on an idle machine, and every try landed late)
+        rows = torch.tensor([build_policy(POLICY).text.prompt(PROMPT)] * 2)
         started = time.monotonic()
-        _split_rows(engine, gate, float("inf"), 0)  # how long two rows take now, unswapped
+        engine.generate(
+            rows, max_new=200, temperature=1.0, generator=torch.Generator().manual_seed(0),
+            stop_ids=(), prior=None,
+        )  # fmt: skip
         took = time.monotonic() - started
         # the version lands at a time, not a token: a few fractions of that time
-        # five tries: on a loaded machine the first three all missed once (fresh-clone run)
         fractions = (0.4, 0.2, 0.6, 0.3, 0.5)
         mid = [_split_rows(engine, gate, f * took, i) for i, f in enumerate(fractions, 1)]
     finally:
