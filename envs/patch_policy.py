@@ -30,6 +30,8 @@ import ast
 import re
 from collections.abc import Iterator, Mapping
 
+from rlstream.envs import sandbox
+
 
 def _words(text: str) -> frozenset[str]:
     return frozenset(text.split())
@@ -79,8 +81,7 @@ def _bad_paths(files: Mapping[str, str]) -> Iterator[tuple[str, str]]:
         parts = name.split("/")
         if any(_PATH_PART.match(part) for part in parts):
             yield name, "named like the test runner or an interpreter start-up hook"
-        above = next(("/".join(parts[:i]) for i in range(1, len(parts))
-                      if "/".join(parts[:i]) in files), None)  # fmt: skip
+        above = sandbox.file_above(name, files)
         if above:
             yield name, f"{above} is a file, so nothing can lie under it"
 

@@ -85,7 +85,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -421,6 +421,15 @@ def check_library(path: str) -> str:
     if st.st_uid != 0 or st.st_mode & 0o022 or os.path.realpath(path) != path:
         raise ValueError(f"sandbox library {path!r} must be root's and writable by no one else")
     return path
+
+
+def file_above(name: str, names: Collection[str]) -> str | None:
+    """The folder of ``name``'s path that ``names`` holds as a file (``pkg/__init__.py`` for
+    ``pkg/__init__.py/x``), or None: a workspace cannot lay out both."""
+    parts = name.split("/")
+    return next(
+        ("/".join(parts[:i]) for i in range(1, len(parts)) if "/".join(parts[:i]) in names), None
+    )
 
 
 def check_name(name: str) -> str:

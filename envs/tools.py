@@ -65,9 +65,7 @@ class Workspace:
         """Create or replace ``name``; ValueError past the name rules or the caps."""
         sandbox.check_name(name)
         others = {k: v for k, v in self.files.items() if k != name}
-        parts = name.split("/")
-        under = next(("/".join(parts[:i]) for i in range(1, len(parts))
-                      if "/".join(parts[:i]) in others), None)  # fmt: skip
+        under = sandbox.file_above(name, others)
         if under or any(k.startswith(name + "/") for k in others):
             raise ValueError(f"{name}: {under or name} would be a file and a folder at once")
         if len(others) + 1 > self.max_files:

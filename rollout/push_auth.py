@@ -31,7 +31,9 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
-from rlstream.producers.feedback.auth import check_bearer
+from rlstream.producers.feedback.auth import check_bearer, presented_token
+from rlstream.producers.feedback.dedupe import principal_of_token
+from rlstream.producers.feedback.limits import RateLimiter
 from rlstream.schemas.errors import Refused, SetupError
 
 if TYPE_CHECKING:
@@ -184,8 +186,6 @@ class CompletionsGate:
     ``producers.feedback.limits``), checked before the body is read."""
 
     def __init__(self, tokens: list[SecretStr], rate_per_s: float = 20.0, burst: int = 40) -> None:
-        from rlstream.producers.feedback.limits import RateLimiter
-
         if not tokens:
             raise ValueError("a completions gate needs at least one token")
         self.tokens = [t.get_secret_value().encode() for t in tokens]
@@ -193,9 +193,6 @@ class CompletionsGate:
 
     def admit(self, authorization: str | None) -> None:
         """Nothing when the request may go on; ``PushRefused`` (401 or 429) saying why."""
-        from rlstream.producers.feedback.auth import presented_token
-        from rlstream.producers.feedback.dedupe import principal_of_token
-
         if not authorization:
             raise PushRefused(401, "completions need Authorization: Bearer <API token>")
         if not check_bearer(authorization, self.tokens):
