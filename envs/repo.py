@@ -32,16 +32,16 @@ Rules and guarantees:
   and ``test_patch`` applied on top (an answer cannot change the tests that judge it); then
   FAIL_TO_PASS and PASS_TO_PASS must all pass. A run out of time scores 0 with
   ``tests.timeout``. A sandbox that cannot run is an ``error``.
-- What the verdict rests on: the verdict side is its own uid and imports only the standard
-  library; the answer's process (the patched repository, pytest in-process from a root-owned
-  ``library`` folder placed before the repository on ``sys.path``, plugin autoload off, an
-  audit hook against descriptors by number, ``/proc``, tracing and the collector's objects)
-  reports each test's outcome to it as plain JSON. Code the patch adds runs in that process,
-  so before anything runs :mod:`rlstream.envs.patch_policy` refuses a tree that plants test
-  machinery or start-up hooks, puts a file under a file, or newly uses what reaches the report
-  descriptor, the process or the runner (``patch.refused``, score 0). Files of the tests
-  (``is_test_file``: test modules, conftests, anything in a tests folder) are laid again from
-  the base. docs/sandbox.md says what this leaves open.
+- What the verdict rests on: the tests, pytest (from a root-owned ``library`` folder, plugin
+  autoload off) and the outcomes live in the verdict side, its own uid, which holds the
+  pristine test files (laid again from the base, sent by value) and never executes a line of
+  the patch; the patched package runs in the answer's process and is used through the bridge
+  (:mod:`rlstream.envs.repo_bridge`: every attribute, call and operator a request, plain data
+  back by value, the package's objects as handles). Nothing the patch does reaches an outcome
+  but the values its package answers with. :mod:`rlstream.envs.patch_policy` refuses a tree
+  that plants files named like test machinery or start-up hooks, or puts a file under a file
+  (``patch.refused``, score 0). A test the verdict side cannot run apart from the package (one
+  that patches the standard library the package uses) is left out when tasks are built.
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ def is_test_file(path: str) -> bool:
     *folders, name = path.split("/")
     if any(f in TEST_FOLDERS for f in folders):
         return True
-    return name == "conftest.py" or name.startswith("test_") or name.endswith("_test.py")
+    return _is_test_module(name)
 
 
 def box(cfg: RepoConfig, isolation: sandbox.Mode) -> sandbox.SandboxConfig:
@@ -229,25 +229,78 @@ def prepared(task: RepoTask, tree: Tree, patch: str) -> dict[str, str] | Verdict
         return Verdict(False, 0.0, f"the task's test_patch does not apply: {exc}", error=str(exc))
 
 
+def _is_test_module(name: str) -> bool:
+    return name == "conftest.py" or name.startswith("test_") or name.endswith("_test.py")
+
+
+def verdict_side(
+    files: dict[str, str], paths: list[str], must: list[str]
+) -> tuple[dict[str, str], list[str]]:
+    """What the verdict side of a judged run holds itself: the test modules that ``must`` names,
+    every conftest and the ``__init__.py`` above them (by value, from ``files``, where they were
+    laid again from the base); and the repository's other top-level module names, which it
+    imports from the answer's process (:class:`repo_bridge.RemoteFinder`)."""
+    run = {t.split("::", 1)[0] for t in must}
+    above = {"/".join(p.split("/")[:i]) for p in run for i in range(1, p.count("/") + 1)}
+    local = {
+        p: t
+        for p, t in files.items()
+        if p in run
+        or p.rsplit("/", 1)[-1] == "conftest.py"
+        or (p.endswith("/__init__.py") and p.rsplit("/", 1)[0] in above)
+    }
+    modules: set[str] = set()
+    for root in paths:
+        prefix = "" if root in (".", "") else root.rstrip("/") + "/"
+        for path in files:
+            if not path.startswith(prefix) or not path.endswith(".py"):
+                continue
+            first, *rest = path[len(prefix) :].split("/")
+            name = first[:-3] if not rest else first
+            if (prefix + first in above) if rest else _is_test_module(first):
+                continue
+            if name.isidentifier():
+                modules.add(name)
+    return local, sorted(modules)
+
+
+def _judged(
+    files: dict[str, str], paths: list[str], must: list[str], b: sandbox.SandboxConfig, **extra: Any
+) -> tuple[sandbox.SandboxResult, list[str]]:
+    """A judged run of the tests ``must`` on ``files``: the result, and its lines that start
+    with the run's nonce (the verdict side's, after the nonce)."""
+    import secrets
+
+    nonce = secrets.token_hex(16)
+    local, modules = verdict_side(files, paths, must)
+    params = {"nonce": nonce, "tests": must, "files": local, "modules": modules, **extra}
+    result = sandbox.run(
+        repo_tools.driver("verdict", paths, []),
+        b,
+        json.dumps(params),
+        files,
+        answer=repo_tools.driver("answer", paths, []),
+    )
+    said = [t[len(nonce) + 1 :] for t in result.stdout.splitlines() if t.startswith(nonce + " ")]
+    return result, said
+
+
+def judged_outcomes(
+    files: dict[str, str], paths: list[str], tests: list[str], b: sandbox.SandboxConfig
+) -> dict[str, str]:
+    """Each of ``tests``' outcome in a judged run (building tasks: a test that does not pass
+    apart from the package, e.g. one that patches the standard library, cannot judge one)."""
+    _, said = _judged(files, paths, tests, b, outcomes=True)
+    found = [json.loads(s[len("outcomes ") :]) for s in said if s.startswith("outcomes ")]
+    return {str(k): str(v) for k, v in found[-1].items()} if found else {}
+
+
 def run_tests(
     task: RepoTask, tree: Tree, files: dict[str, str], b: sandbox.SandboxConfig
 ) -> Verdict:
     """FAIL_TO_PASS and PASS_TO_PASS on ``files``, as a judged sandbox run."""
-    import secrets
-
-    must = [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]
-    nonce = secrets.token_hex(16)
-    result = sandbox.run(
-        repo_tools.driver("verdict", tree.paths, []),
-        b,
-        json.dumps({"nonce": nonce, "tests": must}),
-        files,
-        answer=repo_tools.driver("answer", tree.paths, must),
-    )
-    line = None
-    for text in result.stdout.splitlines():
-        if text.startswith(nonce + " "):
-            line = text[len(nonce) + 1 :]
+    result, said = _judged(files, tree.paths, [*task.FAIL_TO_PASS, *task.PASS_TO_PASS], b)
+    line = next((s for s in reversed(said) if not s.startswith("outcomes ")), None)
     verdict = verdict_of(result, line)
     if result.status == "timeout":
         verdict.details["tests.timeout"] = 1.0

@@ -7,7 +7,9 @@ time only; nothing is fetched when tasks are used), unpacked, and trimmed to wha
 (``repo_driver``'s ``list`` role) ``STABLE_RUNS`` times, each from a fresh interpreter (so with
 its own hash seed); the tests that pass in every run are the candidates, less every test file
 whose passing ids differ between runs (``stable``: a parametrized id built from set or dict
-order names a different test in another process).
+order names a different test in another process), less every test that does not pass in a
+judged run (``repo.judged_outcomes``: the tests run apart from the package, so a test that
+patches the standard library the package uses cannot judge it).
 
 Bugs are injected by mutating one operator or constant in a function of the package (not its
 tests), at sites drawn with ``random.Random(seed)``: a comparison (``<`` and ``<=``, ``>`` and
@@ -160,14 +162,17 @@ def download(package: str, into: Path) -> tuple[Path, str, str]:
     return sdist, version, hashlib.sha256(sdist.read_bytes()).hexdigest()
 
 
-def run_suite(files: dict[str, str], paths: list[str]) -> tuple[dict[str, str], dict[str, Any]]:
-    """Every test's outcome and failure lines for ``files``, run in the sandbox."""
-    cfg = sandbox.SandboxConfig(
+def _suite_box() -> sandbox.SandboxConfig:
+    return sandbox.SandboxConfig(
         wall_timeout_s=120, cpu_limit_s=120, memory_bytes=2**30, max_processes=32,
         disk_bytes=64 * 2**20, max_file_bytes=8 * 2**20, max_output_bytes=2**22,
         library=(repo_tools.test_library(),),
     )  # fmt: skip
-    result = sandbox.run(repo_tools.driver("list", paths, []), cfg, files=files)
+
+
+def run_suite(files: dict[str, str], paths: list[str]) -> tuple[dict[str, str], dict[str, Any]]:
+    """Every test's outcome and failure lines for ``files``, run in the sandbox."""
+    result = sandbox.run(repo_tools.driver("list", paths, []), _suite_box(), files=files)
     last = (result.stdout.strip().splitlines() or [""])[-1]
     try:
         outcomes, messages = json.loads(last)
@@ -242,6 +247,11 @@ def prepare(package: str, work: Path) -> Package:
         outcomes, info = run_suite_fresh(files, paths)
         runs.append({t for t, o in outcomes.items() if o == "passed"})
     passing = stable(runs)
+    if passing:
+        from rlstream.envs.repo import judged_outcomes
+
+        judged = judged_outcomes(files, paths, sorted(passing), _suite_box())
+        passing = {t for t in passing if judged.get(t) == "passed"}
     if not passing:
         raise SetupError(f"{package}: no test passes in the sandbox ({info.get('error', '')})")
     name = root.name[: -len(version) - 1] if root.name.endswith(version) else root.name

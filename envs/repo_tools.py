@@ -15,8 +15,9 @@ Tools (each takes JSON arguments in a chat model's tool-call format, or, in rlst
 
 Every output is bounded (``MAX_OUTPUT`` characters; the harness caps what the policy sees
 again). Edits act on the workspace held by value, never on the host. The test runner is
-:mod:`rlstream.envs.repo_driver`: pytest runs in-process in the sandboxed interpreter, reading
-pytest and what the tests need from ``test_library()``: a copy made once per process, owned by
+:mod:`rlstream.envs.repo_driver` (after :mod:`rlstream.envs.repo_bridge`): for the tools pytest
+runs in-process in the sandboxed interpreter, reading pytest and what the tests need from
+``test_library()``: a copy made once per process, owned by
 root and writable by no one else, which the sandbox binds read-only (``SandboxConfig.library``).
 """
 
@@ -35,6 +36,7 @@ from rlstream.envs import patches, sandbox
 from rlstream.envs.tools import Environment, Tool, ToolResult, Workspace, json_object
 
 DRIVER = Path(__file__).resolve().parent / "repo_driver.py"
+BRIDGE = DRIVER.with_name("repo_bridge.py")
 #: What the tests of a repository need, copied into the sandbox's read-only library folder.
 LIBRARY_MODULES = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pygments", "py")
 VIEW_LINES = 80
@@ -89,7 +91,7 @@ def driver(role: str, paths: list[str], tests: list[str]) -> str:
     mine = f"ROLE = {role!r}\nPATHS = {paths!r}\nLIBRARY = {lib!r}\nTESTS = {tests!r}\n"
     if head not in source:
         raise RuntimeError(f"{DRIVER} lost its constants block")
-    return source.replace(head, mine, 1)
+    return BRIDGE.read_text(encoding="utf-8") + "\n\n" + source.replace(head, mine, 1)
 
 
 def prompt(problem_statement: str, repo: str) -> str:

@@ -1,11 +1,12 @@
 """Verdicts out of the answer's reach: each wrong answer here once scored as passing, or turned
 its failure into a judge error, or crashed the scorer; each must now score a plain fail.
 
-Repo family: a patch that forges the report (from the package, by name and without), plants a
-``pytest.py``, a ``*.dist-info`` plugin, a conftest outside the tests, options in ``setup.cfg``,
-a test helper, or a file under a file. The refusals before the run (``patch_policy``) and the
-structure of the run (the driver's ``sys.path``, autoload off, the audit hook) are each checked
-on their own: the structural probes bypass the policy and call the test run directly.
+Repo family: a patch that forges the report (on a descriptor, by name and without, or by
+replacing the report's encoder), plants a ``pytest.py``, a ``*.dist-info`` plugin, a conftest
+outside the tests, options in ``setup.cfg``, a test helper, or a file under a file. The refusals
+before the run (``patch_policy``) and the structure of the run (the tests in the verdict side,
+the package apart: ``repo_bridge``) are each checked on their own: the structural probes bypass
+the policy and call the test run directly.
 Dataset family: an answer raising ``StopIteration`` into the tests' ``map``/``filter``/``zip``.
 Every family: an answer that claims a sandbox set-up failure (the old exit-70 convention).
 """
@@ -34,6 +35,23 @@ FORGE_HIDDEN = (  # no refused name: the descriptor by a computed number, then a
     "with open(_fd, 'w', closefd=False) as _f:\n"
     "    _f.write(json.dumps({'outcomes': {t: 'passed' for t in __main__.TESTS}}))\n"
     "raise SystemExit(0)\n"
+)
+FORGE_JSON = (  # no name of a process or a descriptor: the report's encoder, replaced
+    "import json as _j\n"
+    "_d = _j.dumps\n"
+    "def _all(o, *a, **k):\n"
+    "    if isinstance(o, dict) and 'outcomes' in o:\n"
+    "        o = {'outcomes': {n: 'passed' for n in o['outcomes']}}\n"
+    "    return _d(o, *a, **k)\n"
+    "_j.dumps = _all\n"
+)
+FORGE_SELF = (  # os reached through a builtin's module, then a report on either descriptor
+    "_o = vars(getattr(len, '__se' + 'lf__'))['__imp' + 'ort__']('o' + 's')\n"
+    "for _fd in (3, 4):\n"
+    "    try:\n"
+    "        getattr(_o, 'wri' + 'te')(_fd, b'\\x00\\x00\\x00\\x0e{\"outcomes\": {}}')\n"
+    "    except OSError:\n"
+    "        pass\n"
 )
 SHADOW_PYTEST = (
     "import __main__\n"
@@ -81,24 +99,18 @@ def _run_unfiltered(fam: repo.RepoFamily, task: repo.RepoTask, extra: dict[str, 
     return repo.run_tests(task, tree, files, repo.box(fam.cfg, BOX))
 
 
-@pytest.mark.parametrize("package", ["inflection", "semver"])
-def test_a_report_forged_from_the_package_is_refused_before_it_runs(fam, package) -> None:
+@pytest.mark.parametrize("package", ["inflection", "semver", "isodate"])
+def test_a_report_forged_from_the_package_fails(fam, package) -> None:
+    """The answer's process runs no test and writes no report: whatever it writes, to either
+    descriptor or through the runner's modules, reaches no outcome."""
     task = _task(fam, package)
     base = repo.base_files(task, fam.loaded.trees[task.base])
     init = _source_file(base)
-    for forged in (FORGE_REPORT, "getattr(__import__('o' + 's'), 'wr' + 'ite')(4, b'{}')\n"):
+    for forged in (FORGE_REPORT, FORGE_HIDDEN, FORGE_JSON, FORGE_SELF):
+        assert not patch_policy.check(base, {**base, init: forged + base[init]})
         v = _score(fam, task, {init: forged + base[init]})
-        assert not v.passed and v.details.get("patch.refused") == 1.0, v
-        assert v.error is None and "refused" in v.rationale
-
-
-def test_a_report_forged_without_a_refused_name_is_stopped_by_the_audit_hook(fam) -> None:
-    task = _task(fam, "inflection")
-    base = repo.base_files(task, fam.loaded.trees[task.base])
-    init = _source_file(base)
-    assert not patch_policy.check(base, {**base, init: FORGE_HIDDEN + base[init]})
-    v = _score(fam, task, {init: FORGE_HIDDEN + base[init]})
-    assert not v.passed and v.error is None, v
+        assert not v.passed and v.error is None, (forged, v)
+        assert task.FAIL_TO_PASS[0] in v.rationale or "gone" in v.rationale, v
 
 
 @pytest.mark.parametrize(
@@ -224,22 +236,20 @@ def test_the_shipped_tasks_still_pass_with_their_patch_and_fail_without(fam) -> 
         assert not empty.passed and empty.error is None
 
 
-def test_the_policy_names_what_it_refuses_and_allows_what_the_base_had() -> None:
-    base = {"pkg/__init__.py": "import os\nX = os.environ.get('Y')\n"}
-    ok = {"pkg/__init__.py": "import os\nX = os.environ.get('Z')\nP = os.path.join('a')\n"}
-    assert patch_policy.check(base, ok) == []
+def test_the_policy_names_what_it_refuses_and_leaves_the_base_alone() -> None:
+    base = {"pkg/__init__.py": "X = 1\n", "pytest_plugin_of_the_repo.py": ""}
+    assert patch_policy.check(base, {**base, "pkg/__init__.py": "import os\nX = os.sep\n"}) == []
     bad = {
-        "pkg/__init__.py": "import os\nm = os\nos.write(1, b'')\nimport gc\n",
+        **base,
         "pytest_forge.py": "",
         "x.pth": "",
         "a.egg-info/PKG-INFO": "",
+        "pkg/__init__.py/c": "",
     }
     found = "\n".join(patch_policy.check(base, bad))
-    for what in ("os as a value", "os.write", "import gc", "pytest_forge.py", "x.pth", "egg-info"):
+    for what in ("pytest_forge.py", "x.pth", "egg-info", "nothing can lie under it"):
         assert what in found, (what, found)
-    had = {"pkg/__init__.py": "import sys\nsys.modules['x'] = 1\n"}
-    assert patch_policy.check(had, {"pkg/__init__.py": had["pkg/__init__.py"] + "Y = 2\n"}) == []
-    assert patch_policy.check({}, {"f.py": "def ("}) == []  # left to the tests
+    assert "pytest_plugin_of_the_repo" not in found
 
 
 def test_no_installed_package_is_readable_in_the_sandbox() -> None:
@@ -264,13 +274,10 @@ def test_the_verdicts_bench_times_both_arms_on_passing_work(fam) -> None:
     passing in each (else it raises), and the defences switched back on afterwards."""
     import argparse
 
-    from rlstream.envs import repo_tools
     from rlstream.ops.bench import verdicts
 
-    driver, check = repo_tools.driver, patch_policy.check
     result = verdicts.run(argparse.Namespace(pairs=2, isolation=BOX))
     assert set(result["packages"]) == {t.repo for t in fam.loaded.tasks.values()}
     for p in result["packages"].values():
-        assert p["with_defences_ms"] > 0 and p["without_ms"] > 0 and p["policy_check_ms"] > 0
-    assert (repo_tools.driver, patch_policy.check) == (driver, check)
+        assert p["with_defences_ms"] > 0 and p["without_ms"] > 0 and p["policy_check_ms"] >= 0
     assert verdicts._interval([float(i) for i in range(20)]) == [5.0, 14.0]
