@@ -1,21 +1,22 @@
 """``rlstream bench verdicts``: what the repo family's verdict defences cost per scored answer.
 
 For the first task of each shipped package, its reference patch is scored ``--pairs`` times
-with the defences (``envs.patch_policy`` before the run, the driver's audit hook in the
-answer's process) and as many times without them, the two arms interleaved in alternating
-order so drift and load fall on both. Reported per package: the median time of each arm, the
-median of the paired differences with its 95% interval (order statistics of the paired
-differences), and the policy check alone. Every score must pass in both arms (the reference
-patch), so the defences are timed on work that gets through them.
-
-The arm without defences replaces ``patch_policy.check`` and wraps the driver program from
-outside, as a harness does; nothing in the product reads a switch. With ``--json`` the last
-stdout line is one JSON object; ``--save`` also keeps it in the results folder.
+with the defences (``envs.patch_policy`` before the run; the judged run: the tests in the
+verdict side, the package in the answer's process, every use of it a request over the bridge)
+and as many times without them (the baseline: the same tests on the same prepared tree in one
+process of the same sandbox, pytest in-process, as an undefended harness runs them: the
+driver's ``list`` role), the two arms interleaved in alternating order so drift and load fall
+on both. Reported per package: the median time of each arm, the median of the paired
+differences with its 95% interval (order statistics of the paired differences), and the
+policy check alone. Every test must pass in both arms (the reference patch), so the defences
+are timed on work that gets through them. With ``--json`` the last stdout line is one JSON
+object; ``--save`` also keeps it in the results folder.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import time
@@ -53,53 +54,52 @@ def _interval(diffs: list[float]) -> list[float]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from rlstream.envs import patch_policy, repo, repo_tools
+    from rlstream.envs import patch_policy, repo, repo_tools, sandbox
     from rlstream.ops.bench.common import progress
 
     fam = repo.RepoFamily("repo", repo.RepoConfig(eval_fraction=0.0))
     firsts: dict[str, repo.RepoTask] = {}
     for task in fam.loaded.tasks.values():
         firsts.setdefault(task.repo, task)
-    driver, check = repo_tools.driver, patch_policy.check
 
-    def arm(defended: bool) -> None:
-        repo_tools.driver = (
-            driver if defended else (lambda *a: driver(*a).replace("guard=True", "guard=False"))
-        )
-        patch_policy.check = check if defended else (lambda base, files: [])
+    def undefended(task: repo.RepoTask) -> bool:
+        tree = fam.loaded.trees[task.base]
+        files = repo.prepared(task, tree, task.patch)
+        assert isinstance(files, dict)
+        must = [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]
+        program = repo_tools.driver("list", tree.paths, sorted({t.split("::")[0] for t in must}))
+        result = sandbox.run(program, repo.box(fam.cfg, args.isolation), files=files)
+        outcomes = json.loads((result.stdout.strip().splitlines() or ["[{}]"])[-1])[0]
+        return all(outcomes.get(t) == "passed" for t in must)
 
     packages = {}
-    try:
-        for name, task in firsts.items():
-            fam.score_patch(task, task.patch, args.isolation)  # warm: the library, the zygote
-            times: dict[bool, list[float]] = {True: [], False: []}
-            for i in range(args.pairs):
-                for defended in (True, False) if i % 2 == 0 else (False, True):
-                    arm(defended)
-                    t0 = time.perf_counter()
-                    verdict = fam.score_patch(task, task.patch, args.isolation)
-                    times[defended].append(time.perf_counter() - t0)
-                    if not verdict.passed:
-                        raise RuntimeError(f"{task.instance_id}: reference patch failed: {verdict}")
-            arm(True)
-            tree = fam.loaded.trees[task.base]
-            base, files = repo.base_files(task, tree), repo.prepared(task, tree, task.patch)
-            assert isinstance(files, dict)
-            t0 = time.perf_counter()
-            for _ in range(args.pairs):
-                patch_policy.check(base, files)
-            policy_ms = (time.perf_counter() - t0) / args.pairs * 1000
-            diffs = [(a - b) * 1000 for a, b in zip(times[True], times[False], strict=True)]
-            packages[name] = {
-                "with_defences_ms": round(statistics.median(times[True]) * 1000, 1),
-                "without_ms": round(statistics.median(times[False]) * 1000, 1),
-                "added_ms_median": round(statistics.median(diffs), 1),
-                "added_ms_ci95": [round(x, 1) for x in _interval(diffs)],
-                "policy_check_ms": round(policy_ms, 2),
-            }
-            progress(f"{name}: {packages[name]}")
-    finally:
-        arm(True)
+    for name, task in firsts.items():
+        fam.score_patch(task, task.patch, args.isolation)  # warm: the library, the zygote
+        times: dict[bool, list[float]] = {True: [], False: []}
+        for i in range(args.pairs):
+            for defended in (True, False) if i % 2 == 0 else (False, True):
+                t0 = time.perf_counter()
+                ok = fam.score_patch(task, task.patch, args.isolation).passed if defended else (
+                    undefended(task))  # fmt: skip
+                times[defended].append(time.perf_counter() - t0)
+                if not ok:
+                    raise RuntimeError(f"{task.instance_id}: reference patch failed ({defended})")
+        tree = fam.loaded.trees[task.base]
+        base, files = repo.base_files(task, tree), repo.prepared(task, tree, task.patch)
+        assert isinstance(files, dict)
+        t0 = time.perf_counter()
+        for _ in range(args.pairs):
+            patch_policy.check(base, files)
+        policy_ms = (time.perf_counter() - t0) / args.pairs * 1000
+        diffs = [(a - b) * 1000 for a, b in zip(times[True], times[False], strict=True)]
+        packages[name] = {
+            "with_defences_ms": round(statistics.median(times[True]) * 1000, 1),
+            "without_ms": round(statistics.median(times[False]) * 1000, 1),
+            "added_ms_median": round(statistics.median(diffs), 1),
+            "added_ms_ci95": [round(x, 1) for x in _interval(diffs)],
+            "policy_check_ms": round(policy_ms, 3),
+        }
+        progress(f"{name}: {packages[name]}")
     return {"pairs": args.pairs, "isolation": args.isolation, "packages": packages}
 
 
