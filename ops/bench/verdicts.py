@@ -110,6 +110,6 @@ def _lines(result: dict[str, Any]) -> list[str]:
         out.append(
             f"  {name:20} {p['with_defences_ms']:7.1f} ms vs {p['without_ms']:7.1f} ms: "
             f"added {p['added_ms_median']:+.1f} ms (95% {lo:+.1f}..{hi:+.1f}); "
-            f"policy check {p['policy_check_ms']:.2f} ms"
+            f"policy check {p['policy_check_ms']:.3f} ms"
         )
     return out
