@@ -358,6 +358,19 @@ def _stability(r: dict[str, Any]) -> Cells:
     )
 
 
+def _verdicts(r: dict[str, Any]) -> Cells:
+    def each(name: str, q: dict[str, Any]) -> str:
+        lo, hi = q["added_ms_ci95"]
+        return f"{name.split('==')[0]} {q['added_ms_median']:+.1f} ms (95% {lo:+.1f}..{hi:+.1f})"
+
+    figure = "judged apart from the patch, added per scored answer (median of "
+    figure += f"{r['pairs']} pairs): " + "; ".join(each(n, q) for n, q in r["packages"].items())
+    base = "; ".join(
+        f"{n.split('==')[0]} {q['without_ms']:.0f} ms" for n, q in r["packages"].items()
+    )
+    return figure, f"in-process pytest, same sandbox: {base}"
+
+
 def _unknown(r: dict[str, Any]) -> Cells:
     return "see [docs/benchmarks.md](docs/benchmarks.md)", "see the results file"
 
@@ -377,4 +390,5 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], Cells]] = {
     "router-replay": _router_replay,
     "stability": _stability,
     "sync": _sync,
+    "verdicts": _verdicts,
 }

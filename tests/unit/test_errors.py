@@ -25,9 +25,15 @@ BUILTIN_ERRORS = {
     if isinstance(value, type) and issubclass(value, BaseException)
 }
 #: Modules whose own exception stays outside the root: the standalone sandbox bootstrap and the
-#: private root it builds (standard library only), and the engines (their classes join the root
+#: private root it builds, the repo family's bridge (standard library only: they run in the
+#: sandbox), and the engines (their classes join the root
 #: with the engine change in progress).
-EXEMPT = {"envs/sandbox_boot.py", "envs/sandbox_root.py", "rollout/engines.py"}
+EXEMPT = {
+    "envs/sandbox_boot.py",
+    "envs/sandbox_root.py",
+    "envs/repo_bridge.py",
+    "rollout/engines.py",
+}
 
 
 def _error_classes() -> dict[str, tuple[str, list[str]]]:
