@@ -39,7 +39,11 @@ run answered, logged or wrote: the forged-manifest kinds (``ops.run.faults.ATTAC
 roles' refusal log lines, ``unauthenticated_policy_push`` from 401 answers with the served version
 unchanged, ``forged_feedback_tokens`` from feedback-rl's rejections, ``unreleased_task`` from
 admission's dead letters, ``heldout_task`` from the ``tests`` judge's unscorable rewards and
-``planted_stdlib_module`` from failed verdicts. The run holds when every kind was tried and
+``planted_stdlib_module`` from failed verdicts, the verdict forgeries (``repo_report_forge``,
+``repo_shadow_pytest``, ``repo_plugin_autoload``, ``file_under_file``, ``stop_iteration``,
+``setup_failure_veto``: trajectories judged by the run's ``tests`` judge, the run given a
+``repo`` family and a one-problem dataset family for them that the scheduler all but never
+picks) from failed, non-error rewards beside a passing control. The run holds when every kind was tried and
 refused every time.
 """
 
@@ -124,6 +128,7 @@ def _main(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace, suffix: str = "") -> dict[str, Any]:
     """One run with the plan of ``args.seed`` (named ``--run`` or by the time, plus ``suffix``)."""
+    from rlstream.ops.run.attacks import attack_families
     from rlstream.ops.run.config import load_run_config
     from rlstream.producers.client.admin import ensure_run_topics
 
@@ -132,6 +137,7 @@ def run(args: argparse.Namespace, suffix: str = "") -> dict[str, Any]:
     (out / "logs").mkdir(parents=True, exist_ok=True)
     sets = [
         *args.set,
+        *attack_families(out),
         f"learner.warm_start_cache={Path(args.out) / 'warm-start.pt'}",
         f"learner.state_dir={out / 'learner'}",
         f"scheduler.max_tasks={args.tasks}",
@@ -183,6 +189,7 @@ class Driver:
         self.attack_records: list[Any] = []  # what the attacks wrote that roles must dead-letter
         self.forged_feedback: list[tuple[str, int, int]] = []
         self.heldout_groups: list[str] = []
+        self.forged_groups: dict[str, str] = {}  # verdict forgery kind -> its group
         self.done = False
 
     # --- the run ----------------------------------------------------------------------------
@@ -386,12 +393,17 @@ class Driver:
             self.settings, self.run_name, heldout, tag
         )
         self.attack_records += landed
+        self.forged_groups, landed = attacks.verdict_forgeries(
+            self.settings, self.run_name, self.config.run_families(), tag
+        )
+        self.attack_records += landed
         planted = attacks.planted_stdlib_module(self.config.isolation, self.out)
         self.attacks["planted_stdlib_module"] = planted
         return (
             f"attacked: {pushes.tried} policy pushes without the token, "
             f"{len(self.forged_feedback)} forged feedback, an unreleased task, "
-            f"{len(heldout)} held-out tasks, {planted.tried} planted-module answers"
+            f"{len(heldout)} held-out tasks, {len(self.forged_groups)} forged verdicts, "
+            f"{planted.tried} planted-module answers"
         )
 
     def _wait_done(self) -> None:
@@ -457,6 +469,10 @@ class Driver:
             ).as_dict(),
             "unreleased_task": attacks.dead_lettered(s, run, unreleased).as_dict(),
             "heldout_task": attacks.judge_refusals(s, run, self.heldout_groups).as_dict(),
+            **{
+                kind: a.as_dict()
+                for kind, a in attacks.verdict_refusals(s, run, self.forged_groups).items()
+            },
         }
 
     def figures(self) -> dict[str, Any]:

@@ -19,6 +19,12 @@ entry of ``bench chaos --json``'s ``attacks``: ``{"tried": N, "refused": N}``.
 - ``heldout_task``: a rollout worker sends trajectories of held-out tasks to be scored (and so
   trained on). Refused: the run's ``tests`` judge wrote an unscorable reward naming the task
   held-out, and none that passed (``judge_refusals``);
+- verdict forgeries (``envs.sandbox_attacks``: ``repo_report_forge``, ``repo_shadow_pytest``,
+  ``repo_plugin_autoload``, ``file_under_file``, ``stop_iteration``, ``setup_failure_veto``):
+  a rollout worker sends trajectories whose wrong answers once scored as passing (or as a
+  judge error), groups of one, beside a control of each family (its reference answer). They are
+  judged by the run's own ``tests`` judge role. Refused: a reward that did not pass and is no
+  error, while the family's control passed (``verdict_refusals``);
 - ``planted_stdlib_module``: a wrong answer to a dataset problem that plants modules named
   after the standard library wherever it can write (``envs.sandbox_attacks``), scored by the
   ``tests`` rubric the judge role applies, in the run's isolation. Refused: it did not pass.
@@ -43,8 +49,12 @@ from rlstream.schemas import events, topics
 
 UNRELEASED_PREFIX = "chaos-unreleased-"
 HELDOUT_PREFIX = "chaos-heldout-"
+FORGED_PREFIX = "chaos-forged-"
 #: Group ids of records an attack wrote: the ledger counts them apart from the run's own.
-ATTACK_PREFIXES = (UNRELEASED_PREFIX, HELDOUT_PREFIX)
+ATTACK_PREFIXES = (UNRELEASED_PREFIX, HELDOUT_PREFIX, FORGED_PREFIX)
+#: The run's families a chaos run adds for the verdict forgeries (never released: the least
+#: weight there is), and the dataset family's one problem (``attack_problems``).
+FORGERY_FAMILIES = ("repo", "attacks")
 FAR_VERSION = 10**11
 
 
@@ -260,6 +270,88 @@ def heldout_task(
     for _, _, _, rec in records:
         rec.update(sample_index=0, group_size=1)
     return groups, _write(settings, records)
+
+
+def attack_families(folder: Path) -> list[str]:
+    """``--set`` items adding the forgeries' families to a run (the dataset family's problem file
+    written into ``folder``): they exist for the judge, the scheduler all but never picks them."""
+    from rlstream.envs.sandbox_attacks import STOP_ITERATION_PROBLEM
+
+    path = folder / "attack-problems.jsonl"
+    path.write_text(json.dumps(STOP_ITERATION_PROBLEM) + "\n")
+    repo = {"plugin": "repo", "weight": 1e-6, "options": {"path": "builtin:repo/tasks.jsonl"}}
+    data = {"plugin": "dataset", "weight": 1e-6,
+            "options": {"path": str(path), "eval_fraction": 0.0}}  # fmt: skip
+    return [f"families.repo={json.dumps(repo)}", f"families.attacks={json.dumps(data)}"]
+
+
+def forged_answers(families: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
+    """Kind -> (task id, completion): each verdict forgery, and ``control:FAMILY`` answers that
+    must pass (``repo``'s reference patch, the dataset problem's own solution)."""
+    from rlstream.envs import repo, sandbox_attacks
+    from rlstream.envs.family import build_family
+
+    fam = build_family("repo", families["repo"])
+    assert isinstance(fam, repo.RepoFamily)
+    task_id = fam.sample(0).task_id
+    task = fam.task(task_id)
+    base = repo.base_files(task, fam.loaded.trees[task.base])
+    out = {k: (task_id, p) for k, p in sandbox_attacks.repo_forged_patches(base).items()}
+    out["control:repo"] = (task_id, task.patch)
+    problem = sandbox_attacks.STOP_ITERATION_PROBLEM
+    stop_id = f"attacks-0:{problem['task_id']}"
+    out["stop_iteration"] = (stop_id, sandbox_attacks.STOP_ITERATION_ANSWER)
+    out["control:attacks"] = (stop_id, problem["prompt"] + problem["canonical_solution"])
+    fx_id = build_family("fx", families["fx"]).sample(3).task_id
+    out["setup_failure_veto"] = (fx_id, sandbox_attacks.SETUP_FAILURE_ANSWER)
+    return out
+
+
+def verdict_forgeries(
+    settings: KafkaSettings, run: str, families: Mapping[str, Any], tag: str
+) -> tuple[dict[str, str], list[Injected]]:
+    """Write each of ``forged_answers`` as a trajectory (built from a genuine one, a group of one)
+    into the run's trajectories stream for its judges; kind -> group id, and where each landed
+    (admission dead-letters them: no such task was released)."""
+    stream = topics.topic_name(run, "trajectories")
+    genuine = _sample_record(settings, stream, "trajectory")
+    groups, records = {}, []
+    for i, (kind, (task_id, completion)) in enumerate(forged_answers(families).items()):
+        groups[kind] = f"{FORGED_PREFIX}{tag}-{i}"
+        rec = {**genuine, "group_id": groups[kind], "task_id": task_id, "completion": completion}
+        rec.update(sample_index=0, group_size=1)
+        records.append(("verdict_forgery", stream, "trajectory", rec))
+    return groups, _write(settings, records)
+
+
+def verdict_refusals(
+    settings: KafkaSettings, run: str, groups: Mapping[str, str], judge: str = "tests"
+) -> dict[str, Attempts]:
+    """Per forgery kind of ``groups``: refused when the ``judge``'s reward did not pass and is no
+    error, and the control of its family (``control:FAMILY``) passed; a kind whose control did
+    not pass counts as not refused (the judge proved nothing)."""
+    from rlstream.consumers.read_to_end import read_topic
+
+    by_group = {g: k for k, g in groups.items()}
+    rewards: dict[str, dict[str, Any]] = {}
+    for msg in read_topic(settings, topics.topic_name(run, "rewards"), name="chaos-rewards"):
+        try:
+            rec = events.decode(msg.value() or b"").record
+        except events.EventError:  # a chaos driver's poison
+            continue
+        if rec.get("group_id") in by_group and rec.get("judge") == judge:
+            rewards[by_group[rec["group_id"]]] = rec
+    family = {"setup_failure_veto": None, "stop_iteration": "attacks"}
+    out = {}
+    for kind in groups:
+        if kind.startswith("control:"):
+            continue
+        control = family.get(kind, "repo")
+        held = control is None or bool(rewards.get(f"control:{control}", {}).get("passed"))
+        got = rewards.get(kind)
+        refused = got is not None and not got.get("passed") and not got.get("error") and held
+        out[kind] = Attempts(1, int(refused))
+    return out
 
 
 def heldout_ids(families: Mapping[str, Any]) -> list[str]:

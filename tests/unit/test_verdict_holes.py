@@ -19,6 +19,7 @@ from rlstream.envs import patch_policy, patches, repo, sandbox
 from rlstream.envs.dataset import DatasetConfig, DatasetFamily, Problem
 from rlstream.envs.family import EVAL_SEED_BASE, FamilySpec
 from rlstream.envs.judges import JudgeConfig, judge_tests
+from rlstream.envs.sandbox_attacks import FORGE_JSON, FORGING_PLUGIN, SHADOW_PYTEST
 from rlstream.envs.tools import Workspace
 
 FILE = "builtin:repo/tasks.jsonl"
@@ -36,15 +37,6 @@ FORGE_HIDDEN = (  # no refused name: the descriptor by a computed number, then a
     "    _f.write(json.dumps({'outcomes': {t: 'passed' for t in __main__.TESTS}}))\n"
     "raise SystemExit(0)\n"
 )
-FORGE_JSON = (  # no name of a process or a descriptor: the report's encoder, replaced
-    "import json as _j\n"
-    "_d = _j.dumps\n"
-    "def _all(o, *a, **k):\n"
-    "    if isinstance(o, dict) and 'outcomes' in o:\n"
-    "        o = {'outcomes': {n: 'passed' for n in o['outcomes']}}\n"
-    "    return _d(o, *a, **k)\n"
-    "_j.dumps = _all\n"
-)
 FORGE_SELF = (  # os reached through a builtin's module, then a report on either descriptor
     "_o = vars(getattr(len, '__se' + 'lf__'))['__imp' + 'ort__']('o' + 's')\n"
     "for _fd in (3, 4):\n"
@@ -52,20 +44,6 @@ FORGE_SELF = (  # os reached through a builtin's module, then a report on either
     "        getattr(_o, 'wri' + 'te')(_fd, b'\\x00\\x00\\x00\\x0e{\"outcomes\": {}}')\n"
     "    except OSError:\n"
     "        pass\n"
-)
-SHADOW_PYTEST = (
-    "import __main__\n"
-    "def main(args, plugins=()):\n"
-    "    for t in __main__.TESTS:\n"
-    "        plugins[0].outcomes[t] = 'passed'\n"
-    "    return 0\n"
-)
-FORGING_PLUGIN = (
-    "import pytest\n"
-    "@pytest.hookimpl(hookwrapper=True)\n"
-    "def pytest_runtest_makereport(item, call):\n"
-    "    outcome = yield\n"
-    "    outcome.get_result().outcome = 'passed'\n"
 )
 
 
@@ -281,3 +259,18 @@ def test_the_verdicts_bench_times_both_arms_on_passing_work(fam) -> None:
     for p in result["packages"].values():
         assert p["with_defences_ms"] > 0 and p["without_ms"] > 0 and p["policy_check_ms"] >= 0
     assert verdicts._interval([float(i) for i in range(20)]) == [5.0, 14.0]
+
+
+def test_the_chaos_runs_forgeries_fail_through_the_tests_rubric(tmp_path) -> None:
+    """What ``bench chaos`` sends its judge (``ops.run.attacks.forged_answers``), scored by the
+    rubric the judge role applies, with the families a chaos run adds: every forgery a plain
+    fail, never an error, and each family's control a pass."""
+    from rlstream.ops.run.attacks import attack_families, forged_answers
+    from rlstream.ops.run.config import load_run_config
+
+    families = load_run_config(None, attack_families(tmp_path)).run_families()
+    cfg = JudgeConfig(kind="tests", families=families, isolation=BOX)
+    for kind, (task_id, completion) in forged_answers(families).items():
+        reward = judge_tests({"task_id": task_id, "completion": completion}, cfg)
+        assert "error" not in reward or not reward["error"], (kind, reward)
+        assert bool(reward["passed"]) == kind.startswith("control:"), (kind, reward)
