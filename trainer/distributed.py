@@ -44,6 +44,7 @@ Environment (set by ``rlstream run learner --ranks N``'s launcher, ``ops.run.ran
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 from collections.abc import Mapping, Sequence
@@ -160,6 +161,9 @@ def _sharded_like(value: Any, param: torch.Tensor) -> Any:
     return value
 
 
+CLOSE_TIMEOUT_S = 30.0
+
+
 class Ranks:
     """This process's membership of the learner's process group (``producers.weights.shards.Ranks``
     for the sharded publisher, plus what training needs)."""
@@ -226,5 +230,13 @@ class Ranks:
         return loss_weight([t for t, _ in rows], self.rank), all(f for _, f in rows)
 
     def close(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        """Leave together, then tear down: a rank that destroyed its group while its peer still
+        held the connection aborted the peer in gloo ("terminate called without an active
+        exception", 1 of the unit tier's runs on 2 busy cores). A peer that is gone is not
+        waited for longer than ``CLOSE_TIMEOUT_S``."""
+        if not dist.is_initialized():
+            return
+        if self.world > 1 and dist.get_backend() == "gloo":
+            with contextlib.suppress(RuntimeError):  # a peer that died: nothing to wait for
+                dist.monitored_barrier(timeout=datetime.timedelta(seconds=CLOSE_TIMEOUT_S))
+        dist.destroy_process_group()
