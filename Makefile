@@ -5,9 +5,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
-# pytest-xdist workers of `make test` (each starts its own broker; the geo and longest pipeline
-# tests share one worker, see tests/conftest.py); PYTEST_WORKERS=0 runs the suite in one process
+# pytest-xdist workers of the test targets (each starts its own broker; the geo and longest
+# pipeline tests share one worker, see tests/conftest.py); PYTEST_WORKERS=0: one process
 PYTEST_WORKERS ?= 2
+PYTEST := $(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
+# each tier's junit report (the tier time table: `python tests/tiers.py build/junit-*.xml`)
+JUNIT := build/junit
 
 # vLLM's CPU build in its own venv (its pins conflict with the project's; see the requirements file)
 VLLM_VENV ?= .venv-vllm
@@ -19,7 +22,7 @@ VLLM_PIP := $(VLLM_VENV)/bin/python -m pip
 # index that sends no cache headers, so `make vllm` keeps its own wheelhouse)
 VLLM_WHEELS ?= $(HOME)/.cache/rlstream/vllm-wheels
 
-.PHONY: help setup vllm sysdeps kafka kernels demo test test-unit test-integration lint typecheck fmt docs clean cluster-down
+.PHONY: help setup vllm sysdeps kafka kernels demo test test-fast test-system test-unit test-integration lint typecheck fmt docs clean cluster-down
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 20
@@ -61,14 +64,23 @@ kernels: setup  ## compile the delta codec's numba kernels into numba's cache (o
 demo: kafka kernels  ## start the local cluster and run the main job
 	$(BIN)/rlstream demo
 
-test: kafka kernels  ## the whole suite: unit tests, then integration tests on a real local broker
-	$(BIN)/pytest -q --durations=15 -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS) tests
+test: kafka kernels  ## the whole suite (what CI runs): the fast tier, then the system tier
+	@$(MAKE) --no-print-directory test-fast
+	@$(MAKE) --no-print-directory test-system
 
-test-unit: setup  ## unit tests only (no broker)
-	$(BIN)/pytest -q $(PYTEST_ARGS) tests/unit
+test-fast: kafka kernels  ## the unit and integration tiers (goal: 5 min on 2 cores)
+	@mkdir -p build
+	$(PYTEST) --durations=5 --junitxml=$(JUNIT)-fast.xml $(PYTEST_ARGS) tests/unit tests/integration
 
-test-integration: kafka  ## integration tests only
-	$(BIN)/pytest -q $(PYTEST_ARGS) tests/integration
+test-system: kafka kernels  ## the system tier: pipelines, regions, vLLM, benchmarks, chaos
+	@mkdir -p build
+	$(PYTEST) --durations=15 --junitxml=$(JUNIT)-system.xml $(PYTEST_ARGS) tests/system
+
+test-unit: setup kernels  ## the unit tier only (no broker)
+	$(PYTEST) $(PYTEST_ARGS) tests/unit
+
+test-integration: kafka kernels  ## the integration tier only
+	$(PYTEST) $(PYTEST_ARGS) tests/integration
 
 lint: setup  ## ruff lint and format check
 	$(BIN)/ruff check .

@@ -1,11 +1,29 @@
-"""Shared fixtures: unique names per test, so tests never see each other's topics or groups."""
+"""The suite's tiers, by directory, and what every tier shares.
+
+- ``tests/unit``: no broker, no subprocess of a role; the fast tier with ``integration``.
+- ``tests/integration``: tests on one real broker per xdist worker (``brokers.py``).
+- ``tests/system``: whole pipelines, several regions, vLLM, benchmark smoke runs, chaos, clusters
+  of their own. ``tests/system/serial`` holds the longest whole-pipeline runs with deadlines:
+  under pytest-xdist they share one worker with the tests of the three-region ``geo`` cluster
+  (whichever tier those are in), one after the other, so none competes with another for the
+  cores.
+
+Each test gets its tier's marker (``-m unit``, ``-m "not system"``) and the serial ones the
+xdist group ``serial``, from its path alone: moving a file moves it between tiers.
+"""
 
 from __future__ import annotations
 
 import os
 import uuid
+from pathlib import Path
 
 import pytest
+
+pytest_plugins = ["brokers"]
+
+TIERS = ("unit", "integration", "system")
+HERE = Path(__file__).resolve().parent
 
 #: The suite's brokers and MirrorMakers live minutes and carry little traffic: the serial
 #: collector and the client compiler alone (``ops.cluster.artifacts.jvm_performance_options``)
@@ -32,37 +50,34 @@ def _results_elsewhere(tmp_path_factory: pytest.TempPathFactory, monkeypatch: py
         monkeypatch.setenv("RLSTREAM_RESULTS", str(tmp_path_factory.getbasetemp() / "results"))
 
 
-#: Besides the ``geo`` tests, the longest whole-pipeline runs with deadlines (the demo must reach
-#: its versions in time; chaos and the pipeline kill roles and a broker): under pytest-xdist they
-#: share the ``geo`` tests' worker, one after the other, so none of them competes with another
-#: for the cores. The other workers take everything else (about as long in all, on 2 cores).
-HEAVY = (
-    "tests/integration/test_learning.py",
-    "tests/integration/test_bench_chaos.py",
-    "tests/integration/test_pipeline.py",
-    "tests/integration/test_replicated.py",
-)
+def tier_of(path: Path) -> tuple[str, bool]:
+    """A test file's tier, and whether it runs in the serial group (module doc)."""
+    parts = Path(path).resolve().relative_to(HERE).parts
+    return parts[0], parts[:2] == ("system", "serial")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the group markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that leave several brokers running until the session ends go last: those of the
-    multi-region ``geo`` cluster (three brokers, two MirrorMakers) and the demo, which adds a
-    region to the session's cluster. Everything else then runs beside one broker only.
+    """Tiers and the serial group by path (module doc); the ``geo`` tests, which leave several
+    brokers running until their last test, go last, so everything else runs beside one broker.
+    xdist hands out the largest group first, so the serial queue starts at once. Without xdist
+    the group marker is inert."""
 
-    Under ``pytest -n N --dist loadgroup`` (``make test``) the ``geo`` tests and the other
-    whole-pipeline tests (``HEAVY``) form one xdist group: one worker runs them in that order
-    (it starts the ``geo`` cluster once), the others share the rest. xdist hands out the
-    largest group first, so the longest queue starts at once. Without xdist the marker is
-    inert."""
-
-    def heavy(item: pytest.Item) -> int:
-        fixtures = getattr(item, "fixturenames", ())
-        if "geo" in fixtures:
-            return 2
-        return 1 if item.nodeid.startswith("tests/integration/test_learning.py") else 0
+    def uses_geo(item: pytest.Item) -> bool:
+        return "geo" in getattr(item, "fixturenames", ())
 
     for item in items:
-        if heavy(item) == 2 or item.nodeid.startswith(HEAVY):
-            item.add_marker(pytest.mark.xdist_group("heavy"))
-    items.sort(key=heavy)  # stable: the order within each class is kept
+        tier, serial = tier_of(item.path)
+        if tier not in TIERS:
+            raise pytest.UsageError(f"{item.nodeid}: a test outside the tiers {TIERS}")
+        item.add_marker(getattr(pytest.mark, tier))
+        if serial or uses_geo(item):
+            item.add_marker(pytest.mark.xdist_group("serial"))
+    items.sort(key=uses_geo)  # stable: the order within each class is kept
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Clients talk to 127.0.0.1 only; a proxy variable must never reroute them.
+    for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+        monkeypatch.delenv(var, raising=False)

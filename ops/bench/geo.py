@@ -24,7 +24,7 @@ version, waiting only for the local subscriber, and eu keeps committing groups; 
 ``cut`` reports ``dark_s`` (the cut to eu's first version applied after it), ``caught_up_s``
 (the heal to eu applying the newest version), ``stranded`` (groups committed in eu during the
 cut, which reach home only after the heal: the ones a run's scheduler re-issues elsewhere;
-the re-issue itself is the link-cut test's, tests/integration/test_geo_faults.py),
+the re-issue itself is the link-cut test's, tests/system/test_geo_faults.py),
 ``interrupted`` (committed before the cut, home after it), ``duplicates`` (versions eu applied
 twice, groups read at home twice: both must be 0). The trajectory figures leave out the groups
 the cut stranded or interrupted.

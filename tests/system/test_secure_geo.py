@@ -33,7 +33,7 @@ from rlstream.producers.client.producer import EventProducer
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import topics
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
 QUIET = {"log_level": 0}
 MIRROR = acls.mirror_user("eu")

@@ -1,4 +1,5 @@
-"""One real Kafka per test session.
+"""The brokers of the integration and system tiers: one real Kafka per test session (per xdist
+worker), and the three-region ``geo`` cluster for the tests that ask for it.
 
 ``RLSTREAM_BOOTSTRAP`` points the suite at an existing cluster; ``RLSTREAM_TESTCONTAINERS=1``
 runs testcontainers' Kafka (needs a Docker engine); otherwise the project's own launcher starts
@@ -24,8 +25,6 @@ import pytest
 from helpers import GEO_RTT_MS
 
 from rlstream.producers.client.settings import KafkaSettings
-
-pytestmark = pytest.mark.integration
 
 SECURE = os.environ.get("RLSTREAM_SECURE") == "1"
 
@@ -132,12 +131,9 @@ def _testcontainers_kafka(ensure_cluster_topics) -> Iterator[KafkaSettings]:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
     # runs after tests/conftest.py's hook (tryfirst) has put the geo tests last
     _LAST_GEO[:] = [i.nodeid for i in items if _uses_geo(i)][-1:]
     for item in items:
-        if here in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.integration)
         unsecured = item.get_closest_marker("unsecured_only")
         if SECURE and unsecured is not None:
             reason = unsecured.args[0] if unsecured.args else "needs an unsecured broker"
@@ -147,11 +143,3 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture
 def bootstrap(kafka: KafkaSettings) -> str:
     return kafka.bootstrap_servers
-
-
-@pytest.fixture(autouse=True)
-def _no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Clients talk to 127.0.0.1 only; a proxy variable must never reroute them.
-    for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
-        monkeypatch.delenv(var, raising=False)
-    os.environ.setdefault("RLSTREAM_TEST", "1")

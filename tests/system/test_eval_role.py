@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import torch
+from helpers import decode_all, signed_run
 
 from rlstream.ops.run.demo import start_role
 from rlstream.producers.client.admin import ensure_run_topics
@@ -18,8 +19,6 @@ from rlstream.rollout.config import PolicyConfig
 from rlstream.rollout.model import build_policy
 from rlstream.schemas import topics
 from rlstream.schemas.deltacodec import from_torch
-
-from .helpers import decode_all, signed_run
 
 POLICY = PolicyConfig(vocab_size=128, d_model=32, n_heads=2, d_expert=32, max_seq_len=128)
 SETS = {
