@@ -42,9 +42,9 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from rlstream.consumers.admission_rules import (
     AdmissionConfig,
+    AdmissionVerdict,
     DecidedSet,
     PendingGroup,
-    Verdict,
     admitted_samples,
     behaviour_span,
     decide,
@@ -205,7 +205,7 @@ class Admission:
         self.first_offset.pop(key, None)
 
     def _decision(
-        self, group: PendingGroup, verdict: Verdict, version: int, now_ms: int, copy: str
+        self, group: PendingGroup, verdict: AdmissionVerdict, version: int, now_ms: int, copy: str
     ) -> list[Output]:
         spans = [behaviour_span(s) for s in group.samples.values()] or [(version, version)]
         record = {

@@ -202,7 +202,7 @@ def release_refusal(
 
 
 @dataclass(frozen=True)
-class Verdict:
+class AdmissionVerdict:
     admitted: bool
     reason: str | None
     staleness: int
@@ -230,16 +230,18 @@ def total_reward(rewards: dict[str, dict[str, Any]], judges: dict[str, float]) -
 
 def decide(
     group: PendingGroup, now_ms: int, learner_version: int, cfg: AdmissionConfig
-) -> Verdict | None:
+) -> AdmissionVerdict | None:
     """The verdict for ``group`` now, or None while it may still complete (see module rules)."""
     versions = [behaviour_span(s)[0] for s in group.samples.values()]
     stale = staleness(learner_version, versions)
     if versions and stale > cfg.max_staleness:
-        return Verdict(False, "stale", stale, f"staleness {stale} > max {cfg.max_staleness}")
+        return AdmissionVerdict(
+            False, "stale", stale, f"staleness {stale} > max {cfg.max_staleness}"
+        )
     if not group.complete(cfg.judges):
         if now_ms - group.first_seen_ms > cfg.timeout_s * 1000:
             have = f"{len(group.samples)}/{group.group_size} samples"
-            return Verdict(
+            return AdmissionVerdict(
                 False, "timed_out", stale, f"incomplete after {cfg.timeout_s:.0f}s: {have}"
             )
         return None
@@ -250,23 +252,25 @@ def decide(
         if name in cfg.judges and r.get("error")
     ]
     if errors:
-        return Verdict(False, "judge_error", stale, f"{len(errors)} unscored: {errors[0]}"[:1000])
+        return AdmissionVerdict(
+            False, "judge_error", stale, f"{len(errors)} unscored: {errors[0]}"[:1000]
+        )
     totals = [total_reward(group.rewards[i], cfg.judges) for i in sorted(group.samples)]
     if cfg.reject_no_signal and max(totals) - min(totals) < 1e-9:
-        return Verdict(False, "no_signal", stale, f"every sample scored {totals[0]:.3f}")
-    return Verdict(True, None, stale)
+        return AdmissionVerdict(False, "no_signal", stale, f"every sample scored {totals[0]:.3f}")
+    return AdmissionVerdict(True, None, stale)
 
 
 def surplus(
-    verdict: Verdict, admitted_now: int, learner_version: int, cfg: AdmissionConfig
-) -> Verdict:
+    verdict: AdmissionVerdict, admitted_now: int, learner_version: int, cfg: AdmissionConfig
+) -> AdmissionVerdict:
     """Rule 6: ``verdict`` unless it admits a group past ``max_groups_per_version`` groups
     already admitted (``admitted_now``) at ``learner_version``."""
     cap = cfg.max_groups_per_version
     if not verdict.admitted or cap == 0 or admitted_now < cap:
         return verdict
     detail = f"surplus: {admitted_now} groups already admitted at learner version {learner_version}"
-    return Verdict(False, "other", verdict.staleness, detail)
+    return AdmissionVerdict(False, "other", verdict.staleness, detail)
 
 
 def admitted_samples(group: PendingGroup, cfg: AdmissionConfig) -> list[dict[str, Any]]:

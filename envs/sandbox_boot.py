@@ -58,13 +58,13 @@ import traceback
 import types
 
 if __package__:  # imported (tests): from the package
-    from rlstream.envs.sandbox_root import MS_REC, SetupError, build_root, check, libc, mount
+    from rlstream.envs.sandbox_root import MS_REC, RootSetupError, build_root, check, libc, mount
 else:  # run as the bootstrap: from its own directory, which no program's sys.path keeps
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     try:
         from sandbox_root import (  # type: ignore[no-redef]
             MS_REC,
-            SetupError,
+            RootSetupError,
             build_root,
             check,
             libc,
@@ -423,7 +423,7 @@ def init_main(spec: dict) -> None:
             build_root(spec)
         else:
             check(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "subreaper")
-    except (SetupError, OSError) as exc:
+    except (RootSetupError, OSError) as exc:
         os.write(status_fd, json.dumps({"setup_error": str(exc)}).encode())
         os._exit(3)
     clock = _Clock(spec)
@@ -496,7 +496,7 @@ def _start_judged(
                 # no pid to signal the verdict side by (other modes: another uid can't)
                 check(libc.unshare(0x20000000), "unshare the answer's PID namespace")
             _fork(spec, who, answer, pid)
-        except (SetupError, OSError) as exc:  # no answer: the sandbox's error, not a fail
+        except (RootSetupError, OSError) as exc:  # no answer: the sandbox's error, not a fail
             _setup_errors.append(f"answer: {exc}")
     os.close(to_answer_r)
     os.close(from_answer_w)
@@ -531,7 +531,7 @@ def launch(spec: dict, fds: list[int]) -> None:
                 fh.write("0")  # this thread, the launcher's only one
         if spec["mode"] != "rlimits":
             _unshare(spec["mode"])
-    except (SetupError, OSError) as exc:
+    except (RootSetupError, OSError) as exc:
         os.write(fds[3], json.dumps({"setup_error": str(exc)}).encode())
         os._exit(3)
     me = os.getpid()

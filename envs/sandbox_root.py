@@ -8,7 +8,7 @@ symlinks), the interpreter's prefix and ``/etc/ld.so.cache`` are bound read-only
 null, zero, full, random and urandom; ``/proc`` is the sandbox's own; one size-capped scratch
 tmpfs, owned by the workspace's owner, is shown as ``/work``, ``/tmp`` and ``/dev/shm``. After
 ``pivot_root`` the old root is detached and ``/`` is remounted read-only: the only writable
-places are the scratch disk's three views. Any failure raises :class:`SetupError`.
+places are the scratch disk's three views. Any failure raises :class:`RootSetupError`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ MNT_DETACH = 2
 DEVICES = ("null", "zero", "full", "random", "urandom")
 
 
-class SetupError(Exception):
+class RootSetupError(Exception):
     """The sandbox could not be built; the program must not run."""
 
 
@@ -32,7 +32,7 @@ libc = ctypes.CDLL(None, use_errno=True)
 def check(ret: int, what: str) -> None:
     if ret != 0:
         err = ctypes.get_errno()
-        raise SetupError(f"{what}: {os.strerror(err)}")
+        raise RootSetupError(f"{what}: {os.strerror(err)}")
 
 
 def mount(src: str | None, dst: str, fstype: str | None, flags: int, data: str | None) -> None:

@@ -130,7 +130,7 @@ def task_set_id(held: list[FamilyTask]) -> str:
 
 
 @dataclass
-class Ledger:
+class EvalLedger:
     """What the evals stream says about one (model, task set): versions done, last released."""
 
     done: set[int] = field(default_factory=set)
@@ -144,9 +144,9 @@ class Ledger:
             self.baseline = Baseline(version, float(rec["greedy_success"]))
 
 
-def read_ledger(settings: KafkaSettings, run: str, model: str, task_set: str) -> Ledger:
+def read_ledger(settings: KafkaSettings, run: str, model: str, task_set: str) -> EvalLedger:
     """The ledger of ``task_set`` from the evals stream, read to its end (committed only)."""
-    ledger = Ledger()
+    ledger = EvalLedger()
     for rec in read_evals(settings, run):
         if rec["model"] == model and rec["task_set"] == task_set:
             ledger.add(rec)
@@ -164,7 +164,7 @@ class Follower(Protocol):
 
 
 def due_snapshot(
-    sub: Follower, ledger: Ledger, target: int, timeout: float = 1.0
+    sub: Follower, ledger: EvalLedger, target: int, timeout: float = 1.0
 ) -> Snapshot | None:
     """The state of ``target`` once ``sub`` serves it (waiting up to ``timeout``), else None.
 

@@ -18,7 +18,7 @@ other regions skip it, committing past it); ``attempt`` counts its releases. Rul
 - the group id never changes, so admission decides a group once whichever copy arrives first,
   and a region that comes back late only adds copies admission ignores: nothing is lost (every
   released group is re-issued until decided) and nothing is trained twice;
-- restart-safe: ``Ledger.replay`` rebuilds the ledger from the tasks stream and the decisions.
+- restart-safe: ``ReleaseLedger.replay`` rebuilds the ledger from the tasks stream and the decisions.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 
 from rlstream.consumers.releases import REGION_TAG, target_of
 
-__all__ = ["REGION_TAG", "Ledger", "Release", "for_region", "target_of"]
+__all__ = ["REGION_TAG", "Release", "ReleaseLedger", "for_region", "target_of"]
 
 
 @dataclass
@@ -51,7 +51,7 @@ def for_region(task: dict[str, Any], region: str) -> bool:
 
 
 @dataclass
-class Ledger:
+class ReleaseLedger:
     """Released, decided and overdue groups, and the regions' health (see the module rules)."""
 
     targets: tuple[str, ...]

@@ -50,7 +50,7 @@ from rlstream.envs.family import FamilySpec
 from rlstream.envs.fx import with_fx_options
 from rlstream.producers.client.producer import EventProducer
 from rlstream.producers.client.settings import KafkaSettings
-from rlstream.rollout.reissue import REGION_TAG, Ledger
+from rlstream.rollout.reissue import REGION_TAG, ReleaseLedger
 from rlstream.schemas import topics
 
 
@@ -153,7 +153,7 @@ def run_role(ctx: RoleContext) -> int:
 
     settings, run, cfg, stopper, log = ctx.settings, ctx.run, ctx.cfg, ctx.stopper, ctx.log
     targets = ctx.regions.rollout or (ctx.regions.trainer,)
-    ledger = Ledger(targets, int(cfg.reissue_after_s * 1000))
+    ledger = ReleaseLedger(targets, int(cfg.reissue_after_s * 1000))
     decisions = DecisionCounter(settings, run)  # read to the end before it returns
     ledger.replay(_tasks(settings, run), decisions.take())
     watcher = VersionWatcher(settings, topics.topic_name(run, "weights.manifests"))
@@ -194,12 +194,14 @@ def run_role(ctx: RoleContext) -> int:
     return ledger.released
 
 
-def _done(ledger: Ledger, cfg: SchedulerConfig) -> bool:
+def _done(ledger: ReleaseLedger, cfg: SchedulerConfig) -> bool:
     """Every task released and decided: nothing left to release or re-issue."""
     return ledger.released >= cfg.max_tasks and ledger.in_flight() == 0
 
 
-def _reissues(ledger: Ledger, now_ms: int, log: Callable[[str], None]) -> list[dict[str, Any]]:
+def _reissues(
+    ledger: ReleaseLedger, now_ms: int, log: Callable[[str], None]
+) -> list[dict[str, Any]]:
     out = []
     for rel in ledger.overdue(now_ms):
         rec = ledger.reissue(rel, now_ms)

@@ -102,7 +102,7 @@ def whole_layers(names: set[str], every: set[str]) -> set[str]:
 
 
 @dataclass
-class _Row:
+class _EngineRow:
     """One row's output so far: tokens, logprobs and the version of each."""
 
     ids: list[int] = field(default_factory=list)
@@ -253,7 +253,7 @@ class VllmEngine:
         try:
             self.stats.engine_version = str(json.loads(get(f"{self.url}/version"))["version"])
             # the first requests of a new server are slow (one-off set-up): not a rollout's
-            rows = [_Row(), _Row()]
+            rows = [_EngineRow(), _EngineRow()]
             self._complete(self._request([0] * 16, rows, rows, 16, 1.0, torch.Generator(), ()))
         except BaseException:
             if self.server is not None:
@@ -301,7 +301,7 @@ class VllmEngine:
     ) -> Generation:
         fed = context[0].tolist()
         base = [*prior.history, *fed] if prior is not None else fed
-        rows = [_Row() for _ in range(int(context.shape[0]))]
+        rows = [_EngineRow() for _ in range(int(context.shape[0]))]
         budget = max(0, min(max_new, self.window - len(base)))
         fed_version: int | None = None
         while True:
@@ -318,7 +318,7 @@ class VllmEngine:
         versions = [[fed_version] * len(fed) + r.versions for r in rows]
         return assemble(choices, len(fed), versions=versions)
 
-    def _extend(self, row: _Row, choice: Choice, room: int, version: int) -> None:
+    def _extend(self, row: _EngineRow, choice: Choice, room: int, version: int) -> None:
         """Append a choice's output to its row, at most ``room`` tokens (a batched continuation
         asks every row for the largest budget left: a row's surplus is cut, as ``max_tokens``
         would have); an aborted choice leaves the row open."""
@@ -335,8 +335,8 @@ class VllmEngine:
     def _request(
         self,
         base: list[int],
-        rows: list[_Row],
-        todo: list[_Row],
+        rows: list[_EngineRow],
+        todo: list[_EngineRow],
         budget: int,
         temperature: float,
         generator: torch.Generator,

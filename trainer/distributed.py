@@ -165,7 +165,7 @@ CLOSE_TIMEOUT_S = 30.0
 
 
 class Ranks:
-    """This process's membership of the learner's process group (``producers.weights.shards.Ranks``
+    """This process's membership of the learner's process group (``producers.weights.shards.PublishingRanks``
     for the sharded publisher, plus what training needs)."""
 
     def __init__(self, env: RankEnv, backend: str | None = None) -> None:

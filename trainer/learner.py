@@ -93,7 +93,7 @@ HEARTBEAT_S = 5.0
 
 
 @dataclass
-class Ledger:
+class TrainedLedger:
     """What the published versions of a run already trained, read back from its manifests."""
 
     last: dict | None = None  # the newest manifest
@@ -103,10 +103,10 @@ class Ledger:
     epoch: int = 0  # the newest learner epoch among the manifests
 
 
-def read_ledger(settings: KafkaSettings, run: str, model: str) -> Ledger:
+def read_ledger(settings: KafkaSettings, run: str, model: str) -> TrainedLedger:
     """Newest manifest, trained inputs and group counts of ``model`` in ``run`` (its manifest log
     read to the end, one manifest per version)."""
-    ledger = Ledger()
+    ledger = TrainedLedger()
     for _, rec in sorted(manifests_by_version(settings, run, model).items()):
         ledger.last = rec
         ledger.epoch = max(ledger.epoch, int(rec.get("learner_epoch", 0)))
@@ -238,7 +238,7 @@ class Learner:
 
     def _resume(self) -> int:
         self.ledger = (
-            read_ledger(self.settings, self.run, self.cfg.model) if self.lead else Ledger()
+            read_ledger(self.settings, self.run, self.cfg.model) if self.lead else TrainedLedger()
         )
         manifest, epoch = self.ledger.last, self.ledger.epoch
         state = self._restore(manifest) if manifest is not None else None

@@ -196,7 +196,7 @@ class Driver:
 
     def run(self) -> None:
         from rlstream.ops.run import demo
-        from rlstream.ops.run.faults import FeedbackService, PolicyService
+        from rlstream.ops.run.faults import FeedbackProcess, PolicyService
         from rlstream.trainer.learner_step import init_model
 
         progress(f"run {self.run_name}: logs in {self.logs}")
@@ -211,7 +211,7 @@ class Driver:
         self.roles = self._start_roles()
         key = secrets.token_hex(16).encode()
         where = (self.run_name, self.settings, self.logs)
-        self.feedback = FeedbackService(*where, key=key)
+        self.feedback = FeedbackProcess(*where, key=key)
         recipe = tuple(self.extra)
         self.policy = PolicyService(*where, recipe=recipe)  # serves (and records) completions
         self.pushed = PolicyService(

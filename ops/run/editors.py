@@ -28,7 +28,7 @@ import threading
 from collections import Counter
 from typing import Any
 
-from rlstream.ops.run.faults import FeedbackService, PolicyService, post
+from rlstream.ops.run.faults import FeedbackProcess, PolicyService, post
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import topics
 
@@ -162,7 +162,7 @@ def start(
     """The run's feedback service (a fresh HMAC key) and policy server, up, and ``users``
     editor users sending to them; returns (services, users) for the caller to stop."""
     key = secrets.token_hex(16).encode()
-    feedback = FeedbackService(run, settings, folder, key=key)
+    feedback = FeedbackProcess(run, settings, folder, key=key)
     policy = PolicyService(run, settings, folder, recipe=tuple(recipe))
     services = [feedback, policy]
     for service in services:

@@ -375,7 +375,7 @@ class Service:
 
 
 @dataclass
-class FeedbackService(Service):
+class FeedbackProcess(Service):
     """``rlstream serve feedback`` of the run with one HMAC key (id ``k1``)."""
 
     label: str = "feedback"
@@ -434,7 +434,7 @@ class PolicyService(Service):
         return {"Authorization": f"Bearer {self.api_token}"}
 
 
-def replay_feedback(service: FeedbackService, tag: str) -> dict[str, Any]:
+def replay_feedback(service: FeedbackProcess, tag: str) -> dict[str, Any]:
     """Send one signed feedback request, then replay it as an attacker holding a captured copy
     would: as is (at once, 4 times, and after the service was killed -9 and restarted),
     under a new Idempotency-Key, signed an hour ago, signed for another run, with its body

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlstream.consumers.run_log import run_manifest
-from rlstream.ops.run.lineage import Group, Lineage, LineageError, Position, Sample, as_ref
+from rlstream.ops.run.lineage import Group, Lineage, LineageError, Position, TracedSample, as_ref
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import arrays, topics
 
@@ -46,7 +46,7 @@ MIN_GROUP = 2
 
 
 @dataclass
-class Plan:
+class ForgetPlan:
     """What a forget leaves out of which version, decided before anything is written."""
 
     run: str
@@ -70,7 +70,7 @@ def as_key(ref: dict[str, Any]) -> Position:
     return (ref["topic"], int(ref["partition"]), int(ref["offset"]))
 
 
-def hits(s: Sample, user_hashes: set[str], records: set[Position]) -> set[str]:
+def hits(s: TracedSample, user_hashes: set[str], records: set[Position]) -> set[str]:
     """Which of the requested items sample ``s`` was built from (hashes and positions)."""
     found = {f"{p[0]}:{p[1]}:{p[2]}" for p in s.positions() & records}
     if s.feedback is not None and s.feedback["user_id_hash"] in user_hashes:
@@ -80,13 +80,13 @@ def hits(s: Sample, user_hashes: set[str], records: set[Position]) -> set[str]:
 
 def plan_forget(
     lineage: Lineage, user_hashes: Sequence[str], records: Sequence[dict[str, Any]]
-) -> Plan:
+) -> ForgetPlan:
     """The plan (see the module rules); ``LineageError`` when something asked for is unknown."""
     if not user_hashes and not records:
         raise ValueError("forget what? give --user-hash or --record")
     wanted, positions = set(user_hashes), {as_key(r) for r in records}
     last = max(lineage.manifests)
-    plan = Plan(lineage.run, new_run_name(lineage.run, user_hashes, records), sorted(wanted),
+    plan = ForgetPlan(lineage.run, new_run_name(lineage.run, user_hashes, records), sorted(wanted),
                 list(records), -1, last)  # fmt: skip
     seen: set[str] = set()
     for version in range(1, last + 1):
@@ -161,7 +161,7 @@ def forget(
     return ForgetResult(run, plan.new_run, plan.first_affected, excluded, differ)
 
 
-def _start_over(settings: KafkaSettings, plan: Plan) -> None:
+def _start_over(settings: KafkaSettings, plan: ForgetPlan) -> None:
     """Refuse a finished request; delete what an interrupted attempt wrote of the new run."""
     from rlstream.producers.client.admin import admin_client, delete_topics, ensure_run_topics
 
@@ -180,7 +180,7 @@ def _start_over(settings: KafkaSettings, plan: Plan) -> None:
     ensure_run_topics(settings, plan.new_run)
 
 
-def _audit(settings: KafkaSettings, plan: Plan, status: str, differ: list[int]) -> None:
+def _audit(settings: KafkaSettings, plan: ForgetPlan, status: str, differ: list[int]) -> None:
     from rlstream.producers.client.producer import EventProducer
 
     record = {
@@ -198,7 +198,7 @@ def _audit(settings: KafkaSettings, plan: Plan, status: str, differ: list[int]) 
         producer.produce(topics.AUDIT_TOPIC, "forget_audit", record, plan.run)
 
 
-def _record_run(settings: KafkaSettings, plan: Plan, status: str) -> None:
+def _record_run(settings: KafkaSettings, plan: ForgetPlan, status: str) -> None:
     """The new run's manifest: the parent's, with its name, status, parent and exclusions
     (and the weight key the new run's learner recorded, once it has one)."""
     from rlstream.consumers.weights.trust import weight_fields
@@ -227,7 +227,7 @@ def _record_run(settings: KafkaSettings, plan: Plan, status: str) -> None:
         producer.produce(topics.RUNS_TOPIC, "run_manifest", record, plan.new_run)
 
 
-def _write_admitted(settings: KafkaSettings, plan: Plan) -> dict[int, list[list[Position]]]:
+def _write_admitted(settings: KafkaSettings, plan: ForgetPlan) -> dict[int, list[list[Position]]]:
     """Write the kept groups to the new run's admitted stream, version by version; returns,
     per version, each group's part positions there."""
     from rlstream.producers.client.producer import EventProducer
@@ -261,7 +261,7 @@ def _noting(where: list[Position]) -> Any:
 
 def _recompute(
     settings: KafkaSettings,
-    plan: Plan,
+    plan: ForgetPlan,
     cfg: Any,
     refs: dict[int, list[list[Position]]],
     recorded: dict[int, dict[str, Any]],

@@ -97,7 +97,7 @@ class Group:
 
 
 @dataclass
-class Sample:
+class TracedSample:
     """One trained sample and every record it joins to (None where the log has no link)."""
 
     group: Group
@@ -150,15 +150,15 @@ class Lineage:
                 names = []
         return out
 
-    def samples(self, version: int) -> Iterator[Sample]:
+    def samples(self, version: int) -> Iterator[TracedSample]:
         for group in self.groups(version):
             for sample in group.decision["samples"]:
                 yield self.join(group, sample)
 
-    def join(self, group: Group, sample: dict[str, Any]) -> Sample:
+    def join(self, group: Group, sample: dict[str, Any]) -> TracedSample:
         """``sample`` with its trajectory, task, rewards and feedback read at their positions."""
         d, index = group.decision, int(sample["sample_index"])
-        out = Sample(group, sample)
+        out = TracedSample(group, sample)
         out.trajectory = self.log.at(sample.get("trajectory"), "trajectory")
         if out.trajectory is not None and d["source"] == "rollout":
             _expect(out.trajectory, {"group_id": d["group_id"], "sample_index": index}, sample)
@@ -197,7 +197,7 @@ def _expect(record: dict[str, Any], fields: dict[str, Any], named_by: Any) -> No
         )
 
 
-def sample_json(s: Sample) -> dict[str, Any]:
+def sample_json(s: TracedSample) -> dict[str, Any]:
     """One sample in the JSON shape of ``rlstream lineage --json``."""
     d, sample, traj = s.group.decision, s.sample, s.trajectory or {}
     where = sample.get("trajectory") or {}

@@ -70,7 +70,7 @@ from rlstream.producers.weights import retention
 from rlstream.producers.weights.chunks import write_chunks
 from rlstream.producers.weights.rules import chunk_partitions, keyframe_of, publish_kinds
 from rlstream.producers.weights.shards import (
-    Ranks,
+    PublishingRanks,
     ShardLayout,
     merge_shards,
     shard_names,
@@ -174,7 +174,7 @@ class WeightPublisher:
         signer: Signer | None = None,
         epoch: int = 0,
         chunk_producer: EventProducer | None = None,
-        ranks: Ranks | None = None,
+        ranks: PublishingRanks | None = None,
         hash_algorithm: str = codec.DEFAULT_HASH,
         fast_apply: bool = False,
     ) -> None:
@@ -579,7 +579,7 @@ def rank_publisher(
     run: str,
     model: str,
     transactional_id: str,
-    ranks: Ranks | None = None,
+    ranks: PublishingRanks | None = None,
     keyframe_every: int = DEFAULT_KEYFRAME_EVERY,
     signer: Signer | None = None,
     fast_apply: bool = False,

@@ -39,7 +39,7 @@ from rlstream.schemas.deltacodec.pieces import PIECE_HEADER
 from rlstream.schemas.deltacodec.wire import CHUNK_HEADER, parse_chunk
 
 
-class Ranks(Protocol):
+class PublishingRanks(Protocol):
     """The ranks publishing together (``trainer.distributed`` implements it on
     torch.distributed): this one's rank, their number, and an all-gather of small objects that
     every rank calls in the same order."""

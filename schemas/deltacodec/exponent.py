@@ -106,7 +106,7 @@ def encode_exponent3(
 # --- decoder ---------------------------------------------------------------------------
 
 
-class Plan:
+class ExponentPlan:
     """A decoded exponent piece, ready to apply: per bucket its countdown and its range of
     the concatenated gaps and differences."""
 
@@ -153,7 +153,9 @@ class Plan:
             raise ValueError("exponent piece does not match its range")
 
 
-def decode_exponent2(piece: Piece, n: int, dtype: np.dtype, name: str = "exponent2") -> Plan:
+def decode_exponent2(
+    piece: Piece, n: int, dtype: np.dtype, name: str = "exponent2"
+) -> ExponentPlan:
     """The plan of an ``exponent2`` piece (or, ``name`` "exponent3", of an ``exponent3``
     piece: same layout, other coder) over ``n`` elements of ``dtype``."""
     k = piece.count
@@ -177,9 +179,9 @@ def plan_of(
     starts: np.ndarray,
     gaps: np.ndarray,
     z: np.ndarray,
-) -> Plan:
+) -> ExponentPlan:
     """The plan of a decoded table (``buckets``, ``starts``) and numbers."""
-    plan = Plan(shift, mask, gaps, unzigzag(z.astype(dtype)))
+    plan = ExponentPlan(shift, mask, gaps, unzigzag(z.astype(dtype)))
     plan.ptr[buckets], plan.end[buckets] = starts[:-1], starts[1:]
     plan.rem[buckets] = gaps[starts[:-1]]
     return plan

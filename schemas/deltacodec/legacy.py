@@ -20,11 +20,11 @@ from __future__ import annotations
 import numpy as np
 
 from . import rangecoder
-from .exponent import MAX_BUCKETS, Plan, plan_of
+from .exponent import MAX_BUCKETS, ExponentPlan, plan_of
 from .pieces import STORED, Piece
 
 
-def decode_exponent(piece: Piece, n: int, dtype: np.dtype) -> Plan:
+def decode_exponent(piece: Piece, n: int, dtype: np.dtype) -> ExponentPlan:
     """The plan of an ``exponent`` piece over ``n`` elements of ``dtype`` (checks the
     header's size before decoding anything)."""
     k = piece.count

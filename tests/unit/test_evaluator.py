@@ -36,7 +36,7 @@ def test_release_rule_compares_with_the_last_released_version() -> None:
     assert ev.release(0.45, base, 0.05)[0]
     ok, rule = ev.release(0.44, base, 0.05)
     assert not ok and rule.startswith("not greedy_success") and "v10" in rule
-    ledger = ev.Ledger()
+    ledger = ev.EvalLedger()
     ledger.add({"version": 0, "released": True, "greedy_success": 0.2})
     ledger.add({"version": 10, "released": False, "greedy_success": 0.1})
     ledger.add({"version": 20, "released": True, "greedy_success": 0.3})
@@ -85,7 +85,7 @@ class _Subscriber:
 
 def test_a_refused_version_is_recorded_as_not_evaluated_and_the_next_one_is_due() -> None:
     sub = _Subscriber({4: "ManifestInvalid: tensor 'w' is float32[8], the model's is ..."})
-    ledger, evaluated = ev.Ledger(), []
+    ledger, evaluated = ev.EvalLedger(), []
     for _ in range(20):  # the role's loop, without the evaluation itself
         target = ev.next_due(ledger.done | ledger.skipped.keys(), 2)
         if target > 8:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlstream.ops.run.forget import hits, new_run_name
-from rlstream.ops.run.lineage import Group, Sample, parse_position
+from rlstream.ops.run.lineage import Group, TracedSample, parse_position
 
 
 def test_positions_parse_or_say_what_is_wrong() -> None:
@@ -27,12 +27,12 @@ def test_one_request_one_new_run_name() -> None:
     assert len(new_run_name("r" * 64, ["h"], [])) <= 64
 
 
-def _sample() -> Sample:
+def _sample() -> TracedSample:
     ref = {"topic": "rl.r.served", "partition": 0, "offset": 5}
     feedback = {"topic": "rl.r.feedback", "partition": 0, "offset": 9}
     group = Group({"task_ref": None}, [("rl.r.admitted", 1, 3)])
     sample = {"trajectory": ref, "feedback": feedback, "reward_refs": []}
-    return Sample(group, sample, feedback={"user_id_hash": "h-alice", "feedback_id": "f"})
+    return TracedSample(group, sample, feedback={"user_id_hash": "h-alice", "feedback_id": "f"})
 
 
 def test_a_sample_is_hit_by_its_user_hash_or_any_position_it_names() -> None:

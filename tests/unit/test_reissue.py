@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlstream.rollout.reissue import REGION_TAG, Ledger, for_region, target_of
+from rlstream.rollout.reissue import REGION_TAG, ReleaseLedger, for_region, target_of
 
 SECOND = 1000
 
@@ -21,7 +21,7 @@ def _task(task_id: str, region: str, attempt: int = 0, created_ms: int = 0) -> d
             "tags": {REGION_TAG: region, "split": "train"}}  # fmt: skip
 
 
-def _release(ledger: Ledger, task_id: str, now_ms: int) -> str:
+def _release(ledger: ReleaseLedger, task_id: str, now_ms: int) -> str:
     region = ledger.place(now_ms)
     assert region is not None
     ledger.release(_task(task_id, region, created_ms=now_ms), now_ms)
@@ -29,13 +29,13 @@ def _release(ledger: Ledger, task_id: str, now_ms: int) -> str:
 
 
 def test_placement_is_round_robin_over_targets() -> None:
-    ledger = Ledger(("eu", "us"), 30 * SECOND)
+    ledger = ReleaseLedger(("eu", "us"), 30 * SECOND)
     assert [_release(ledger, f"t{i}", 0) for i in range(4)] == ["eu", "us", "eu", "us"]
     assert ledger.released == 4 and ledger.in_flight() == 4 and ledger.in_flight("eu") == 2
 
 
 def test_an_overdue_group_goes_to_another_region_with_the_same_group_id() -> None:
-    ledger = Ledger(("eu", "us"), 30 * SECOND)
+    ledger = ReleaseLedger(("eu", "us"), 30 * SECOND)
     for i in range(4):
         _release(ledger, f"t{i}", 0)
     ledger.decide("t1")  # us decided its first group
@@ -55,7 +55,7 @@ def test_an_overdue_group_goes_to_another_region_with_the_same_group_id() -> Non
 
 
 def test_decided_groups_are_never_reissued_and_with_no_live_region_a_group_waits() -> None:
-    ledger = Ledger(("eu", "us"), 10 * SECOND)
+    ledger = ReleaseLedger(("eu", "us"), 10 * SECOND)
     _release(ledger, "a", 0)  # eu
     _release(ledger, "b", 0)  # us
     ledger.decide("a")
@@ -68,7 +68,7 @@ def test_decided_groups_are_never_reissued_and_with_no_live_region_a_group_waits
 
 
 def test_one_region_reissues_to_itself_and_keeps_releasing() -> None:
-    ledger = Ledger(("trainer",), 10 * SECOND)
+    ledger = ReleaseLedger(("trainer",), 10 * SECOND)
     for task_id in ("a", "b", "c"):
         _release(ledger, task_id, 0)
     ledger.decide("a")
@@ -91,7 +91,7 @@ def test_one_region_reissues_to_itself_and_keeps_releasing() -> None:
 
 
 def test_replay_rebuilds_the_ledger_from_the_tasks_stream() -> None:
-    ledger = Ledger(("eu", "us"), 10 * SECOND)
+    ledger = ReleaseLedger(("eu", "us"), 10 * SECOND)
     written = []
     for i in range(3):
         region = ledger.place(0)
@@ -102,13 +102,13 @@ def test_replay_rebuilds_the_ledger_from_the_tasks_stream() -> None:
     assert again is not None
     ledger.release(again, 11 * SECOND)
     written.append(again)
-    rebuilt = Ledger(("eu", "us"), 10 * SECOND)
+    rebuilt = ReleaseLedger(("eu", "us"), 10 * SECOND)
     rebuilt.replay(written, {"t1"})
     assert {k: (r.region, r.attempt) for k, r in rebuilt.releases.items()} == {
         k: (r.region, r.attempt) for k, r in ledger.releases.items()
     }
     assert rebuilt.in_flight() == 2 and rebuilt.released == 3
-    legacy = Ledger(("eu",), SECOND)
+    legacy = ReleaseLedger(("eu",), SECOND)
     legacy.replay([{"task_id": "old", "created_ms": 0, "attempt": 0}], ())
     assert legacy.releases["old"].region == "eu"
 
@@ -117,4 +117,4 @@ def test_workers_take_only_their_regions_tasks() -> None:
     assert for_region(_task("t", "eu"), "eu") and not for_region(_task("t", "eu"), "us")
     assert for_region({"task_id": "t", "tags": {}}, "us")  # untargeted: any region
     with pytest.raises(ValueError):
-        Ledger((), SECOND)
+        ReleaseLedger((), SECOND)

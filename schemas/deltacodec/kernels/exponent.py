@@ -56,7 +56,7 @@ def apply(
     changes only. Positions written and their base bits go to ``done`` and ``old``;
     ``state[0]`` counts them. Nothing is written that the plan does not hold: a change
     beyond its bucket's differences, or beyond ``done``, stops the kernel before its write
-    with ``state[1]`` set (``Plan.finish`` refuses the piece)."""
+    with ``state[1]`` set (``ExponentPlan.finish`` refuses the piece)."""
     if state[1]:
         return  # refused in an earlier block: nothing more is written
     n = state[0]
