@@ -228,6 +228,16 @@ class VllmConfig(BaseModel):
     extra_args: list[str] = Field(
         default_factory=list, description="More command-line arguments for the server."
     )
+    extension: str = Field(
+        "rlstream_vllm_ext.WeightSwap",
+        pattern=r"^[A-Za-z_][\w.]*\.[A-Za-z_]\w*$",
+        description="The worker extension class (`MODULE.CLASS`): rlstream's, or a subclass of it "
+        "(docs/engines.md), found on `extension_path` before rlstream's folder.",
+    )
+    extension_path: list[str] = Field(
+        default_factory=list,
+        description="Folders put on the server's PYTHONPATH before rlstream's extension folder.",
+    )
 
 
 class RolloutConfig(BaseModel):

@@ -39,7 +39,6 @@ from rlstream.rollout.config import VllmConfig
 from rlstream.rollout.engines import EngineError
 
 EXTENSION_DIR = Path(__file__).resolve().parent / "vllm_server"
-EXTENSION_CLS = "rlstream_vllm_ext.WeightSwap"
 PYTHON_ENV = "RLSTREAM_VLLM_PYTHON"
 DEFAULT_PYTHON = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
 STOP_GRACE_S = 20.0
@@ -98,7 +97,7 @@ class VllmServer:
             *("--kv-cache-memory-bytes", str(kv_bytes)),
             *("--max-num-seqs", str(self.cfg.max_num_seqs), "--seed", "0"),
             *("--skip-tokenizer-init", "--logprobs-mode", "processed_logprobs"),
-            *("--worker-extension-cls", EXTENSION_CLS),
+            *("--worker-extension-cls", self.cfg.extension),
             *self.cfg.extra_args,
         ]
 
@@ -108,7 +107,7 @@ class VllmServer:
             VLLM_SERVER_DEV_MODE="1",
             VLLM_CPU_OMP_THREADS_BIND="nobind",
             OMP_NUM_THREADS=str(self.cfg.threads),
-            PYTHONPATH=str(EXTENSION_DIR),
+            PYTHONPATH=os.pathsep.join([*self.cfg.extension_path, str(EXTENSION_DIR)]),
             PYTHONUNBUFFERED="1",
         )
         return env

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -88,8 +88,6 @@ MAX_CHUNK_BYTES: Final = topics.CHUNK_PAYLOAD_BYTES
 DEFAULT_KEYFRAME_EVERY: Final = 8
 
 State = Mapping[str, codec.TensorBits]
-#: Fault injection for tests: ``(version, kind, index, payload) -> payload to send``.
-FaultHook = Callable[[int, str, int, bytes], bytes]
 
 # --- the publisher ---------------------------------------------------------------------------
 
@@ -170,7 +168,6 @@ class WeightPublisher:
         keyframe_every: int = DEFAULT_KEYFRAME_EVERY,
         max_chunk_bytes: int = MAX_CHUNK_BYTES,
         flush_timeout: float = 120.0,
-        fault_hook: FaultHook | None = None,
         signer: Signer | None = None,
         epoch: int = 0,
         chunk_producer: EventProducer | None = None,
@@ -185,7 +182,6 @@ class WeightPublisher:
         self.manifest_topic = manifest_topic or topics.topic_name(run, "weights.manifests")
         self.keyframe_every, self.max_chunk_bytes = keyframe_every, max_chunk_bytes
         self.flush_timeout, self.fast_apply = flush_timeout, fast_apply  # codec.encode_delta
-        self.fault_hook = fault_hook  # tests only: corrupts payloads, manifests stay truthful
         self.signer = signer  # the run's key (``weights.signing``); None: unsigned, refused by
         # the readers of a run not created insecure
         self.hash_algorithm = hash_algorithm  # another than blake3 only to write as old code did
@@ -527,7 +523,6 @@ class WeightPublisher:
         items = []
         for kind, enc in zip(kinds, encoded, strict=True):
             for index, payload in enumerate(enc.chunks):
-                payload = self._maybe_fault(version, kind, index, payload)
                 rec = chunk_record(enc.manifest, index, payload, run=self.run, model=self.model)
                 items.append(((kind, index), rec, next(where)))
         written = self._write_chunks(version, items)
@@ -558,11 +553,6 @@ class WeightPublisher:
         if self._chunk_partitions is None:
             self._chunk_partitions = self.chunk_producer.partitions(self.chunk_topic)
         return self._chunk_partitions
-
-    def _maybe_fault(self, version: int, kind: str, index: int, payload: bytes) -> bytes:
-        return (
-            payload if self.fault_hook is None else self.fault_hook(version, kind, index, payload)
-        )
 
     def _produce_manifest(self, rec: Mapping[str, Any]) -> None:
         self.producer.announce_schema(self.producer.store.current("weight_manifest")[0])

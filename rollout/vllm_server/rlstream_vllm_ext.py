@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import time
 from pathlib import Path
@@ -43,8 +42,6 @@ import torch
 from safetensors.torch import load as load_safetensors
 
 LAYER = re.compile(r"^(.*\.layers\.\d+)\.")
-# test fault: raise after loading into the model this many times (see the module docstring)
-FAULT_ENV = "RLSTREAM_VLLM_FAULT_LOADS"
 
 
 def layer_of(name: str) -> str | None:
@@ -101,7 +98,6 @@ class WeightSwap:
             return {"ok": False, "refused": reason}
         started = time.perf_counter()
         try:
-            self._rlstream_fault()
             self.model_runner.reload_weights(  # type: ignore[attr-defined]
                 weights_iterator=iter(sorted(tensors.items())), is_checkpoint_format=True
             )
@@ -161,17 +157,3 @@ class WeightSwap:
                 continue
             if weight.data_ptr() == embedding.weight.data_ptr():
                 method.process_weights_after_loading(module)
-
-    def _rlstream_fault(self) -> None:
-        """A test's fault: the first loads succeed, then one fails half-way (the model's weights
-        are changed in part first, so the engine is really half swapped)."""
-        left = os.environ.get(FAULT_ENV)
-        if left is None:
-            return
-        count = getattr(self, "_rlstream_loads", 0) + 1
-        self._rlstream_loads = count
-        if count > int(left):
-            model = self.model_runner.model  # type: ignore[attr-defined]
-            with torch.no_grad():
-                next(model.parameters()).mul_(0.5)
-            raise RuntimeError(f"fault injected by {FAULT_ENV}={left} at load {count}")

@@ -196,3 +196,19 @@ def stop_procs(procs: Mapping[str, subprocess.Popen], timeout: float = 20.0) -> 
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+def chunk_filter_publisher(base: type, on_chunk: Callable[[int, str, int, bytes], bytes]) -> type:
+    """A ``WeightPublisher`` subclass whose chunk payloads pass through ``on_chunk(version, kind,
+    index, payload)`` on their way to the broker (a slow link, a corrupt byte); the manifests
+    stay truthful. Faults come from the harness, never from a switch in the publisher."""
+
+    class Filtered(base):  # type: ignore[misc, valid-type]
+        def _write_chunks(self, version: int, items: Any) -> Any:
+            items = [
+                (key, {**rec, "payload": on_chunk(version, *key, rec["payload"])}, where)
+                for key, rec, where in items
+            ]
+            return super()._write_chunks(version, items)
+
+    return Filtered

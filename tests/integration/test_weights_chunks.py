@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaException
-from helpers import read_all, signed_run
+from helpers import chunk_filter_publisher, read_all, signed_run
 from test_weights_sync import CHUNK, MODEL, Learner, _assert_on, _make_topics, _subscriber
 
 from rlstream.consumers.weights.manifest_log import read_manifests
@@ -44,7 +44,9 @@ def _publisher(kafka: KafkaSettings, run: str, k: int, **kw: Any) -> WeightPubli
     producer = EventProducer.transactional(kafka, f"rlstream.{run}.learner", 30, **overrides)
     if "signer" not in kw:  # the run is signed from its creation
         kw["signer"] = signed_run(kafka, run)
-    return WeightPublisher(producer, run, MODEL, keyframe_every=k, max_chunk_bytes=CHUNK, **kw)
+    on_chunk = kw.pop("on_chunk", None)
+    cls = WeightPublisher if on_chunk is None else chunk_filter_publisher(WeightPublisher, on_chunk)
+    return cls(producer, run, MODEL, keyframe_every=k, max_chunk_bytes=CHUNK, **kw)
 
 
 def _chunks(kafka: KafkaSettings, run: str) -> list[tuple[int, int, dict[str, Any]]]:
@@ -80,7 +82,7 @@ def test_a_version_that_outlasts_the_transaction_timeout_commits(kafka, unique_r
             time.sleep(SLOW_CHUNKS_S / n)  # a slow link to the brokers: acks come late
         return payload
 
-    pub = _publisher(kafka, unique_run, 4, txn_timeout_ms=TXN_TIMEOUT_MS, fault_hook=slow)
+    pub = _publisher(kafka, unique_run, 4, txn_timeout_ms=TXN_TIMEOUT_MS, on_chunk=slow)
     t0 = time.monotonic()
     pub.publish_version(learner.states[0], 0)
     took = time.monotonic() - t0

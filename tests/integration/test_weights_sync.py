@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import read_all, signed_run
+from helpers import chunk_filter_publisher, read_all, signed_run
 
 from rlstream.consumers.weights.manifest_log import read_manifests
 from rlstream.consumers.weights.subscriber import Snapshot, WeightSubscriber
@@ -80,7 +80,9 @@ def _publisher(kafka: KafkaSettings, run: str, k: int, **kw: Any) -> WeightPubli
     if "signer" not in kw:  # the run is signed from its creation
         kw["signer"] = signed_run(kafka, run)
     producer = EventProducer.transactional(kafka, f"rlstream.{run}.learner", timeout=30)
-    return WeightPublisher(producer, run, MODEL, keyframe_every=k, max_chunk_bytes=CHUNK, **kw)
+    on_chunk = kw.pop("on_chunk", None)
+    cls = WeightPublisher if on_chunk is None else chunk_filter_publisher(WeightPublisher, on_chunk)
+    return cls(producer, run, MODEL, keyframe_every=k, max_chunk_bytes=CHUNK, **kw)
 
 
 def _publish(pub: WeightPublisher, learner: Learner, versions: range) -> None:
@@ -183,7 +185,7 @@ def test_corrupt_chunk_is_refused_then_the_next_keyframe_recovers(kafka, unique_
         bad[len(bad) // 2] ^= 0x40
         return bytes(bad)
 
-    learner, pub = Learner(seed=2), _publisher(kafka, unique_run, k=3, fault_hook=corrupt)
+    learner, pub = Learner(seed=2), _publisher(kafka, unique_run, k=3, on_chunk=corrupt)
     with _subscriber(kafka, unique_run) as sub:
         _publish(pub, learner, range(4))
         sub.wait_for(3, timeout=20)

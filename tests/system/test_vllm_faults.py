@@ -37,6 +37,7 @@ from rlstream.rollout.vllm_engine import VllmEngine
 pytestmark = [pytest.mark.slow, requires_vllm]
 
 PROMPT = "f(x): dbl\nf(2)=4\nf(3)="
+HERE = Path(__file__).resolve().parent
 
 
 def _generate(engine: VllmEngine, seed: int, max_new: int = 24) -> tuple[list[int], Generation]:
@@ -123,12 +124,11 @@ def test_a_killed_server_is_restarted_and_the_request_sent_again(tmp_path: Path)
         engine.close()
 
 
-def test_a_version_that_fails_half_way_is_refused_and_the_old_one_serves(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("RLSTREAM_VLLM_FAULT_LOADS", "1")  # each server's second load fails
+def test_a_version_that_fails_half_way_is_refused_and_the_old_one_serves(tmp_path: Path) -> None:
     base = dict(build_policy(POLICY).state_dict())
-    engine = start_engine(tmp_path, base)
+    # the harness's extension: each server's second load fails half-way (tests/system/vllm_fault_ext)
+    fault = {"extension": "vllm_fault_ext.HalfFailingSwap", "extension_path": [str(HERE)]}
+    engine = start_engine(tmp_path, base, **fault)
     try:
         v1 = perturbed(base, 1)
         engine.push(1, v1)  # the server's first load: fine
