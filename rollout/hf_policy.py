@@ -70,7 +70,7 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBl
 
 from rlstream.envs import protocol
 from rlstream.rollout.config import LoraConfig, PolicyConfig
-from rlstream.rollout.model import KVCache, load_balance_loss
+from rlstream.rollout.policy_parts import KVCache, load_balance_loss
 from rlstream.rollout.text import PolicyText, char_tokenizer, with_protocol_tags
 
 # ---------------------------------------------------------------- config

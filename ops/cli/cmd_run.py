@@ -84,7 +84,7 @@ def _run_role(args: argparse.Namespace) -> int:
         return tap_role(args)
     # the supervised child, or one rank under torchrun (which supervises the ranks itself)
     if args.once or (args.role == "learner" and "WORLD_SIZE" in os.environ):
-        from rlstream.ops.run.roles import start
+        from rlstream.ops.run.role_main import start
 
         return start(args)
     from rlstream.ops.run.supervise import RestartPolicy, supervise

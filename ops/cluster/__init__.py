@@ -292,7 +292,7 @@ def _ensure_link(cluster: Cluster, region: str, log) -> None:
     """The MirrorMaker 2 of ``region``'s link, started unless it runs with the same config
     (flows, the way to the trainer region, extra settings); on a secured cluster its user and
     run-independent ACLs are written first."""
-    from rlstream.ops.run import acls
+    from rlstream.ops.cluster import link_acls as acls
 
     flows = link_flows(cluster.trainer, region)
     wanted = [str(f) for f in flows]
@@ -326,8 +326,8 @@ def _ensure_link(cluster: Cluster, region: str, log) -> None:
 def _authorize_link(cluster: Cluster, region: str, run: str | None) -> str:
     """Write the link user of ``region`` and its ACLs (``acls.mirror_grants``) into both
     clusters of the link, as admin; returns the user."""
+    from rlstream.ops.cluster import link_acls as acls
     from rlstream.ops.cluster import security
-    from rlstream.ops.run import acls
 
     user = acls.mirror_user(region)
     for on in (cluster.trainer, region):
@@ -340,7 +340,7 @@ def authorize_links(cluster: Cluster, run: str) -> int:
     """Give every secured link whose two regions are running the ACLs of ``run``'s streams, on
     both of its clusters; returns how many ACLs were written. A link added (or a region that
     was down) later gets them from the next ``acl apply --run RUN``."""
-    from rlstream.ops.run import acls
+    from rlstream.ops.cluster import link_acls as acls
 
     count = 0
     running = set(cluster.running_regions())

@@ -1,34 +1,18 @@
-"""The roles of a run, each declared once, and ``rlstream run ROLE``'s start.
+"""The roles of a run, each declared once.
 
 ``ROLES`` declares every principal of a run: the roles ``rlstream run`` starts and the network
 services of ``rlstream serve``. One ``Role`` record says its name, the module that runs it (a
 role's module exposes ``run_role(ctx: RoleContext)``), the section of the run recipe that holds
 its config and how the run's shared values are injected into it (``configure``), and what it
 does with Kafka (``access``). Everything else is derived from that record, never listed again:
-the ``rlstream run`` subcommands (``ops.cli.cmd_run``), the dispatch (``start``), the config
+the ``rlstream run`` subcommands (``ops.cli.cmd_run``), the dispatch (``ops.run.role_main``), the config
 chain (``RunConfig.role``), the principals and their ACLs (``ops.run.acls``) and the users of
 ``rlstream serve`` (``ops.cli.cmd_serve``). This module imports the standard library only, so
 the command line that reads it starts fast.
-
-Starting a role resolves the run config (recipe + ``--set``), prints the role's part, makes sure the
-run's topics exist (idempotent), installs SIGTERM/SIGINT handling, and hands the role a
-``RoleContext`` to run until stopped; librdkafka's own log lines go to the role's stderr (its log)
-through the role's logger (``producers.client.settings.LIBRDKAFKA_LOGGER``). A learner of several
-ranks (``--ranks N`` or ``learner.ranks``) whose environment names no ranks yet is started as N rank
-processes instead (``ops.run.ranks.launch``), each of which comes back here with its rank in its
-environment. A role runs in one region (``--region``, default the recipe's trainer region) and
-reaches that region's cluster only (``ops.run.regions``); its topics there include the mirrored
-copies the region receives.
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import json
-import logging
-import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -290,76 +274,3 @@ def role_config(run: RunConfig, role: str, name: str | None = None) -> BaseModel
     if spec is None or spec.configure is None:
         raise SystemExit(f"error: unknown role {role!r}")
     return spec.configure(run, name)
-
-
-def start(args: argparse.Namespace) -> int:
-    """Run the role ``args.role`` of run ``args.run`` until it stops; returns the exit code."""
-    from rlstream.consumers.consumer import RoleContext, Stopper
-    from rlstream.ops.run.config import load_run_config
-    from rlstream.producers.client.admin import ensure_run_topics
-    from rlstream.producers.client.producer import exit_when_hung
-    from rlstream.producers.client.settings import KafkaSettings, log_librdkafka_to
-
-    log_librdkafka_to(logging.StreamHandler(sys.stderr))  # the role's log, as its own lines
-    role = args.role
-    if ROLES[role].named and not args.name:
-        raise SystemExit(f"error: the {role} role needs --name (e.g. --name {ROLES[role].example})")
-    ranks = getattr(args, "ranks", None)
-    sets = [*args.set, *([f"learner.ranks={ranks}"] if ranks else [])]
-    config = load_run_config(args.config, sets)
-    cfg = config.role(role, args.name)
-    world = int(getattr(cfg, "ranks", 1))
-    if role == "learner" and world > 1 and "WORLD_SIZE" not in os.environ:
-        from rlstream.ops.run.ranks import launch
-
-        return launch([sys.executable, "-m", "rlstream", *sys.argv[1:]], world)
-    region = args.region or config.regions.trainer
-    if role == "rollout":
-        cfg = cfg.model_copy(update={"region": region})  # recorded in every sample
-    print(
-        f"{role}: run {args.run}, config {json.dumps(cfg.model_dump(mode='json'))}",
-        file=sys.stderr,
-        flush=True,
-    )
-    regions = config.regions.topology()
-    try:
-        regions.check(region)
-    except ValueError as exc:
-        raise SystemExit(f"error: --region: {exc}") from None
-    # on a secured local cluster the role connects as its own user (ops.run.acls)
-    settings = KafkaSettings.from_env(args.bootstrap) or config.regions.settings(
-        region, args.home, user=role
-    )
-    if getattr(args, "once", False):  # supervised: a hung transaction ends in a restart
-        exit_when_hung(float(os.environ.get("RLSTREAM_HUNG_TRANSACTION_S", HUNG_TRANSACTION_S)))
-    _take_run_key(args.home, args.run, role)
-    report = ensure_run_topics(settings, args.run, regions=regions, here=region)
-    if report.drift:
-        print(f"warning: topic drift {report.drift}", file=sys.stderr)
-    ctx = RoleContext(
-        settings,
-        args.run,
-        cfg,
-        Stopper().install(),
-        member=args.member or "0",
-        name=args.name,
-        region=region,
-        regions=regions,
-    )
-    result = importlib.import_module(ROLES[role].module).run_role(ctx)
-    print(f"{role}: stopped, {json.dumps(result)}", file=sys.stderr)
-    return 0
-
-
-def _take_run_key(home: str | None, run: str, role: str) -> None:
-    """On a local cluster whose secrets hold the run's weight key (a secured run, made by
-    ``acl apply``): its public key for this role, its key file's path for the learner alone,
-    in this process's environment unless given already."""
-    from pathlib import Path
-
-    from rlstream.consumers.weights.trust import key_folder_env
-    from rlstream.ops.cluster import default_home, security
-
-    folder = security.weights_key_file(Path(home) if home else default_home(), run).parent
-    for name, value in key_folder_env(folder, role).items():
-        os.environ.setdefault(name, value)
