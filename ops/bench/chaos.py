@@ -10,13 +10,13 @@ the local one at ``--home`` when its trainer region runs (its broker is killed a
 too), else a temporary one started in its own state directory and stopped (by pid) at the end.
 
 Once the learner has published version 1, the faults of a plan drawn from ``--seed`` happen at
-random times within ``--chaos-seconds`` (``ops.run.faults``): ``--role-kills`` SIGKILLs of a random
+random times within ``--chaos-seconds`` (``ops.chaos.faults``): ``--role-kills`` SIGKILLs of a random
 role's process (never the same role twice within ``SAME_ROLE_GAP_S``: its supervisor restarts
 it with backoff), ``--broker-kills`` SIGKILLs of the broker (restarted on its data and ports
 after ``--broker-down`` seconds), ``--poison-rounds`` rounds of poison records in the
 trajectories and rewards streams, ``--forged-rounds`` rounds of forged weight manifests, and
 one replay of a captured signed feedback request (including across a SIGKILL of the service),
-and one round of attacks (``ops.run.attacks``) against the run's services and roles: a policy
+and one round of attacks (``ops.chaos.attacks``) against the run's services and roles: a policy
 server taking pushed weights (``serve policy --weights push``) and one following the run (whose
 served completion the forged feedback names), feedback-rl, admission, the ``tests`` judge and
 its sandbox. Then the driver waits until the scheduler has seen every task released and decided.
@@ -35,9 +35,10 @@ replays, ``feedback_stored``: how often the replayed event is in the feedback st
 1); ``warm_start_success``/``final_success``: the ``tests`` judge's pass rate of the training
 samples of version 0 and of the newest versions (as ``rlstream demo`` reports them).
 ``attacks``: one entry per kind, ``{"tried": N, "refused": N}``, each refusal read from what the
-run answered, logged or wrote: the forged-manifest kinds (``ops.run.faults.ATTACKS``) from the
+run answered, logged or wrote: the forged-manifest kinds (``ops.chaos.faults.ATTACKS``) from the
 roles' refusal log lines, ``unauthenticated_policy_push`` from 401 answers with the served version
-unchanged, ``forged_feedback_tokens`` from feedback-rl's rejections, ``unreleased_task`` from
+unchanged, ``forged_feedback_tokens`` from feedback-rl's rejections, ``feedback_replay`` from
+the replays feedback-rl dropped as duplicates, ``unreleased_task`` from
 admission's dead letters, ``heldout_task`` from the ``tests`` judge's unscorable rewards and
 ``planted_stdlib_module`` from failed verdicts, the verdict forgeries (``repo_report_forge``,
 ``repo_shadow_pytest``, ``repo_plugin_autoload``, ``file_under_file``, ``stop_iteration``,
@@ -128,7 +129,7 @@ def _main(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace, suffix: str = "") -> dict[str, Any]:
     """One run with the plan of ``args.seed`` (named ``--run`` or by the time, plus ``suffix``)."""
-    from rlstream.ops.run.attacks import attack_families
+    from rlstream.ops.chaos.attacks import attack_families
     from rlstream.ops.run.config import load_run_config
     from rlstream.producers.client.admin import ensure_run_topics
 
@@ -185,9 +186,10 @@ class Driver:
         self.injected: list[Any] = []
         self.forged: list[Any] = []
         self.feedback_replay: dict[str, Any] = {}
-        self.attacks: dict[str, Any] = {}  # kind -> ops.run.attacks.Attempts, counted at once
+        self.attacks: dict[str, Any] = {}  # kind -> ops.chaos.attacks.Attempts, counted at once
         self.attack_records: list[Any] = []  # what the attacks wrote that roles must dead-letter
         self.forged_feedback: list[tuple[str, int, int]] = []
+        self.replayed_feedback: tuple[list[Any], list[Any]] = ([], [])  # first, replays
         self.heldout_groups: list[str] = []
         self.forged_groups: dict[str, str] = {}  # verdict forgery kind -> its group
         self.done = False
@@ -195,8 +197,8 @@ class Driver:
     # --- the run ----------------------------------------------------------------------------
 
     def run(self) -> None:
-        from rlstream.ops.run import demo
-        from rlstream.ops.run.faults import FeedbackProcess, PolicyService
+        from rlstream.ops.demo import demo
+        from rlstream.ops.run.services import FeedbackProcess, PolicyService
         from rlstream.trainer.learner_step import init_model
 
         progress(f"run {self.run_name}: logs in {self.logs}")
@@ -231,7 +233,7 @@ class Driver:
             demo.stop_roles(self.roles)
 
     def _start_roles(self) -> list[Any]:
-        from rlstream.ops.run.demo import start_role
+        from rlstream.ops.demo.demo import start_role
 
         def start(role: str, name: str = "", *more: str, env: Any = None) -> Any:
             extra = [*more, *self.extra]
@@ -298,7 +300,8 @@ class Driver:
             last = time.monotonic()
 
     def _fault_role(self, i: int) -> str:
-        from rlstream.ops.run.faults import kill9, role_child
+        from rlstream.ops.chaos.faults import role_child
+        from rlstream.ops.run.services import kill9
 
         now = time.monotonic()
         able = [
@@ -318,19 +321,19 @@ class Driver:
         return f"killed {role.name} (pid {child}) with SIGKILL"
 
     def _fault_broker(self, i: int) -> str:
-        from rlstream.ops.run.faults import restart_broker
+        from rlstream.ops.chaos.faults import restart_broker
 
         heap = _heap(getattr(self.args, "brokers", 1))  # node 0 of a replicated region
         restart_broker(self.home, "trainer", heap, self.args.broker_down)
         self.broker_kills += 1
         return f"killed the broker with SIGKILL; restarted after {self.args.broker_down:.0f}s"
 
-    # --- broker faults of a replicated region (ops.run.failover) ------------------------------
+    # --- broker faults of a replicated region (ops.chaos.failover) ------------------------------
 
     def _failover_kinds(self) -> list[str]:
         if getattr(self.args, "brokers", 1) < 3:
             return []
-        from rlstream.ops.run.failover import KINDS, BrokerFaults
+        from rlstream.ops.chaos.failover import KINDS, BrokerFaults
 
         self.failover = BrokerFaults(self.home, "trainer", self.run_name, _heap(3))
         return [f"failover_{k}" for k in KINDS] * self.args.failovers
@@ -354,29 +357,29 @@ class Driver:
         return dict(self.failover.figures(self.settings, brokers))
 
     def _fault_poison(self, i: int) -> str:
-        from rlstream.ops.run.faults import inject_poison
+        from rlstream.ops.chaos.faults import inject_poison
 
         landed = inject_poison(self.settings, self.run_name, f"{self.args.seed}-{i}", self.rng)
         self.injected += landed
         return f"injected {len(landed)} poison records ({', '.join(p.kind for p in landed)})"
 
     def _fault_forge(self, i: int) -> str:
-        from rlstream.ops.run.faults import attack_weights
+        from rlstream.ops.chaos.faults import attack_weights
 
         landed = attack_weights(self.settings, self.run_name, self.config.model, self.key_file)
         self.forged += landed
         return f"published {len(landed)} forged manifests ({', '.join(f.kind for f in landed)})"
 
     def _fault_feedback(self, i: int) -> str:
-        from rlstream.ops.run.faults import replay_feedback
+        from rlstream.ops.chaos.faults import replay_feedback
 
         self.feedback_replay = replay_feedback(self.feedback, f"{self.run_name}-{i}")
         answers = self.feedback_replay["answers"]
         return f"replayed a signed feedback request: {answers}"
 
     def _fault_attack(self, i: int) -> str:
-        """One round of the attacks other than forged manifests (``ops.run.attacks``)."""
-        from rlstream.ops.run import attacks
+        """One round of the attacks other than forged manifests (``ops.chaos.attacks``)."""
+        from rlstream.ops.chaos import attacks
 
         tag = f"{self.args.seed}-{i}"
         pushes = attacks.unauthenticated_policy_push(self.pushed.url)
@@ -385,6 +388,9 @@ class Driver:
             self.policy.url, self.config.model, self.policy.auth
         )  # served: forged feedback names it
         self.forged_feedback = attacks.forged_feedback_tokens(
+            self.settings, self.feedback.url, self.run_name, self.feedback.key
+        )
+        self.replayed_feedback = attacks.feedback_replay(
             self.settings, self.feedback.url, self.run_name, self.feedback.key
         )
         self.attack_records += attacks.unreleased_task(self.settings, self.run_name, tag)
@@ -401,7 +407,8 @@ class Driver:
         self.attacks["planted_stdlib_module"] = planted
         return (
             f"attacked: {pushes.tried} policy pushes without the token, "
-            f"{len(self.forged_feedback)} forged feedback, an unreleased task, "
+            f"{len(self.forged_feedback)} forged feedback, "
+            f"{len(self.replayed_feedback[1])} replayed feedback, an unreleased task, "
             f"{len(heldout)} held-out tasks, {len(self.forged_groups)} forged verdicts, "
             f"{planted.tried} planted-module answers"
         )
@@ -436,7 +443,7 @@ class Driver:
 
     def _dead_letters(self) -> dict[tuple[str, int, int], list[str]]:
         """Source position -> the reasons of the dead letters written for it."""
-        from rlstream.ops.run.attacks import dead_letter_positions
+        from rlstream.ops.chaos.attacks import dead_letter_positions
 
         return dead_letter_positions(self.settings, self.run_name)
 
@@ -455,9 +462,9 @@ class Driver:
 
     def _attack_figures(self, refused: dict[int, list[str]]) -> dict[str, dict[str, int]]:
         """Per attack kind ``{"tried", "refused"}``, each refusal read from what the run
-        answered, logged or wrote (``ops.run.attacks``, ``ops.run.faults.attack_tally``)."""
-        from rlstream.ops.run import attacks
-        from rlstream.ops.run.faults import attack_tally
+        answered, logged or wrote (``ops.chaos.attacks``, ``ops.chaos.faults.attack_tally``)."""
+        from rlstream.ops.chaos import attacks
+        from rlstream.ops.chaos.faults import attack_tally
 
         s, run = self.settings, self.run_name
         unreleased = [r for r in self.attack_records if r.kind.startswith("unreleased")]
@@ -469,6 +476,7 @@ class Driver:
             ).as_dict(),
             "unreleased_task": attacks.dead_lettered(s, run, unreleased).as_dict(),
             "heldout_task": attacks.judge_refusals(s, run, self.heldout_groups).as_dict(),
+            "feedback_replay": attacks.replay_refusals(s, run, *self.replayed_feedback).as_dict(),
             **{
                 kind: a.as_dict()
                 for kind, a in attacks.verdict_refusals(s, run, self.forged_groups).items()
@@ -476,9 +484,9 @@ class Driver:
         }
 
     def figures(self) -> dict[str, Any]:
+        from rlstream.ops.chaos.attacks import ATTACK_PREFIXES
+        from rlstream.ops.chaos.faults import POISON_PREFIX
         from rlstream.ops.observe.ledger import read_ledger
-        from rlstream.ops.run.attacks import ATTACK_PREFIXES
-        from rlstream.ops.run.faults import POISON_PREFIX
 
         ledger = read_ledger(self.settings, self.run_name).figures(
             foreign=lambda g: g.startswith((POISON_PREFIX, *ATTACK_PREFIXES))
@@ -540,8 +548,8 @@ class Driver:
     def _success(self) -> dict[str, Any]:
         """The demo's success figures, from the run's rewards (poison left out)."""
         from rlstream.consumers.read_to_end import read_topic
+        from rlstream.ops.chaos.faults import POISON_PREFIX
         from rlstream.ops.observe.analytics import RunAnalytics
-        from rlstream.ops.run.faults import POISON_PREFIX
         from rlstream.schemas import events, topics
 
         analytics = RunAnalytics(self.run_name)

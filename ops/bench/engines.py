@@ -86,8 +86,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from rlstream.envs import tasks
+    from rlstream.ops.demo.demo import VLLM_DEMO_SETS
     from rlstream.ops.run.config import load_run_config
-    from rlstream.ops.run.demo import VLLM_DEMO_SETS
     from rlstream.rollout.model import build_policy
 
     torch.set_num_threads(1)

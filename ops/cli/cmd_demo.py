@@ -1,4 +1,4 @@
-"""``rlstream demo``: the main job on the embedded default (see ``ops.run.demo``).
+"""``rlstream demo``: the main job on the embedded default (see ``ops.demo.demo``).
 
 Multi-region by default (``--regions trainer,eu``): the first region (or ``trainer``) trains, the
 others roll out; the rollout workers run outside the trainer region, spread over the rollout
@@ -7,7 +7,7 @@ regions, and every role agrees on the regions through the run config (``regions.
 every region (each region's own plan, ``rlstream acl apply --region R``) and on every link, and
 each role connects as its own user, a rollout worker in a rollout region too. Without
 ``--secure`` on a cluster started secured, the roles connect as ``admin`` and the links are still
-given the run's streams. ``--feedback N`` adds N simulated editor users (``ops.run.editors``): they
+given the run's streams. ``--feedback N`` adds N simulated editor users (``ops.demo.editors``): they
 ask ``serve policy`` for completions and send feedback through ``serve feedback``, and
 feedback-rl trains on it beside the rollouts."""
 
@@ -85,7 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _demo(args: argparse.Namespace) -> int:
     from rlstream.consumers.consumer import Stopper
-    from rlstream.ops.run import demo
+    from rlstream.ops.demo import demo
     from rlstream.ops.run.config import load_run_config
     from rlstream.producers.client.settings import log_librdkafka_to
     from rlstream.trainer.config import LearnerConfig
@@ -135,7 +135,7 @@ def _demo(args: argparse.Namespace) -> int:
     services: list[Any] = []
     editors = None
     if args.feedback:
-        from rlstream.ops.run import editors as editor_users
+        from rlstream.ops.demo import editors as editor_users
 
         print(f"{args.feedback} editor users: serve policy and serve feedback ...", flush=True)
         services, editors = editor_users.start(
@@ -190,7 +190,7 @@ def _demo(args: argparse.Namespace) -> int:
     result.update(demo.engine_summary(out / "engines"))
     result["feedback"] = None
     if editors is not None:
-        from rlstream.ops.run.editors import trained_online_groups
+        from rlstream.ops.demo.editors import trained_online_groups
 
         result["feedback"] = {**editors.figures(), **trained_online_groups(home, run)}
     _print_summary(run, result, wall, png, out)
@@ -202,7 +202,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _start_regions(args, run, config, regions) -> dict:
     """Start the local regions and their MirrorMaker 2 links; create each region's topics."""
     from rlstream.ops import cluster
-    from rlstream.ops.run import demo
+    from rlstream.ops.demo import demo
     from rlstream.producers.client.admin import ensure_run_topics
 
     local = [r for r in regions.names if r not in config.regions.clusters]
@@ -247,7 +247,7 @@ def _start_roles(
     the learner's process is given ``learner_env`` (its signing key file)."""
     from functools import partial
 
-    from rlstream.ops.run import demo
+    from rlstream.ops.demo import demo
 
     home, here = settings[regions.trainer], regions.trainer
     # secured: each role finds the cluster in the state directory and connects as its own user
@@ -331,7 +331,7 @@ def _print_summary(run: str, result: dict, wall: float, png: Path, out: Path) ->
 
 
 def _watch(args, roles, progress, stopper, started, regions) -> None:
-    from rlstream.ops.run import demo
+    from rlstream.ops.demo import demo
 
     last = 0.0
     while not stopper.stopped:

@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _lineage(args: argparse.Namespace) -> int:
-    from rlstream.ops.run.lineage import Lineage, LineageError, parse_position, version_json
+    from rlstream.ops.forensics.lineage import Lineage, LineageError, parse_position, version_json
 
     try:
         wanted = parse_position(args.sample) if args.sample else None
@@ -74,8 +74,8 @@ def _show(found: dict, as_json: bool) -> None:
 
 
 def _forget(args: argparse.Namespace) -> int:
-    from rlstream.ops.run.forget import forget
-    from rlstream.ops.run.lineage import LineageError, parse_position
+    from rlstream.ops.forensics.forget import forget
+    from rlstream.ops.forensics.lineage import LineageError, parse_position
 
     try:
         records = [parse_position(r) for r in args.record]

@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from rlstream.ops.run.replay import replay, rescore
+    from rlstream.ops.forensics.replay import replay, rescore
 
     settings = settings_from_args(args)
     if args.judge or args.into:

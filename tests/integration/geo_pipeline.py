@@ -22,8 +22,8 @@ from typing import Any
 from helpers import read_all
 
 from rlstream.ops import cluster
+from rlstream.ops.demo.demo import start_role
 from rlstream.ops.observe.ledger import Ledger, read_ledger
-from rlstream.ops.run.demo import start_role
 from rlstream.producers.client.admin import ensure_run_topics
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import topics

@@ -174,7 +174,7 @@ def start_recipe_roles(
     settings: KafkaSettings, run: str, tmp: Path, recipe: str, roles: list[tuple[str, list[str]]]
 ) -> dict[str, subprocess.Popen]:
     """Each (role, extra args) as its own process on ``recipe``, named ROLE[-NAME]."""
-    from rlstream.ops.run.demo import start_role
+    from rlstream.ops.demo.demo import start_role
 
     procs = {}
     for role, extra in roles:

@@ -17,7 +17,7 @@ from test_weights_sync import MODEL, Learner, _assert_on, _make_topics, _publish
 from rlstream.consumers.weights.manifest_log import ManifestLog, manifests_by_version
 from rlstream.consumers.weights.subscriber import WeightSubscriber
 from rlstream.consumers.weights.trust import run_trust
-from rlstream.ops.run.faults import attack_tally, attack_weights
+from rlstream.ops.chaos.faults import attack_tally, attack_weights
 from rlstream.producers.client.producer import EventProducer
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.weights import signing

@@ -1,4 +1,4 @@
-"""The attack helpers ``bench chaos`` can call (``ops.run.attacks``), against live services on a
+"""The attack helpers ``bench chaos`` can call (``ops.chaos.attacks``), against live services on a
 real broker: a policy server taking pushed weights (and serving a completion, recorded in the
 served stream), feedback-ingest with an HMAC key and feedback-rl, and admission.
 
@@ -23,7 +23,7 @@ from rlstream.consumers.admission import Admission
 from rlstream.consumers.admission_rules import AdmissionConfig
 from rlstream.consumers.consumer import Stopper
 from rlstream.consumers.feedback.rl import FeedbackRL, FeedbackRLConfig
-from rlstream.ops.run import attacks
+from rlstream.ops.chaos import attacks
 from rlstream.producers.client.admin import ensure_run_topics
 from rlstream.producers.client.producer import EventProducer
 from rlstream.producers.client.settings import KafkaSettings

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from helpers import decode_all, signed_run
 
-from rlstream.ops.run.demo import start_role
+from rlstream.ops.demo.demo import start_role
 from rlstream.producers.client.admin import ensure_run_topics
 from rlstream.producers.client.producer import EventProducer
 from rlstream.producers.weights.publisher import WeightPublisher

@@ -22,7 +22,8 @@ from geo_pipeline import GeoRun, settings_of
 from helpers import decode_all
 
 from rlstream.ops import cluster
-from rlstream.ops.run import faults
+from rlstream.ops.chaos import faults
+from rlstream.ops.run import services
 from rlstream.schemas import topics
 
 pytestmark = pytest.mark.slow
@@ -52,7 +53,7 @@ def test_a_mirrormaker_outage_delays_the_backlog_and_copies_it_once(geo, tmp, un
     try:
         run.start()
         run.wait(lambda: run.arrived("eu") > 0, 240, "the first trajectories from eu")
-        faults.kill9(cluster.load(geo.home).mirrors["eu"].pid)
+        services.kill9(cluster.load(geo.home).mirrors["eu"].pid)
         eu, home = settings_of(geo.home, "eu"), run.home_settings()
         local = topics.topic_name(run.run, "trajectories")
 

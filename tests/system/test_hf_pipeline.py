@@ -20,7 +20,7 @@ import pytest
 from helpers import decode_all, stop_procs, wait_for
 from hf_checkpoints import bpe_checkpoint
 
-from rlstream.ops.run.demo import start_role
+from rlstream.ops.demo.demo import start_role
 from rlstream.producers.client.admin import ensure_run_topics
 from rlstream.schemas import topics
 
@@ -138,9 +138,9 @@ def _check_trained_groups_admitted(kafka, run: str) -> None:
 
 
 def _check_replay_is_bit_exact(kafka, run: str, tmp: Path, last_version: int):
+    from rlstream.ops.demo.demo import record_run_manifest
+    from rlstream.ops.forensics.replay import replay
     from rlstream.ops.run.config import load_run_config
-    from rlstream.ops.run.demo import record_run_manifest
-    from rlstream.ops.run.replay import replay
 
     config = load_run_config(None, _sets(tmp))
     record_run_manifest(kafka, run, config, "finished", int(time.time() * 1000), ["trainer"])
@@ -153,7 +153,7 @@ def _check_replay_is_bit_exact(kafka, run: str, tmp: Path, last_version: int):
 def _check_final_model_dir(kafka, run: str, config, last: dict, tmp: Path) -> None:
     from transformers import AutoModelForCausalLM, Qwen3MoeForCausalLM
 
-    from rlstream.ops.run.demo import final_model
+    from rlstream.ops.demo.demo import final_model
     from rlstream.schemas.deltacodec.bits import from_torch, state_hash
 
     result = final_model(kafka, run, config, int(last["version"]), tmp / "out")

@@ -27,7 +27,7 @@ import pytest
 from helpers import decisions, stop_procs, wait_for
 
 from rlstream.consumers.weights.manifest_log import read_manifests
-from rlstream.ops.run.demo import start_role
+from rlstream.ops.demo.demo import start_role
 from rlstream.producers.client.admin import ensure_run_topics
 
 pytestmark = pytest.mark.slow
@@ -144,9 +144,9 @@ def _check_sharded(kafka, run: str) -> None:
 
 
 def _check_replay(kafka, run: str, tmp: Path) -> None:
+    from rlstream.ops.demo.demo import record_run_manifest
+    from rlstream.ops.forensics.replay import replay
     from rlstream.ops.run.config import load_run_config
-    from rlstream.ops.run.demo import record_run_manifest
-    from rlstream.ops.run.replay import replay
 
     sets = [*SETTINGS, f"learner.state_dir={tmp / 'learner'}", f"learner.warm_start_cache={tmp / 'warm.pt'}", "learner.ranks=2"]  # fmt: skip
     config = load_run_config(None, sets)

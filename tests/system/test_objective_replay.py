@@ -13,7 +13,7 @@ import pytest
 from helpers import stop_procs, wait_for
 
 from rlstream.consumers.weights.manifest_log import read_manifests
-from rlstream.ops.run.demo import start_role
+from rlstream.ops.demo.demo import start_role
 from rlstream.producers.client.admin import ensure_run_topics
 
 pytestmark = pytest.mark.slow
@@ -88,9 +88,9 @@ def _deltas(kafka, run: str) -> list[dict]:
 
 
 def _check_replay(kafka, run: str, tmp: Path, kind: str, last_version: int) -> None:
+    from rlstream.ops.demo.demo import record_run_manifest
+    from rlstream.ops.forensics.replay import replay
     from rlstream.ops.run.config import load_run_config
-    from rlstream.ops.run.demo import record_run_manifest
-    from rlstream.ops.run.replay import replay
 
     config = load_run_config(None, _sets(kind, tmp))
     record_run_manifest(kafka, run, config, "finished", int(time.time() * 1000), ["trainer"])

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from helpers import decode_all, stop_procs, wait_for
 
-from rlstream.ops.run.demo import start_role
+from rlstream.ops.demo.demo import start_role
 from rlstream.producers.client.admin import ensure_run_topics
 from rlstream.schemas import topics
 

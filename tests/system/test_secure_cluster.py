@@ -37,8 +37,8 @@ from rlstream.ops import cluster
 from rlstream.ops.cli.cmd_acl import apply
 from rlstream.ops.cli.cmd_serve import FEEDBACK_USER, POLICY_USER, service_settings
 from rlstream.ops.cluster import security
+from rlstream.ops.demo.demo import RoleProcess, start_role, stop_roles
 from rlstream.ops.run import acls
-from rlstream.ops.run.demo import RoleProcess, start_role, stop_roles
 from rlstream.ops.run.regions import local_settings
 from rlstream.producers.client.admin import ensure_run_topics
 from rlstream.producers.client.producer import EventProducer

@@ -18,7 +18,7 @@ import pytest
 from helpers import decode_all, stop_procs, wait_for
 from hf_checkpoints import tool_checkpoint
 
-from rlstream.ops.run.demo import start_role
+from rlstream.ops.demo.demo import start_role
 from rlstream.producers.client.admin import ensure_run_topics
 from rlstream.schemas import arrays, topics
 

@@ -22,7 +22,7 @@ import pytest
 from helpers import decisions, decode_all, stop_procs, wait_for
 from vllm_support import requires_vllm
 
-from rlstream.ops.run.demo import start_role
+from rlstream.ops.demo.demo import start_role
 from rlstream.producers.client.admin import ensure_run_topics
 from rlstream.schemas import topics
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rlstream.ops.demo.demo import engine_sets, engine_summary
 from rlstream.ops.run.config import load_run_config
-from rlstream.ops.run.demo import engine_sets, engine_summary
 from rlstream.rollout.config import RolloutConfig, check_vllm_policy
 
 

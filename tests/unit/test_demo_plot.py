@@ -11,9 +11,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from rlstream.ops.demo.demo import _plot_success as plot_success
+from rlstream.ops.demo.demo import smoothed_success, write_png
 from rlstream.ops.observe.analytics import RunAnalytics
-from rlstream.ops.run.demo import _plot_success as plot_success
-from rlstream.ops.run.demo import smoothed_success, write_png
 
 EVALS = [
     {"version": v, "greedy_success": g, "pass_at_k": p, "k": 4}

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from rlstream.ops.demo import demo
 from rlstream.ops.observe.analytics import RunAnalytics
 from rlstream.ops.observe.report import _eval_rows
-from rlstream.ops.run import demo
 
 
 def _eval(version: int, greedy: float, released: bool) -> dict:

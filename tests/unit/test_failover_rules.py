@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from rlstream.ops.chaos.failover import java_hash, stalls, transaction_partition
 from rlstream.ops.cluster.broker import Region, default_heap, replication
-from rlstream.ops.run.failover import java_hash, stalls, transaction_partition
 from rlstream.ops.run.regions import RegionsConfig
 
 

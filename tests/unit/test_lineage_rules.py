@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlstream.ops.run.forget import hits, new_run_name
-from rlstream.ops.run.lineage import Group, TracedSample, parse_position
+from rlstream.ops.forensics.forget import hits, new_run_name
+from rlstream.ops.forensics.lineage import Group, TracedSample, parse_position
 
 
 def test_positions_parse_or_say_what_is_wrong() -> None:

@@ -262,10 +262,10 @@ def test_the_verdicts_bench_times_both_arms_on_passing_work(fam) -> None:
 
 
 def test_the_chaos_runs_forgeries_fail_through_the_tests_rubric(tmp_path) -> None:
-    """What ``bench chaos`` sends its judge (``ops.run.attacks.forged_answers``), scored by the
+    """What ``bench chaos`` sends its judge (``ops.chaos.attacks.forged_answers``), scored by the
     rubric the judge role applies, with the families a chaos run adds: every forgery a plain
     fail, never an error, and each family's control a pass."""
-    from rlstream.ops.run.attacks import attack_families, forged_answers
+    from rlstream.ops.chaos.attacks import attack_families, forged_answers
     from rlstream.ops.run.config import load_run_config
 
     families = load_run_config(None, attack_families(tmp_path)).run_families()

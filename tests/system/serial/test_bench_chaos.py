@@ -22,6 +22,7 @@ KINDS = (
     *("weak_hash", "unauthenticated_policy_push", "forged_feedback_tokens", "unreleased_task"),
     *("heldout_task", "planted_stdlib_module", "repo_report_forge", "repo_shadow_pytest"),
     *("repo_plugin_autoload", "file_under_file", "stop_iteration", "setup_failure_veto"),
+    "feedback_replay",
 )
 TINY = [
     "--tasks", str(TASKS), "--rollout-workers", "1", "--chaos-seconds", "20", "--role-kills", "2",

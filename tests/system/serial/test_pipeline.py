@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from helpers import decisions, decode_all, stop_procs, wait_for
 
-from rlstream.ops.run.demo import start_role
+from rlstream.ops.demo.demo import start_role
 from rlstream.producers.client.admin import ensure_run_topics
 from rlstream.producers.client.producer import EventProducer
 from rlstream.schemas import topics
@@ -160,9 +160,9 @@ def _check_stale_rejected(kafka, run: str, procs: dict) -> None:
 
 
 def _check_replay_is_bit_exact(kafka, run: str, tmp: Path, last_version: int) -> None:
+    from rlstream.ops.demo.demo import record_run_manifest
+    from rlstream.ops.forensics.replay import replay
     from rlstream.ops.run.config import load_run_config
-    from rlstream.ops.run.demo import record_run_manifest
-    from rlstream.ops.run.replay import replay
 
     sets = [v for i, v in enumerate(SETTINGS) if SETTINGS[i - 1] == "--set"]
     sets += [f"learner.state_dir={tmp / 'learner'}", f"learner.warm_start_cache={tmp / 'warm.pt'}"]

@@ -26,8 +26,8 @@ import pytest
 from helpers import decisions, decode_all, stop_procs, wait_for
 from test_pipeline import SETTINGS
 
-from rlstream.ops.run import failover
-from rlstream.ops.run.demo import start_role
+from rlstream.ops.chaos import failover
+from rlstream.ops.demo.demo import start_role
 from rlstream.producers.client.admin import ensure_run_topics
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import topics

@@ -1,6 +1,6 @@
 """Forget: a run recomputed without a user's records (a deletion request), and its audit.
 
-``forget`` finds, by lineage (``ops.run.lineage``), every sample of run R built from the records
+``forget`` finds, by lineage (``ops.forensics.lineage``), every sample of run R built from the records
 asked to be forgotten: those whose feedback carries one of the user hashes, or that name one of
 the given positions (admitted, trajectory, served, reward, feedback or task record). It then
 writes a new run R' (``R-forget-DIGEST``, one name per request):
@@ -37,7 +37,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlstream.consumers.run_log import run_manifest
-from rlstream.ops.run.lineage import Group, Lineage, LineageError, Position, TracedSample, as_ref
+from rlstream.ops.forensics.lineage import (
+    Group,
+    Lineage,
+    LineageError,
+    Position,
+    TracedSample,
+    as_ref,
+)
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import arrays, topics
 
@@ -139,7 +146,7 @@ def forget(
     log: Callable[[str], None] = print,
 ) -> ForgetResult:
     """Write the new run of a forget request (see the module rules)."""
-    from rlstream.ops.run.replay import learner_config
+    from rlstream.ops.forensics.replay import learner_config
 
     lineage = Lineage(settings, run)
     try:

@@ -28,7 +28,7 @@ import threading
 from collections import Counter
 from typing import Any
 
-from rlstream.ops.run.faults import FeedbackProcess, PolicyService, post
+from rlstream.ops.run.services import FeedbackProcess, PolicyService, post
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import topics
 

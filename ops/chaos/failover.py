@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlstream.ops.run.faults import kill9
+from rlstream.ops.run.services import kill9
 from rlstream.producers.client.settings import KafkaSettings
 
 #: The partitions of ``__transaction_state`` (the broker's default, which we keep).

@@ -1,7 +1,7 @@
 """Attacks a chaos driver tries against a live run, and how many of each the run refused.
 
 Each helper does what an attacker in that position would, with real requests or real records
-(``ops.run.faults``' rules hold: only 127.0.0.1 and the run's own topics), and the refusals are
+(``ops.chaos.faults``' rules hold: only 127.0.0.1 and the run's own topics), and the refusals are
 counted from what the run answered or wrote, never assumed. ``Attempts`` is the shape of one
 entry of ``bench chaos --json``'s ``attacks``: ``{"tried": N, "refused": N}``.
 
@@ -13,6 +13,10 @@ entry of ``bench chaos --json``'s ``attacks``: ``{"tried": N, "refused": N}``.
   logprobs or a policy version of its own (or on a request never served). Refused: feedback-rl
   rejected it, so the rejected stream names its position and no admitted group does
   (``feedback_refusals``, after feedback-rl ran);
+- ``feedback_replay``: the same client sends genuine feedback on one served completion once,
+  then again under new feedback ids (to train it many times). Refused: feedback-rl dropped each
+  replay as a duplicate of the served completion (named by no decision) and decided the first
+  (``replay_refusals``);
 - ``unreleased_task``: a rollout region sends home a trajectory and a reward of a task the
   scheduler never released to it. Refused: admission dead-lettered the record
   (``dead_lettered``);
@@ -42,7 +46,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message
 
-from rlstream.ops.run.faults import Injected, _injected, _opener, _post, _sample_record, post
+from rlstream.ops.chaos.faults import Injected, _injected, _sample_record
+from rlstream.ops.run.services import _opener, _post, post
 from rlstream.producers.client.producer import EventProducer
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import events, topics
@@ -118,16 +123,10 @@ def complete(url: str, model: str, auth: dict[str, str], timeout: float = 90.0) 
 # --- feedback -----------------------------------------------------------------------------------
 
 
-def forged_feedback_tokens(
-    settings: KafkaSettings, url: str, run: str, key: bytes, key_id: str = "k1"
-) -> list[Position]:
-    """Send forged feedback through the ingest service at ``url`` (signed with ``key``): on a
-    served completion with altered token ids, with altered logprobs, with another policy version,
-    and tokens for a request never served. Returns where each was stored."""
+def _served_feedback(settings: KafkaSettings, run: str) -> dict[str, Any]:
+    """A genuine feedback event on the first completion the run served (what its user would
+    send: its tokens, logprobs, version and model)."""
     import numpy as np
-
-    from rlstream.producers.feedback import auth as fa
-    from rlstream.producers.feedback.models import FEEDBACK_PATH
 
     served = _sample_record(settings, topics.topic_name(run, "served"), "trajectory")
     tokens = np.frombuffer(served["token_ids"], np.int32)
@@ -143,17 +142,20 @@ def forged_feedback_tokens(
         "user_id": "chaos-attacker",
         "metadata": {"choice": str(served["sample_index"])},
     }
-    tag = f"{time.time_ns()}"
-    forged = [
-        {**event, "token_ids": [(t + 1) % 1000 for t in event["token_ids"]]},
-        {**event, "logprobs": [0.0] * len(tokens)},
-        {**event, "policy_version": event["policy_version"] + 1},
-        {**event, "request_id": f"chaos-never-served-{tag}"},
-    ]
+    return event
+
+
+def _send_feedback(
+    url: str, run: str, key: bytes, key_id: str, events_: list[dict[str, Any]], ids: list[str]
+) -> list[Position]:
+    """Send each event under its feedback id, signed with ``key``; where each was stored."""
+    from rlstream.producers.feedback import auth as fa
+    from rlstream.producers.feedback.models import FEEDBACK_PATH
+
     target = fa.Target("POST", FEEDBACK_PATH, run)
     landed = []
-    for i, rec in enumerate(forged):
-        body = json.dumps({**rec, "feedback_id": f"chaos-forged-{tag}-{i}"}).encode()
+    for rec, feedback_id in zip(events_, ids, strict=True):
+        body = json.dumps({**rec, "feedback_id": feedback_id}).encode()
         headers = fa.signed_headers(key, key_id, target, body)
         request = _request(f"{url}{FEEDBACK_PATH}", body, headers)
         if request is not None:
@@ -164,15 +166,60 @@ def forged_feedback_tokens(
     return landed
 
 
+def forged_feedback_tokens(
+    settings: KafkaSettings, url: str, run: str, key: bytes, key_id: str = "k1"
+) -> list[Position]:
+    """Send forged feedback through the ingest service at ``url`` (signed with ``key``): on a
+    served completion with altered token ids, with altered logprobs, with another policy version,
+    and tokens for a request never served. Returns where each was stored."""
+    event = _served_feedback(settings, run)
+    tokens = event["token_ids"]
+    tag = f"{time.time_ns()}"
+    forged = [
+        {**event, "token_ids": [(t + 1) % 1000 for t in event["token_ids"]]},
+        {**event, "logprobs": [0.0] * len(tokens)},
+        {**event, "policy_version": event["policy_version"] + 1},
+        {**event, "request_id": f"chaos-never-served-{tag}"},
+    ]
+    ids = [f"chaos-forged-{tag}-{i}" for i in range(len(forged))]
+    return _send_feedback(url, run, key, key_id, forged, ids)
+
+
+def feedback_replay(
+    settings: KafkaSettings, url: str, run: str, key: bytes, replays: int = 3, key_id: str = "k1"
+) -> tuple[list[Position], list[Position]]:
+    """Send the genuine feedback on a served completion once, then ``replays`` times more under
+    feedback ids of its own (as a client would to train one completion many times). Returns where
+    the first and the replays were stored."""
+    event = _served_feedback(settings, run)
+    tag = f"{time.time_ns()}"
+    ids = [f"chaos-replay-{tag}-{i}" for i in range(replays + 1)]
+    landed = _send_feedback(url, run, key, key_id, [event] * (replays + 1), ids)
+    return landed[:1], landed[1:]
+
+
 def _request(url: str, body: bytes, headers: dict[str, str]) -> dict[str, Any] | None:
     """The JSON answer of a POST that succeeded (2xx), else None."""
     status, answer = post(url, body, headers)
     return answer if 200 <= status < 300 else None
 
 
-def feedback_refusals(settings: KafkaSettings, run: str, landed: Iterable[Position]) -> Attempts:
-    """How many of the feedback records at ``landed`` feedback-rl rejected (named by a rejected
-    decision's inputs and by no admitted one)."""
+def replay_refusals(
+    settings: KafkaSettings, run: str, first: Iterable[Position], replays: Iterable[Position]
+) -> Attempts:
+    """How many ``replays`` feedback-rl dropped as the served completion's duplicates (named by
+    no decision, admitted or rejected) while the first feedback was decided (the control: a
+    feedback-rl that decided nothing would drop every replay and prove nothing)."""
+    named = _online_inputs(settings, run)
+    decided = named["admitted"] | named["rejected"]
+    replays = list(replays)
+    if not all(p in decided for p in first):
+        return Attempts(len(replays), 0)
+    return Attempts(len(replays), sum(1 for p in replays if p not in decided))
+
+
+def _online_inputs(settings: KafkaSettings, run: str) -> dict[str, set[Position]]:
+    """The feedback positions each kind of feedback-rl decision (admitted, rejected) names."""
     from rlstream.consumers.read_to_end import read_topic
 
     named: dict[str, set[Position]] = collections.defaultdict(set)
@@ -181,6 +228,13 @@ def feedback_refusals(settings: KafkaSettings, run: str, landed: Iterable[Positi
             rec = events.decode(msg.value() or b"").record
             if rec.get("source") == "online":
                 named[stream] |= {(i["topic"], i["partition"], i["offset"]) for i in rec["inputs"]}
+    return named
+
+
+def feedback_refusals(settings: KafkaSettings, run: str, landed: Iterable[Position]) -> Attempts:
+    """How many of the feedback records at ``landed`` feedback-rl rejected (named by a rejected
+    decision's inputs and by no admitted one)."""
+    named = _online_inputs(settings, run)
     landed = list(landed)
     refused = [p for p in landed if p in named["rejected"] and p not in named["admitted"]]
     return Attempts(len(landed), len(refused))

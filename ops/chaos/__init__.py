@@ -1,0 +1,1 @@
+"""Chaos for a live run: the faults and attacks a driver injects, and broker failovers."""
