@@ -309,6 +309,7 @@ class VllmEngine:
             if not todo:
                 break
             version = self.gate.take() if self.gate is not None else self.version
+            self._aborted_for = None  # each request may be cut once for a version pending now
             fed_version = version if fed_version is None else fed_version
             body = self._request(base, rows, todo, budget, temperature, generator, stop_ids)
             for row, choice in zip(todo, self._complete(body), strict=True):

@@ -185,6 +185,8 @@ def _split_rows(engine: VllmEngine, gate: ReadyAfter, delay: float, seed: int) -
     )
     gate.arm(float("inf"))
     assert gen.versions is not None
+    if not (gen.versions[:, len(prompt) :] == old + 1).any():  # it came after the rows ended:
+        engine.push(old + 1, gate.states[old + 1])  # the next try arms a version never pending
     p, mid = len(prompt), False
     for row in range(2):
         assert int(gen.lengths[row]) == 200
