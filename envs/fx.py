@@ -1,4 +1,4 @@
-"""The ``fx`` task family as a plugin (entry point ``fx``): :mod:`rlstream.envs.tasks` behind
+"""The ``fx`` task family as a plugin (entry point ``fx``): :mod:`rlstream.envs.fx_tasks` behind
 the :class:`~rlstream.envs.family.TaskFamily` interface.
 
 Rules: a task id is ``NAME-SEED`` (``fx-SEED`` in the default recipe, as it always was); the
@@ -15,13 +15,14 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from rlstream.envs import protocol, sandbox, tasks
+from rlstream.envs import fx_tasks as tasks
+from rlstream.envs import protocol, sandbox
 from rlstream.envs.family import FamilySpec, FamilyTask, Split, TaskFamily, Verdict
 from rlstream.envs.tools import Environment, code_only
 
 
 class FxFamily(TaskFamily):
-    """Tiny functions from a spoken spec (see :mod:`rlstream.envs.tasks`)."""
+    """Tiny functions from a spoken spec (see :mod:`rlstream.envs.fx_tasks`)."""
 
     plugin = "fx"
     Config = tasks.TaskConfig

@@ -46,7 +46,7 @@ from rlstream.consumers.consumer import Record, RoleContext
 from rlstream.consumers.transactional import Output, TransactionalLoop
 from rlstream.envs import family as families
 from rlstream.envs import fx, llm_judge, sandbox
-from rlstream.envs import tasks as task_family
+from rlstream.envs import fx_tasks as task_family
 from rlstream.envs.family import FamilySpec, Verdict
 from rlstream.producers.runtime.metrics import track_buffer
 from rlstream.schemas import reassembly, topics

@@ -13,8 +13,8 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from rlstream.envs import fx_tasks as task_family
 from rlstream.envs import protocol, sandbox
-from rlstream.envs import tasks as task_family
 from rlstream.envs.family import FamilySpec
 
 

@@ -45,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rlstream.consumers.consumer import RoleContext
 from rlstream.consumers.tap import tap
 from rlstream.envs import family as families
-from rlstream.envs import tasks as task_family
+from rlstream.envs import fx_tasks as task_family
 from rlstream.envs.family import FamilySpec
 from rlstream.envs.fx import with_fx_options
 from rlstream.producers.client.producer import EventProducer

@@ -21,7 +21,7 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
 def _corpus(n: int = 600) -> list[str]:
-    from rlstream.envs import tasks
+    from rlstream.envs import fx_tasks as tasks
 
     rng = random.Random(0)
     texts = []
@@ -130,7 +130,7 @@ def tool_checkpoint(path: Path, steps: int = 120, seed: int = 0) -> Path:
     BAD_CALL, then ``sorry``): a real model that calls a tool in its own template's format."""
     import torch
 
-    from rlstream.envs import tasks
+    from rlstream.envs import fx_tasks as tasks
     from rlstream.rollout.hf_policy import load_hf, save_hf
 
     bpe_checkpoint(path, seed, tool_tokenizer(), max_seq_len=1024)

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rlstream.envs import tasks
+from rlstream.envs import fx_tasks as tasks
 from rlstream.rollout.config import PolicyConfig, task_policy
 
 

@@ -29,7 +29,8 @@ from collections.abc import Callable
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from rlstream.envs import protocol, tasks
+from rlstream.envs import fx_tasks as tasks
+from rlstream.envs import protocol
 from rlstream.rollout.config import HarnessConfig, PolicyConfig
 from rlstream.rollout.harness import Rollout, Sample
 from rlstream.rollout.model import PolicyModel, clone_policy

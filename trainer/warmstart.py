@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from rlstream.envs import tasks
+from rlstream.envs import fx_tasks as tasks
 from rlstream.envs.family import EVAL_SEED_BASE, FamilySpec, families
 from rlstream.rollout.config import LoraConfig, PolicyConfig
 from rlstream.rollout.model import PolicyModel, build_policy

@@ -85,7 +85,7 @@ def _main(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from rlstream.envs import tasks
+    from rlstream.envs import fx_tasks as tasks
     from rlstream.ops.demo.demo import VLLM_DEMO_SETS
     from rlstream.ops.run.config import load_run_config
     from rlstream.rollout.model import build_policy

@@ -100,7 +100,7 @@ def _groups(args: argparse.Namespace, cfg: Any, count: int) -> list[dict[str, An
     """``count`` admitted-like groups of real rollouts of the warm-started policy."""
     import torch
 
-    from rlstream.envs import tasks
+    from rlstream.envs import fx_tasks as tasks
     from rlstream.rollout.config import HarnessConfig
     from rlstream.rollout.harness import Rollout
     from rlstream.schemas import arrays

@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Measure the mismatch; returns the metrics (see the module docstring)."""
     import torch
 
-    from rlstream.envs import protocol, tasks
+    from rlstream.envs import fx_tasks as tasks
+    from rlstream.envs import protocol
     from rlstream.rollout.config import HarnessConfig, PolicyConfig
     from rlstream.rollout.harness import Rollout
     from rlstream.trainer import grpo, objectives

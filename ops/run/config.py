@@ -18,8 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rlstream.consumers.admission_rules import AdmissionConfig
 from rlstream.consumers.feedback.rules import FeedbackRLConfig
 from rlstream.envs import family as task_families
+from rlstream.envs import fx_tasks as task_family
 from rlstream.envs import protocol, sandbox
-from rlstream.envs import tasks as task_family
 from rlstream.envs.family import FamilySpec
 from rlstream.envs.fx import with_fx_options
 from rlstream.envs.judges import JudgeConfig

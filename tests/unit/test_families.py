@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rlstream.envs import family, tasks
+from rlstream.envs import family
+from rlstream.envs import fx_tasks as tasks
 from rlstream.envs.family import FamilySpec, family_of, pick_family
 from rlstream.envs.judges import JudgeConfig, judge_format, judge_tests
 from rlstream.ops.run.config import RunConfig, load_run_config

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from rlstream.envs import protocol, tasks
+from rlstream.envs import fx_tasks as tasks
+from rlstream.envs import protocol
 from rlstream.envs.tools import READ, WRITE, Environment, Tool, ToolResult, Workspace, code_only
 from rlstream.rollout.harness import (
     HarnessConfig,

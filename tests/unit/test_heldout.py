@@ -10,7 +10,8 @@ import json
 import random
 from pathlib import Path
 
-from rlstream.envs import family, tasks
+from rlstream.envs import family
+from rlstream.envs import fx_tasks as tasks
 from rlstream.envs.dataset import DatasetConfig, DatasetFamily, Problem, split_of
 from rlstream.envs.family import FamilySpec
 from rlstream.ops.run.config import load_run_config

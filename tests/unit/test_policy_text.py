@@ -13,7 +13,8 @@ import pytest
 import torch
 from hf_checkpoints import bpe_checkpoint, bpe_tokenizer
 
-from rlstream.envs import protocol, tasks
+from rlstream.envs import fx_tasks as tasks
+from rlstream.envs import protocol
 from rlstream.rollout.config import HarnessConfig, PolicyConfig
 from rlstream.rollout.harness import Rollout
 from rlstream.rollout.hf_policy import load_hf

@@ -6,8 +6,9 @@ import random
 
 import pytest
 
-from rlstream.envs import protocol, tasks
-from rlstream.envs.tasks import Task
+from rlstream.envs import fx_tasks as tasks
+from rlstream.envs import protocol
+from rlstream.envs.fx_tasks import Task
 
 
 def test_tokenizer_round_trip_and_single_token_tags() -> None:

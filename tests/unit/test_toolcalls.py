@@ -13,7 +13,8 @@ import pytest
 import torch
 from hf_checkpoints import GOOD_CALL, tool_checkpoint
 
-from rlstream.envs import protocol, tasks
+from rlstream.envs import fx_tasks as tasks
+from rlstream.envs import protocol
 from rlstream.envs.fx import FxFamily
 from rlstream.envs.tools import Workspace, code_only
 from rlstream.rollout.config import HarnessConfig

@@ -1,4 +1,5 @@
-"""The demo task family: write a tiny Python function from a spoken spec, checked by hidden tests.
+"""The ``fx`` family's tasks (the demo's): write a tiny Python function from a spoken spec,
+checked by hidden tests (the plugin around them: :mod:`rlstream.envs.fx`).
 
 A task reads (the prompt the policy sees)::
 
