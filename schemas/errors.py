@@ -12,7 +12,7 @@ Rules:
   verify); ``SetupError`` the one "fix this on your machine" (missing Java or Maven, a failed
   download, a cluster that cannot start).
 
-The sandbox's bootstrap (``envs/sandbox_boot.py``) runs standalone with the standard library
+The sandbox's bootstrap (``envs/sandbox/boot.py``) runs standalone with the standard library
 only, so it keeps a private exception of its own, which never leaves its process.
 """
 

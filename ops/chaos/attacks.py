@@ -23,14 +23,14 @@ entry of ``bench chaos --json``'s ``attacks``: ``{"tried": N, "refused": N}``.
 - ``heldout_task``: a rollout worker sends trajectories of held-out tasks to be scored (and so
   trained on). Refused: the run's ``tests`` judge wrote an unscorable reward naming the task
   held-out, and none that passed (``judge_refusals``);
-- verdict forgeries (``envs.sandbox_attacks``: ``repo_report_forge``, ``repo_shadow_pytest``,
+- verdict forgeries (``envs.sandbox.attacks``: ``repo_report_forge``, ``repo_shadow_pytest``,
   ``repo_plugin_autoload``, ``file_under_file``, ``stop_iteration``, ``setup_failure_veto``):
   a rollout worker sends trajectories whose wrong answers once scored as passing (or as a
   judge error), groups of one, beside a control of each family (its reference answer). They are
   judged by the run's own ``tests`` judge role. Refused: a reward that did not pass and is no
   error, while the family's control passed (``verdict_refusals``);
 - ``planted_stdlib_module``: a wrong answer to a dataset problem that plants modules named
-  after the standard library wherever it can write (``envs.sandbox_attacks``), scored by the
+  after the standard library wherever it can write (``envs.sandbox.attacks``), scored by the
   ``tests`` rubric the judge role applies, in the run's isolation. Refused: it did not pass.
 """
 
@@ -329,7 +329,7 @@ def heldout_task(
 def attack_families(folder: Path) -> list[str]:
     """``--set`` items adding the forgeries' families to a run (the dataset family's problem file
     written into ``folder``): they exist for the judge, the scheduler all but never picks them."""
-    from rlstream.envs.sandbox_attacks import STOP_ITERATION_PROBLEM
+    from rlstream.envs.sandbox.attacks import STOP_ITERATION_PROBLEM
 
     path = folder / "attack-problems.jsonl"
     path.write_text(json.dumps(STOP_ITERATION_PROBLEM) + "\n")
@@ -342,8 +342,9 @@ def attack_families(folder: Path) -> list[str]:
 def forged_answers(families: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
     """Kind -> (task id, completion): each verdict forgery, and ``control:FAMILY`` answers that
     must pass (``repo``'s reference patch, the dataset problem's own solution)."""
-    from rlstream.envs import repo, sandbox_attacks
+    from rlstream.envs import repo
     from rlstream.envs.family import build_family
+    from rlstream.envs.sandbox import attacks as sandbox_attacks
 
     fam = build_family("repo", families["repo"])
     assert isinstance(fam, repo.RepoFamily)
@@ -409,11 +410,11 @@ def verdict_refusals(
 
 
 def heldout_ids(families: Mapping[str, Any]) -> list[str]:
-    """Held-out task ids a training-side attacker would send (``envs.sandbox_attacks``), of the
+    """Held-out task ids a training-side attacker would send (``envs.sandbox.attacks``), of the
     first of the run's families (``FamilySpec`` by name) that tells a task's split."""
     from rlstream.envs import dataset, fx
     from rlstream.envs.family import build_family
-    from rlstream.envs.sandbox_attacks import heldout_task_ids
+    from rlstream.envs.sandbox.attacks import heldout_task_ids
 
     for name, spec in families.items():
         family = build_family(name, spec)
@@ -464,9 +465,9 @@ def planted_stdlib_module(isolation: str, folder: Path) -> Attempts:
     ``isolation``. The problem's own solution must pass first (a judge that passes nothing
     would refuse every attack and prove nothing); an attack is refused when the tests ran and
     failed it."""
-    from rlstream.envs import sandbox_attacks
     from rlstream.envs.family import FamilySpec
     from rlstream.envs.judges import JudgeConfig, judge_tests
+    from rlstream.envs.sandbox import attacks as sandbox_attacks
 
     path = folder / "planted-problem.jsonl"
     path.write_text(json.dumps(PLANTED_PROBLEM) + "\n")

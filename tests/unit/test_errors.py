@@ -29,8 +29,8 @@ BUILTIN_ERRORS = {
 #: sandbox), and the engines (their classes join the root
 #: with the engine change in progress).
 EXEMPT = {
-    "envs/sandbox_boot.py",
-    "envs/sandbox_root.py",
+    "envs/sandbox/boot.py",
+    "envs/sandbox/root.py",
     "envs/repo_bridge.py",
     "rollout/engines.py",
 }

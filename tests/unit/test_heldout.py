@@ -106,7 +106,7 @@ def test_held_out_task_ids_are_refused_outside_evaluation() -> None:
     import pytest
 
     from rlstream.envs.judges import JudgeConfig, judge_format, judge_tests
-    from rlstream.envs.sandbox_attacks import heldout_task_ids
+    from rlstream.envs.sandbox.attacks import heldout_task_ids
 
     mini = DatasetFamily("mini", DatasetConfig())
     train_id, eval_id = heldout_task_ids(mini)

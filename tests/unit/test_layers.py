@@ -145,6 +145,7 @@ ROOMS: dict[str, set[str]] = {
     "producers.feedback": {"producers.client", "producers.runtime"},
     "consumers.weights": set(),
     "consumers.feedback": {"consumers.weights"},  # feedback-rl follows the policy version
+    "envs.sandbox": set(),  # the boundary: imports no other room
     "rollout.vllm_server": set(),  # runs inside vLLM's own processes: imports nothing of ours
     "ops.observe": set(),
     "ops.run": {"ops.cluster", "ops.observe"},  # launching and supervising roles

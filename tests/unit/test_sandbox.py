@@ -226,7 +226,7 @@ def test_userns_mode_is_a_boundary_too() -> None:
 
 
 def test_seccomp_program_is_well_formed() -> None:
-    from rlstream.envs import sandbox_boot
+    from rlstream.envs.sandbox import boot as sandbox_boot
 
     for machine in ("x86_64", "aarch64"):
         prog = sandbox_boot.seccomp_program(machine)

@@ -345,7 +345,7 @@ def _problem(row: dict[str, str]) -> Problem:
 @pytest.mark.parametrize("kind", ["source", "bytecode", "startup"])
 @pytest.mark.parametrize("row", HUMANEVAL_SHAPED, ids=lambda r: r["task_id"])
 def test_planted_modules_cannot_forge_a_pass(kind: str, row: dict[str, str]) -> None:
-    from rlstream.envs.sandbox_attacks import planted_stdlib_answer
+    from rlstream.envs.sandbox.attacks import planted_stdlib_answer
 
     fam = DatasetFamily("mini", DatasetConfig())
     problem = _problem(row)
@@ -360,7 +360,7 @@ def test_planted_modules_cannot_forge_a_pass(kind: str, row: dict[str, str]) -> 
 
 def test_planted_modules_through_env_score(tmp_path: Path) -> None:
     """The public path (`rlstream env score`): every planted-module answer scores a fail."""
-    from rlstream.envs.sandbox_attacks import KINDS, planted_stdlib_answer
+    from rlstream.envs.sandbox.attacks import KINDS, planted_stdlib_answer
 
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps(r) + "\n" for r in HUMANEVAL_SHAPED))
@@ -417,7 +417,7 @@ def test_the_verdict_holds_in_every_mode(
     mode: sandbox.Mode, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each isolation mode keeps the verdict out of the answer's reach, or refuses to score."""
-    from rlstream.envs.sandbox_attacks import planted_stdlib_answer
+    from rlstream.envs.sandbox.attacks import planted_stdlib_answer
 
     if sandbox.probe_mode(mode):
         pytest.skip(f"{mode} unavailable here: {sandbox.probe_mode(mode)}")

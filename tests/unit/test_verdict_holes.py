@@ -19,7 +19,7 @@ from rlstream.envs import patch_policy, patches, repo, sandbox
 from rlstream.envs.dataset import DatasetConfig, DatasetFamily, Problem
 from rlstream.envs.family import EVAL_SEED_BASE, FamilySpec
 from rlstream.envs.judges import JudgeConfig, judge_tests
-from rlstream.envs.sandbox_attacks import FORGE_JSON, FORGING_PLUGIN, SHADOW_PYTEST
+from rlstream.envs.sandbox.attacks import FORGE_JSON, FORGING_PLUGIN, SHADOW_PYTEST
 from rlstream.envs.tools import Workspace
 
 FILE = "builtin:repo/tasks.jsonl"
@@ -237,7 +237,7 @@ def test_no_installed_package_is_readable_in_the_sandbox() -> None:
     import os
     import sys
 
-    from rlstream.envs import sandbox_root
+    from rlstream.envs.sandbox import root as sandbox_root
 
     found = sandbox_root.installed_packages(["/usr", os.path.realpath(sys.base_prefix)])
     assert any(os.listdir(p) for p in found), found  # something is installed on the host

@@ -4,7 +4,7 @@ Isolation modes, strongest first (``SandboxResult.mode`` says which one a run ha
 
 - ``full`` (needs root and cgroups): the program runs in fresh mount, PID, network, IPC and UTS
   namespaces, in a private root built by the trusted bootstrap
-  (:mod:`rlstream.envs.sandbox_boot`, :mod:`rlstream.envs.sandbox_root`): ``/usr`` (with
+  (:mod:`rlstream.envs.sandbox.boot`, :mod:`rlstream.envs.sandbox.root`): ``/usr`` (with
   ``/bin``, ``/lib*``) and the interpreter read-only, ``/dev`` with five harmless devices, a
   fresh ``/proc`` showing only its own processes, and one size-capped tmpfs shown as ``/work``
   (the cwd and workspace), ``/tmp`` and ``/dev/shm``. The old root is detached, so nothing of the
@@ -25,7 +25,7 @@ uses the strongest mode that works here (probed once per process by running a pr
 and raises :class:`IsolationUnavailable`, with every mode's failure, when that is weaker than
 accepted: code is never run with less isolation than asked for.
 
-Limits for the sandbox as a whole (:mod:`rlstream.envs.sandbox_cgroup`, one cgroup per run,
+Limits for the sandbox as a whole (:mod:`rlstream.envs.sandbox.cgroup`, one cgroup per run,
 made under the caller's own and removed after the run; required by ``full``, used by the
 weaker modes wherever the host has them, ``isolation["cgroup_limits"]`` says so): the CPU
 seconds of every process together (``cpu_limit_s``; the run is stopped as ``timeout`` when
@@ -92,7 +92,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rlstream.envs import sandbox_cgroup, sandbox_zygote
+from rlstream.envs.sandbox import cgroup as sandbox_cgroup
+from rlstream.envs.sandbox import zygote as sandbox_zygote
 from rlstream.schemas.errors import RlstreamError
 
 Status = Literal["ok", "timeout", "oom", "crash", "killed", "error"]

@@ -1,4 +1,4 @@
-"""The sandbox's private root (steps 1-2 of :mod:`rlstream.envs.sandbox_boot`), standard library
+"""The sandbox's private root (steps 1-2 of :mod:`rlstream.envs.sandbox.boot`), standard library
 only: loaded by the bootstrap from its own directory, run in the sandbox's init as root of its
 mount namespace, before any program exists.
 

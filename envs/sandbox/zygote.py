@@ -1,5 +1,5 @@
 """The interpreter a sandbox runs, and the warm helper that forks every sandbox of a process
-(``sandbox_boot.py --serve``).
+(``boot.py --serve``).
 
 Rules: one helper per (process, interpreter), started on first use with a scrubbed environment
 and ``-I -S`` (no site, no user paths), holding only a socket to its parent; it exits when the
@@ -22,7 +22,7 @@ import sys
 import threading
 from pathlib import Path
 
-BOOT = Path(__file__).resolve().parent / "sandbox_boot.py"
+BOOT = Path(__file__).resolve().parent / "boot.py"
 UID_BASE = 1_000_000  # sandbox uids are unused numbers above this: no /etc/passwd entry needed
 
 
@@ -70,7 +70,7 @@ def interpreter(mode: str, chosen: str | None) -> tuple[str, list[str]]:
 
 
 class _Zygote:
-    """A trusted helper (``sandbox_boot.py --serve``) that forks every sandbox of this process.
+    """A trusted helper (``boot.py --serve``) that forks every sandbox of this process.
 
     Forking a warm interpreter instead of starting one per run keeps a sandboxed run cheap.
     The helper holds only a scrubbed environment and a socket to us; it exits when we do.

@@ -1,9 +1,9 @@
 """The sandbox's trusted bootstrap: builds the private root, then runs the program as a nobody.
 
-Run only by :mod:`rlstream.envs.sandbox`, through its helper ``python -I -S sandbox_boot.py
+Run only by :mod:`rlstream.envs.sandbox`, through its helper ``python -I -S boot.py
 --serve FD`` (standard library only, nothing of rlstream is importable here), which forks one
 launcher per run. The launcher joins the run's cgroups (memory, CPU time and processes capped
-for the run as a whole, see :mod:`rlstream.envs.sandbox_cgroup`) before it forks anything. In
+for the run as a whole, see :mod:`rlstream.envs.sandbox.cgroup`) before it forks anything. In
 the namespaced modes its child is PID 1 of a fresh PID namespace inside fresh mount, network,
 IPC and UTS namespaces (and, in ``userns`` mode, a user namespace), and it:
 
@@ -58,11 +58,11 @@ import traceback
 import types
 
 if __package__:  # imported (tests): from the package
-    from rlstream.envs.sandbox_root import MS_REC, RootSetupError, build_root, check, libc, mount
+    from rlstream.envs.sandbox.root import MS_REC, RootSetupError, build_root, check, libc, mount
 else:  # run as the bootstrap: from its own directory, which no program's sys.path keeps
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     try:
-        from sandbox_root import (  # type: ignore[no-redef]
+        from root import (  # type: ignore[no-redef]
             MS_REC,
             RootSetupError,
             build_root,
