@@ -274,3 +274,16 @@ def test_the_chaos_runs_forgeries_fail_through_the_tests_rubric(tmp_path) -> Non
         reward = judge_tests({"task_id": task_id, "completion": completion}, cfg)
         assert "error" not in reward or not reward["error"], (kind, reward)
         assert bool(reward["passed"]) == kind.startswith("control:"), (kind, reward)
+
+
+def test_the_runner_never_imports_a_module_of_the_repository(fam) -> None:
+    """A repository module named like one of the test library's (``iniconfig``, ``packaging``)
+    is never what the verdict side's pytest imports: the right fix still passes beside one that
+    would break the runner if it were."""
+    task = _task(fam, "inflection")
+    tree = fam.loaded.trees[task.base]
+    fixed = patches.apply(repo.base_files(task, tree), task.patch)
+    for name in ("iniconfig", "packaging"):
+        files = {**fixed, f"{name}/__init__.py": "raise SystemExit(3)\n"}
+        v = repo.run_tests(task, tree, files, repo.box(fam.cfg, BOX))
+        assert v.passed, (name, v)
