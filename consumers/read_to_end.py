@@ -59,6 +59,9 @@ _TRANSIENT = (
     # The partition's leader left the metadata (a replica broker killed) while the request
     # waited for it: librdkafka drops that broker's handle; the next try asks the new leader.
     KafkaError._DESTROY_BROKER,
+    # A new leader answers offset requests so until its high watermark has caught up (KIP-207),
+    # a moment after a failover: a role's read of the manifests failed so in a fresh-clone run.
+    KafkaError.OFFSET_NOT_AVAILABLE,
 )
 _SKIP = (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
 

@@ -37,3 +37,23 @@ def test_a_lasting_error_is_raised_at_once() -> None:
     with pytest.raises(KafkaException):
         partitions_of(consumer, "t")  # type: ignore[arg-type]
     assert consumer.calls == 1
+
+
+def test_a_new_leader_still_catching_up_is_waited_for() -> None:
+    """OFFSET_NOT_AVAILABLE (a leader whose high watermark has not caught up, just after a
+    failover) is retried like a leader election, not raised at once."""
+    from rlstream.consumers.read_to_end import retrying
+
+    answers = [KafkaException(KafkaError(KafkaError.OFFSET_NOT_AVAILABLE)), (0, 5)]
+
+    def call() -> tuple[int, int]:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    assert retrying(call, timeout=5) == (0, 5)
+    with pytest.raises(KafkaException):
+        retrying(
+            lambda: (_ for _ in ()).throw(KafkaException(KafkaError(KafkaError.INVALID_CONFIG)))
+        )
