@@ -1,39 +1,20 @@
 """Exactly-once consume-transform-produce: the loop the judges, admission, rollout workers and
-feedback-rl share (the learner, which trains on groups collected across many polls, commits
-through the same producer transaction with the offsets of the step's inputs).
+feedback-rl share (the learner commits through the same producer transaction).
 
-Each batch is one Kafka transaction holding (a) the outputs the processor made from the batch,
-(b) dead letters for records that failed to decode or that the processor refused, and (c) the
-consumer offsets after the batch. Either all three become visible or none does, so after a
-crash (even SIGKILL mid-batch) the restarted member re-reads exactly the uncommitted records and
-each input is reflected in the output exactly once. A restarted member reuses its transactional
-id, which fences its dead predecessor and aborts the predecessor's open transaction.
+Each batch is one Kafka transaction holding its outputs, its dead letters and the consumer
+offsets after it: all become visible or none does, so after any crash each input is reflected
+in the output exactly once. The processor is a plain function ``records -> outputs``;
+``on_abort`` and ``on_commit`` let it drop, or make permanent, the state a batch built.
 
-The processor is a plain function ``records -> outputs``. It may keep state across batches; if
-a transaction aborts, the loop rewinds the consumer to the committed offsets and calls
-``on_abort`` so the processor can drop state built from the aborted batch; after every commit
-it calls ``on_commit``, so state that must only count once committed (admission's decided
-groups) can be staged during processing and made permanent there.
+Rules a maintainer must keep:
+- poison records never stop the role: ``Refused`` is dead-lettered as ``invalid_record``; any
+  other exception re-reads the batch one record per transaction and dead-letters the culprit as
+  ``processing_error``; only fatal Kafka errors (fenced) end the role;
+- a batch is processed before its transaction begins, so a processor that raises never aborts a
+  transaction (aborting right after producing can kill a librdkafka producer for good);
+- ``close`` never raises and never commits.
 
-Poison records never stop the role. A processor refuses one record it cannot accept by raising
-``Refused`` (dead-lettered as ``invalid_record``). Any other exception from the processor fails
-the batch (state is reset through ``on_abort``) and the loop re-reads the batch one record per
-transaction; the record whose processing raises is then dead-lettered as ``processing_error``,
-with the exception, and skipped whenever it is read again by this process. Fatal Kafka errors
-(fenced) still end the role.
-
-A batch is processed, its dead letters included, before its transaction begins, so a processor
-that raises never aborts a transaction: there is nothing to undo on the broker. (Aborting right
-after producing is what librdkafka gets wrong: when the coordinator answered the partition's
-registration with CONCURRENT_TRANSACTIONS because the previous commit was still completing,
-librdkafka still sends EndTxn(abort) for the transaction the coordinator never opened, gets
-INVALID_TXN_STATE, and the producer is dead for good.)
-
-``close`` never raises: a role ends cleanly whatever state its producer is in. It waits for the
-producer's deliveries before closing the consumer, so the member's writes are settled before its
-partitions pass to another member. It never commits: a transaction still open at close (only
-after a Kafka error escaped it) is aborted by the broker, when the restarted member's
-``init_transactions`` fences this one or when ``transaction.timeout.ms`` passes.
+Details: docs/streams.md (Consume-transform-produce).
 """
 
 from __future__ import annotations

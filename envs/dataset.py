@@ -1,43 +1,19 @@
 """The ``dataset`` task family: coding problems from a local JSONL file, scored by their own tests.
 
-Each line is one problem in the widely used HumanEval/MBPP shape::
+Each line is one problem in the HumanEval/MBPP shape (``task_id``, ``prompt``, ``entry_point``,
+``test``; optional ``canonical_solution``, ``visible_test``, ``split``); ``path = "builtin:NAME"``
+reads ``envs/data/NAME`` shipped with rlstream (``mini_humaneval.jsonl``: 16 small problems).
 
-    {"task_id": "HumanEval/0", "prompt": "def f(x):\\n    \\"\\"\\"...\\"\\"\\"\\n",
-     "entry_point": "f", "test": "def check(candidate):\\n    assert candidate(1) == 2\\n",
-     "canonical_solution": "    return x + 1\\n", "visible_test": "assert f(0) == 1"}
+Rules a maintainer must keep:
+- loading checks every line and fails with ``FILE:LINE: what is wrong``, never half-loaded;
+- no held-out problem is ever trained on: ``split_of`` decides by the ``split`` field, else by a
+  stable hash of ``task_id``; ``sample`` draws training problems only, and a training id that
+  names a held-out problem is refused;
+- scoring runs the problem's own ``test`` as a judged sandbox run, so the verdict is out of the
+  answer's reach; a sandbox that could not run is an ``error``, not a failure;
+- the ``test`` tool runs the doctest examples and ``visible_test``, never ``test``.
 
-``canonical_solution``, ``visible_test`` and ``split`` are optional. ``path = "builtin:NAME"`` reads
-``envs/data/NAME`` shipped with rlstream (``mini_humaneval.jsonl``: 16 small problems).
-
-Rules and guarantees:
-
-- Loading checks every line (a JSON object, the required string fields, an identifier as
-  ``entry_point``, unique ``task_id``) and fails with ``FILE:LINE: what is wrong``, never
-  half-loaded.
-- Held-out split (``split_of``): a problem whose ``split`` field is ``train`` trains, one whose
-  field names a held-out split (``eval``, ``test``, ``validation``, ``valid``, ``heldout``) is
-  held out; without the field, a stable hash of its ``task_id`` decides (``eval_fraction``).
-  ``sample`` draws training problems only; ``eval_tasks`` lists the held-out problems in file
-  order, so no held-out prompt or test is ever trained on. A held-out task's id carries an
-  evaluation seed (``EVAL_SEED_BASE`` and up, ``split_of_task``); an id with a training seed
-  that names a held-out problem is refused (``ValueError``) by ``problem``, ``score`` and
-  ``format_check``, and the training judge refuses evaluation ids (``envs.judges``).
-- Task ids are ``NAME-SEED:ROW`` (ROW is the file's ``task_id``): the problem is drawn from the
-  seed, so the same problem released twice is two tasks (two groups), never one.
-- The policy sees ``prompt``; the completion continues it, as in HumanEval. The scored answer is
-  the text after the last tool output (markdown fences removed); an answer with no indented
-  line that does not start a definition is taken as the function's body and indented.
-  The program is ``prompt + answer`` (``answer`` alone when the prompt is prose).
-- Scoring runs the problem's own ``test`` against the program as a judged sandbox run
-  (``sandbox.run(..., answer=...)``) of :mod:`rlstream.envs.dataset_driver`: the verdict side
-  and the answer's process are two identities, and the verdict side imports nothing the answer
-  can write and everything its tests need before the answer runs, so the verdict is out of the
-  answer's reach and the hidden tests out of its sight; the failing assertion (its line of test
-  code) or the error is the verdict's rationale. A sandbox that could not run is an ``error``,
-  not a failure.
-- Tools: ``python``, ``read``, ``write``, ``ls`` on a workspace that starts with
-  ``solution.py`` = the prompt, and ``test``, which runs the prompt's doctest examples and
-  ``visible_test`` (never ``test``) against the workspace's ``solution.py``.
+Details: docs/task-families.md (The dataset family).
 """
 
 from __future__ import annotations

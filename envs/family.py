@@ -1,39 +1,18 @@
 """Task families: the plugin interface, its registry, and how a run mixes families.
 
-A *task family* samples tasks from a seed, says what the policy sees (the prompt), keeps the
-hidden tests to itself, offers the tools the harness gives the policy, and scores an answer in
-the sandbox. ``fx`` (:mod:`rlstream.envs.fx`) and ``dataset`` (:mod:`rlstream.envs.dataset`) are
-plugins like any other: every plugin is a :class:`TaskFamily` subclass registered under the
-Python entry-point group ``rlstream.task_families``, so a user's package adds a family by
-declaring, in its own ``pyproject.toml``::
+A *task family* samples tasks from a seed, says what the policy sees, keeps its hidden tests,
+offers tools and scores answers in the sandbox. Every family (``fx`` and ``dataset`` too) is a
+:class:`TaskFamily` subclass registered under the entry-point group ``rlstream.task_families``.
 
-    [project.entry-points."rlstream.task_families"]
-    myfam = "mypkg.envs:MyFamily"
+Rules a maintainer must keep:
+- a task id is ``NAME-KEY`` and carries its family; NAME matches ``[a-z][a-z0-9_]*``;
+- sampling is a pure function of (run seed, task index); with one family nothing is drawn;
+- held-out tasks are disjoint from training tasks by construction (split by content, never by
+  seed), and hidden tests never leave the family;
+- the warm start's demonstrations go through this interface, never around it;
+- ``score`` never raises for the answer's faults; every verdict records its isolation.
 
-Rules and guarantees:
-
-- A run names its families in the recipe (``[families.NAME]``: the plugin, a weight, the
-  plugin's options, validated by the plugin's ``Config`` model when the recipe loads). NAME
-  matches ``[a-z][a-z0-9_]*``: no ``-``.
-- A task id is ``NAME-KEY``: it carries its family (``family_of``), so judges and admission
-  work for any family without a lookup; KEY is the family's own (``fx``: the seed).
-- Sampling is a pure function of (run seed, task index): ``pick_family`` draws a family by
-  weight from a generator seeded by both, and the family samples its task from the task seed.
-  With one family nothing is drawn, so a single-family run releases exactly the tasks it did
-  before families could be mixed.
-- Held-out tasks are disjoint from training tasks by construction: ``sample(seed)`` (the
-  scheduler's, the warm start's) draws from the ``train`` split only and ``eval_tasks(n)`` (the
-  eval role's fixed set) from the ``eval`` split only; each family splits by content, never by
-  seed (``fx``: by spec; ``dataset``: by the file's ``split`` field, else a stable hash of the
-  problem's id), so no held-out spec, prompt or test is ever trained on.
-- Hidden tests never leave the family: a task's ``spec`` (what rollout workers get) holds the
-  prompt and what the tools need, never what scoring checks against.
-- A family may teach: ``demonstration`` writes a teacher's answer to one of its tasks, which is
-  what the supervised warm start trains on (``fx`` has a weak teacher; the warm start goes
-  through this interface, never around it).
-- ``score`` never raises for the answer's faults: a wrong answer is ``passed=False`` with the
-  failing assertion or error in ``rationale``; a sandbox that could not run the answer is
-  ``error`` (not the answer's fault). Every verdict records the isolation its code ran under.
+Details: docs/task-families.md (The plugin interface).
 """
 
 from __future__ import annotations

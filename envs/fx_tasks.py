@@ -1,38 +1,19 @@
 """The ``fx`` family's tasks (the demo's): write a tiny Python function from a spoken spec,
 checked by hidden tests (the plugin around them: :mod:`rlstream.envs.fx`).
 
-A task reads (the prompt the policy sees)::
+A task reads ``f(x): add 3, double`` then ``f(2)=10``; the policy answers with the body of
+``def f(x):`` on one line, e.g. ``x=x+3;x=x*2;return x``.
 
-    f(x): add 3, double
-    f(2)=10
+Rules a maintainer must keep:
+- tasks are a pure function of their seed; the held-out split is by spec, never by seed, so no
+  held-out function is ever trained on;
+- expected outputs are computed in the trusted process and never sent to the sandbox; a pass
+  needs every output to match exactly, type included;
+- reward-hacking guards run first: the result must depend on ``x``, and no visible or hidden
+  output may appear as a literal;
+- ``demonstration`` is a weak teacher on purpose, so RL has room to improve.
 
-and the policy answers with the body of ``def f(x):`` on one line, e.g. ``x=x+3;x=x*2;return x``.
-
-Rules and guarantees:
-
-- Tasks are a pure function of their seed (``sample_task(seed)``). The held-out split is by
-  *spec*, not by seed: a spec (its steps, e.g. ``add 3, double``) is held out when a stable hash
-  of its text falls under ``eval_fraction`` (``split_of_steps``). A seed below
-  ``EVAL_SEED_BASE`` only ever yields a training spec and a seed at or above it only a held-out
-  spec (the steps are redrawn from the same generator until they fall in the seed's split), so
-  no held-out function is ever trained on, whatever visible example or seed it comes with, and
-  the held-out set (``eval_tasks``) is fixed.
-- The answer is executed in the sandbox (:mod:`rlstream.envs.sandbox`) on the visible input and
-  on ``n_hidden`` HIDDEN inputs the policy never sees; expected outputs are computed here, in the
-  trusted process, and never sent to the sandbox. ``score`` passes only if every output matches
-  exactly (type included: ``5.0`` is not ``5``).
-- Reward-hacking guards, checked before anything runs: the returned value must depend on ``x``,
-  and the code may not contain the visible output or a hidden output as a literal (unless that
-  number is a parameter of the spec or 0/1/2). An echo of ``f(2)=10`` (``return 10``) or a
-  lookup table (``return 10 if x==2 else x``) gets reward 0 even though it fits the visible example.
-- ``format_check`` (the ``judge.format`` rubric) accepts one line that parses as the body of
-  ``def f(x):`` and ends in a ``return``.
-- ``demonstration`` writes what a weak teacher would: each step is right with probability
-  ``p_correct``, otherwise a plausible slip (``x**2`` for "double", ``x/2`` for "half", ...), and
-  with probability ``p_hack`` it echoes the visible example. Supervised warm start on these gives
-  a policy that knows the format and the vocabulary but is unreliable: RL has room to improve.
-- The agent protocol's tags and the character vocabulary the demo policy speaks are not the
-  family's: they are :mod:`rlstream.envs.protocol`.
+Details: docs/task-families.md (The fx family's tasks).
 """
 
 from __future__ import annotations

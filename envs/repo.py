@@ -1,47 +1,19 @@
 """The ``repo`` task family: fix a real repository so that its own tests pass (SWE-bench shape).
 
-A task file is JSONL with two kinds of rows. A *tree* row holds a repository snapshot once,
-however many tasks use it: ``{"tree": ID, "repo": NAME, "paths": [SOURCE FOLDERS], "files":
-{PATH: TEXT}}``. A *task* row is SWE-bench's shape::
+A task file is JSONL of *tree* rows (a repository snapshot, held once) and *task* rows in
+SWE-bench's shape; ``path = "builtin:NAME"`` reads ``envs/data/NAME`` (``repo/tasks.jsonl``, built
+by ``rlstream env build-repo-tasks``). The answer is the workspace's diff against the base.
 
-    {"instance_id": "inflection-0.5.1__3", "repo": "inflection==0.5.1", "base": TREE_ID,
-     "problem_statement": "...", "FAIL_TO_PASS": ["test_inflection.py::test_x[a]"],
-     "PASS_TO_PASS": [...], "patch": "--- a/...", "test_patch": "", "seed": 7,
-     "source": {"package": "inflection", "version": "0.5.1", "sha256": "..."}}
+Rules a maintainer must keep:
+- a broken row is reported as ``FILE:LINE: what is wrong``; the others still load;
+- the held-out split is a stable hash of the instance id, with an evaluation seed;
+- scoring applies the patch in a fresh judged sandbox run and lays the test files again from the
+  base (an answer cannot change its tests); FAIL_TO_PASS and PASS_TO_PASS must all pass;
+- the tests, pytest and the outcomes live in the verdict side, which never executes a line of
+  the patch: the patched package is used through the bridge (``envs.repo_bridge``), and
+  ``envs.patch_policy`` refuses trees that plant test machinery or start-up hooks.
 
-``path = "builtin:NAME"`` reads ``envs/data/NAME`` shipped with rlstream
-(``repo/tasks.jsonl``, built by ``rlstream env build-repo-tasks``, :mod:`rlstream.envs.repo_build`).
-
-Rules and guarantees:
-
-- Loading checks every row; a broken row is reported as ``FILE:LINE: what is wrong`` and the
-  others still load (``load`` returns the reports; the family logs them). A task whose tree is
-  missing is such a row.
-- A task's repository is its ``base`` tree with ``base_patch`` applied (the injected bug: trees
-  are shared by every task of a package); ``patch`` is the reference fix against that.
-- Task ids are ``NAME-SEED:INSTANCE_ID``; the held-out split is a stable hash of the instance id
-  (``eval_fraction``) and an evaluation seed (``EVAL_SEED_BASE`` and up), as in ``dataset``.
-- The policy sees the problem statement; its workspace is the base tree; its tools
-  (:mod:`rlstream.envs.repo_tools`) view, search and edit files, apply a diff and run the tests.
-  Its answer is the workspace's diff against the base (``Environment.final``), recorded as the
-  trajectory's completion; a SWE-bench prediction's ``patch`` is the same thing.
-- Scoring, in a fresh judged sandbox run (:mod:`rlstream.envs.repo_driver`): the patch is
-  applied to the base (a patch that names a path outside the repository, or that does not
-  apply, scores 0 with the reason as the rationale and ``patch.outside_repo`` or
-  ``patch.does_not_apply`` in the details); the task's test files are laid again from the base
-  and ``test_patch`` applied on top (an answer cannot change the tests that judge it); then
-  FAIL_TO_PASS and PASS_TO_PASS must all pass. A run out of time scores 0 with
-  ``tests.timeout``. A sandbox that cannot run is an ``error``.
-- What the verdict rests on: the tests, pytest (from a root-owned ``library`` folder, plugin
-  autoload off) and the outcomes live in the verdict side, its own uid, which holds the
-  pristine test files (laid again from the base, sent by value) and never executes a line of
-  the patch; the patched package runs in the answer's process and is used through the bridge
-  (:mod:`rlstream.envs.repo_bridge`: every attribute, call and operator a request, plain data
-  back by value, the package's objects as handles). Nothing the patch does reaches an outcome
-  but the values its package answers with. :mod:`rlstream.envs.patch_policy` refuses a tree
-  that plants files named like test machinery or start-up hooks, or puts a file under a file
-  (``patch.refused``, score 0). A test the verdict side cannot run apart from the package (one
-  that patches the standard library the package uses) is left out when tasks are built.
+Details: docs/environments.md (The repo family in full).
 """
 
 from __future__ import annotations

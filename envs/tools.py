@@ -1,34 +1,16 @@
 """The tools a task family offers the policy, and the workspace they act on.
 
-Call syntax (the text of one ``<run>...</run>`` block, see :mod:`rlstream.rollout.harness`):
-when an environment offers a single tool, the whole block is that tool's input (``fx``: Python
-code, exactly as before tools could be named). Otherwise a block that starts with ``@NAME``
-calls tool NAME with the rest (after one space or newline) as its input, and a block without
-``@`` goes to the first (default) tool. ``Environment.help`` lists the tools for a prompt.
+Call syntax: with one tool, a ``<run>`` block is that tool's input; otherwise ``@NAME INPUT``
+calls tool NAME and a block without ``@`` goes to the first tool. Standard tools: ``python``,
+``read``, ``write``, ``ls``, ``test``. ``Environment.schemas()`` gives the tools as OpenAI
+function schemas and ``Environment.call_args`` runs a call given as JSON, so both syntaxes reach
+the same tool code.
 
-Standard tools (a family picks and orders them):
+Rules a maintainer must keep: ``read``, ``write`` and ``ls`` never touch the host's file system
+(the workspace is held by value, bounded by ``MAX_FILES`` and ``MAX_BYTES``); a call never raises:
+it returns a :class:`ToolResult` that is ``ok``, ``error`` or ``refused``.
 
-- ``python CODE``: runs CODE in the sandbox with the workspace as ``/work``; files it writes
-  there are kept for the next call;
-- ``read PATH``: the text of a workspace file;
-- ``write PATH`` + newline + CONTENT: creates or replaces a workspace file;
-- ``ls``: the workspace's files and sizes;
-- ``test``: runs the family's visible tests (the ones the policy may see) in the sandbox.
-
-Tool schemas: every tool declares its arguments (``Tool.params``: names and descriptions, all
-strings); ``Environment.schemas()`` gives them as OpenAI function schemas (what a chat template's
-``tools=`` and the OpenAI ``tools`` field take), and ``Environment.call_args`` runs a call given
-as a name and a JSON object of arguments (a tool-calling chat model's format): the arguments
-become the tool's text input (``Tool.text_of``: the one argument's value, ``write``'s path and
-content on two lines, a JSON object for tools of several arguments), so both call syntaxes reach
-the same tool code. A JSON call with an unknown tool, a missing or extra argument, or a value
-that is not a string is an ``error`` result naming what is wrong (the model sees it).
-
-Rules: ``read``, ``write`` and ``ls`` never touch the host's file system: the workspace is held
-by value (name -> bytes, names as ``sandbox.check_name`` allows, at most ``MAX_FILES`` files and
-``MAX_BYTES`` in all) and travels into the sandbox with each run. A call never raises: it
-returns a :class:`ToolResult` whose ``status`` is ``ok``, ``error`` (bad input or the program
-failed) or ``refused`` (the sandbox cannot give the isolation asked for).
+Details: docs/task-families.md (Tools and the workspace).
 """
 
 from __future__ import annotations

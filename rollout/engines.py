@@ -202,45 +202,17 @@ def token_id(text: str) -> int:
 class OpenAIEngine:
     """A remote OpenAI-compatible completions server.
 
-    Generation: one ``POST {url}/v1/completions`` per turn with ``model``, ``prompt`` as a list of
-    token ids (the OpenAI API accepts one), ``n`` (the batch rows; a continuation is one row),
-    ``temperature``, ``max_tokens``, ``logprobs: 0``, ``seed`` (drawn from the harness's
-    generator, so a task's samples are reproducible where the server honours seeds), and the
-    non-standard fields vLLM's OpenAI server reads: ``stop_token_ids`` and
-    ``return_tokens_as_token_ids`` (each ``logprobs.tokens`` entry is then ``token_id:N``),
-    plus ``return_routes``. The server keeps no state: a continuation sends the row's whole
-    segment (``Prior.history``) followed by the new context.
-    Read back per choice: the token ids, ``logprobs.token_logprobs`` (the behaviour logprobs under
-    the sampling temperature, as the trajectory records them) and ``finish_reason``.
+    One ``POST {url}/v1/completions`` per turn, with the prompt as token ids and the non-standard
+    fields vLLM's server reads; the server keeps no state, so a continuation sends the row's whole
+    segment. Routes are recorded when the server returns them, else none; every answer's
+    ``policy_version`` is collected in ``served_versions``.
 
-    Routes: if a choice carries ``routes`` (``[prompt + generated, n_layers, top_k]`` expert ids:
-    ``rlstream serve policy`` answers them when asked with ``return_routes``), they are recorded
-    and router replay works as with ``torch``. Otherwise the engine reports none (``n_layers`` =
-    ``top_k`` = 0): the trajectory records no routes and the learner routes freely for it.
+    Weights (``push``): the verified state is written as an HF directory and loaded through
+    SGLang's ``POST /update_weights_from_disk``, with ``state_hash`` added; a version counts as
+    pushed only when the server answered success. With a ``token`` every request carries it as a
+    bearer token; a refused push raises ``EngineError`` with the server's reason.
 
-    Tools: when the harness offers tools in the policy's own format (``rollout.toolcalls``), the
-    request carries them in the OpenAI ``tools`` field too (function schemas); the prompt, sent as
-    token ids, already holds them as the chat template renders them.
-
-    Version: every answer's ``policy_version`` (``serve policy`` adds it) is collected in
-    ``served_versions``, so the worker can record the version the server generated with.
-
-    Weights (``push``): the state, already applied and verified locally by the worker's weight
-    subscriber, is written as an HF directory (``rollout.hf_policy.save_state_hf``, in the
-    state's dtype, so it has the published bits) under ``weights_dir`` (a folder the server reads
-    at the same path), and the server is told to load it with SGLang's documented native
-    endpoint ``POST /update_weights_from_disk`` (body ``model_path``, ``weight_version``;
-    ``load_format`` left out; answer ``success``, ``message``), the one RL frameworks use to
-    reload weights. rlstream adds ``state_hash`` to the body (the server checks what it loaded
-    against it) and reads ``policy_version`` from the answer when it is there: a version counts
-    as pushed only when the server answered success (and, if it says, that version); an
-    unreachable server is retried for up to ``timeout_s`` (it may still be starting). Older
-    version directories are removed; the newest two are kept.
-
-    Authentication: with a ``token`` (``rollout.push_auth.load_token``: a file or the
-    environment) every request carries ``Authorization: Bearer <token>``, which ``serve policy
-    --weights push`` requires of a push and vLLM's and SGLang's servers check with ``--api-key``.
-    A refused push (401, 403, 409, 422) raises ``EngineError`` with the server's reason.
+    Details: docs/engines.md (The openai engine).
     """
 
     url: str

@@ -1,56 +1,19 @@
 """Multi-turn rollout harness: the policy may run code before it answers.
 
-Protocol (single tokens for the tags, see :mod:`rlstream.envs.protocol`; text and token ids are
-the policy's own tokenizer's, :mod:`rlstream.rollout.text`: the prompt goes through its chat
-template when it has one): the policy generates until an end-of-sequence token (its final
-answer) or ``</run>``. A ``<run>CALL</run>`` block is one tool call of the
-task's environment (:mod:`rlstream.envs.tools`: with one tool, CALL is its input, e.g. the
-Python code of ``fx``; otherwise ``@NAME INPUT`` picks the tool: ``@python``, ``@read``,
-``@write``, ``@ls``, ``@test``); the harness runs it and appends ``<out>OUTPUT</out>`` to the
-context (at most ``tool_output_chars`` characters), then the policy continues, up to
-``max_turns`` calls; past that budget the observation says so. Each sample has its own
-workspace, which its calls share. The demo task is solvable in one turn; tools are optional.
+The policy generates until its final answer or ``</run>``; a ``<run>CALL</run>`` block is one tool
+call of the task's environment, whose output the harness appends as ``<out>OUTPUT</out>``, up to
+``max_turns`` calls. Each sample has its own workspace. Tool calls may also go in a chat
+template's own format (:mod:`rlstream.rollout.toolcalls`).
 
-Rules and guarantees:
+Rules a maintainer must keep:
+- every token is processed by the model exactly once, and ``token_ids``, ``logprobs``,
+  ``loss_mask``, ``routes`` and ``versions`` stay aligned position by position; an expert id is
+  never wrapped to fit;
+- continuations reuse the KV cache, so the recorded routes are the ones that produced the tokens;
+- context overflow starts a new, self-contained segment from a compaction prompt;
+- every call is recorded and counts toward ``max_turns``, failed or not.
 
-- Every token of a sample is processed by the model exactly once, and its arrays are aligned
-  position by position: ``token_ids`` (int32), ``logprobs`` (float32, the behaviour logprob for
-  generated tokens, 0 elsewhere), ``loss_mask`` (uint8, 1 exactly for tokens the policy
-  generated; prompt, observations and summaries are 0) and ``routes`` (``[T, L, K]``, the
-  experts that processed each token, for router replay) as uint8 for a policy of at most 256
-  experts, uint16 for more (``schemas.arrays.expert_bytes_for``: the width follows the policy,
-  so it is the same for every sample of a run); an id is never wrapped to fit.
-- Continuations reuse the KV cache of the earlier turns, so the recorded routes are the ones that
-  actually produced the later tokens.
-- Context overflow: when the next observation plus a full turn would not fit the model window,
-  the current segment is closed and a new one starts from a compaction prompt: the task prompt
-  plus ``<sum>`` a summary ``</sum>``. With ``summary = "fixed"`` the summary is a deterministic
-  digest of the tool runs; with ``summary = "policy"`` the policy writes it: the harness feeds
-  ``SUMMARY_REQUEST`` as an observation in place of the pending one and the policy's reply (up
-  to ``summary_tokens``, loss mask 1: the learner trains on it) closes the segment; the new
-  segment's summary is that reply and the pending output. When the request and the reply
-  would not fit the window, the fixed digest is used. Segments are half-open ranges of the flat arrays; each is a self-contained
-  context the learner replays on its own.
-- Tool calls go in the policy's own format (:mod:`rlstream.rollout.toolcalls`, chosen from its
-  tokenizer): rlstream's tags above, or a chat template's own (``hermes``: the tools offered as
-  JSON schemas through the template, ``<tool_call>`` JSON in the turn, several calls a turn,
-  the results as ``tool`` messages the template renders). A call that does not parse is
-  answered with a tool error the policy sees (recorded, counted in ``tool_errors``). In the
-  ``hermes`` format the recorded ``completion`` is the policy's turns with each observation's
-  outputs between ``<out>`` tags, so every family's ``answer`` reads it as it reads the tags.
-- An environment whose answer is its workspace (``Environment.final``, e.g. the ``repo``
-  family's diff against the base) has that as the sample's ``completion``.
-- The G samples of a group share one prompt and their first turn is generated as one batch.
-- Generation goes through an engine (:mod:`rlstream.rollout.engines`; default the in-process
-  ``torch`` one). An engine that reports no routes (an ``openai`` server without them) gives
-  routes of shape ``[T, 0, 0]``: the trajectory then records none.
-- Versions: ``Sample.versions`` (int64, aligned with the tokens) is the policy version that
-  processed each token (sampled it, for a generated token), as the engine reports it
-  (``Generation.versions``), -1 where the engine reports none (the caller's one version then).
-  An engine that swaps weights during a rollout makes one sample span several versions.
-- Every call is recorded in ``Sample.tool_calls`` (tool, input, status, output as the policy saw
-  it, isolation, time) and counts toward ``max_turns``, failed or not; ``tool_errors`` counts
-  the calls that failed or were refused.
+Details: docs/environments.md (The rollout harness).
 """
 
 from __future__ import annotations

@@ -1,51 +1,18 @@
 """A Hugging Face transformers causal LM as the rlstream policy, with MoE router replay.
 
 ``HFPolicy`` wraps a transformers causal LM (Qwen3-MoE first) and keeps the policy contract of
-:mod:`rlstream.rollout.model` (``PolicyModel``), so ``generate``, ``sequence_logprobs``, the
-harness and GRPO take it. Rules this module guarantees:
+:mod:`rlstream.rollout.model`, so ``generate``, ``sequence_logprobs``, the harness and GRPO take it.
 
-- ``forward(tokens, forced_routes=None, cache=None)`` returns ``(logits, routes)``: logits float32
-  ``[B, T, V]``, routes int64 ``[B, T, L, K]`` with ``L`` the model's MoE blocks in layer order.
-  Without ``forced_routes`` the routes are each block's own router top-k, and the output is
-  exactly that of the unwrapped model (the same router and experts modules run on the same
-  inputs).
-- Router replay: with ``forced_routes`` every MoE block sends each token to exactly those experts
-  (a token whose forced routes are -1, recorded without routes, keeps the router's own top-k).
-  Their gate weights are the router's softmax (float32) gathered at the forced experts and, when
-  the config's ``norm_topk_prob`` is set (it is in Qwen3-MoE checkpoints), divided by their sum:
-  the formula of transformers' ``Qwen3MoeTopKRouter`` with the forced experts in place of its
-  top-k, so forcing a block's own routes reproduces the free output bit for bit. The router keeps
-  its gradient through the gathered softmax; experts run through the block's own experts module,
-  which processes only (token, chosen expert) pairs, so an expert that did not process a token
-  gets no gradient from it.
-- The MoE blocks are swapped for :class:`ReplayMoeBlock`, a subclass that keeps the original
-  ``gate`` and ``experts`` submodules: ``state_dict()`` keys are transformers' own names and
-  ``save_hf`` writes an ordinary HF directory that ``AutoModelForCausalLM.from_pretrained`` loads
-  unchanged. (transformers 5 holds experts fused in memory, ``mlp.experts.gate_up_proj``
-  ``[E, 2I, H]`` and ``mlp.experts.down_proj`` ``[E, H, I]``; ``save_pretrained`` writes the
-  per-expert checkpoint names, and loading fuses them again.)
-- ``cache`` is a :class:`rlstream.rollout.model.KVCache`: per decoder layer keys/values
-  ``[B, kv_heads, T, head_dim]`` (rotary positions applied), ``length`` positions filled, extended
-  in place; ``KVCache.select`` works on it.
-- the demo's tokenizer is ``rollout.text.char_tokenizer()``, saved and reloaded with the model.
-- An instance runs one forward at a time: the forced routes and the recorded routes sit on its
-  blocks for the duration of a forward (``last_router_probs`` keeps the last one's router
-  probabilities).
-- Tied weights are held once: ``state_dict()`` leaves out every parameter that is another
-  parameter under a second name (Qwen3-MoE's ``lm_head.weight`` is ``model.embed_tokens.weight``
-  when ``tie_word_embeddings``), so published states, deltas and checkpoints carry the tensor
-  once and the state hash counts it once; ``load_state_dict`` accepts a state without those keys
-  (or with them) and is strict about every other key. ``save_hf`` writes what transformers
-  writes (it ties the head again on loading).
-- LoRA (``policy.lora.rank`` > 0, :func:`with_lora`): peft adapters are injected into the
-  targeted linear modules (``lora_A``, ``lora_B`` beside each ``base_layer``), only they train,
-  and they are held as adapters (never merged in memory): the base keeps version 0's bits,
-  ``state_dict()`` holds base and adapters, and a version changes the adapters only, so a delta
-  carries adapter bytes only. ``B`` starts at zero: the adapted policy starts equal to the base.
-  ``save_hf`` merges them into the base first, so the directory is an ordinary HF model.
-- Nothing is downloaded: models are built from a config or loaded from a local directory.
-- ``text`` (``rollout.text.PolicyText``) maps the policy's tokens to text: a directory's own
-  tokenizer (``load_hf``), else the demo's ``char_tokenizer``.
+Rules a maintainer must keep:
+- without ``forced_routes`` the output is exactly the unwrapped model's, and forcing a block's
+  own routes reproduces it bit for bit (router replay);
+- the MoE blocks keep transformers' submodules and names, so ``save_hf`` writes an ordinary HF
+  directory;
+- tied weights are held once in ``state_dict()``;
+- LoRA adapters stay adapters (never merged in memory), so a delta carries adapter bytes only;
+- an instance runs one forward at a time; nothing is downloaded.
+
+Details: docs/models.md (The Hugging Face policy).
 """
 
 from __future__ import annotations

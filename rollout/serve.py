@@ -1,62 +1,19 @@
 """``rlstream serve policy``: the current policy behind an OpenAI-compatible completions API.
 
-What an editor backend calls in production, and what the LLM-as-judge rubric is tested
-against. ``POST /v1/completions`` takes ``model``, ``prompt`` (a string), ``max_tokens``,
-``temperature``, ``n``, ``seed`` and ``logprobs``, and answers in the OpenAI ``text_completion``
-shape plus ``policy_version`` and ``request_id`` (what an editor sends back with its feedback).
+What an editor backend calls in production: ``POST /v1/completions`` in the OpenAI shape plus
+``policy_version`` and ``request_id``, with logprobs from the rollout sampler (there is no second
+sampler).
 
-Logprobs (``logprobs`` = N, 0..20, as in the OpenAI completions API): each choice's
-``logprobs`` has ``tokens`` (the text of each generated token; a stop token's text is empty),
-``token_logprobs`` (the behaviour logprob of each token under the sampling temperature, exactly
-the value recorded for training), ``top_logprobs`` (per token: the sampled token and the N most
-likely tokens of the same distribution, so N + 1 entries at most) and ``text_offset`` (where each
-token starts in the choice's ``text``). They come from the rollout sampler
-(``rollout.model.generate``); there is no second sampler. A temperature of 0 samples at 1e-3.
+Rules a maintainer must keep:
+- every completion is recorded in the run's ``served`` stream before it is answered (else 503):
+  nothing is served that feedback could not be trained on;
+- a new version is swapped in only under the generation lock, so a completion comes from exactly
+  one complete, verified version;
+- pushed weights (``--weights push``) need the token, a path inside the push directory, and a
+  ``state_hash`` the learner signed for that version; every refusal says why;
+- with ``released_only`` only versions the eval role released are served.
 
-Recorded (rule): every completion served is written to the run's ``served`` stream before it is
-answered, one Trajectory record per choice (``served_record``): ``group_id`` and ``task_id`` are
-the request id (the key, as the feedback stream's), ``sample_index`` the choice, prompt and
-completion tokens, behaviour logprobs, the experts routed for every token, the policy version,
-the sampling temperature, and the other sampling settings (seed, drawn when the request has
-none; max_tokens, n, logprobs) in ``outcome.details`` with ``source`` = ``serve``. If the record
-is not acknowledged within ``record_timeout_s`` (Kafka unreachable, the stream missing) the
-answer is 503 with Retry-After: nothing is served that feedback could not be trained on (a
-record that failed late may still be in the log; its request id was never answered).
-
-Weights follow the run's weight stream through a subscriber in a background thread; a new
-version is swapped in between requests, only under the generation lock (``/healthz`` swaps too,
-when the lock is free, never around a generation), so a completion is always produced by exactly
-one complete, verified version and recorded under that version. Bad requests get a 4xx naming the
-field.
-
-Pushed weights (``weights="push"``, ``serve policy --weights push``): the server follows no
-weight stream and serves only what is pushed to ``POST /update_weights_from_disk``, the shape of
-SGLang's documented native endpoint (body ``model_path``: a local HF directory, ``weight_version``;
-answer ``success``, ``message``), which is what the rollout worker's ``openai`` engine calls
-(``rollout.engines``). rlstream adds ``state_hash`` in the body (required: the loaded state must
-hash to it, else the push is refused and the old version keeps serving) and ``policy_version`` in
-the answer. The endpoint is privileged (``rollout.push_auth``): a bearer token (401), a
-``model_path`` inside the push directory (403), a body with ``state_hash`` (422), a version not
-older than the served one and within ``max_version_jump`` of it (409); every refusal says why.
-The pushed ``state_hash`` is the pusher's claim, so it must also be the one the learner signed
-for that version (``SignedHashes``: the run's verified manifests on this cluster; 409 while
-none of the version is known, 422 when it differs): a token holder cannot have a state of its
-own served and attributed to a version. The directory is loaded and hashed outside the
-generation lock and swapped in under it.
-
-Rollout requests (what the ``openai`` engine sends; vLLM's OpenAI server reads the same names):
-``prompt`` may be a list of token ids (fed as given, no BOS added); ``stop_token_ids`` stop a
-choice too (kept as its last token); ``return_tokens_as_token_ids`` spells each
-``logprobs.tokens`` entry ``token_id:N``; ``return_routes`` (non-standard) adds each choice's
-``routes``: the experts of every token fed, prompt then generated, ``[T, n_layers, top_k]``.
-
-Released versions only (``released_only``): the server follows the run's eval events
-(``consumers.eval_log.ReleaseFollower``) and serves the newest version the eval role released
-(``rollout.evaluator``: the recipe's release rule held on the held-out set), never a newer
-unreleased one: the subscriber's ceiling is the newest released version, and a version is
-swapped in only if it was released. Before the first release it answers 503. Every answer,
-``/v1/models`` and ``/healthz`` say what is served (``policy_version``, ``following``:
-``newest`` or ``released``).
+Details: docs/roles.md (The policy server).
 """
 
 from __future__ import annotations

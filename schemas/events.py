@@ -1,33 +1,17 @@
 """The event codec: Avro schemas, the wire format, and a store of every writer schema ever used.
 
-Wire format of every record value (the Avro *single-object encoding* of the Avro specification,
-so any Avro library can read it without rlstream):
-
-    bytes 0-1   magic b"\\xc3\\x01"
-    bytes 2-9   fingerprint of the writer schema: CRC-64-AVRO (Rabin) of its Parsing Canonical
-                Form, 8 bytes little-endian (what ``fastavro.schema.fingerprint`` returns in hex)
-    bytes 10-   the record, Avro binary encoding, no framing
+Every record value is the Avro single-object encoding (magic ``c3 01``, the writer schema's
+CRC-64-AVRO fingerprint, the Avro binary record), so any Avro library can read it.
 
 Guarantees:
-- A record is validated before it is encoded; a bad one raises ``EventError`` naming the field
-  (path like ``trajectory.outcome.status``). Unknown fields are an error too: a misspelt optional
-  field would otherwise vanish silently.
-- A record is decoded with the writer schema its fingerprint names and resolved against the
-  CURRENT reader schema of its record type, so records written by any earlier version read with
-  today's code (new fields take their defaults). Anything that cannot be decoded raises
-  ``DecodeError`` whose ``reason`` is one of the ``DeadLetter.reason`` symbols; consumers send
-  such records to the dead-letter stream.
-- Schemas are parsed once per process (``default_store``); encoding a record does no schema work.
+- a record is validated before it is encoded; unknown fields are an error;
+- a record is decoded with the writer schema its fingerprint names, resolved against today's
+  reader schema; anything undecodable raises ``DecodeError`` with a dead-letter reason;
+- schemas are parsed once per process (``default_store``).
 
-Schema files: ``schemas/avro/*.avsc``, one named type per file, namespace ``rlstream``; a file
-refers to a type of another file by full name (``"rlstream.RecordRef"``) and the loader inlines
-it at first use, so each event schema is self-contained. ``schemas/avro/history/vN/`` holds frozen
-copies of every release. Evolution rules: only add fields with a default, or remove fields that
-had one; never rename or retype. Before a changed schema ships, copy all of ``schemas/avro/*.avsc``
-to a new ``history/vN+1/``; the compatibility tests enforce both rules.
-
-The compacted ``rl.schemas`` topic holds ``SchemaStore.records()``: key = fingerprint hex, value =
-Parsing Canonical Form (UTF-8 JSON), so a consumer can check ``fingerprint(value) == key``.
+Evolution rules: only add fields with a default, or remove fields that had one; never rename or
+retype; copy ``schemas/avro/*.avsc`` to a new ``history/vN+1/`` before a changed schema ships.
+Details: docs/streams.md (The event codec).
 """
 
 from __future__ import annotations

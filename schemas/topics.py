@@ -1,35 +1,18 @@
 """The topic catalog: every stream of a run, its key, partitions, retention and size limits.
 
-Names: per-run streams are ``rl.RUN.STREAM`` (a run is copied, replayed or deleted as a unit);
-the cluster-wide streams are ``rl.schemas`` and ``rl.runs``. MirrorMaker 2's default replication
-policy prefixes remote copies with the source region (``eu.rl.RUN.trajectories``), which
-``parse_topic`` understands. Consumer groups are ``rlstream.RUN.ROLE[.NAME]``.
-
-Regions (``Regions``): one trainer region and rollout regions, each its own Kafka. A stream's
-``mirror`` direction decides where it flows: ``outward`` streams (tasks, weights, runs, schemas)
-from the trainer region to every rollout region, ``inward`` streams (trajectories, rewards judged
-remotely) from every rollout region home; ``mirror_regex`` turns a direction into MirrorMaker's
-topic filter, so flows are derived from this catalog, never typed by hand. Accept lists
-(``Regions.sources``): a role reads a stream from exactly the regions that may write it: in a
-rollout region an outward stream only as the trainer region's copy; in the trainer region an
-inward stream locally and from the rollout regions; every other stream (admitted, rejected, the
-learner's inputs) locally only, so no mirrored copy can ever feed the learner.
+Names: ``rl.RUN.STREAM`` per run, ``rl.schemas`` and ``rl.runs`` cluster-wide, remote copies
+prefixed with their source region; consumer groups ``rlstream.RUN.ROLE[.NAME]``. A stream's
+``mirror`` direction decides where it flows, and ``Regions.sources`` which copies a role reads.
 
 Guarantees:
-- run, role, name and region names are validated (``[A-Za-z0-9_-]``, no dots), so every derived
-  name is a legal Kafka name and parses back unambiguously;
-- trajectories, rewards, admitted and rejected always share one partition count and the group-id
-  key, so admission joins a group inside one partition (``catalog`` cannot break this);
-- feedback and served (what ``serve policy`` answered, one Trajectory record per choice, its
-  ``group_id`` the request id) share the request-id key and one partition count
-  (``REQUEST_STREAMS``), so feedback-rl finds the completion a feedback names in the served
-  partition numbered like the feedback's; served is kept as long as feedback can arrive;
-- every stream's ``max_message_bytes`` fits its largest record: trajectories and admission
-  decisions larger than ``max_value_bytes`` are split (``rlstream.schemas.arrays``), weight
-  chunks carry at most ``CHUNK_PAYLOAD_BYTES``.
+- names are validated (``[A-Za-z0-9_-]``, no dots), so derived names parse back unambiguously;
+- trajectories, rewards, admitted and rejected share one partition count and the group-id key;
+  feedback and served share the request-id key and one partition count;
+- no mirrored copy can ever feed the learner;
+- every stream's ``max_message_bytes`` fits its largest record (producers and consumers must
+  raise ``message.max.bytes`` and ``fetch.max.bytes`` to match).
 
-Producers must raise librdkafka's ``message.max.bytes`` to at least the topic's limit (its
-default is 1 MB), and consumers ``fetch.max.bytes`` likewise.
+Details: docs/streams.md (The topic catalog).
 """
 
 from __future__ import annotations

@@ -1,45 +1,18 @@
 """The learner's ranks on torch.distributed: who they are, what they exchange, and the rules
 that keep N ranks one model.
 
-A learner of N ranks is data parallel with its training state sharded by FSDP2
-(``torch.distributed.fsdp.fully_shard``): every rank holds 1/N of the fp32 master weights, of
-their gradients and of the Adam moments (``Ranks.adopt``: each decoder layer one FSDP unit, the
-embeddings, final norm and head the root's). Rank 0 alone consumes the admitted stream (it owns
-the consumer-group membership and the step's input offsets) and hands each step's groups to the
-others (``Ranks.broadcast``); every rank trains on its slice of them (``slice_of``); FSDP2
-all-gathers a unit's weights for its forward and backward and reduce-scatters its gradients
-(the average over ranks) before the one optimizer step on the shards. Publishing is sharded too
-(``producers.weights.publisher``: each rank encodes and writes the chunks of its share of the
-tensors, rank 0 commits the manifest with the offsets once every rank's chunks are acknowledged).
+A learner of N ranks is data parallel with its training state sharded by FSDP2. Rank 0 alone
+consumes the admitted stream and hands each step's groups to the others; every rank trains on
+its slice, and publishing is sharded too.
 
-Rules (pure, unit-tested):
+Rules (pure, unit-tested): ``slice_of`` gives each rank a contiguous slice; ``loss_weight``
+scales each rank's loss so the averaged gradient is the whole step's token mean; a non-finite
+loss on one rank makes every rank refuse the step together; the same inputs on the same number
+of ranks give bit-identical weights; every rank produces gradients for the same parameters.
 
-- ``slice_of``: of a step's ``n`` groups rank ``r`` of ``N`` trains the contiguous
-  ``[n*r//N, n*(r+1)//N)``.
-- ``loss_weight``: rank ``r`` scales its token-mean loss by ``N * t_r / sum_r t_r`` (``t_r`` the
-  loss tokens of its slice) before the backward pass, so that FSDP2's average over ranks is
-  ``sum_r t_r * g_r / sum_r t_r``: the gradient of the token-mean loss over the whole step, as
-  one rank would take it. The token counts and whether each rank's loss is finite are
-  exchanged first (``Ranks.weigh``); when one rank's loss is not finite every rank refuses the
-  step together (``grpo.NonFiniteStep``), before any gradient is reduced.
-- Determinism: the reductions are the collectives' fixed algorithms over fixed shapes, so the
-  same inputs in the same order on the same number of ranks give bit-identical weights
-  (``rlstream replay`` of an N-rank run runs N ranks and checks every state hash); the ranks'
-  gathered weights are identical by construction (one shard each).
-- Every rank must produce a gradient for the same parameters in a step (FSDP2 reduces a unit's
-  gradients together): true of the transformers MoE policy, whose experts are fused tensors
-  that every step touches.
-
-Whole tensors, when needed: ``gathered`` (the published state and checkpoints: every rank calls
-it at the same point, an all-gather per tensor) and ``gathered_optimizer``; rank 0 alone writes
-checkpoints, in the format of an unsharded learner, so a run restarts on any rank count.
-
-Backends: ``gloo`` on CPU (tested: FSDP2's all-gather and reduce-scatter run on gloo); ``nccl``
-when the ranks have GPUs (the code path exists, it is unverified: no GPU where this was
-written).
-
-Environment (set by ``rlstream run learner --ranks N``'s launcher, ``ops.run.ranks``, or by
-``torchrun``): ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``.
+Backends: ``gloo`` on CPU (tested), ``nccl`` on GPUs (unverified). Environment: ``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``.
+Details: docs/learner-ranks.md (Rules of the ranks).
 """
 
 from __future__ import annotations

@@ -1,34 +1,16 @@
 """feedback-rl's rules: how a window of editor feedback becomes online groups. Pure functions,
-no Kafka (the role around them is ``feedback_rl``).
+no Kafka (the role around them is ``feedback_rl``), unit tested without a broker.
 
-Rules (unit tested without a broker):
+Every input of a closed window ends up in exactly one decision, per task class in offset order:
+feedback that cannot be trained on (another model, no matching served completion, a
+disagreement with it) is rejected as ``other`` with the reasons; stale feedback (the admission
+rule) as ``stale``; the rest form groups of ``min_group_size``..``max_group_size`` samples (fewer:
+``incomplete``; every reward equal: ``no_signal`` when ``reject_no_signal``). A sample's reward is
+its action's configured reward minus the class baseline from *before* the window, so a window
+never baselines itself; the baseline is a running mean that turns into an exponential average.
 
-1. reward: each action has a configured reward (accepted +1, edited +0.3, rejected -1,
-   dissatisfied -1 by default);
-2. a window is consecutive feedback records of one input partition (how windows close, and how
-   retried feedback ids are dropped before a window is decided: see ``feedback_rl``);
-3. in a closed window, per task class (none given: ``default``), in offset order; every input
-   ends up in exactly one decision:
-   - feedback that cannot be trained on (another model; a completion not found in the served
-     stream, a ``trajectory_ref`` that names anything but it, or a feedback that disagrees with
-     it: ``lookup_error``, ``served_refusal``; the served completion's tokens are copied in
-     first, see
-     ``consumers.feedback.rl``) -> one rejected decision, reason ``other``, listing those
-     inputs with the reasons;
-   - stale feedback (learner version - served version > ``max_staleness``, the admission
-     rule) -> one rejected decision, reason ``stale``;
-   - the rest form groups of ``min_group_size``..``max_group_size`` samples in order; fewer than
-     ``min_group_size`` -> rejected ``incomplete``; a group whose rewards are all equal ->
-     rejected ``no_signal`` when ``reject_no_signal`` (the learner normalises advantages within
-     a group, so such a group has zero gradient there);
-   - each sample's ``reward`` is its action reward minus the class baseline *before* the window
-     (so a window never baselines itself); ``rewards`` keeps ``feedback`` (raw) and ``baseline``;
-4. baseline: per class a running mean over every feedback of the class, in order:
-   b <- b + max(alpha, 1/n) * (r - b), an exact mean for the first 1/alpha events, then an
-   exponential average that follows drift.
-
-``mix_online_groups``/``mix_rollout_groups`` are read by the learner, not enforced here: see
-``online_quota``.
+``mix_online_groups``/``mix_rollout_groups`` are read by the learner (see ``online_quota``).
+Details: docs/feedback.md (feedback-rl's rules).
 """
 
 from __future__ import annotations

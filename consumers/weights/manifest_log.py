@@ -1,47 +1,20 @@
 """The weight manifest log: a run's ``WeightManifest`` records of one model, as read so far.
 
-Every reader of weight manifests reads them here: the weight subscriber (which versions exist
-and how to reach them), the version watcher (the newest version), the learner's ledger (what
-the published versions trained), retention (``read_manifests``) and replay (what each version
-trained on, and its state hash).
+Every reader of weight manifests reads them here: the weight subscriber, the version watcher,
+the learner's ledger, retention (``read_manifests``) and replay.
 
-Rules:
+Rules a maintainer must keep:
+- a log reads from the beginning with a reader of its own (no consumer group, no commits),
+  committed records only: a manifest's transaction is what makes a version exist;
+- fail-closed: each record's signature is checked against the run's trust before it is decoded;
+  forged, unsigned, non-cryptographically hashed, foreign-run, older-epoch, too-far-ahead or
+  replayed manifests are refused, remembered in ``refused``, counted in
+  ``rlstream_weights_refused_total`` and never kept; while no key is known, records are held;
+- records are kept by (version, kind), a newer epoch replacing an older one; ``by_version``
+  gives the delta where a version also has a keyframe.
 
-- a log reads ``weights.manifests`` (the run's, or its MirrorMaker copy in a rollout region,
-  ``of_run(..., source=REGION)``, or the topic given) from the beginning with a reader of its own: no consumer group, no commits, committed
-  records only (the manifest's transaction is what makes a version exist: its chunks are
-  written before, outside it, and a chunk no committed manifest names is never applied);
-- fail-closed: each record is judged by the run's trust (``consumers.weights.trust``: the key
-  recorded for the run, the explicit insecure choice, or ``$RLSTREAM_WEIGHTS_VERIFY_KEY``),
-  its signature checked before it is decoded: a forged, altered or unsigned manifest is
-  refused, remembered in ``refused`` and never kept (``producers.weights.signing``). While no
-  key is known for the run, records are held, neither kept nor refused nor skipped: the log
-  re-reads them once the key is known (it looks again at most every ``RETRUST_S``; the run's
-  key is recorded before its first manifest), and says every minute that it waits;
-- in a signed run a manifest whose hashes are not cryptographic (``hash_algorithm``, e.g. the
-  legacy xxh3) is refused (``hash``): only a cryptographic hash vouches for the chunks and
-  tensors under the signature; a manifest naming another run is refused (``run``);
-- versions are tied to the learner's epoch (``deltacodec.wire.VersionTips``): per model, a
-  manifest of an epoch older than the newest accepted (a fenced learner, or an old signed
-  manifest replayed) or jumping too far (a forged epoch that would make every reader refuse
-  every later real version), naming a version more than ``MAX_VERSION_JUMP`` past the newest
-  accepted (a forged 10^12 that would pin workers and make admission call everything stale),
-  or repeating a version of its kind in the newest epoch (an old manifest written again) is
-  refused like a bad signature: remembered in ``refused``, never kept;
-- every refusal is counted in ``rlstream_weights_refused_total{model, reason}`` (reason
-  ``signature``, ``hash``, ``run``, ``epoch``, ``version`` or ``replayed``);
-- records are decoded with the writer schema they name; a schema this code has never seen is
-  learned from ``rl.schemas`` first (``decode``, which the subscriber also uses for chunks); an
-  undecodable record is logged and skipped, another model's record skipped;
-- records are kept by (version, kind); a version republished by a newer epoch (a restarted
-  learner) replaces the older record;
-  ``forget_before`` drops old versions (the subscriber's memory bound);
-- ``catch_up`` reads to the end as of the call (``read_to_end``: it raises ``TimeoutError``
-  rather than stop short); ``wait`` waits for a record after those read, then catches up;
-- ``by_version`` is one manifest per version, the delta where a version also has a keyframe
-  (both name the same inputs and the same state, and the delta is what followers apply).
-
-One thread drives a log; ``newest`` (the newest version read) may be read from any thread.
+One thread drives a log; ``newest`` may be read from any thread.
+Details: docs/weight-sync.md (The manifest log).
 """
 
 from __future__ import annotations

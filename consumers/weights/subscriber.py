@@ -1,68 +1,20 @@
 """Weight subscription: follow a model's manifests, fetch, verify, stage, then swap.
 
-A ``WeightSubscriber`` follows the model's manifests through a ``ManifestLog`` (the one reader of
-``weights.manifests``: from the beginning, no consumer group; fail-closed: only manifests the
-run's key signed, ``consumers.weights.trust``). Whenever a newer version is known
-it plans a route (``plan_route``, ``consumers.weights.routes``), fetches the chunks each manifest of the route names, verifies
-them and decodes into a *staging* state (the codec never writes into its base), and only then
-hands the complete, verified state over: ``current()`` / ``latest()`` and the ``on_swap``
-callback. The records and how they map to the codec are the wire format
-(``schemas.deltacodec.wire``). Guarantees:
+A ``WeightSubscriber`` follows the model's manifests through a ``ManifestLog``, plans the cheapest
+route to the newest reachable version (``plan_route``), fetches and verifies the chunks, decodes
+into a *staging* state, and only then hands over the complete state (``current()``/``latest()``,
+``on_swap``). The records are the wire format of ``schemas.deltacodec.wire``.
 
-- never partial: the exposed state is always one complete version whose every chunk checksum,
-  tensor hash and state hash matched its manifest (recycling with ``full_check_every`` K > 1:
-  between multiples of K, tensors of deltas published for fast applies are checked by their
-  chunks' and changes' checksums instead, ``stage_step``);
-- any failure (missing or corrupt chunk, hash mismatch, wrong base, fetch timeout) leaves the
-  exposed version as it was, is logged and recorded in ``failures``, and excludes that
-  manifest from later routes, so the worker catches up from a keyframe instead (a version
-  whose chunks are still crossing from another region is not a failure: see below);
-- cheapest route (``plan_route``): the newest reachable version, through the fewest chunk bytes
-  among "deltas from the current version" and "a keyframe plus the deltas after it";
-- bounds before allocation: before a manifest's chunks are fetched, the manifest is checked
-  against the model's tensor table (``expected``, else the table of the first version it
-  serves: ``initial`` or the first one applied) and ``max_state_bytes``
-  (``deltacodec.wire.check_bounds``), and every piece's declared sizes are checked before a
-  stream is decompressed (``deltacodec.wire.check_piece``); a manifest out of bounds, and a
-  ``MemoryError`` while decoding, are refusals like any other: recorded in ``failures``,
-  counted in ``rlstream_weights_refused_total``, and the old version keeps serving;
-- ``refusal_of(version)`` says why a version can never be applied (every manifest of it was
-  refused, or a newer one is known while none of it is), so a follower that steps through
-  versions one by one (the eval role) can skip it;
-- bounded memory: manifests older than both the current version and the second-newest keyframe
-  are forgotten (no route starts there any more); ``failures`` and ``reports`` keep the latest
-  ``HISTORY`` entries, ``deferred`` the latest 64;
-- in a rollout region (``source``, the trainer region) it reads MirrorMaker's copies: the
-  manifests from ``SOURCE.rl.RUN.weights.manifests`` and each manifest's chunks from
-  ``SOURCE.`` + the chunk topic the manifest names; it never reaches another region's cluster.
-  MirrorMaker copies each topic on its own, so a manifest may cross before its chunks: reading
-  a copy, a version whose chunks are not all there yet is recorded in ``deferred`` and tried
-  again ``RETRY_S`` later, not refused (the scan still stops at the end of the copy, so a worker
-  between two tasks never waits on a link); one whose chunks have not all arrived
-  ``crossing_timeout_s`` after it was first deferred is refused for good (``ChunksLate``, in
-  ``failures`` and the refusal counter), so a mirror that holds chunks back cannot keep a
-  region retrying one version: it catches up from a later keyframe instead;
-- freshness: ``freshness_lag()`` (and the gauge ``rlstream_weights_freshness_lag_versions``)
-  is how many versions the newest verified manifest is ahead of the version served: what a
-  region that is held back (a link, a mirror, a refused chain) reports;
-- chunk fetches go straight to the positions the manifest names (``ChunkRef.ref``); when those
-  are absent or belong to another cluster (a MirrorMaker copy keeps the topic's data but not
-  its offsets), the partitions are scanned from the previous manifest's time instead (a copy
-  keeps its records' timestamps). Chunks are matched by key and checksum, so a wrong position
-  can only cost time, never correctness;
-- only committed manifests are followed, so only chunks a committed manifest names are ever
-  applied: the publisher writes chunks outside its transaction (``producers.weights.publisher``),
-  and the chunks of a version whose manifest never committed (orphans) are visible to this
-  ``read_committed`` reader but never asked for; one sharing a key with a wanted chunk is told
-  apart by its checksum.
+Rules a maintainer must keep:
+- never partial: the exposed state is always one complete, verified version; any failure leaves
+  it as it was, is recorded in ``failures`` and excludes that manifest from later routes;
+- bounds are checked before anything is fetched, allocated or decompressed;
+- only chunks a committed manifest names are applied, matched by key and checksum;
+- memory is bounded; in a rollout region it reads MirrorMaker's copies only, and a version whose
+  chunks are still crossing is deferred, then refused after ``crossing_timeout_s``.
 
-``ceiling`` (None: no limit) caps the versions it moves to: a follower that must see given
-versions one by one (the eval role) raises it step by step instead of jumping to the newest.
-
-Per applied version an ``Applied`` report gives fetch, decode and total apply time and chunk
-bytes fetched; the swap pause is the time ``on_swap`` (or a ``swap_timer`` block) takes.
-``poll`` is synchronous; ``start`` runs it in a background thread and ``latest`` hands over the
-newest complete state without a lock (one reference assignment). numpy and Kafka only.
+``poll`` is synchronous; ``start`` runs it in a background thread. numpy and Kafka only.
+Details: docs/weight-sync.md (Following and applying).
 """
 
 from __future__ import annotations

@@ -1,72 +1,20 @@
 """Run untrusted code behind a boundary, or refuse to.
 
-Isolation modes, strongest first (``SandboxResult.mode`` says which one a run had):
+Isolation modes, strongest first: ``full`` (fresh namespaces, a private root, a fresh uid, no
+network, seccomp, cgroups), ``userns`` (the same inside a user namespace, weaker) and
+``rlimits`` (not a boundary). ``SandboxConfig.isolation`` names the weakest mode a caller
+accepts; ``run`` uses the strongest that works and raises :class:`IsolationUnavailable` rather
+than run code with less isolation than asked for.
 
-- ``full`` (needs root and cgroups): the program runs in fresh mount, PID, network, IPC and UTS
-  namespaces, in a private root built by the trusted bootstrap
-  (:mod:`rlstream.envs.sandbox.boot`, :mod:`rlstream.envs.sandbox.root`): ``/usr`` (with
-  ``/bin``, ``/lib*``) and the interpreter read-only, ``/dev`` with five harmless devices, a
-  fresh ``/proc`` showing only its own processes, and one size-capped tmpfs shown as ``/work``
-  (the cwd and workspace), ``/tmp`` and ``/dev/shm``. The old root is detached, so nothing of the
-  host's repository, virtualenv, Kafka state, checkpoints, home directories or processes is
-  reachable, and there is no network at all (an empty network namespace: not even the host's
-  loopback). The program runs as a fresh, unused uid with no capabilities, no-new-privs,
-  non-dumpable, under a seccomp filter (no ``exec``, no new namespaces, mounts, ptrace, bpf or
-  io_uring) and a Python audit hook (defence in depth), inside cgroups of its own.
-- ``userns``: the same namespaces and private root, set up inside a user namespace by a
-  non-root parent; the program keeps the namespace's uid 0 (the invoking user on the host) with
-  every capability dropped. Weaker: it is not a fresh host uid, and user namespaces widen the
-  kernel's attack surface.
-- ``rlimits``: no namespaces: rlimits, a fresh uid when the parent is root, seccomp and the audit
-  hook only. The host's files and loopback network are reachable: this is not a boundary.
+Rules a maintainer must keep:
+- limits hold for the run as a whole (cgroups) and per process (rlimits); the wall clock is
+  enforced twice, and the status comes on a descriptor the program never holds;
+- files cross by value only; the environment is scrubbed; the interpreter runs with ``-I -S``;
+- library folders are root's, read-only, and never on a verdict side's ``sys.path``;
+- in a judged run the verdict side cannot be reached from the answer: its own uid, imports only
+  from paths the answer cannot write, made before the answer's process exists, two pipes only.
 
-``SandboxConfig.isolation`` names the weakest mode a caller accepts (default ``full``). ``run``
-uses the strongest mode that works here (probed once per process by running a program in it)
-and raises :class:`IsolationUnavailable`, with every mode's failure, when that is weaker than
-accepted: code is never run with less isolation than asked for.
-
-Limits for the sandbox as a whole (:mod:`rlstream.envs.sandbox.cgroup`, one cgroup per run,
-made under the caller's own and removed after the run; required by ``full``, used by the
-weaker modes wherever the host has them, ``isolation["cgroup_limits"]`` says so): the CPU
-seconds of every process together (``cpu_limit_s``; the run is stopped as ``timeout`` when
-they are spent), memory (``memory_bytes``: every process and the scratch disk together; the
-kernel kills inside the run, ``oom``) and processes (``max_processes``). ``cpu_s`` counts every
-process (the cgroup's, else the init's children's). Limits per process in every mode, the
-only ones without cgroups: CPU time (``RLIMIT_CPU``), address space (``RLIMIT_AS``), processes
-per sandbox uid (``RLIMIT_NPROC``), file size (``RLIMIT_FSIZE``, stdout and stderr included),
-open files; total disk (the scratch tmpfs: workspace, ``/tmp`` and ``/dev/shm`` together); and
-the wall clock, enforced twice: by the bootstrap (init of the PID namespace, so it holds even if
-the parent died; when init exits the kernel kills everything left in the namespace) and by the
-parent, which kills the run's cgroup and the bootstrap's process group. The status (wait
-status, CPU time) is reported by the bootstrap on a descriptor the program never holds, so it
-cannot be forged or deleted. Workspace files go in and come back out by value (``files``):
-regular files only, no link followed, capped. The environment is scrubbed to ``PATH``,
-``HOME``, ``LANG``; the interpreter runs isolated (``-I -S``: no ``site``, so no ``.pth``,
-``sitecustomize`` or ``usercustomize``). Nothing here needs Docker.
-
-Library folders (``SandboxConfig.library``: e.g. pytest, for a repository's tests) are bound
-read-only at their own path in the private root (namespaced modes); each must be root's and
-writable by no one else, so no program can change what another reads there. They are never on
-a verdict side's ``sys.path``: the program that wants them adds them itself.
-
-Judged runs (``run(code, ..., answer=PROGRAM)``): the caller's trusted ``code`` (the verdict
-side: its exit status and output are the result) and ``PROGRAM`` (the answer's side, which
-loads the untrusted answer from the workspace) run as two processes of one sandbox, sharing its
-limits. The verdict side cannot be reached from the answer:
-
-- it runs as a fresh uid of its own, apart from the answer's (``full``; ``rlimits`` as root;
-  ``isolation["verdict_own_uid"]``), non-dumpable, so the answer can neither write what it
-  reads nor signal, trace or read it; in ``userns`` (one uid for both) it rests on the
-  read-only mounts, non-dumpable processes, the seccomp filter and a PID namespace of the
-  answer's own (no pid of the verdict side to signal); ``rlimits`` without root refuses a
-  judged run (``IsolationUnavailable``): the answer could write the host's standard library;
-- it imports only from the interpreter's own ``sys.path`` entries that the answer cannot write
-  (never the workspace, the cwd, ``/tmp`` or ``/dev/shm``), writes no bytecode, has ``/`` as
-  cwd, and reads its input (stdin) before the answer's process exists; the answer's process
-  starts only when the verdict side asks for it (descriptor 5), so what its tests need is
-  imported before any answer code runs;
-- the two talk only over two pipes (verdict side: fd 3 from the answer, fd 4 to it; answer:
-  fd 3 requests, fd 4 replies); the answer's stdin is ``/dev/null``.
+Details: docs/sandbox.md (The sandbox in full).
 """
 
 from __future__ import annotations

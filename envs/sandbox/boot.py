@@ -1,40 +1,18 @@
 """The sandbox's trusted bootstrap: builds the private root, then runs the program as a nobody.
 
-Run only by :mod:`rlstream.envs.sandbox`, through its helper ``python -I -S boot.py
---serve FD`` (standard library only, nothing of rlstream is importable here), which forks one
-launcher per run. The launcher joins the run's cgroups (memory, CPU time and processes capped
-for the run as a whole, see :mod:`rlstream.envs.sandbox.cgroup`) before it forks anything. In
-the namespaced modes its child is PID 1 of a fresh PID namespace inside fresh mount, network,
-IPC and UTS namespaces (and, in ``userns`` mode, a user namespace), and it:
+Run only by :mod:`rlstream.envs.sandbox`, through its helper ``python -I -S boot.py --serve FD``
+(standard library only), which forks one launcher per run. The launcher joins the run's cgroups
+before it forks anything; in the namespaced modes its child is PID 1 of fresh namespaces and
+(1) mounts the private root, (2) copies the workspace in, pivots into the root and detaches the
+old one, (3) forks the worker (rlimits, an unprivileged identity, no-new-privs, seccomp, the
+audit hook) and (4) as init enforces the wall clock, kills what is left, copies the workspace
+out and reports the status on a descriptor the worker never had.
 
-1. mounts a small tmpfs as the new root holding read-only binds of ``/usr`` (and ``/bin``,
-   ``/lib*``, ``/sbin`` or their symlinks), the interpreter's prefix and ``/etc/ld.so.cache``;
-   ``/dev`` with only null, zero, full, random and urandom; a fresh ``/proc`` (this namespace's
-   processes only); and one size-capped scratch tmpfs shown as ``/work`` (the workspace, the
-   cwd), ``/tmp`` and ``/dev/shm``: together they are the program's whole disk;
-2. copies the workspace files in, ``pivot_root``s into the new root, detaches the old one (no
-   path leads back to the host) and remounts ``/`` read-only;
-3. forks the worker, which sets its rlimits, becomes an unprivileged identity (a fresh uid as
-   root; no capabilities in ``userns`` mode), sets no-new-privs and non-dumpable, keeps only
-   the descriptors its role has, installs the seccomp filter (no ``exec``, no new namespaces,
-   no mounts, no ptrace, no bpf, no io_uring, ...) and a Python audit hook whose rules are
-   constants of its own code, then runs the program as a fresh ``__main__`` module;
-4. as init, enforces the wall clock itself (so it holds even when the judge that started it
-   died), kills every process left in the namespace once the worker ended, copies the
-   workspace back out (regular files only, never following a link, capped) and reports the
-   worker's wait status and the CPU time of every process it reaped on a descriptor the
-   worker never had.
+Rules a maintainer must keep: nothing the answer can write is ever imported, read or executed by
+a judged run's verdict side; anything failing during set-up is ``setup_error`` and the program
+does not run.
 
-A *judged* run has two workers (``_start_judged``): the verdict side, as one fresh uid, with
-``/`` as cwd and a ``sys.path`` of the interpreter's read-only entries only
-(``_verdict_path``), and, once the verdict side asks for it, the answer's process, as another
-fresh uid, owning the workspace. Nothing the answer can write is ever imported, read or
-executed by the verdict side, and it can neither signal nor trace it; the reported status is
-the verdict side's.
-
-In ``rlimits`` mode (no namespaces; a named weaker mode) only steps 3-4 apply, in a host
-directory, with init a child subreaper. Anything failing during set-up is reported as
-``setup_error`` and the program does not run.
+Details: docs/sandbox.md (The trusted bootstrap).
 """
 
 from __future__ import annotations

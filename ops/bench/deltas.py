@@ -1,87 +1,16 @@
 """``rlstream bench deltas``: the weight-delta codec on four workloads, against the bounds the
 data allows and against baselines.
 
-Workloads (``--workloads``), each giving one case per learning rate:
+Workloads (``--workloads``), one case per learning rate: ``synthetic`` (a simulated Adam step),
+``adam-real`` (one real Adam step of a byte-level LM trained here), ``finetune`` (fine-tuning a
+pretrained byte LM on prose) and ``learner`` (the project's own learner and its GRPO steps).
 
-- ``synthetic``: ``--params`` bf16 weights in ``--tensors`` equal tensors, from fp32 master
-  weights w ~ N(0, 0.01²); one simulated Adam step per learning rate with steady-state moments
-  for i.i.d. unit gradients (beta1 = 0.9: m ~ N(0, 0.229²); beta2 = 0.999: v ~ 1 ± 0.045),
-  update ``lr * m / (sqrt(v) + 1e-8)``, new bf16 = round-to-nearest-even(w + update).
-- ``adam-real``: a real network trained here, on CPU, with no download: a byte-level causal
-  transformer language model (``--real-layers`` pre-norm blocks of width ``--real-width``, 4
-  heads, GELU MLP of 4x width, learned positions, 128-byte context) pretrained with Adam
-  (lr 1e-3, betas 0.9/0.999, fp32 master weights) for ``--real-seconds`` on next-byte
-  prediction over the Python sources of this package. Then, per learning rate, one more real
-  Adam step (gradient of a fresh batch, the pretraining moments carried over, the case's lr):
-  the bf16 casts of the master weights before and after.
-- ``finetune``: fine-tuning of a pretrained model: the same byte LM (``--finetune-layers``
-  blocks of width ``--finetune-width``) pretrained for ``--pretrain-minutes`` with Adam (lr
-  1e-3, every core) on this package's Python sources, once per machine (cached under
-  ``~/.cache/rlstream/bench``), then per learning rate ``--finetune-steps`` steps of a fresh
-  Adam on the project's Markdown (prose it never saw): the consecutive bf16 versions, one case
-  per learning rate covering all its version pairs (summed, as for ``learner``).
-- ``learner``: the project's own learner: the policy of ``LearnerConfig().policy`` (the tiny
-  Qwen3-MoE of ``rollout.hf_policy``) warm-started by ``trainer.warmstart``
-  (``--learner-warm-steps`` steps), then ``--learner-steps`` GRPO steps
-  (``trainer.grpo.grpo_step`` on groups sampled from the policy itself and scored in the
-  sandbox, as ``trainer.local_loop`` collects them) with the learner's optimizer (Adam, lr 5e-4,
-  betas 0.9/0.98, ``trainer.learner_step``); each version is what the learner publishes
-  (``learner_step.published_state``, bf16). Its one case covers all consecutive version pairs:
-  bytes, bits and times are summed over them.
+Per case, medians over ``--reps`` repetitions, single-threaded unless said: the ratio against the
+order-0 and conditioned bounds, encode, apply and decode rates, generic baselines (zstd, byte
+planes, sparse) in the same run, the hash ceilings (BLAKE3, xxh3), multi-core scaling, the
+``fast_apply`` variant, and ``bit_exact`` (checked outside the timed region).
 
-Per case, medians over ``--reps`` repetitions, single-threaded (numpy, zstd threads=0, the
-codec's ``workers=1``) unless said otherwise:
-
-- ``ratio``: bytes of the new weights / encoded chunk bytes; ``order0_bound_x`` and
-  ``conditioned_bound_x``: the ratios the order-0 bound and the bound conditioned on the base
-  exponent allow (``deltacodec.entropy_bound``, ``deltacodec.conditioned_bound``: empirical
-  entropies of the data, not of the codec's model); ``fraction_of_conditioned_bound`` = ratio
-  / conditioned_bound_x;
-- ``encode_gb_per_s``: bytes of the new weights / encode time, from fresh tensors (both
-  tensor hashes computed); ``encode_warm_gb_per_s``: base hashes already known (a learner that
-  encoded the previous version has them);
-- ``apply_gb_per_s``: ``deltacodec.apply_in_place`` onto a held copy of the base whose hashes
-  are known (a subscriber that applied the version before), as a subscriber's hot path: no
-  tensor-sized allocation, result hashed and verified; ``decode_gb_per_s``: ``decode`` into new
-  arrays, base hashes computed;
-- baselines in the same run: zstd (level 3) of the full new weights and of old XOR new; the
-  strongest generic codings of the same bits we know (``generic``, zstd level 19, one thread):
-  ``xor_byteplanes_zstd19`` (old XOR new split into its byte planes, each compressed alone:
-  the high bytes of an update are mostly zero, the low ones noisy) and ``sparse_zstd19`` (the
-  changed positions as gaps, little-endian uint32, and the changed elements' values, as the
-  XOR or the new bits, whichever compresses smaller, each compressed alone), with
-  ``x_smaller_than_best_generic`` = ratio / the better of the two; and
-  ``memcpy_gb_per_s`` (``np.copy`` of the same bytes into new memory; ``memcpy_reuse`` into
-  memory already in use);
-- ``crypto_hash_gb_per_s``: the codec's tensor hash (BLAKE3, ``deltacodec.DEFAULT_HASH``) of
-  the new weights, one pass over memory (what ``apply_in_place`` computes to verify its
-  result). A ceiling measured in the same run: an apply reads and hashes every byte of every
-  tensor, and an encode from fresh tensors hashes both versions, so neither can run faster;
-  ``hash_gb_per_s``: the same with xxh3-128 (the codec's hash before BLAKE3, not
-  cryptographic; on weights larger than the caches about the rate one core reads memory at);
-- ``encode_xxh3_gb_per_s`` and ``apply_xxh3_gb_per_s``: encode (fresh tensors) and apply in
-  place with xxh3-128 hashes, as the codec did before BLAKE3: the cost of the cryptographic
-  hash, measured in the same run;
-- ``cores``, ``encode_cores_gb_per_s``, ``apply_cores_gb_per_s``: encode (fresh tensors) and
-  apply in place with the codec's ``workers=--cores`` threads over tensors (default: every
-  core); ``encode_scaling`` and ``apply_scaling``: the single-threaded wall time over this
-  one's, in the same run (a workload's tensors bound it: the threads share out whole
-  tensors);
-- ``fast_apply``: the same versions encoded with ``encode_delta(fast_apply=True)`` (float
-  tensors' changes as ``direct`` pieces: positions in element order, not conditioned on the
-  base), what that costs and buys: ``ratio``, ``encoded_bytes``, ``encodings``,
-  ``x_smaller_than_best_generic`` (against the same generic codings), ``encode_gb_per_s``
-  (fresh tensors), ``apply_gb_per_s`` (in place, ``check="changes"``: each piece verified by
-  its chunk's checksum and its changes' checksum, no tensor hashed; the subscriber's hot path
-  between full checks), ``apply_full_gb_per_s`` (in place, ``check="full"``: every hash, as
-  ``apply_gb_per_s`` above), ``apply_cores_gb_per_s`` and ``apply_scaling``
-  (``check="changes"`` on ``--cores`` threads), ``cpu_time_gb_per_s`` and ``bit_exact``;
-- ``bit_exact``: every decoded and applied state equals the new state bit for bit (checked
-  outside the timed region).
-
-Every ``*_gb_per_s`` uses wall-clock medians; ``cpu_time_gb_per_s`` repeats them with this
-process's CPU time, the steadier per-core figure on a machine shared with other work (the
-run also records the load average).
+Details: docs/benchmarks.md (bench deltas).
 """
 
 from __future__ import annotations

@@ -1,42 +1,15 @@
 """``rlstream bench geo``: weights out and trajectories home across regions, through MirrorMaker 2,
 against the same figures inside one region, over loopback or a WAN link.
 
-Setup: the local multi-region cluster when its ``trainer`` and ``eu`` regions and their link run
-(``rlstream cluster up --regions trainer,eu``; with ``--rtt-ms``, ``--rtt-ms`` given there too),
-else a temporary one (``--brokers`` per region) started in its own state directory and stopped
-(by pid) at the end. With ``--rtt-ms A,B``, eu reaches the trainer region only through a WAN
-link (``ops.cluster.wan``: Toxiproxy; ``--mbit`` per connection), each round trip in turn on
-the same cluster, the link's real round trip measured before each (``measured_rtt_ms``).
+A learner in the trainer region publishes versions; a subscriber in ``eu`` follows MirrorMaker's
+copies, and one in the trainer region is the baseline; then rollout transactions committed in
+``eu`` are read at home. ``--rtt-ms`` puts a WAN link (Toxiproxy) between the regions, and
+``--cut-s`` cuts it for a while (``duplicates`` must then stay 0).
 
-Per setting, a learner in the trainer region publishes ``--versions`` versions of a bf16 model
-of ``--mb`` MiB (``bench sync``'s model: Adam-like steps, keyframes every ``--keyframe-every``)
-with ``WeightPublisher.publish_version``; two subscribers follow: one in ``eu`` reading
-MirrorMaker's copies (``source="trainer"``), and, as the baseline, one in the trainer region
-reading the local topics. The next version is published when both have applied the current
-one, so every version is measured. Then ``--groups`` rollout transactions (``--group-size``
-trajectory events of ``--tokens`` tokens each, like a rollout worker's) are committed in
-``eu`` and read at home from ``eu.rl.RUN.trajectories``; the baseline commits them in the
-trainer region and reads them there.
+Figures: propagation and trajectory latencies (p50/p99), cross-region bytes per version, and the
+same inside one region as ``baseline``.
 
-With ``--cut-s S`` (needs ``--rtt-ms``) the link is cut (a black hole) for S seconds in the
-middle of the versions and of the groups: the learner keeps publishing at ``--cut-pace-s`` a
-version, waiting only for the local subscriber, and eu keeps committing groups; after the heal
-``cut`` reports ``dark_s`` (the cut to eu's first version applied after it), ``caught_up_s``
-(the heal to eu applying the newest version), ``stranded`` (groups committed in eu during the
-cut, which reach home only after the heal: the ones a run's scheduler re-issues elsewhere;
-the re-issue itself is the link-cut test's, tests/system/test_geo_faults.py),
-``interrupted`` (committed before the cut, home after it), ``duplicates`` (versions eu applied
-twice, groups read at home twice: both must be 0). The trajectory figures leave out the groups
-the cut stranded or interrupted.
-
-Figures (``--json``: the last stdout line), per setting: ``propagation_p50_s``/``_p99_s``: the
-learner's commit to the version applied (verified, decoded, handed over) in ``eu``;
-``cross_region_bytes_per_version`` and ``cross_region_ratio``: bytes of the weight records
-MirrorMaker copied to ``eu`` per version (keyframes included), and that over the full model's
-bytes (``cross_region_ratio_delta_p50`` over deltas only); ``trajectory_p50_s``/``_p99_s``: a
-rollout transaction's commit in ``eu`` to its last record read at home; ``baseline``: the same
-figures inside one region (propagation, trajectories, and the bytes the local subscriber
-fetched per version over the full model).
+Details: docs/benchmarks.md (bench geo).
 """
 
 from __future__ import annotations

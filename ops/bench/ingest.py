@@ -1,36 +1,12 @@
 """``rlstream bench ingest``: feedback events through the real HTTP service and Kafka, against a
 bare aiohttp endpoint that answers 202 without Kafka, on the same machine in the same run.
 
-Both servers run as child processes (tracked by pid, stopped with SIGTERM) with the same aiohttp
-stack; one load generator (aiohttp client, 127.0.0.1 only, a fixed number of requests in flight,
-bounded by ``--seconds`` and ``--max-requests``) drives each in turn, alternating repetitions so
-machine noise hits both alike. The service does everything it does in production: bearer auth,
-validation, user hashing, Avro encoding, an idempotent acks=all write, and it answers 202 only
-after the broker acknowledged. Requests/s count 202 answers; latencies are of 202 answers, under
-the sustained load (the ``light_*`` figures: one request in flight).
+Both servers are child processes, driven in turn by one load generator at every level of
+``--concurrency``; ``ratio`` compares their best requests/s. The service is warmed up until the
+broker's JIT settles. After the run the feedback topic must hold exactly as many records as 202
+answers (``stored_check``); ``load_avg`` says how loaded the machine was.
 
-Each server is measured at every level of ``--concurrency`` (requests in flight). With few in
-flight the service's rate is its latency's (Little's law: in flight / round trip through the
-broker), the bare endpoint's its CPU's; with more in flight both reach what their CPU allows.
-``ratio`` compares capacities: the service's best median requests/s over the levels against the
-bare endpoint's best (each at the level that suits it); ``levels`` keeps every level's figures
-and its own ratio. The top-level latencies are the service's at its best level, the baseline's at
-its own.
-
-Each server first takes ``--warmup`` seconds of load, unmeasured: connections, the schema
-announcement, and the JIT of a broker the bench has just started. Where the bench can see the
-broker's process (a local cluster), the service's warm-up then goes on in slices until the
-broker's JIT compiler threads go quiet (at most ``--warmup-max`` seconds in all; ``warmup_s``,
-``broker_jit_core``, ``broker_jit_settled`` say how it ended). Measured on 2 cores at 64 in
-flight: the compiler used 0.2-0.6 core through the first 25 s of load and under 0.05 from about
-40 s on, while the broker's own request threads went from 0.40 to 0.16 core at about the same
-rate; a fixed 15 s warm-up measured the service against a broker still compiling.
-
-After the run the feedback topic must hold exactly as many records as 202 answers, warm-up
-included (``stored_check``). ``load_avg`` is the machine's 1-minute load average before and
-after the measurement: on a machine shared with other work the bare endpoint's rate falls
-further than the service's (it has no broker to wait for), so a ratio measured under a load
-well above the core count says more about the load than the service.
+Details: docs/benchmarks.md (bench ingest).
 """
 
 from __future__ import annotations

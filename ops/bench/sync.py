@@ -1,39 +1,14 @@
 """``rlstream bench sync``: weight versions from a learner process to subscriber processes
 through Kafka, measured end to end.
 
-Setup: a broker (``--bootstrap``/env, the running local cluster, or a temporary one that is
-stopped at the end); one learner process and ``--subscribers`` subscriber processes, all
-separate. The learner holds a bf16 model of at least ``--mb`` MiB (transformer-like tensors)
-with fp32 master weights w ~ N(0, 0.01²); each step adds an Adam-like update
-``lr * m`` with m ~ N(0, 0.229²) (steady-state first moment for unit gradients), and the bf16
-bits are the fp32 bits rounded to nearest even. At ``--lr 1e-6`` about 1.7% of the bf16 bit
-patterns change per step. Version 0 is a keyframe; keyframes every ``--keyframe-every``.
-
-Each version: the learner publishes it (``WeightPublisher.publish_version``: encode, the
-chunks written and acknowledged outside any transaction, then the manifest in one short
-transaction) and reports the commit time; each subscriber follows in a background
-thread (``WeightSubscriber.start``) and hands each verified version to a simulated inference
-engine that generates in short steps under a lock and swaps by copying the new bits into its
-own buffers under that lock (``on_swap``): that copy is the pause generation sees. The next
-version is published once every subscriber has swapped, so versions are measured one by one.
-At the end one more subscriber joins late and bootstraps.
-
-Figures (``--json``: the last stdout line): ``apply_seconds_p50``/``_max``: learner commit to
-the last subscriber's swap done, over versions 1.. (``bootstrap_seconds`` for version 0);
-``work_seconds_p50``: a subscriber's fetch + verify + decode of one version; ``wire_ratio``:
-model bytes per byte the learner put on the wire for a version, over versions 1.. with the
-keyframes of those versions amortised (what a fleet with late joiners costs);
-``zstd_xor_ratio``: the same for the competitor (slime's and SkyRL's scheme): per version zstd
-(level 3) of the XOR of the bf16 bits with the previous version's, and zstd of the full bits at
-the same keyframe versions, computed in the same run on the same bits;
-``follower_wire_ratio``: model bytes / chunk payload bytes a live subscriber fetched (deltas
-only), over versions 1.. (``follower_zstd_xor_ratio``: the competitor's deltas alone;
-``wire_ratio_with_bootstrap`` counts version 0 too);
-``pause_ms_p50``/``_max``; ``publish_seconds_p50``;
-``late_join_seconds``/``_bytes``; ``bit_exact``: every subscriber's state, hashed afresh from
-its bits, equals the learner's state hash at every version.
+A learner process publishes versions of a bf16 model under Adam-like steps; ``--subscribers``
+subscriber processes follow and swap each version into a simulated engine; the next version is
+published once all have swapped, and one more subscriber joins late. Figures: apply latency,
+wire ratios against zstd of the XOR computed in the same run, the swap pause, the late join, and
+``bit_exact`` at every version.
 
 Only the standard library is imported at module level; the processes import the rest.
+Details: docs/benchmarks.md (bench sync).
 """
 
 from __future__ import annotations

@@ -1,37 +1,13 @@
 """Attacks a chaos driver tries against a live run, and how many of each the run refused.
 
 Each helper does what an attacker in that position would, with real requests or real records
-(``ops.chaos.faults``' rules hold: only 127.0.0.1 and the run's own topics), and the refusals are
-counted from what the run answered or wrote, never assumed. ``Attempts`` is the shape of one
-entry of ``bench chaos --json``'s ``attacks``: ``{"tried": N, "refused": N}``.
+(only 127.0.0.1 and the run's own topics), and the refusals are counted from what the run
+answered or wrote, never assumed. ``Attempts`` is one entry of ``bench chaos --json``'s
+``attacks``: ``{"tried": N, "refused": N}``. Kinds: ``unauthenticated_policy_push``,
+``forged_feedback_tokens``, ``feedback_replay``, ``unreleased_task``, ``heldout_task``, the
+verdict forgeries and ``planted_stdlib_module``.
 
-- ``unauthenticated_policy_push``: someone who reaches ``serve policy --weights push`` but holds
-  no push token asks it to load a directory (no token, a wrong one, another scheme; any local
-  directory, a version far ahead). Refused: answered 401, and the served version unchanged;
-- ``forged_feedback_tokens``: an authenticated feedback client (it holds an HMAC key of the
-  ingest service) sends feedback on a completion the run served, but with token ids,
-  logprobs or a policy version of its own (or on a request never served). Refused: feedback-rl
-  rejected it, so the rejected stream names its position and no admitted group does
-  (``feedback_refusals``, after feedback-rl ran);
-- ``feedback_replay``: the same client sends genuine feedback on one served completion once,
-  then again under new feedback ids (to train it many times). Refused: feedback-rl dropped each
-  replay as a duplicate of the served completion (named by no decision) and decided the first
-  (``replay_refusals``);
-- ``unreleased_task``: a rollout region sends home a trajectory and a reward of a task the
-  scheduler never released to it. Refused: admission dead-lettered the record
-  (``dead_lettered``);
-- ``heldout_task``: a rollout worker sends trajectories of held-out tasks to be scored (and so
-  trained on). Refused: the run's ``tests`` judge wrote an unscorable reward naming the task
-  held-out, and none that passed (``judge_refusals``);
-- verdict forgeries (``envs.sandbox.attacks``: ``repo_report_forge``, ``repo_shadow_pytest``,
-  ``repo_plugin_autoload``, ``file_under_file``, ``stop_iteration``, ``setup_failure_veto``):
-  a rollout worker sends trajectories whose wrong answers once scored as passing (or as a
-  judge error), groups of one, beside a control of each family (its reference answer). They are
-  judged by the run's own ``tests`` judge role. Refused: a reward that did not pass and is no
-  error, while the family's control passed (``verdict_refusals``);
-- ``planted_stdlib_module``: a wrong answer to a dataset problem that plants modules named
-  after the standard library wherever it can write (``envs.sandbox.attacks``), scored by the
-  ``tests`` rubric the judge role applies, in the run's isolation. Refused: it did not pass.
+Details: docs/security.md (The attacks a chaos run tries).
 """
 
 from __future__ import annotations

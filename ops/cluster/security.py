@@ -1,44 +1,16 @@
 """A secured local cluster (``rlstream cluster up --secure``): who may connect, and how.
 
-Listeners of a secured region:
+Clients speak SASL_SSL (TLS with the cluster's own CA, then SCRAM-SHA-512); the controller
+listener requires mutual TLS; ``StandardAuthorizer`` denies what no ACL allows (``ops.run.acls``).
+Principals: ``admin``, the broker, one user per role and per service, one per MirrorMaker link.
 
-- the client listener (the bootstrap address) speaks SASL_SSL: TLS with a certificate from the
-  cluster's own CA, then SASL/SCRAM-SHA-512; a client without a valid user and password is
-  refused before it can send any request;
-- the controller listener speaks TLS with client certificates required (mutual TLS); only the
-  broker holds a certificate, so no client can reach the controller;
-- ``StandardAuthorizer`` with ``allow.everyone.if.no.acl.found=false``: a principal may do only
-  what an ACL allows (``ops.run.acls`` plans them per role, ``rlstream acl apply`` writes them).
+Rules a maintainer must keep:
+- secrets live in ``HOME/secrets`` (0700, every file 0600), one credentials file per principal;
+- a role is contained: it reads its own file and the CA certificate only, and no role's file
+  holds another principal's secret;
+- nothing here prints or logs a password (``KafkaSettings`` keeps it as a ``SecretStr``).
 
-Principals: ``admin`` (a super user: ``cluster up``, ``acl apply``, the operator's tools), the
-broker itself (``User:CN=rlstream-broker``, super user, for the controller link), one user per
-role and per ``rlstream serve`` service (``ops.run.acls.PRINCIPALS``), created in a region by ``acl
-apply`` with its ACLs there, only where it runs (``ops.run.acls.roles_in``), and one per MirrorMaker
-2 link (``ops.run.acls.mirror_user``), created with its ACLs on both clusters of
-its link by ``cluster up`` before the link starts (``authorize``).
-
-Every region of a local cluster shares the one CA and the principals' credentials; a user's SCRAM
-credential is written into each cluster it must reach (the admin's at each region's format).
-
-Rules:
-- secrets live in ``HOME/secrets`` (directory 0700, every file 0600): the CA and broker key and
-  certificate (PEM), and one credentials file per principal, ``users/USER.json`` (``{"user",
-  "password"}``, in a 0700 directory), holding that principal's password and nothing else; they
-  are generated once, at the first secured start (a role's when ``acl apply`` creates its user),
-  and kept. A ``credentials.json`` of every password, as older versions wrote, is split into
-  those files and removed;
-- a role is contained: a role process reads its own file and the CA certificate only
-  (``client_settings``), so a role's host or container needs nothing else, and no role's file
-  holds another principal's secret; the admin password is in the admin's file and in what the
-  admin side runs (the broker's properties, for the inter-broker link, 0600; the format
-  arguments), never in a role's. On one host under one Unix user, file modes cannot keep that
-  user's processes apart: there the containment is that each process opens only its own file;
-  across hosts or users it is the file's owner and mode (give each role only its file);
-- nothing here prints or logs a password; ``KafkaSettings`` keeps it as a ``SecretStr``;
-- the admin user's SCRAM credential is written into the metadata at format time
-  (``StorageTool format --add-scram``), the other users' by ``authorize`` (Admin API);
-- a MirrorMaker's ``mm2.properties`` holds its user's password in ``sasl.jaas.config`` (which
-  Connect logs as ``[hidden]``) and is 0600 (``mirror_client_properties``).
+Details: docs/security.md (The secured local cluster).
 """
 
 from __future__ import annotations

@@ -1,36 +1,14 @@
 """Run analytics: what a run's streams say, folded by pure rules (no Kafka in this module).
 
-``RunAnalytics.take(topic, record, ts_ms)`` folds one decoded record of a run's stream (local or
-mirrored ``REGION.rl.RUN.STREAM``); ``snapshot(now_ms)`` returns a JSON-ready dict of every figure
-the live dashboard draws and the static report plots, so both show the same numbers.
+``RunAnalytics.take(topic, record, ts_ms)`` folds one decoded record; ``snapshot(now_ms)``
+returns a JSON-ready dict of every figure the live dashboard draws and the static report plots,
+so both show the same numbers.
 
-Rules:
-- a trajectory counts once per sample: only its first segment (``segment_index == 0``) is a new
-  sample; every segment counts as a record of the stream;
-- an admission decision counts once: only part 0 of a split decision;
-- success rate of a policy version = passed / judged among the rewards of the success judge
-  (``"tests"`` when that judge exists, else the first judge seen), by behaviour version;
-- mean reward of a version = mean score per judge over that version's rewards; a reward with an
-  ``error`` counts as a judge error, not as a score;
-- staleness is the one admission recorded (learner version at decision - oldest behaviour
-  version), split by decision;
-- events/s of a stream = records whose Kafka timestamp lies in ``[now - window, now)`` divided
-  by the window. ``weights.chunks`` is never read (its payloads are large): its records are
-  counted from each manifest's chunk list, at the manifest's timestamp;
-- weight-sync latency of version v in region R = the earliest ``timings.started_ms`` among R's
-  samples generated with v, minus the manifest's ``created_ms``: publish-to-first-use, measured
-  on two clocks (skew between learner and worker hosts shows up here, possibly negative);
-- weight manifests are folded only when plausible (``deltacodec.wire.implausible``, the rule every
-  weight reader applies): one of an older learner epoch, or a version far beyond the newest,
-  is counted in ``weights_refused`` by kind and never becomes the policy version shown;
-- held-out evaluation (``evals``): the newest eval event per version (a version is evaluated
-  once per task set; a later task set replaces an earlier one), with greedy success, pass@k,
-  sample success and whether the version was released;
-- memory is bounded: per-second counts only for the live window, whole-run counts in
-  ``RUN_BUCKET_S`` buckets, judge latency in fixed buckets, lists in snapshots capped.
+Rules a maintainer must keep: a sample counts once (its first segment), a decision once (its
+part 0); implausible weight manifests never become the policy version shown; memory is bounded;
+nothing is NaN in a snapshot (a figure with no data is ``None``: browsers reject NaN in JSON).
 
-Nothing is NaN in a snapshot: a figure with no data is ``None`` (JSON ``null``), because
-browsers reject NaN in JSON.
+Details: docs/operations.md (Run analytics).
 """
 
 from __future__ import annotations

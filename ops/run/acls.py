@@ -1,67 +1,18 @@
 """Least-privilege ACLs per role, planned from the stream catalog: pure, no broker needed.
 
-Every role of ``ops.run.roles.ROLES`` is its own principal (``User:ROLE``), and so is each network
-service of ``rlstream serve`` (``SERVICES``: ``feedback-ingest``, ``policy-server``). ``ACCESS``
-states, per principal, the streams it reads and writes (each role's ``access``, declared with the
-role); ``plan`` turns it into Kafka ACL grants
-for one run in one region's cluster (``here``, of the run's ``topics.Regions``; by default the
-single-region run):
+Every role and every ``rlstream serve`` service is its own principal; ``ACCESS`` states the
+streams each reads and writes, and ``plan`` turns it into Kafka ACL grants for one run in one
+region's cluster. Each MirrorMaker link runs as its own principal (``mirror_user``), and
+``mirror_grants`` plans what it needs on both clusters of its link.
 
-- where it runs: every principal in the trainer region; in a rollout region only those whose
-  every output flows home (``inward``, or the region's own dead letters): rollout workers and
-  judges (``roles_in``). Any other role there would write what never reaches the trainer
-  region, so its user gets nothing there (and is not even created);
-- read a stream: READ on each copy of it that a role in ``here`` reads (``Regions.sources``),
-  literal: ``rl.RUN.STREAM`` locally, ``SRC.rl.RUN.STREAM`` for MirrorMaker's copy from SRC (a
-  rollout worker in ``eu`` reads ``trainer.rl.RUN.tasks``, never ``rl.RUN.tasks``; admission at
-  home reads ``rl.RUN.rewards`` and ``eu.rl.RUN.rewards``);
-- write a stream: WRITE on its local topic (literal); a copy is written by MirrorMaker only;
-- prune a stream (the learner's weight chunks, deleted by keyframe count): DELETE on its topic
-  (literal), which DeleteRecords needs; Kafka has no narrower grant, so it would also let that
-  role delete that one topic;
-- every principal: DESCRIBE and DESCRIBE_CONFIGS on the run's topics (prefix ``rl.RUN.``), the
-  cluster topics and each copy region ``here`` receives (``Regions.copies``, literal), so a
-  starting role can check the topics exist (``ensure_run_topics``); READ on ``rl.schemas`` and
-  on the copies of it ``here`` receives (decoders: the writer schemas of the records they read)
-  and, if it writes anything, WRITE on ``rl.schemas`` (writers announce their schema there);
-- its consumer group ``rlstream.RUN.ROLE`` (the judge's ``rlstream.RUN.judge.NAME``, a prefix):
-  READ, which lets it join, commit and commit offsets inside a transaction;
-- its transactional ids ``rlstream.RUN.ROLE`` and ``rlstream.RUN.ROLE.*``: WRITE (which implies
-  DESCRIBE);
-- DESCRIBE on every group named ``rlstream.*``: a log reader (``consumers.read_to_end``) labels
-  itself with such a group, joins none, but must find its coordinator. DESCRIBE lets a role
-  look a group up and read its committed offsets; it cannot join one or commit to it.
-
-Nothing else is allowed: no topic creation or deletion, no ACL or configuration change, no
-other role's group or transactional ids. Topics are created by ``admin`` (``acl apply``).
-
-MirrorMaker 2: each link between the trainer region and a rollout region REGION runs as its own
-principal ``mirrormaker-REGION`` (``mirror_user``), which exists on both clusters of its link and
-nowhere else. ``mirror_grants`` plans, per cluster of the link, what its MirrorMaker needs for
-the flows the catalog derives (``topics.mirror_regex``); SRC is the region a flow copies from:
-
-- on SRC: READ and DESCRIBE_CONFIGS (its configs are copied) on each stream that flows out of
-  SRC, literal: ``rl.RUN.STREAM`` for the run's streams, ``rl.schemas`` and ``rl.runs`` when
-  they flow; READ on ``heartbeats`` (MirrorMaker copies every heartbeats topic); CREATE, READ
-  and WRITE on its offset-syncs topic ``mm2-offset-syncs.DST.internal``;
-- on DST: CREATE, WRITE, ALTER (partitions), ALTER_CONFIGS and DESCRIBE_CONFIGS (config sync) on
-  each remote copy ``SRC.TOPIC``, literal, and ``SRC.heartbeats`` (no checkpoints topic: no group
-  offsets are translated, ``ops.cluster.mirror``);
-  CREATE and WRITE on ``heartbeats``; CREATE, READ, WRITE and DESCRIBE_CONFIGS on the internal
-  topics of its Connect worker ``mm2-{offsets,status,configs}.SRC.internal``; READ on the
-  worker's group ``SRC-mm2``; WRITE on the transactional ids of exactly-once source support:
-  the tasks' ``SRC-mm2-CONNECTOR-TASK`` (prefix ``SRC-mm2-``) and the worker's
-  ``connect-cluster-SRC-mm2``.
-
-The run-independent grants (``run`` None) are written by ``cluster up`` before a link starts,
-a run's by ``acl apply --run RUN``. A MirrorMaker may read nothing that does not flow (admitted,
-rejected, feedback ...), write no local topic, and touch no other link's copies or groups.
-
-Guarantees:
-- ``plan`` is deterministic (sorted, no duplicates) and names only the run's own topics (and
-  their copies in ``here``), groups and transactional ids (plus the cluster topics and the
-  ``rlstream.`` group lookups);
+Rules a maintainer must keep:
+- nothing but what the plan grants: no topic creation or deletion, no ACL or configuration
+  change, no other role's groups or transactional ids; a MirrorMaker reads only what flows;
+- in a rollout region only principals whose every output flows home get anything;
+- ``plan`` is deterministic and names only the run's own topics, groups and transactional ids;
 - a stream in ``ACCESS`` that the catalog does not declare is refused at import time.
+
+Details: docs/security.md (The ACL plan).
 """
 
 from __future__ import annotations

@@ -1,52 +1,18 @@
 """feedback-ingest: the HTTP service that turns editor feedback into records of rl.RUN.feedback.
 
-``rlstream serve feedback --run RUN`` runs it. Endpoints:
+``rlstream serve feedback --run RUN`` runs it: ``POST /v1/feedback``, ``GET /healthz``,
+``GET /metrics`` and ``GET /openapi.json`` (generated from the pydantic models).
 
-- ``POST /v1/feedback``: one event (a JSON object) or ``{"events": [...]}``; authenticated by a
-  bearer token or an HMAC signature (see ``producers.feedback.auth``), validated by
-  ``producers.feedback.models``;
-- ``GET /healthz``, ``GET /metrics`` (Prometheus text format, from ``producers.runtime.metrics``),
-  ``GET /openapi.json`` (OpenAPI 3.1 generated from the pydantic models, so the document and the
-  validation cannot drift).
+Rules a maintainer must keep:
+- 202 means stored: the answer waits for the broker's acknowledgement (idempotent, acks=all);
+- a retried request is stored once (feedback ids per client, within the idempotency window);
+- when Kafka cannot take the write the answer is 503 with ``Retry-After``;
+- refusals happen before Kafka, in a fixed order, and say why; every 401 carries the same
+  message;
+- large bodies are parsed in a worker thread, never on the event loop;
+- no request can crash the service.
 
-Guarantees:
-- 202 means stored: the answer is sent only after the broker acknowledged every event of the
-  request (the delivery report resolves a future per record; a poll thread serves the reports).
-  The producer is idempotent with acks=all, so broker-side retries never duplicate a record;
-- a retried request is stored once: feedback ids acknowledged within the idempotency window are
-  answered ``duplicate`` without writing, and a retry racing the original waits for the
-  original's delivery instead of writing again. The ids come from a ``Dedupe``: by default
-  (``rlstream serve feedback``) one read back from the feedback stream itself, so a restart or
-  another replica knows them too (``consumers.feedback.seen``). Ids are per client: the
-  namespace is the credential that authenticated the request (``dedupe``), so one client can
-  neither pre-claim nor duplicate another's ids. Records are keyed by request id and carry the
-  feedback id (value and ``feedback_id`` header) and the client (``feedback_client`` header), so
-  late duplicates are detectable downstream;
-- when Kafka cannot take the write (broker down, delivery timeout ``message_timeout_ms``, local
-  queue full) the answer is 503 with ``Retry-After``, naming the events that were stored anyway
-  (a retry then reports them as duplicates);
-- refusals happen before Kafka, in this order, and say why: 401 (``auth.identify`` from the
-  headers before the body is read: a bearer token, or a known key id with a fresh timestamp and,
-  with a signed body digest, its signature; after the body the digest or a signature over the
-  body itself), 415 not ``application/json``, 413 a declared length over ``max_body_bytes``
-  (refused before reading) or a longer body (reading stops at the limit), or a body signed
-  without its digest that does not declare a length within ``max_unhashed_body_bytes`` (such a
-  signature is only checkable after reading, so only that much is read for it), 429 over the
-  client's rate (``limits``: charged once the credential is proven) or over ``max_connections``
-  open connections, with ``Retry-After``, 503 with ``Retry-After`` when ``max_parse_queue``
-  large bodies already wait for the parse threads (before this body is read), 400 not JSON, 422
-  invalid with each field named (a batch over ``max_batch`` before any event is validated).
-  Every 401 carries the same message, whatever failed; the reason goes to the log and
-  ``rlstream_feedback_auth_refused_total``;
-- JSON parsing, validation and encoding of a body over ``INLINE_PARSE_BYTES`` run in a worker
-  thread, not on the event loop; a smaller body (one typical event) is handled on the loop, where
-  it costs well under a millisecond: the hop to a thread and back costs as much as the parse and
-  makes the loop wait for the GIL behind the worker;
-- the records submitted during one pass of the event loop reach librdkafka together (the first
-  produce after a pause costs most), and delivery reports reach the event loop in batches: one
-  wake-up per poll of the producer, not one per record;
-- with ``tls_cert_file``/``tls_key_file`` the service speaks HTTPS only;
-- no request can crash the service: anything unexpected is logged and answered 500.
+Details: docs/feedback.md (feedback-ingest).
 """
 
 from __future__ import annotations

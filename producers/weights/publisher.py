@@ -1,56 +1,17 @@
 """Weight publication: every policy version as chunks plus a manifest.
 
-The learner calls ``WeightPublisher.publish_version`` with the new state (``TensorBits`` by
-name) and the consumer offsets of the admitted records that formed the step. The publisher
-encodes the state with the delta codec, then
+``WeightPublisher.publish_version`` encodes the state with the delta codec, writes every chunk
+with an idempotent, non-transactional producer and waits for the broker's acknowledgements, then
+commits the manifest and the consumer offsets in one short transaction. So a version's size is
+not bound by a transaction's timeout, and a manifest never points at missing data.
 
-1. writes every chunk of the version (``WeightChunk`` events on ``weights.chunks``, key
-   MODEL/VERSION/INDEX) with its *chunk producer*: an idempotent (acks=all), non-transactional
-   producer with the same settings and credentials as the transactional one
-   (``EventProducer.non_transactional``), and waits until the broker has acknowledged every
-   chunk, so that the manifest can name each chunk's log position (``ChunkRef.ref``;
-   ``producers.weights.chunks``); only then
-2. opens one short transaction (``EventProducer.transaction``) that holds the
-   ``WeightManifest`` (on ``weights.manifests``, key MODEL) and the consumer offsets, and
-   commits it: the manifest and the offsets become visible together or not at all.
-
-So a version's size is not bound by a transaction's timeout: writing tens of GB of chunks takes
-as long as it takes, and the transaction that makes the version exist holds one or two small
-manifests and the offsets. A manifest never points at missing
-data (its chunks were acknowledged before it was produced), and a crashed learner resumes from
-the last committed version.
-
-The rule that keeps chunks outside the transaction safe: **a chunk that no committed manifest names
-is never applied**. Subscribers follow committed manifests only (``consumers.weights.manifest_log``
-reads ``read_committed``) and fetch exactly the chunks a manifest names, matched by key and checksum
-(``consumers.weights.subscriber``); so the chunks of a publish whose transaction aborted, of a
-learner that crashed between its chunks and its manifest, or of a fenced (zombie) learner (its chunk
-producer is not fenced, its manifest's transaction is) are orphans: readable, never applied.
-Retention deletes them with the older versions: chunks are spread round-robin over the chunk topic's
-partitions (by index, continuing where the previous version ended), so a keyframe of at least as
-many chunks as there are partitions lies after every older orphan in every partition, and the prune
-that drops the versions before that keyframe cuts past the orphans too
-(``producers.weights.retention``). Nothing transactional writes the chunk topic, so it never holds
-back a ``read_committed`` reader's last stable offset.
-
-``publish`` is the same inside a transaction the caller holds open: the chunks are written (and
-acknowledged) at once, the manifest inside the caller's transaction; when that aborts, call
-``rollback``, and the chunks are orphans.
-
-The rules (which kinds a version is published as, which keyframe it follows, where its chunks
-go, the learner's epoch in every manifest) are pure functions in ``producers.weights.rules``.
-
-Sharded (``ranks``, a learner of N ranks): every rank holds a publisher, encodes and writes only
-its shard, and rank 0 commits the one manifest naming every rank's chunks (``producers.weights.
-shards`` gives the rules; a rank that fails fails the version on every rank before any manifest
-exists).
-
-The records themselves (``WeightChunk``, ``WeightManifest``, and how the codec manifest maps to
-them) are the wire format, owned by ``schemas.deltacodec.wire``; which chunks may be deleted is
-the retention rule, owned by ``producers.weights.retention`` (``WeightPublisher.prune`` applies it
-to the versions this publisher wrote).
+The rule a maintainer must keep: **a chunk that no committed manifest names is never applied**
+(the orphans of aborted, crashed or fenced publishes are readable, never applied, and go with
+retention). The rules are pure functions in ``producers.weights.rules`` (sharded:
+``producers.weights.shards``); the records belong to ``schemas.deltacodec.wire``.
 
 numpy and Kafka only: importing this module never loads torch.
+Details: docs/weight-sync.md (Publishing).
 """
 
 from __future__ import annotations

@@ -1,49 +1,19 @@
 """Lossless, chunked, verified weight deltas and keyframes between policy versions.
 
-After each RL step the learner ships the new weights as a *delta* against the previous
-version (per tensor, only the elements whose bit patterns changed) or as a *keyframe* (a
-full snapshot). An encoded version is a JSON-serialisable manifest plus chunk payloads.
+After each RL step the learner ships the new weights as a *delta* against the previous version
+(only the elements whose bit patterns changed) or as a *keyframe* (a full snapshot). An encoded
+version is a JSON-serialisable manifest plus chunk payloads, laid out by ``deltacodec.wire``.
 
-Guarantees:
+Guarantees a maintainer must keep:
+- bit-exact: values are bit patterns (``TensorBits``), never interpreted as numbers;
+- bounded chunks (at most ``max_chunk_bytes``) of whole pieces, each decodable alone;
+- verified: checksums and hashes for every chunk, tensor and state; ``decode`` raises a
+  ``DeltaError`` subclass on the first failure;
+- never partial: ``decode`` builds new arrays and never writes its base; ``apply_in_place``
+  checks all it can first and puts back every written element on a later failure;
+- deterministic: byte-identical output whatever the number of ``workers``.
 
-- Bit-exact: tensors are bit patterns (``TensorBits``); NaN payloads, -0.0, infinities and
-  denormals round-trip exactly because values are never interpreted as numbers.
-- Bounded chunks: every chunk is at most ``max_chunk_bytes`` (default 900 000, so a chunk and
-  its record headers fit a 1 MB Kafka message) and holds whole pieces (element ranges of
-  tensors), so each chunk decodes without the others.
-- Verified: every chunk has a checksum and a size in the manifest, every tensor the hash of
-  its new bits and of the base bits it was computed against, and the manifest the state
-  hashes of both versions (rules in ``deltacodec.bits``). ``decode`` checks all of them and
-  raises a ``DeltaError`` subclass on the first failure: ``MissingChunk``, ``ChunkCorrupt``,
-  ``BaseMismatch``, ``HashMismatch`` or ``ManifestInvalid``.
-- Never partial: ``decode`` builds the new state in new arrays (or in buffers the caller
-  explicitly gives up with ``recycle``) and returns it only after every check passed; the
-  base passed in is never written to. ``apply_in_place`` writes the changes into the base's
-  own memory instead (no tensor-sized allocation): it checks everything it can before the
-  first write, and on a later failure puts every written element back before raising.
-- Conditioned on the base: float tensors' changes are coded per bucket of the base's
-  exponent (``exponent3`` and ``exponent2`` pieces, ``deltacodec.exponent``; ``exponent``
-  pieces of the first model are still decoded), as the receiver holds the base;
-  ``entropy_bound`` and ``conditioned_bound`` (``deltacodec.bound``) say what an order-0
-  coder, and one that sees the base exponents, could at best reach on a given change.
-- Deterministic: the same inputs give byte-identical chunks and manifest, whatever the
-  number of ``workers``.
-- Parallel over tensors: ``workers`` threads (default ``DEFAULT_WORKERS``) encode, decode
-  and apply different tensors at once (the kernels, zstd and the hashes release the GIL);
-  each tensor is still one thread's serial work, so a model of one huge tensor gains nothing.
-
-Manifest fields: ``format``, ``version``, ``base_version`` (None for keyframes), ``kind``
-("delta" | "keyframe"), ``tensors`` (sorted by name; each ``name``, ``dtype``, ``shape``,
-``encoding`` (its pieces' encodings joined by "+"), ``changed`` (elements whose bits differ
-from the base; every element without base), ``hash``, ``base_hash`` (None without base),
-``raw_bytes``, ``encoded_bytes`` and ``pieces`` ``[[chunk, start, stop, encoding, nbytes],
-...]``), ``chunks`` (``[{index, nbytes, checksum}]``, checksum = the hex digest of the
-payload), ``state_hash``, ``base_state_hash``, ``raw_bytes``, ``encoded_bytes`` (sum of chunk
-sizes), ``max_chunk_bytes``, ``hash_algorithm`` (what every hash and checksum is:
-``blake3``, cryptographic, written now; absent in manifests of older code, whose hashes are
-``xxh3_128``: ``deltacodec.bits``). The chunk layout, the manifest's tables and their mapping to the
-Avro records are the wire format, owned by ``deltacodec.wire``: this module encodes and decodes
-through it.
+Details: docs/delta-codec.md (The codec).
 """
 
 from __future__ import annotations

@@ -1,39 +1,17 @@
 """The base-conditioned piece encodings ``exponent2`` and ``exponent3``: changes coded per
 bucket of the base's exponent.
 
-The decoder already holds the base. Under an optimizer step, whether a float weight changes
-depends strongly on its exponent (a step of a given size crosses a rounding boundary more
-often where representable values are closer): on bf16 Adam steps the changed fraction runs
-from ~0.1% in the largest octave to ~100% in the smallest, and the differences (in units of
-the bucket's spacing) grow as the exponent shrinks. So changes are coded per *bucket*, the
-base element's exponent field ``(bits >> shift) & mask``, which the decoder computes from its
-own copy of the base: within bucket b, each changed element's gap (elements of bucket b
-skipped since its previous change, in position order) and its zigzag wrapped difference
-``new - old`` of the bit patterns. The code length follows the empirical entropy of the
-changed mask and of the differences conditioned on the base exponent (``conditioned_bound``).
-Decoding is exact for every bit pattern (NaN, inf, subnormals: the key is just bits of the
-pattern); any inconsistency raises ValueError, and applying checks that every gap and
-difference was used exactly.
+The decoder holds the base, and whether a float weight changes under an optimizer step depends
+strongly on its exponent; so changes are coded per bucket (the base element's exponent field):
+each changed element's gap within its bucket and its zigzag difference of bit patterns.
+``exponent2`` (encoding 7) uses the adaptive range coder, ``exponent3`` (encoding 8) the faster
+static rANS coder, and the encoder keeps the smaller; ``exponent`` (encoding 6) is only decoded
+(``deltacodec.legacy``).
 
-``exponent2`` pieces (encoding 7) code the bucket table, gaps and differences with the
-adaptive binary range coder (``deltacodec.rangecoder``: geometric gaps, counting contexts),
-in one stored stream: ``aux`` names the field (``FIELD_IDS``: 1 bfloat16, 2 float16, 3
-float32, 4 float64), checked against the element width, and ``count`` is the changed
-elements. They are tried at any changed fraction: with every element of a bucket changed its
-gaps cost almost nothing, and the learner's Adam steps change 75-100% of some tensors.
+Rules a maintainer must keep: decoding is exact for every bit pattern; any inconsistency raises
+``ValueError``, and applying checks that every gap and difference was used exactly.
 
-``exponent3`` pieces (encoding 8) have ``exponent2``'s layout (``aux`` the field, ``count``
-the changes, one stored stream) with the stream of the static rANS coder
-(``deltacodec.rans``): per bucket a geometric gap law and a value table measured by the
-encoder and sent in the stream, one table-driven symbol per gap and per difference. It decodes
-~4x and encodes ~5x faster than ``exponent2``, within ~1% of its size on Adam steps at 1-10%
-changed; the encoder writes it beside ``exponent2`` and keeps the smaller
-(``deltacodec.encodings``). The first such encoding, ``exponent`` (encoding 6), is no longer
-written; ``deltacodec.legacy`` decodes it.
-
-The per-element scans (bucket ranks when encoding, bucket countdowns when applying) are
-compiled with numba: numpy has no vector form of "the r-th element of bucket b" short of a
-stable sort of the whole range, ten times slower.
+Details: docs/delta-codec.md (Base-conditioned pieces).
 """
 
 from __future__ import annotations

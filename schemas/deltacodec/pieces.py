@@ -1,43 +1,15 @@
 """Piece encodings of the weight-delta codec: what the bytes inside a chunk mean.
 
 A *piece* is the element range ``[start, stop)`` of one tensor, encoded on its own so that a
-chunk (a run of whole pieces) decodes without any other chunk. Values are bit patterns
-(unsigned integers of the element width); nothing here ever reads them as floats.
+chunk (a run of whole pieces) decodes without any other chunk. Values are bit patterns; nothing
+here ever reads them as floats. Encodings, the smallest kept per piece: ``unchanged``,
+``sparse``, ``exponent3``/``exponent2``, ``direct``, ``xor``/``diff``, ``planes`` and ``raw``.
 
-Encodings, per piece, the smallest one kept (``deltacodec.encodings`` chooses and decodes):
+Rules a maintainer must keep: encodings are only ever added (``ENCODINGS`` keeps their numbers),
+so a decoder reads every piece an earlier encoder wrote; decoders raise ``ValueError`` on any
+inconsistency.
 
-- ``unchanged``: no data; the base's bits are copied.
-- ``sparse``: changed positions as gaps (count of unchanged elements before each change) in
-  a byte code where 255 means "255 more, continue" and 0..254 ends a gap (so a geometric gap
-  distribution costs close to its entropy under zstd's order-0 Huffman stage); changed values
-  as zigzag integer differences ``new - old`` of the bit patterns (wrapping), either packed
-  as 2- or 4-bit symbols ``z - 1`` with an escape for larger ones (their residuals in byte
-  planes), or as byte planes. Packing matters: ±1 ULP dominates and zstd cannot spend
-  under 1 bit per byte-symbol, while four 2-bit symbols per byte can.
-- ``exponent3`` and ``exponent2`` (float dtypes): the changes coded conditioned on the base's
-  exponent field, which the decoder holds (``deltacodec.exponent`` documents them):
-  ``exponent3`` with static per-bucket models and a rANS coder (fast), tried at every changed
-  fraction beside ``sparse`` and the dense fallbacks; ``exponent2`` with the adaptive binary
-  coder (~5x slower), tried too on pieces of few changes or of a high changed fraction, where
-  it is smaller. ``exponent`` pieces, the first form (encoding 6, no longer written), are still
-  decoded (``deltacodec.legacy``).
-- ``direct`` (float dtypes): the changes in element order with ``exponent3``'s per-bucket
-  value laws and a checksum of the changes (``deltacodec.direct``): applied reading and
-  writing only the changed elements, verified without hashing the tensor; larger than
-  ``exponent3`` (its positions are not conditioned on the base), written when the encoder is
-  asked for fast applies (``fast_apply``).
-- ``xor`` / ``diff``: dense fallbacks, byte planes of ``old ^ new`` or of zigzag ``new - old``
-  over the whole range.
-- ``planes``: no base (keyframes, new tensors): byte planes of the bits.
-- ``raw``: the bits themselves, when nothing else is smaller.
-
-Every stream is zstd-compressed (single-threaded, low level) or stored, whichever is smaller.
-Wire layout of a piece, little-endian: header ``<IQQBBBxQ`` (tensor index, start, stop,
-encoding, stream count, aux, count), one ``<BI`` (codec, length) per stream, then the stream
-bytes. ``aux`` is the sparse value packing (0 planes, 2 or 4 bits), 0 for an ``exponent`` piece, the
-exponent field's id for an ``exponent2``, ``exponent3`` or ``direct`` piece; ``count`` the number of changed elements. Encodings are only ever added: a
-decoder reads every piece an earlier encoder wrote (``ENCODINGS`` keeps their numbers). Decoders raise ``ValueError`` on any inconsistency; the caller turns it
-into the codec's own error.
+Details: docs/delta-codec.md (Piece encodings).
 """
 
 from __future__ import annotations

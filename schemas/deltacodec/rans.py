@@ -1,39 +1,15 @@
 """A static rANS coder for the ``exponent3`` piece's gaps and differences.
 
-Why: the adaptive binary range coder (``deltacodec.rangecoder``) spends 10-20 binary decisions
-per change, ~70 ns decoding and ~100 ns encoding one. Here each bucket's statistics are
-measured by the encoder and sent as a small model in the stream's header, and every gap and
-difference is one table-driven rANS symbol plus plain bits, at a code length within ~1% of the
-first coder's on bf16 Adam steps. Measured on the synthetic bf16 step of ``bench deltas``
-(50M weights, 1.7% changed, Intel Xeon): ~30 ns a change encoding (branch-free output of words
-and plain bits; the branching forms took ~80) and ~40-45 ns decoding, where the one state's
-chain of dependent table reads sets the pace (branch-free reading gained nothing there).
+Why: the adaptive range coder spends 10-20 binary decisions per change; here each bucket's
+statistics are measured by the encoder and sent in the stream's header, and every gap and
+difference is one table-driven rANS symbol plus plain bits, within ~1% of the range coder's
+size and several times faster.
 
-Models, per bucket of the base exponent (``deltacodec.exponent``):
+Rules a maintainer must keep: every probability is an integer count out of 4096, so encoder and
+decoder build the same tables; ``decode`` raises ``ValueError`` on any inconsistency (a table out
+of range, a number that does not fit, a wrong final state, words or bits missing or left over).
 
-- gaps under a geometric law: with the bucket's rate p = changes / (gaps + changes), a gap g
-  is its quotient q = g >> m, m the smallest with (1 - p)**(2**m) <= 0.84, as one symbol of
-  the law (1 - t) t**q (t = (1 - p)**(2**m), sent as one byte; up to 48 symbols while they
-  round to a count, then an escape followed by q's excess as an Elias-gamma number), then
-  its m low bits plain (their law is within 0.84 of uniform: ~0.002 bits lost a gap);
-- differences: v = zigzag difference - 1 as one symbol, its own below 16, then two symbols
-  per bit length (the bit below the top one) up to 20 bits with the rest as plain bits, then
-  an escape with v - (2**20 - 1) as a gamma number; the bucket's symbol counts are sent,
-  normalised to 2**b (b from 6 to 12, twice the bucket's changes: a table of few changes is
-  noisy anyway and cheaper so).
-
-All probabilities are counts out of 4096 (a model is normalised with integer arithmetic, so
-encoder and decoder build the same tables); one rANS state (32 bits, 16-bit renormalisation)
-codes every symbol, the plain bits go to a separate bit stream.
-
-Layout of a coded stream: the header (LEB128 numbers: the bucket count, then per bucket,
-ascending, its distance from the previous one (the first: bucket + 1), its changes, m, the
-ratio byte, the value symbol count s and the first s - 1 normalised counts (the last is the
-rest)), the rANS word count, the words (16-bit little-endian, the decoder's reading order),
-then the plain bits (least significant first, the last byte padded with zeros). Symbols are
-coded bucket by bucket: its gaps, then its differences. ``decode`` raises ``ValueError`` on
-any inconsistency: a table out of range, a number that does not fit, a final rANS state other
-than the encoder's first, words or bits missing or left over.
+Details: docs/delta-codec.md (The static rANS coder).
 """
 
 from __future__ import annotations

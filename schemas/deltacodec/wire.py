@@ -1,50 +1,18 @@
 """The weight wire format: chunk bytes, the codec manifest's tables, and the Avro records.
 
-One module owns how a policy version looks on the wire; the codec (``deltacodec``), the
-publisher (``producers.weights.publisher``) and the subscriber (``consumers.weights.subscriber``)
-only call it.
+One module owns how a policy version looks on the wire; the codec, the publisher and the
+subscriber only call it. ``pack_chunk``/``parse_chunk`` are a chunk's one writer and parser;
+``piece_entry``/``tensor_entry`` build the manifest's tables on both sides; ``manifest_record``
+and ``codec_manifest`` map the codec manifest to and from the ``WeightManifest`` record.
 
-- Chunk layout: ``CHUNK_HEADER`` ``<4sBxxxI`` (magic ``RLDK``, format 1, piece count), then
-  whole pieces, each laid out as ``deltacodec.pieces`` documents. ``pack_chunk`` writes a chunk
-  and ``parse_chunk`` is its one parser: the codec's decoder and the manifest mapping both read
-  chunks through it.
-- Codec manifest tables: ``piece_entry`` is a row of a tensor's piece table ``[chunk, start,
-  stop, encoding, nbytes]`` and ``tensor_entry`` a tensor's entry (its ``encoding`` is its
-  pieces' encodings joined by "+", "empty" without pieces; ``raw_bytes`` elements times dtype
-  width; ``encoded_bytes`` the sum of its pieces). The encoder builds entries with them and
-  ``codec_manifest`` rebuilds them from the chunks with the same functions, so both sides agree
-  by construction.
-- Avro mapping (``manifest_record``): the codec manifest becomes the ``WeightManifest``
-  record. The piece table is not stored as such (the schema has no field for it): each
-  tensor's pieces occupy one contiguous span of the concatenated chunk payloads
-  (``tensor_spans``), recorded in ``TensorEntry.offset``/``nbytes`` as the schema documents,
-  and the chunks themselves describe their pieces, so ``codec_manifest`` (the inverse mapping)
-  rebuilds the table from the verified chunks and checks it against these spans.
-  ``codec_version`` is the codec's format number; the tensors are listed in the caller's
-  state-dict order; ``learner_epoch`` is the publishing learner's incarnation (0: unknown);
-  ``hash_algorithm`` names what every hash and checksum is (``deltacodec.bits``; a record of
-  older code, without it, reads as ``xxh3_128``). ``chunk_record`` is the ``WeightChunk`` record of one chunk and
-  ``chunk_keys`` the record keys (and checksums) a manifest's chunks are found by.
-- Bounds before allocation (``check_bounds``, ``check_piece``): a reader checks a manifest
-  against what it knows of the model before it fetches a chunk or allocates an array: every
-  tensor's dtype is a codec dtype and its shape at most ``MAX_NDIM`` non-negative dims; with
-  the model's tensor table (``TensorTable``: the reader's expected names, dtypes and shapes)
-  the manifest names exactly those tensors with exactly those dtypes and shapes; the state is
-  at most ``max_state_bytes`` and ``raw_bytes`` is its true size; every chunk is at most
-  ``max_chunk_bytes`` and ``encoded_bytes`` their sum. Inside a chunk, a piece lies inside its
-  tensor, a piece with data covers at most ``MAX_RANGE_BYTES`` raw bytes (the encoder never
-  writes larger ranges), and each of its streams declares (zstd frame content size, or its
-  stored length) at most what that range can need: a small chunk carrying a frame that would
-  expand to gigabytes is refused before anything is decompressed. Failures are
-  ``ManifestInvalid`` (the manifest) or ``ChunkCorrupt`` (a chunk).
-- Plausible versions (``implausible``, ``replayed``): per model, a manifest of a learner epoch
-  older than the newest accepted, of an epoch more than ``MAX_EPOCH_JUMP`` past its version
-  or past the newest accepted epoch, or of a version more than ``MAX_VERSION_JUMP``
-  past the newest accepted, is refused by every reader (the manifest log, the analytics); the
-  manifest log also refuses, per kind, a version of the newest epoch that is not past the
-  newest of its kind (an old manifest written again).
+Rules a maintainer must keep:
+- bounds before allocation (``check_bounds``, ``check_piece``): a reader checks a manifest and
+  every piece's declared sizes before it fetches, allocates or decompresses anything;
+- plausible versions (``implausible``, ``replayed``): an older epoch, a jump too far, or a
+  repeated version is refused by every reader.
 
 numpy only: importing this module never loads torch or Kafka.
+Details: docs/delta-codec.md (The wire format).
 """
 
 from __future__ import annotations
