@@ -1,35 +1,18 @@
 """The admission role: join each group's trajectories with its rewards; admit or reject it.
 
-Exactly once and restart-safe without a state store of its own:
-- decisions, dead letters and consumer offsets commit in one transaction;
-- the committed offset of each input partition is its *low watermark*: the first record of
-  the oldest group still pending there. After a crash or rebalance those records are re-read,
-  which rebuilds every pending group;
-- groups already decided are recognised on re-read from the admitted and rejected streams,
-  which are co-partitioned with the inputs: on assignment of partition p, admission reads
-  partition p of both and skips those group ids.
+Rules a maintainer must keep:
+- exactly once without a state store: decisions, dead letters and consumer offsets commit in one
+  transaction, and each input partition's committed offset is its *low watermark* (the first
+  record of the oldest pending group), so a re-read rebuilds every pending group; decided
+  groups are recognised on re-read from the co-partitioned admitted and rejected streams;
+- a group may arrive in several regions' copies: copies are never mixed, and the group is
+  decided once, whichever copy decides it first; what arrives later is ignored;
+- only records of a task released to their copy's region join a group; any other record is
+  dead-lettered (``invalid_record``), never a rejected decision;
+- memory is bounded (``max_decided``, bounded reassemblers).
 
-Bounded memory: the decided ids are the newest ``max_decided`` (``admission_rules.DecidedSet``),
-split trajectories wait in bounded reassemblers (``reassembly.Reassembler``: a sample evicted there
-never completes, so its group times out and is rejected), and pending groups leave when decided
-or timed out. Sizes and bounds are exported as ``rlstream_buffer_items`` /
-``rlstream_buffer_bound`` (``admission.decided``, ``admission.segments``).
-
-Regions: admission reads the trajectories and rewards of its own region and the copies
-MirrorMaker 2 brings home from the rollout regions (``topics.Regions.sources``). A group may
-arrive in more than one *copy* when the scheduler re-issued it after its region went dark: a
-copy is the region that rolled it out (the trajectory's topic prefix; for a reward, its topic's
-prefix, else its trajectory reference's). Copies are never mixed: each is pending on its own, and
-a group is decided once, by the first copy admitted, or by the rejection of its last pending
-copy (a copy that would be rejected while another copy is pending is dropped instead). Whatever
-arrives of a decided group later is ignored, so a region that returns late adds nothing.
-
-Released only: every trajectory and reward is first checked against the tasks stream
-(``consumers.releases``): its group must be a task the scheduler released to the region of its
-copy. A record that fails is dead-lettered (``invalid_record``, with the reason) and joins no
-group. Not a rejected decision: that would mark the group id decided, and a forged record could
-then decide (and so discard) a genuine group, released or still to be released.
 The rules themselves are in ``admission_rules``.
+Details: docs/roles.md (Admission).
 """
 
 from __future__ import annotations
@@ -58,6 +41,7 @@ from rlstream.consumers.transactional import Output, TransactionalLoop
 from rlstream.consumers.weights.versions import VersionWatcher
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.runtime.metrics import track_buffer
+from rlstream.producers.weights.signing import Verifier
 from rlstream.schemas import arrays, events, reassembly, topics
 from rlstream.schemas.reassembly import Reassembler
 
@@ -76,6 +60,7 @@ class Admission:
         *,
         region: str = "trainer",
         regions: topics.Regions | None = None,
+        verifier: Verifier | None = None,
     ) -> None:
         self.settings, self.run, self.cfg = settings, run, cfg
         self.region, self.regions = region, regions or topics.Regions(region)
@@ -89,7 +74,7 @@ class Admission:
         self.loaded: set[int] = set()
         self.segments: dict[str, Reassembler] = {}  # per copy: segments are never mixed
         self.counts = {"admitted": 0, "rejected": 0, "dropped_copies": 0, "unreleased": 0}
-        self.watcher = VersionWatcher(settings, self.names["weights.manifests"])
+        self.watcher = VersionWatcher(settings, self.names["weights.manifests"], verifier=verifier)
         self.releases = TaskReleases(settings, run, cfg.max_decided)
         self.loop = TransactionalLoop(
             settings,
@@ -327,10 +312,16 @@ def _learner_version(value: bytes | None) -> int:
         return -1
 
 
-def run_role(ctx: RoleContext) -> dict[str, int]:
+def run_role(ctx: RoleContext[AdmissionConfig]) -> dict[str, int]:
     """The admission role until stopped; returns its decision counts."""
     admission = Admission(
-        ctx.settings, ctx.run, ctx.cfg, ctx.member, region=ctx.region, regions=ctx.regions
+        ctx.settings,
+        ctx.run,
+        ctx.cfg,
+        ctx.member,
+        region=ctx.region,
+        regions=ctx.regions,
+        verifier=ctx.keys.verifier(),
     )
     try:
         admission.loop.run(ctx.stopper)

@@ -16,12 +16,13 @@ import signal
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
 from rlstream.consumers.read_to_end import read_topic, reader
 from rlstream.producers.client.settings import KafkaSettings
+from rlstream.producers.weights.signing import RunKeys
 from rlstream.schemas import events, topics
 
 log = logging.getLogger(__name__)
@@ -69,8 +70,11 @@ class Stopper:
         return self._event.wait(seconds)
 
 
+C = TypeVar("C")  # the role's config class (``ops.run.config``)
+
+
 @dataclass(frozen=True)
-class RoleContext:
+class RoleContext(Generic[C]):
     """What ``rlstream run ROLE`` hands a role's entry point.
 
     Every role module exposes ``run_role(ctx: RoleContext)``, which runs the role until
@@ -78,13 +82,14 @@ class RoleContext:
 
     settings: KafkaSettings
     run: str
-    cfg: Any  # the role's typed config (``ops.run.config``)
+    cfg: C  # the role's config (``RunConfig.role``), validated
     stopper: Stopper
     member: str = "0"  # stable member name: static membership and transactional id
     name: str | None = None  # the judge's rubric name (judge role only)
     log: Callable[[str], None] = print
     region: str = "trainer"  # the region this role runs in; ``settings`` reach its cluster
     regions: topics.Regions = field(default_factory=topics.Regions)  # the run's regions
+    keys: RunKeys = field(default_factory=RunKeys.from_env)  # the run's weight keys, as given
 
     def pattern(self, stream: str) -> str:
         """This role's subscription to ``stream``: the copies its region may read

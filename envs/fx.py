@@ -19,6 +19,7 @@ from rlstream.envs import fx_tasks as tasks
 from rlstream.envs import protocol, sandbox
 from rlstream.envs.family import FamilySpec, FamilyTask, Split, TaskFamily, Verdict
 from rlstream.envs.tools import Environment, code_only
+from rlstream.schemas.derive import derive
 
 
 class FxFamily(TaskFamily):
@@ -68,7 +69,7 @@ class FxFamily(TaskFamily):
         return out
 
     def score(self, task_id: str, completion: str, isolation: sandbox.Mode = "full") -> Verdict:
-        box = tasks.SCORE_SANDBOX.model_copy(update={"isolation": isolation})
+        box = derive(tasks.SCORE_SANDBOX, isolation=isolation)
         passed, details = tasks.score(self.task(task_id), completion, box)
         numbers = {k: float(v) for k, v in details.items() if isinstance(v, int | float)}
         mode = str(details.get("isolation") or "not_run")
@@ -101,7 +102,7 @@ def with_fx_options(
 ) -> dict[str, FamilySpec]:
     """``specs`` with the run's shared fx difficulty as the options of fx families giving none."""
     return {
-        name: spec.model_copy(update={"options": shared.model_dump()})
+        name: derive(spec, options=shared.model_dump())
         if spec.plugin == FxFamily.plugin and not spec.options
         else spec
         for name, spec in specs.items()

@@ -1,36 +1,18 @@
 """Judge roles: one consumer group per rubric, each writing one reward per sample exactly once.
 
-Rubrics, for any task family (the family is read from the task id, see ``envs.family``):
+Rubrics, for any task family: ``tests`` (the hidden tests in the sandbox: 1.0 or 0.0),
+``format`` (the family's format rubric) and ``llm`` (an LLM-as-judge, ``envs.llm_judge``).
 
-- ``tests``: the family scores the answer against its hidden tests in the sandbox: score 1.0 if
-  it passes, else 0.0, the failing assertion or error as the rationale;
-- ``format``: the family's format rubric: 1.0 or 0.0;
-- ``llm``: an LLM-as-judge rubric (``envs.llm_judge``): the rubric prompt comes from the config,
-  the answer is fenced as data, the grade is a JSON object; calls run concurrently (bounded).
+Rules a maintainer must keep:
+- a training judge refuses held-out tasks: the reward is an error, so admission rejects the
+  group; only a config with ``evaluation = true`` scores them;
+- a sample it cannot score gets a reward with ``error`` set and score 0, never a guessed grade,
+  and the judge stays up;
+- every reward records the isolation its code ran under;
+- rewards are produced in the consume-transform-produce transaction, keyed by group id;
+- memory is bounded (latencies, the reassembler, the verdict memo).
 
-Rules and guarantees:
-
-- A training judge refuses held-out tasks (their ids carry an evaluation seed, or name a
-  held-out problem under a training seed) in the ``tests`` and ``format`` rubrics: the reward is
-  an error, so admission rejects the group and never trains on it. Only a config with ``evaluation = true`` scores them.
-- Every reward records the isolation its code ran under in ``details`` (``isolation.full``,
-  ``isolation.userns``, ``isolation.rlimits``, or ``isolation.not_run`` when no code ran).
-- A sample the judge cannot score (the sandbox cannot give the isolation the run accepts, a task
-  of a family the run does not have, an endpoint that fails, an unparseable grade) gets a reward
-  with ``error`` set and score 0 (admission rejects such a group as ``judge_error``); the judge
-  stays up. A grade is never guessed.
-- Equal answers to the same task score the same, so the ``tests`` judge remembers recent
-  deterministic verdicts by (task id, answer) and runs the sandbox once per distinct answer.
-
-Rewards are produced in the judge's consume-transform-produce transaction (see
-``consumers.transactional``), keyed by group id so they land co-partitioned with the
-trajectories. Long trajectories arriving in segments are reassembled first.
-
-Bounded memory: the latencies kept are the latest ``LATENCY_WINDOW``; split trajectories wait
-in a bounded reassembler (``reassembly.Reassembler``: a sample evicted there is never judged, so
-admission times its group out); the verdict memo holds ``memo_size`` entries. Sizes and bounds
-are exported as ``rlstream_buffer_items`` / ``rlstream_buffer_bound`` (``judge.NAME.latencies``,
-``judge.NAME.segments``).
+Details: docs/task-families.md (Judges).
 """
 
 from __future__ import annotations
@@ -229,7 +211,7 @@ class Judge:
         return Output(self.rewards_topic, "reward", reward, traj["group_id"])
 
 
-def run_role(ctx: RoleContext) -> int:
+def run_role(ctx: RoleContext[JudgeConfig]) -> int:
     """One judge (``ctx.name``, a rubric) until stopped; returns how many records it judged."""
     run, name, member = ctx.run, str(ctx.name), ctx.member
     judge = Judge(run, name, ctx.cfg)

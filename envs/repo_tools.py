@@ -34,6 +34,7 @@ from pathlib import Path
 
 from rlstream.envs import patches, sandbox
 from rlstream.envs.tools import Environment, Tool, ToolResult, Workspace, json_object
+from rlstream.schemas.derive import derive
 
 DRIVER = Path(__file__).resolve().parent / "repo_driver.py"
 BRIDGE = DRIVER.with_name("repo_bridge.py")
@@ -184,7 +185,7 @@ def _apply(ws: Workspace, arg: str, box: sandbox.SandboxConfig) -> ToolResult:
 def _tester(paths: list[str], limits: sandbox.SandboxConfig) -> Tool:
     def run(ws: Workspace, arg: str, box: sandbox.SandboxConfig) -> ToolResult:
         tests = _args(arg, ("tests",)).get("tests", "").split() if arg.strip() else []
-        cfg = limits.model_copy(update={"isolation": box.isolation})
+        cfg = derive(limits, isolation=box.isolation)
         result = sandbox.run(driver("tool", paths, tests), cfg, files=dict(ws.files))
         text = result.stdout + result.stderr
         if result.status != "ok":

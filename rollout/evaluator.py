@@ -1,37 +1,18 @@
 """The eval role: scores policy versions on the held-out tasks and decides which are released.
 
-The role follows the run's weight manifests (``consumers.weights.subscriber.WeightSubscriber``) and
-evaluates the warm start (version 0) and every ``every``-th version after it, in order, on the
-run's held-out task set (each family's ``eval_tasks``, disjoint from every training task by
-construction, see ``envs.family``). It generates with the rollout code (``rollout.harness``,
-``rollout.model``: same harness, tools and sandbox) and scores with each family's own scoring
-(the ``tests`` judge's code), and writes one ``eval`` event per (version, task set) to
-``rl.RUN.evals`` (key ``MODEL/VERSION``).
-
-Figures (``evaluate``): per task one greedy answer (temperature 0) and ``k`` samples at
-temperature 1; ``greedy_success`` is the share of tasks whose greedy answer passes,
-``pass_at_k`` the share with at least one passing sample among the ``k`` (the unbiased
-estimator ``1 - C(n-c, k) / C(n, k)`` with n = k), ``sample_success`` the mean of the samples.
-An answer that could not be scored (sandbox refused) counts as a failure and is counted in
-``errors``.
+It evaluates version 0 and every ``every``-th version after it, in order, on the run's held-out
+tasks (disjoint from training tasks), with the rollout code and each family's own scoring, and
+writes one ``eval`` event per (version, task set) to ``rl.RUN.evals``. Figures: greedy success,
+pass@k (the unbiased estimator), sample success; an unscorable answer counts as a failure.
 
 Release rule (``release``): a version is released when its held-out greedy success is at least
-the last released version's minus ``release_margin``; the first evaluation (normally the warm
-start) is released. The decision, the rule in words and the baseline are in the event, so
-serving (``rlstream serve policy --released-only``) follows released versions from the log.
+the last released version's minus ``release_margin``; the first evaluation is released.
 
-Exactly once per (version, task set), restart-safe: the role's producer is transactional with
-one id per run (``rlstream.RUN.eval``), so a restarted role fences its predecessor and aborts
-whatever it left open; only then does it read the evals stream back (``read_committed``) to
-learn which versions of its task set are done and which was last released. Each event is
-committed in its own transaction, after the evaluation: a crash mid-evaluation leaves nothing
-and the version is evaluated again; a crash after the commit leaves the event, which the
-restarted role reads back and does not repeat. Versions are never skipped: the subscriber's
-ceiling moves one due version at a time, so the role steps through them in order however far
-behind it is. The one exception is a version the subscriber refused (not authentic, out of
-bounds, corrupt, or behind a refused one: ``WeightSubscriber.refusal_of``): it can never be
-evaluated, so the role records it in the ledger's ``skipped`` with the reason, logs it, and
-goes on to the next due version (``due_snapshot``) instead of waiting for it forever.
+Exactly once per (version, task set), restart-safe: one transactional id per run, the evals
+stream read back after fencing, one transaction per event after its evaluation. Versions are
+never skipped, except one the subscriber refused, which is recorded in ``skipped``.
+
+Details: docs/evaluation.md (The eval role).
 """
 
 from __future__ import annotations
@@ -64,6 +45,7 @@ from rlstream.rollout.harness import Rollout
 from rlstream.rollout.model import PolicyModel, build_policy, generate
 from rlstream.schemas import topics
 from rlstream.schemas.deltacodec import to_torch
+from rlstream.schemas.derive import derive
 
 # --- the rules (pure) ----------------------------------------------------------------------
 
@@ -195,7 +177,7 @@ class Figures:
 def evaluate(model: PolicyModel, held: list[FamilyTask], cfg: EvalConfig, version: int) -> Figures:
     """Score ``model`` on ``held`` (see the module docstring for the figures)."""
     specs = with_fx_options(cfg.families, cfg.tasks)
-    sampled = Rollout(model, cfg.harness.model_copy(update={"temperature": 1.0}))
+    sampled = Rollout(model, derive(cfg.harness, temperature=1.0))
     greedy = Rollout(model, cfg.harness, generate_fn=partial(generate, greedy=True))
     answers: list[tuple[FamilyTask, list[str]]] = []
     for task in held:
@@ -272,7 +254,7 @@ def eval_record(
     }
 
 
-def run_role(ctx: RoleContext) -> int:
+def run_role(ctx: RoleContext[EvalConfig]) -> int:
     """Evaluate due versions in order until stopped (or past ``max_version``); returns how
     many this process evaluated."""
     cfg: EvalConfig = ctx.cfg
@@ -285,7 +267,9 @@ def run_role(ctx: RoleContext) -> int:
     producer = EventProducer.transactional(ctx.settings, topics.group_id(run, "eval"))
     ledger = read_ledger(ctx.settings, run, cfg.model, task_set)
     source = ctx.regions.sources("weights.manifests", ctx.region)[0]
-    sub = WeightSubscriber(ctx.settings, run, cfg.model, source=source)
+    sub = WeightSubscriber(
+        ctx.settings, run, cfg.model, source=source, verifier=ctx.keys.verifier()
+    )
     model = build_policy(cfg.policy)
     model.eval()
     log(f"eval: task set {task_set}; versions done {sorted(ledger.done)}")

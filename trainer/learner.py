@@ -1,56 +1,22 @@
 """The learner role: admitted groups in, one policy version per ``groups_per_step`` groups out.
 
-Guarantees:
-- exactly once: a step's version (its manifest) and the consumer offsets of the admitted
-  records that formed it commit in ONE Kafka transaction; records read but not yet trained are
-  not committed, so after a crash the learner resumes from its last published version. The
-  version's chunks are written and acknowledged before that transaction opens, outside it
-  (``producers.weights.publisher``), so the transaction stays short whatever the model's size;
-  chunks of a version whose transaction never committed are orphans no reader applies;
-- reproducible: the manifest records which admitted records (topic, partition, offset) formed
-  the step, in training order; on CPU, the same initial weights, seed and inputs in that order
-  give bit-identical versions (``rlstream replay`` checks the state hashes);
-- resumable: before each commit the fp32 master weights and optimizer state are checkpointed
-  under ``state_dir`` by version; a restarted learner loads the checkpoint of the last
-  published version (or, lacking it, rebuilds the weights from the weight stream);
-- epochs: each learner incarnation publishes under an epoch one more than the newest epoch in
-  the run's manifests, so readers refuse manifests of an older (fenced) incarnation;
-- signed: rank 0 signs every manifest with the run's key (``learner_key``: the file named by
-  its own ``$RLSTREAM_WEIGHTS_SIGNING_KEY``, else ``weights-signing-key.pem`` beside its
-  checkpoints), made and recorded in the run manifest at the run's first start when the run
-  has none (``consumers.weights.trust.ensure_run_key``); a run recorded with another key
-  stops the learner before it publishes anything. ``insecure_weights`` creates the run
-  insecure instead (unsigned, recorded, said loudly);
+Guarantees a maintainer must keep:
+- exactly once: a version's manifest and the offsets of the records that formed it commit in
+  ONE Kafka transaction; its chunks are acknowledged before it, outside it;
+- reproducible: the manifest records the step's inputs in training order (``rlstream replay``);
+- resumable: master weights and optimizer state are checkpointed before each commit;
+- epochs: each incarnation publishes under a newer epoch, so readers refuse a fenced one;
+- signed: rank 0 signs every manifest with the run's key; a run recorded with another key stops
+  the learner before it publishes anything;
+- bounded memory: at most ``MAX_WAITING`` waiting groups, a bounded reassembler.
 
-Bounded memory: the waiting list (complete groups not yet trained) holds at most
-``MAX_WAITING`` groups: the admitted stream is read only while there is room (it keeps the rest
-durably), and when the list is full of groups no step can take (online groups the mix quota
-defers) the oldest online group is dead-lettered to make room (``make_room``). Split groups wait
-in a bounded reassembler (``reassembly.Reassembler``); a group evicted there is dead-lettered too.
-Sizes and bounds are exported as ``rlstream_buffer_items`` / ``rlstream_buffer_bound``
-(``learner.waiting``, ``learner.parts``).
-
-Ranks (``trainer.distributed``): with ``WORLD_SIZE`` > 1 in its environment (``rlstream run learner
---ranks N`` starts the ranks, ``ops.run.ranks``; or ``torchrun``) the learner is N data-parallel
-processes whose weights, gradients and Adam moments are sharded by FSDP2. Rank 0 is the learner
-above: it alone reads the ledger, consumes the admitted stream (the group membership and the step's
-input offsets are its own), writes checkpoints (gathered from every rank) and commits; it hands
-every step's groups to the other ranks (``Ranks.broadcast``; a heartbeat while idle), each rank
-trains on its slice with the gradients averaged across ranks, and every rank publishes its share of
-the version (``producers.weights.publisher``): the manifest and the offsets commit in one
-transaction by rank 0 only after every rank's chunks are acknowledged. A rank that dies fails the
-step on every rank before anything commits (a collective fails, the launcher stops the others); the
-restarted learner resumes from its last version, rank 0's weights and optimizer state handed to
-every rank and sharded (``Ranks.adopt``). Manifests of a multi-rank learner record ``stats.ranks``:
-``rlstream replay`` replays on as many ranks.
-
-The step itself (config, GRPO with router replay, checkpoints) is ``trainer.learner_step``;
-this module is the Kafka loop around it and the pure rules of which groups form a step.
+With ``WORLD_SIZE`` > 1 the learner is N FSDP2 ranks (``trainer.distributed``), rank 0 the one
+above. The step itself is ``trainer.learner_step``; this module is the Kafka loop around it.
+Details: docs/roles.md (The learner).
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -69,7 +35,7 @@ from rlstream.producers.client.admin import admin_client
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.runtime.metrics import track_buffer
 from rlstream.producers.weights.publisher import rank_publisher
-from rlstream.producers.weights.signing import KEY_FILE, SIGNING_KEY_ENV
+from rlstream.producers.weights.signing import KEY_FILE, RunKeys
 from rlstream.schemas import reassembly, topics
 from rlstream.schemas.deltacodec.bits import state_hash
 from rlstream.schemas.deltacodec.manifest import hash_algorithm
@@ -117,11 +83,10 @@ def read_ledger(settings: KafkaSettings, run: str, model: str) -> TrainedLedger:
     return ledger
 
 
-def learner_key(cfg: LearnerConfig, run: str) -> Path:
-    """The learner's signing key file: its own ``$RLSTREAM_WEIGHTS_SIGNING_KEY`` (set for the
-    learner's process alone), else ``STATE_DIR/RUN/weights-signing-key.pem``."""
-    named = os.environ.get(SIGNING_KEY_ENV)
-    return Path(named) if named else Path(cfg.state_dir) / run / KEY_FILE
+def learner_key(cfg: LearnerConfig, run: str, keys: RunKeys) -> Path:
+    """The learner's signing key file: the one it was given (``RunKeys.signing_key``: its
+    launcher names it for the learner's process alone), else ``STATE_DIR/RUN/KEY_FILE``."""
+    return Path(keys.signing_key) if keys.signing_key else Path(cfg.state_dir) / run / KEY_FILE
 
 
 def pick_step(
@@ -190,8 +155,10 @@ class Learner:
         cfg: LearnerConfig,
         log: Callable[[str], None] = print,
         ranks: Ranks | None = None,
+        keys: RunKeys | None = None,
     ) -> None:
         torch.set_num_threads(1)
+        self.keys = keys if keys is not None else RunKeys.from_env()
         torch.use_deterministic_algorithms(True)
         self.settings, self.run, self.cfg, self.log = settings, run, cfg, log
         self.ranks = ranks if ranks is not None and ranks.world > 1 else None
@@ -206,8 +173,10 @@ class Learner:
         self.refused_steps = 0
         signer = None
         if self.lead:  # only rank 0 produces manifests: only it holds the key
-            key = learner_key(cfg, run)
-            signer = ensure_run_key(settings, run, key, insecure=cfg.insecure_weights)
+            key = learner_key(cfg, run, self.keys)
+            signer = ensure_run_key(
+                settings, run, key, insecure=cfg.insecure_weights, given=self.keys.verify_hex
+            )
         self.publisher = rank_publisher(
             settings, run, cfg.model, f"{group}.0", self.ranks, cfg.keyframe_every, signer,
             fast_apply=cfg.fast_apply_deltas,
@@ -292,7 +261,9 @@ class Learner:
         from rlstream.consumers.weights.subscriber import WeightSubscriber
         from rlstream.schemas.deltacodec import to_torch
 
-        sub = WeightSubscriber(self.settings, self.run, self.cfg.model)
+        sub = WeightSubscriber(
+            self.settings, self.run, self.cfg.model, verifier=self.keys.verifier()
+        )
         while (snapshot := sub.current()) is None or snapshot.version < version:
             sub.poll(1.0)
         state = snapshot.state
@@ -478,14 +449,14 @@ class Learner:
         self.publisher.close(10)
 
 
-def run_role(ctx: RoleContext) -> int:
+def run_role(ctx: RoleContext[LearnerConfig]) -> int:
     """The learner (one rank of it, when the environment names ranks: ``trainer.distributed``)
     until stopped or ``max_versions``; returns the last published version."""
     env = RankEnv.from_env()
     if env is None and ctx.cfg.ranks > 1:
         raise SystemExit("learner.ranks > 1 needs the ranks' environment (WORLD_SIZE, ...)")
     ranks = Ranks(env) if env is not None and env.world > 1 else None
-    learner = Learner(ctx.settings, ctx.run, ctx.cfg, ctx.log, ranks)
+    learner = Learner(ctx.settings, ctx.run, ctx.cfg, ctx.log, ranks, ctx.keys)
     try:
         version = learner.run_until(ctx.stopper) if learner.lead else learner.follow()
     finally:

@@ -31,6 +31,7 @@ from rlstream.envs.family import EVAL_SEED_BASE, FamilySpec, families
 from rlstream.rollout.config import LoraConfig, PolicyConfig
 from rlstream.rollout.model import PolicyModel, build_policy
 from rlstream.rollout.text import PolicyText
+from rlstream.schemas.derive import derive
 from rlstream.trainer.config import WarmStartConfig
 
 #: The family whose teacher the warm start imitates (its ``demonstration``).
@@ -86,7 +87,7 @@ def warm_start(
     """A policy trained on demonstrations (or loaded from ``cache_path`` when the key matches),
     without LoRA adapters whatever ``policy_cfg.lora`` says (the learner adds them after)."""
     cfg = cfg or WarmStartConfig()
-    model = build_policy(policy_cfg.model_copy(update={"lora": LoraConfig()}))
+    model = build_policy(derive(policy_cfg, lora=LoraConfig()))
     key = cache_key(policy_cfg, cfg)
     if cache_path and os.path.exists(cache_path):
         stored = torch.load(cache_path, map_location="cpu", weights_only=True)

@@ -2,38 +2,18 @@
 groups (``source=online``) in the admitted stream, next to the rollout groups; the rules that
 decide a window are in ``consumers.feedback.rules``.
 
-Windows: per input partition, consecutive feedback records; a window closes when it holds
-``window_size`` records or ``window_seconds`` after its first record arrived. Feedback is
-trained at most once per served completion: a record whose feedback id was seen before (a retry
-stored twice), or that matches a served completion (request id and choice, ``served_key``)
-that earlier feedback matched, is dropped and counted as a duplicate; feedback that does not
-match what was served claims nothing, so a forged record cannot block the honest one. Feedback
-is keyed by request id, hence its partition, so the open window or the remembered keys catch
-them (the last ``dedup_ids``, reloaded on partition assignment from the ``dedup_lookback``
-records before the committed offset and checked against the served stream again, so a restart
-forgets none of them). Feedback ids are compared in their client's namespace
-(``producers.feedback.dedupe.dedupe_key`` with the record's ``feedback_client`` header), so one
-client's ids never drop another client's feedback.
+Rules a maintainer must keep:
+- feedback is trained at most once per served completion: a repeated feedback id (compared in
+  its client's namespace) or a second feedback on the same served completion is a duplicate,
+  and feedback that matches nothing served claims nothing;
+- exactly once without a state store: outputs, dead letters and offsets commit in one
+  transaction (``TransactionalLoop``), a partition's committed offset is the first record of its
+  open window, and baselines and remembered ids change only with a committed transaction;
+- feedback trains only what was served: tokens, logprobs, routes, version and model come from
+  the served record the feedback names; feedback that disagrees is rejected, never trained.
 
-Exactly once, without a state store: outputs, dead letters and consumer offsets commit in one
-transaction (``TransactionalLoop``); the committed offset of a partition is the first record of
-its open window, so a crash or rebalance re-reads exactly the records not yet decided. Windows
-close in offset order, so no decided record is ever re-read. Baselines and remembered ids change
-only with a committed transaction (restored on abort); after a restart baselines start over,
-which shifts rewards by a baseline but never duplicates or loses feedback.
-
-Feedback trains only what was served: the tokens, behaviour logprobs, routes, temperature,
-policy version and model of every trained sample are those of the served completion the
-feedback names (``consumers.feedback.served_log``: its ``trajectory_ref``, which may name only
-that completion's record in the run's served stream, else its request id and choice looked up
-there, bounded by ``served_lookup_ids`` per partition), and its position is the admitted
-sample's ``trajectory``. Whatever the feedback itself states (version, model, token arrays) must
-equal the served record, checked before anything is trained. Feedback whose completion is found
-nowhere, whose reference names anything else, or that disagrees with what was served is
-rejected with the reason (``consumers.feedback.rules``), never dropped and never trained.
-
-``mix_online_groups``/``mix_rollout_groups`` are read by the learner, not enforced here: see
-``online_quota``.
+``mix_online_groups``/``mix_rollout_groups`` are read by the learner (see ``online_quota``).
+Details: docs/feedback.md (feedback-rl).
 """
 
 from __future__ import annotations
@@ -61,6 +41,7 @@ from rlstream.consumers.transactional import Output, TransactionalLoop
 from rlstream.consumers.weights.versions import VersionWatcher
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.feedback.dedupe import client_of_headers, dedupe_key
+from rlstream.producers.weights.signing import Verifier
 from rlstream.schemas import arrays, events, topics
 
 __all__ = ["FeedbackRL", "FeedbackRLConfig", "decided", "run_role"]
@@ -86,13 +67,15 @@ class FeedbackRL:
         cfg: FeedbackRLConfig,
         member: str = "0",
         version: Callable[[], int] | None = None,
+        verifier: Verifier | None = None,
     ) -> None:
         self.run_name, self.cfg = run, cfg
         self.names = topics.run_topics(run)
         self.watcher = None
         if version is None:
             # The watcher has caught up with the manifests when it returns (see versions.py).
-            watcher = VersionWatcher(settings, self.names["weights.manifests"], cfg.model)
+            topic = self.names["weights.manifests"]
+            watcher = VersionWatcher(settings, topic, cfg.model, verifier=verifier)
             self.watcher, version = watcher, lambda: watcher.version
         self.version = version
         self.windows: dict[tuple[str, int], _Window] = {}
@@ -319,7 +302,7 @@ def decided(
         consumer.close()
 
 
-def run_role(ctx: RoleContext) -> dict[str, int]:
+def run_role(ctx: RoleContext[FeedbackRLConfig]) -> dict[str, int]:
     """The feedback-rl role until stopped; returns its decision counts."""
-    role = FeedbackRL(ctx.settings, ctx.run, ctx.cfg, ctx.member)
+    role = FeedbackRL(ctx.settings, ctx.run, ctx.cfg, ctx.member, verifier=ctx.keys.verifier())
     return dict(role.run(ctx.stopper))

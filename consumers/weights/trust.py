@@ -44,8 +44,8 @@ from rlstream.producers.client.producer import EventProducer
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.weights.signing import (
     KEY_FILE,
-    SIGNING_KEY_ENV,
     VERIFY_KEY_ENV,
+    RunKeys,
     Signer,
     Trust,
     Verifier,
@@ -137,24 +137,30 @@ def record_weight_fields(
 
 
 def ensure_run_key(
-    settings: KafkaSettings, run: str, key_file: str | Path, *, insecure: bool = False
+    settings: KafkaSettings,
+    run: str,
+    key_file: str | Path,
+    *,
+    insecure: bool = False,
+    given: str | None = None,
 ) -> Signer | None:
-    """``_ensure_run_key``, with the public key written beside the key file (``PUBLIC_FILE``)."""
-    signer = _ensure_run_key(settings, run, key_file, insecure)
+    """``_ensure_run_key``, with the public key written beside the key file (``PUBLIC_FILE``).
+    ``given``: the public key this process was given (default: its ``$RLSTREAM_WEIGHTS_VERIFY_KEY``)."""
+    given = given if given is not None else os.environ.get(VERIFY_KEY_ENV)
+    signer = _ensure_run_key(settings, run, key_file, insecure, given)
     if signer is not None:
         (Path(key_file).parent / PUBLIC_FILE).write_text(signer.public_hex + "\n")
     return signer
 
 
 def _ensure_run_key(
-    settings: KafkaSettings, run: str, key_file: str | Path, insecure: bool
+    settings: KafkaSettings, run: str, key_file: str | Path, insecure: bool, given: str | None
 ) -> Signer | None:
     """The learner's signer of ``run`` (None for a run created insecure), its key created and
     recorded when the run has none (rules in the module docstring). Raises ``RuntimeError``
     when the run is recorded with a key that ``key_file`` does not hold, or has none and this
     client can neither read nor record one."""
     path = Path(key_file)
-    given = os.environ.get(VERIFY_KEY_ENV)
     if given and path.exists() and Signer.from_file(path).public_hex == given.strip():
         return Signer.from_file(path)  # the launcher's key, as every reader is given it
     recorded = _recorded(settings, run)
@@ -195,12 +201,12 @@ def _ensure_run_key(
     return signer
 
 
-def key_folder_env(folder: Path, role: str) -> dict[str, str]:
+def key_folder_keys(folder: Path, role: str) -> RunKeys:
     """What a role of a run whose key is in ``folder`` is given: the public key, and for the
     learner alone the key file's path (nothing when the folder holds no key)."""
-    env = {}
-    if (folder / PUBLIC_FILE).exists():
-        env[VERIFY_KEY_ENV] = (folder / PUBLIC_FILE).read_text().strip()
-    if role == "learner" and (folder / KEY_FILE).exists():
-        env[SIGNING_KEY_ENV] = str(folder / KEY_FILE)
-    return env
+    public = folder / PUBLIC_FILE
+    key = folder / KEY_FILE
+    return RunKeys(
+        public.read_text().strip() if public.exists() else None,
+        str(key) if role == "learner" and key.exists() else None,
+    )

@@ -18,6 +18,7 @@ import threading
 
 from rlstream.consumers.weights.manifest_log import ManifestLog
 from rlstream.producers.client.settings import KafkaSettings
+from rlstream.producers.weights.signing import Verifier
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +32,12 @@ class VersionWatcher:
         topic: str,
         model: str | None = None,
         catch_up_s: float = 30.0,
+        verifier: Verifier | None = None,
     ) -> None:
         self.topic, self.model = topic, model
-        self._manifests = ManifestLog(settings, topic, model, name="version-watch")
+        self._manifests = ManifestLog(
+            settings, topic, model, name="version-watch", verifier=verifier
+        )
         self._stop = threading.Event()
         try:
             self._manifests.catch_up(catch_up_s)

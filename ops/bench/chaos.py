@@ -1,51 +1,15 @@
 """``rlstream bench chaos``: a demo-sized run while a driver breaks things, and the ledger after.
 
-Setup: the demo's recipe (``ops/recipes/demo.toml``: the ``fx`` family, the tiny MoE policy,
-judges ``tests`` and ``format``), one region, every role its own supervised process
-(``rlstream run ROLE``: learner, admission, both judges, ``--rollout-workers`` rollout workers,
-the scheduler releasing ``--tasks`` tasks), weight manifests signed with a key of the run, and a
-feedback service (``rlstream serve feedback``) with one HMAC key; a role whose transaction hangs
-exits after ``RLSTREAM_HUNG_TRANSACTION_S`` (30 s unless set) and is restarted. The cluster is
-the local one at ``--home`` when its trainer region runs (its broker is killed and restarted
-too), else a temporary one started in its own state directory and stopped (by pid) at the end.
+The demo's recipe, every role its own supervised process, signed weights and a feedback service.
+Once version 1 is out, a plan drawn from ``--seed`` kills roles and the broker, injects poison
+records and forged manifests, replays signed feedback and runs one round of attacks
+(``ops.chaos.attacks``); then the driver waits until every task released is decided.
 
-Once the learner has published version 1, the faults of a plan drawn from ``--seed`` happen at
-random times within ``--chaos-seconds`` (``ops.chaos.faults``): ``--role-kills`` SIGKILLs of a random
-role's process (never the same role twice within ``SAME_ROLE_GAP_S``: its supervisor restarts
-it with backoff), ``--broker-kills`` SIGKILLs of the broker (restarted on its data and ports
-after ``--broker-down`` seconds), ``--poison-rounds`` rounds of poison records in the
-trajectories and rewards streams, ``--forged-rounds`` rounds of forged weight manifests, and
-one replay of a captured signed feedback request (including across a SIGKILL of the service),
-and one round of attacks (``ops.chaos.attacks``) against the run's services and roles: a policy
-server taking pushed weights (``serve policy --weights push``) and one following the run (whose
-served completion the forged feedback names), feedback-rl, admission, the ``tests`` judge and
-its sandbox. Then the driver waits until the scheduler has seen every task released and decided.
-``--seeds N`` repeats the whole run N times, each a fresh run with the plan of its own seed
-(``--seed``, ``--seed`` + 1, ...): the counts are summed, the broker stalls pooled, and the result
-holds only when every run did (``chaos_report.combine``; each run's figures are kept under ``per_seed``).
+The run holds only when nothing is lost or trained twice (``groups_lost`` and
+``groups_trained_twice`` are 0), the replayed feedback is stored once, and every attack kind was
+tried and refused every time; each figure is read from what the roles wrote or logged.
 
-Figures (``--json``: the last stdout line), each read from what the roles wrote or logged:
-``groups_released``/``groups_decided``/``groups_lost`` (released and never decided: must be
-0)/``groups_trained_twice`` (named by two versions' inputs: must be 0) from the run's streams
-(``ops.observe.ledger``); ``poison_dead_lettered``: injected poison records some role wrote a dead
-letter for (the dead-letter stream, with ``dead_letters_by_reason``), and ``poison_missed``
-those none did; ``forged_refused``: forged manifests the roles logged refusing;
-``role_restarts``: restarts the supervisors logged; ``feedback_replays_refused``: 4xx answers to
-replays, ``feedback_stored``: how often the replayed event is in the feedback stream (must be
-1); ``warm_start_success``/``final_success``: the ``tests`` judge's pass rate of the training
-samples of version 0 and of the newest versions (as ``rlstream demo`` reports them).
-``attacks``: one entry per kind, ``{"tried": N, "refused": N}``, each refusal read from what the
-run answered, logged or wrote: the forged-manifest kinds (``ops.chaos.faults.ATTACKS``) from the
-roles' refusal log lines, ``unauthenticated_policy_push`` from 401 answers with the served version
-unchanged, ``forged_feedback_tokens`` from feedback-rl's rejections, ``feedback_replay`` from
-the replays feedback-rl dropped as duplicates, ``unreleased_task`` from
-admission's dead letters, ``heldout_task`` from the ``tests`` judge's unscorable rewards and
-``planted_stdlib_module`` from failed verdicts, the verdict forgeries (``repo_report_forge``,
-``repo_shadow_pytest``, ``repo_plugin_autoload``, ``file_under_file``, ``stop_iteration``,
-``setup_failure_veto``: trajectories judged by the run's ``tests`` judge, the run given a
-``repo`` family and a one-problem dataset family for them that the scheduler all but never
-picks) from failed, non-error rewards beside a passing control. The run holds when every kind was tried and
-refused every time.
+Details: docs/benchmarks.md (bench chaos).
 """
 
 from __future__ import annotations
@@ -204,20 +168,19 @@ class Driver:
         progress(f"run {self.run_name}: logs in {self.logs}")
         progress("warm start (cached) ...")
         init_model(self.config.role("learner"), lambda line: progress(f"  {line}"))
-        from rlstream.producers.weights.signing import SIGNING_KEY_ENV
-
         key_file = demo.learner_key_file(False, self.home, self.run_name, self.out)
-        self.learner_env = demo.sign_weights(self.settings, self.run_name, key_file, False)
-        self.key_file = Path(self.learner_env[SIGNING_KEY_ENV])
-        os.environ.setdefault("RLSTREAM_HUNG_TRANSACTION_S", "30")  # roles stuck by the broker
+        self.keys = demo.sign_weights(self.settings, self.run_name, key_file, False)
+        self.key_file = key_file
         self.roles = self._start_roles()
         key = secrets.token_hex(16).encode()
         where = (self.run_name, self.settings, self.logs)
-        self.feedback = FeedbackProcess(*where, key=key)
+        given = self.keys.env("policy")
+        self.feedback = FeedbackProcess(*where, key=key, env=given)
         recipe = tuple(self.extra)
-        self.policy = PolicyService(*where, recipe=recipe)  # serves (and records) completions
+        # serves (and records) completions
+        self.policy = PolicyService(*where, recipe=recipe, env=given)
         self.pushed = PolicyService(
-            *where, label="policy-push", recipe=recipe, push_token=secrets.token_hex(16)
+            *where, label="policy-push", recipe=recipe, push_token=secrets.token_hex(16), env=given
         )
         services = (self.feedback, self.policy, self.pushed)
         try:
@@ -235,12 +198,15 @@ class Driver:
     def _start_roles(self) -> list[Any]:
         from rlstream.ops.demo.demo import start_role
 
-        def start(role: str, name: str = "", *more: str, env: Any = None) -> Any:
+        def start(role: str, name: str = "", *more: str) -> Any:
             extra = [*more, *self.extra]
             where = (self.settings, self.logs, extra, name, "trainer")
+            # a role stuck by a broker's restart exits after 30 s (unless set) and restarts
+            hung = os.environ.get("RLSTREAM_HUNG_TRANSACTION_S", "30")
+            env = {**self.keys.env(role), "RLSTREAM_HUNG_TRANSACTION_S": hung}
             return start_role(role, self.run_name, *where, env=env)
 
-        roles = [start("learner", env=self.learner_env), start("admission"), start("feedback-rl")]
+        roles = [start("learner"), start("admission"), start("feedback-rl")]
         roles += [start("judge", f"judge-{j}", "--name", j) for j in self.config.judges]
         roles += [
             start("rollout", f"rollout-{i}", "--member", str(i))
@@ -260,7 +226,9 @@ class Driver:
         from rlstream.schemas import topics
 
         watcher = VersionWatcher(
-            self.settings, topics.topic_name(self.run_name, "weights.manifests")
+            self.settings,
+            topics.topic_name(self.run_name, "weights.manifests"),
+            verifier=self.keys.verifier(),
         )
         try:
             deadline = time.monotonic() + self.args.timeout

@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlstream.schemas.derive import derive
+
 MODEL = "policy"
 
 
@@ -272,7 +274,7 @@ def packing_figures(
     model, _ = init_model(cfg, lambda line: None)
     arms: dict[str, Any] = {}
     for name, size in (("padded", 0), ("packed", width)):
-        arm_cfg = cfg.model_copy(update={"grpo": cfg.grpo.model_copy(update={"pack_tokens": size})})
+        arm_cfg = derive(cfg, grpo=derive(cfg.grpo, pack_tokens=size))
         m = clone_policy(model)
         arms[name] = (arm_cfg, m, torch.optim.Adam(m.parameters(), lr=cfg.lr), [])
     for k, used in enumerate(steps):

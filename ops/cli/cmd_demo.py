@@ -20,7 +20,10 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlstream.producers.weights.signing import RunKeys
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -129,9 +132,11 @@ def _demo(args: argparse.Namespace) -> int:
     assert isinstance(learner_cfg, LearnerConfig)
     init_model(learner_cfg, lambda line: print(f"  {line}", flush=True))
     key_file = demo.learner_key_file(args.secure, _home(args), run, out)
-    learner_env = demo.sign_weights(home, run, key_file, learner_cfg.insecure_weights)
-    roles = _start_roles(args, run, config, regions, settings, out / "logs", extra, learner_env)
-    tracker = demo.start_role("tracker", run, home, out / "logs", extra, region=regions.trainer)
+    keys = demo.sign_weights(home, run, key_file, learner_cfg.insecure_weights)
+    roles = _start_roles(args, run, config, regions, settings, out / "logs", extra, keys)
+    tracker = demo.start_role(
+        "tracker", run, home, out / "logs", extra, region=regions.trainer, env=keys.env("tracker")
+    )
     services: list[Any] = []
     editors = None
     if args.feedback:
@@ -139,7 +144,7 @@ def _demo(args: argparse.Namespace) -> int:
 
         print(f"{args.feedback} editor users: serve policy and serve feedback ...", flush=True)
         services, editors = editor_users.start(
-            run, home, out / "logs", extra, config, args.feedback
+            run, home, out / "logs", extra, config, args.feedback, keys
         )
     progress, tally, stopper = demo.RunAnalytics(run), demo.RegionTally(), Stopper().install()
     follower = threading.Thread(
@@ -241,19 +246,22 @@ def _authorize(run: str, regions, settings: dict, home: Path) -> None:
 
 
 def _start_roles(
-    args, run, config, regions, settings, logs: Path, extra: list[str], learner_env: dict
+    args, run, config, regions, settings, logs: Path, extra: list[str], keys: RunKeys
 ) -> list:
-    """Trainer-region roles in the trainer region; rollout workers in the rollout regions. Only
-    the learner's process is given ``learner_env`` (its signing key file)."""
-    from functools import partial
-
+    """Trainer-region roles in the trainer region; rollout workers in the rollout regions. Each
+    process is given its part of the run's ``keys`` (the signing key file: the learner alone)."""
     from rlstream.ops.demo import demo
 
     home, here = settings[regions.trainer], regions.trainer
-    # secured: each role finds the cluster in the state directory and connects as its own user
-    start = partial(demo.start_role, home=_home(args)) if args.secure else demo.start_role
+
+    def start(role: str, *rest: Any, **kw: Any) -> Any:
+        # secured: each role finds the cluster in the state directory, connects as its own user
+        if args.secure:
+            kw["home"] = _home(args)
+        return demo.start_role(role, *rest, **kw | {"env": keys.env(role)})
+
     roles = [
-        start("learner", run, home, logs, extra, region=here, env=learner_env),
+        start("learner", run, home, logs, extra, region=here),
         start("admission", run, home, logs, extra, region=here),
     ]
     roles += [

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from rlstream.ops.cluster import artifacts, procs, security, wan
 from rlstream.producers.client.settings import KafkaSettings
+from rlstream.schemas.derive import derive
 from rlstream.schemas.errors import SetupError
 
 MARKER = "kafka.Kafka"  # with the properties path, identifies our broker process
@@ -131,7 +132,7 @@ class Region:
     def node_settings(self, node_id: int) -> KafkaSettings:
         """Admin settings that reach ``node_id`` alone (its readiness, its own view)."""
         port = self.node(node_id).broker_port
-        return self.settings().model_copy(update={"bootstrap_servers": f"127.0.0.1:{port}"})
+        return derive(self.settings(), bootstrap_servers=f"127.0.0.1:{port}")
 
     def add_link(self, region: str) -> bool:
         """Ports for ``region``'s WAN link into this region; True if new (the brokers take the

@@ -34,6 +34,7 @@ from typing import Any
 from rlstream.consumers.consumer import Stopper
 from rlstream.ops.observe.analytics import RunAnalytics
 from rlstream.producers.client.settings import KafkaSettings
+from rlstream.producers.weights.signing import RunKeys
 from rlstream.schemas import topics
 
 
@@ -61,7 +62,7 @@ def start_role(
     With ``home`` (the local cluster's state directory) the role is given no address: it finds
     ``region`` there and, when the cluster is secured, connects as its own user (``ops.run.roles``);
     no ``RLSTREAM_BOOTSTRAP``/``RLSTREAM_KAFKA_*`` is passed on that would make it someone else.
-    ``env`` is added to this role's environment alone (the learner's signing key file).
+    ``env`` is added to this role's environment alone (its part of the run's keys: ``RunKeys.env``).
     """
     name = name or role
     log = logs / f"{name}.log"
@@ -119,23 +120,19 @@ def learner_key_file(secure: bool, home: Path, run: str, out: Path) -> Path:
     return security.weights_key_file(home, run) if secure else out / "learner-key" / KEY_FILE
 
 
-def sign_weights(
-    settings: KafkaSettings, run: str, key_file: Path, insecure: bool
-) -> dict[str, str]:
+def sign_weights(settings: KafkaSettings, run: str, key_file: Path, insecure: bool) -> RunKeys:
     """The run's weight-signing key, made and recorded in its run manifest before any role
-    starts (``consumers.weights.trust.ensure_run_key``); returns the environment of the
-    learner's process alone, which names the private key's file ``key_file`` (mode 0600). Every role is given the public key (``$RLSTREAM_WEIGHTS_VERIFY_KEY``: on a secured
-    cluster the roles may not read ``rl.runs``) and refuses a manifest that does not verify.
-    ``insecure``: the run is created insecure instead (recorded, said loudly)."""
+    starts (``consumers.weights.trust.ensure_run_key``); returns the keys each role's process is
+    given (``RunKeys.env``): the public key to every role (on a secured cluster the roles may
+    not read ``rl.runs``), the private key's file ``key_file`` (mode 0600) to the learner alone.
+    ``insecure``: the run is created insecure instead (recorded, said loudly; no keys)."""
     from rlstream.consumers.weights.trust import ensure_run_key
-    from rlstream.producers.weights import signing
 
     signer = ensure_run_key(settings, run, key_file, insecure=insecure)
     if signer is None:
         print(f"run {run}: created INSECURE, its weight manifests are not signed", flush=True)
-        return {}
-    os.environ[signing.VERIFY_KEY_ENV] = signer.public_hex
-    return {signing.SIGNING_KEY_ENV: str(key_file)}
+        return RunKeys()
+    return RunKeys(signer.public_hex, str(key_file))
 
 
 def stop_tracker(tracker: RoleProcess, out: Path, timeout: float = 120.0) -> dict | None:

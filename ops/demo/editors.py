@@ -26,11 +26,14 @@ import json
 import secrets
 import threading
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlstream.ops.run.services import FeedbackProcess, PolicyService, post
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import topics
+
+if TYPE_CHECKING:
+    from rlstream.producers.weights.signing import RunKeys
 
 TASK_INDEX_BASE = 10_000_000
 """Editor tasks are drawn from indices far above the scheduler's (its ``max_tasks`` at most)."""
@@ -158,12 +161,13 @@ def start(
     recipe: list[str],
     config: Any,
     users: int,
+    keys: RunKeys,
 ) -> tuple[list[Any], EditorUsers]:
     """The run's feedback service (a fresh HMAC key) and policy server, up, and ``users``
     editor users sending to them; returns (services, users) for the caller to stop."""
     key = secrets.token_hex(16).encode()
-    feedback = FeedbackProcess(run, settings, folder, key=key)
-    policy = PolicyService(run, settings, folder, recipe=tuple(recipe))
+    feedback = FeedbackProcess(run, settings, folder, key=key, env=keys.env("feedback"))
+    policy = PolicyService(run, settings, folder, recipe=tuple(recipe), env=keys.env("policy"))
     services = [feedback, policy]
     for service in services:
         service.start()

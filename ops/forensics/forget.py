@@ -280,6 +280,7 @@ def _recompute(
 
     from rlstream.consumers.weights.trust import ensure_run_key
     from rlstream.producers.weights.publisher import rank_publisher
+    from rlstream.producers.weights.signing import RunKeys
     from rlstream.schemas.deltacodec.bits import state_hash
     from rlstream.schemas.deltacodec.manifest import hash_algorithm
     from rlstream.trainer.learner import learner_key
@@ -288,7 +289,10 @@ def _recompute(
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     signer = ensure_run_key(
-        settings, plan.new_run, learner_key(cfg, plan.new_run), insecure=cfg.insecure_weights
+        settings,
+        plan.new_run,
+        learner_key(cfg, plan.new_run, RunKeys.from_env()),
+        insecure=cfg.insecure_weights,
     )
     txn = f"{topics.group_id(plan.new_run, 'learner')}.forget"
     publisher = rank_publisher(

@@ -30,11 +30,14 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlstream.schemas.errors import SetupError
+
+if TYPE_CHECKING:
+    from rlstream.consumers.consumer import RoleContext
 
 TAG = "rlstream.run"
 TRACKING_FILE = "tracking.json"
@@ -175,7 +178,7 @@ class MlflowSink:
         self.client.set_terminated(self.run_id)
 
 
-def run_role(ctx: Any) -> dict[str, Any]:
+def run_role(ctx: RoleContext[TrackerConfig]) -> dict[str, Any]:
     """The tracker until stopped (see the module rules); returns what it wrote."""
     from rlstream.consumers.run_log import run_manifest
     from rlstream.ops.observe.analytics import RunAnalytics

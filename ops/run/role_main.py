@@ -19,8 +19,12 @@ import json
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from rlstream.ops.run.roles import HUNG_TRANSACTION_S, ROLES
+
+if TYPE_CHECKING:
+    from rlstream.producers.weights.signing import RunKeys
 
 
 def start(args: argparse.Namespace) -> int:
@@ -28,8 +32,9 @@ def start(args: argparse.Namespace) -> int:
     from rlstream.consumers.consumer import RoleContext, Stopper
     from rlstream.ops.run.config import load_run_config
     from rlstream.producers.client.admin import ensure_run_topics
-    from rlstream.producers.client.producer import exit_when_hung
     from rlstream.producers.client.settings import KafkaSettings, log_librdkafka_to
+    from rlstream.producers.weights.signing import RunKeys
+    from rlstream.schemas.derive import derive
 
     log_librdkafka_to(logging.StreamHandler(sys.stderr))  # the role's log, as its own lines
     role = args.role
@@ -46,7 +51,7 @@ def start(args: argparse.Namespace) -> int:
         return launch([sys.executable, "-m", "rlstream", *sys.argv[1:]], world)
     region = args.region or config.regions.trainer
     if role == "rollout":
-        cfg = cfg.model_copy(update={"region": region})  # recorded in every sample
+        cfg = derive(cfg, region=region)  # recorded in every sample
     print(
         f"{role}: run {args.run}, config {json.dumps(cfg.model_dump(mode='json'))}",
         file=sys.stderr,
@@ -62,8 +67,9 @@ def start(args: argparse.Namespace) -> int:
         region, args.home, user=role
     )
     if getattr(args, "once", False):  # supervised: a hung transaction ends in a restart
-        exit_when_hung(float(os.environ.get("RLSTREAM_HUNG_TRANSACTION_S", HUNG_TRANSACTION_S)))
-    _take_run_key(args.home, args.run, role)
+        hung = float(os.environ.get("RLSTREAM_HUNG_TRANSACTION_S", HUNG_TRANSACTION_S))
+        settings = derive(settings, hung_call_exit_s=hung)
+    keys = RunKeys.from_env().or_else(_secured_run_keys(args.home, args.run, role))
     report = ensure_run_topics(settings, args.run, regions=regions, here=region)
     if report.drift:
         print(f"warning: topic drift {report.drift}", file=sys.stderr)
@@ -76,21 +82,20 @@ def start(args: argparse.Namespace) -> int:
         name=args.name,
         region=region,
         regions=regions,
+        keys=keys,
     )
     result = importlib.import_module(ROLES[role].module).run_role(ctx)
     print(f"{role}: stopped, {json.dumps(result)}", file=sys.stderr)
     return 0
 
 
-def _take_run_key(home: str | None, run: str, role: str) -> None:
+def _secured_run_keys(home: str | None, run: str, role: str) -> RunKeys:
     """On a local cluster whose secrets hold the run's weight key (a secured run, made by
-    ``acl apply``): its public key for this role, its key file's path for the learner alone,
-    in this process's environment unless given already."""
+    ``acl apply``): its public key for this role, its key file's path for the learner alone."""
     from pathlib import Path
 
-    from rlstream.consumers.weights.trust import key_folder_env
+    from rlstream.consumers.weights.trust import key_folder_keys
     from rlstream.ops.cluster import default_home, security
 
     folder = security.weights_key_file(Path(home) if home else default_home(), run).parent
-    for name, value in key_folder_env(folder, role).items():
-        os.environ.setdefault(name, value)
+    return key_folder_keys(folder, role)

@@ -73,55 +73,58 @@ class Role:
 # --- how each role gets its config (the shared values set once at the top of the recipe) ------
 
 
+def derive(model: BaseModel, /, **changes: Any) -> BaseModel:
+    """``schemas.derive.derive``, imported when a config is made (this module stays stdlib)."""
+    from rlstream.schemas.derive import derive as validated
+
+    return validated(model, **changes)
+
+
 def _scheduler(run: RunConfig, name: str | None) -> BaseModel:
     shared: dict[str, Any] = {"group_size": run.group_size, "groups_per_step": run.groups_per_step}
     shared |= {"max_staleness": run.max_staleness, "seed": run.seed}
     shared |= {"oversample": run.sync_oversample}
-    return run.scheduler.model_copy(update={**shared, "tasks": run.tasks, "families": run.families})
+    return derive(run.scheduler, **shared, tasks=run.tasks, families=run.families)
 
 
 def _rollout(run: RunConfig, name: str | None) -> BaseModel:
-    box = run.rollout.harness.tool_sandbox.model_copy(update={"isolation": run.isolation})
-    harness = run.rollout.harness.model_copy(update={"tool_sandbox": box})
+    box = derive(run.rollout.harness.tool_sandbox, isolation=run.isolation)
+    harness = derive(run.rollout.harness, tool_sandbox=box)
     shared = {"model": run.model, "policy": run.policy, "seed": run.seed}
-    return run.rollout.model_copy(
-        update={**shared, "harness": harness, "max_staleness": run.max_staleness}
-    )
+    return derive(run.rollout, **shared, harness=harness, max_staleness=run.max_staleness)
 
 
 def _judge(run: RunConfig, name: str | None) -> BaseModel:
     if name not in run.judges:
         raise SystemExit(f"error: no judge {name!r} in the config (have {sorted(run.judges)})")
     shared = {"families": run.families, "isolation": run.isolation, "policy_model": run.model}
-    return run.judges[name].model_copy(update={"tasks": run.tasks, **shared})
+    return derive(run.judges[name], tasks=run.tasks, **shared)
 
 
 def _admission(run: RunConfig, name: str | None) -> BaseModel:
     capped = run.max_staleness == 0 and run.sync_oversample > 1
     cap = run.groups_per_step if capped else run.admission.max_groups_per_version
-    return run.admission.model_copy(
-        update={"max_staleness": run.max_staleness, "max_groups_per_version": cap}
-    )
+    return derive(run.admission, max_staleness=run.max_staleness, max_groups_per_version=cap)
 
 
 def _learner(run: RunConfig, name: str | None) -> BaseModel:
-    warm = run.learner.warm_start.model_copy(update={"task": run.tasks})
+    warm = derive(run.learner.warm_start, task=run.tasks)
     shared = {"model": run.model, "policy": run.policy, "seed": run.seed}
     mix = {
         "mix_online_groups": run.feedback_rl.mix_online_groups,
         "mix_rollout_groups": run.feedback_rl.mix_rollout_groups,
     }
-    return run.learner.model_copy(
-        update={**shared, "groups_per_step": run.groups_per_step, "warm_start": warm, **mix}
+    return derive(
+        run.learner, **shared, groups_per_step=run.groups_per_step, warm_start=warm, **mix
     )
 
 
 def _eval(run: RunConfig, name: str | None) -> BaseModel:
     rollout: Any = _rollout(run, None)
-    harness = rollout.harness.model_copy(update={"max_turns": run.scheduler.max_turns})
+    harness = derive(rollout.harness, max_turns=run.scheduler.max_turns)
     shared = {"model": run.model, "policy": run.policy, "families": run.families}
     shared |= {"tasks": run.tasks, "isolation": run.isolation, "seed": run.seed}
-    return run.eval.model_copy(update={**shared, "harness": harness})
+    return derive(run.eval, **shared, harness=harness)
 
 
 def _tracker(run: RunConfig, name: str | None) -> BaseModel:
@@ -133,7 +136,7 @@ def _feedback_rl(run: RunConfig, name: str | None) -> BaseModel:
     update: dict[str, Any] = {"model": run.model}
     if "max_staleness" not in run.feedback_rl.model_fields_set:
         update["max_staleness"] = run.max_staleness
-    return run.feedback_rl.model_copy(update=update)
+    return derive(run.feedback_rl, **update)
 
 
 # --- the declaration ---------------------------------------------------------------------------

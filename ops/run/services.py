@@ -48,6 +48,7 @@ class Service:
     label: str = "service"
     port: int = 0
     proc: Any = None
+    env: dict[str, str] = field(default_factory=dict)  # added to its environment (run keys)
 
     @property
     def url(self) -> str:
@@ -68,7 +69,8 @@ class Service:
         cmd += ["--port", str(self.port), "--bootstrap", self.settings.bootstrap_servers]
         log = self.folder / f"{self.label}.log"
         with open(log, "ab") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+            env = {**os.environ, **self.env}
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.proc.poll() is None:
             if _get(f"{self.url}/healthz") == 200:

@@ -65,14 +65,19 @@ class DeliveryError(RlstreamError, RuntimeError):
 RETRIES = 5
 
 
-def retry_retriable(call: Callable[[], Any], what: str, guard: bool = False) -> Any:
+def retry_retriable(call: Callable[[], Any], what: str, hung_after: float | None = None) -> Any:
     """``call()``, retried with exponential backoff and jitter while it raises a retriable
-    ``KafkaException`` that does not require an abort (at most ``RETRIES`` attempts). With
-    ``guard``, each attempt runs under the hung-call guard (``exit_when_hung``): a call that
-    times out and is retried is not hung, one that blocks past the limit is."""
+    ``KafkaException`` that does not require an abort (at most ``RETRIES`` attempts).
+
+    ``hung_after`` (a supervised role's ``KafkaSettings.hung_call_exit_s``): an attempt that blocks
+    longer ends the process with ``HUNG_EXIT_CODE``, so its supervisor restarts it. librdkafka's
+    ``send_offsets_to_transaction`` has been seen to block for good after its broker was killed
+    and restarted (a thread blocked in C cannot be interrupted); the restart fences the stuck
+    transaction and resumes from the committed offsets. The limit is per attempt: a call that
+    times out after its own ``timeout`` and is retried is slow, not hung."""
     for attempt in range(RETRIES):
         try:
-            with _hang_guard(what) if guard else contextlib.nullcontext():
+            with _hang_guard(what, hung_after):
                 return call()
         except KafkaException as exc:
             err = exc.args[0]
@@ -84,29 +89,14 @@ def retry_retriable(call: Callable[[], Any], what: str, guard: bool = False) -> 
     raise AssertionError("unreachable")
 
 
-_HANG_EXIT_S: float | None = None
 HUNG_EXIT_CODE = 75
 
 
-def exit_when_hung(seconds: float | None) -> None:
-    """Make this process exit (code ``HUNG_EXIT_CODE``) when one transactional call blocks longer
-    than ``seconds`` (None: never). For a supervised role only: librdkafka's
-    ``send_offsets_to_transaction`` has been seen to block for good after its broker was killed
-    and restarted; the supervisor's restart fences the stuck transaction and resumes from the
-    committed offsets, which is what a restart is for. The limit is per call, not per retried
-    operation: a call that returns a timeout after its own ``timeout`` and is retried (a
-    coordinator moving after a broker died) is slow, not hung, so ``seconds`` should exceed the
-    calls' timeout."""
-    global _HANG_EXIT_S
-    _HANG_EXIT_S = seconds
-
-
 @contextlib.contextmanager
-def _hang_guard(what: str) -> Iterator[None]:
-    if _HANG_EXIT_S is None:
+def _hang_guard(what: str, limit: float | None) -> Iterator[None]:
+    if limit is None:
         yield
         return
-    limit = _HANG_EXIT_S
 
     def bail() -> None:
         print(f"{what} blocked for {limit:.0f}s; exiting so that the role restarts", flush=True)
@@ -128,8 +118,8 @@ class TransactionAborted(RlstreamError, RuntimeError):
 class Transaction:
     """The open transaction inside ``EventProducer.transaction()``."""
 
-    def __init__(self, producer: Producer, timeout: float) -> None:
-        self._producer, self._timeout = producer, timeout
+    def __init__(self, producer: Producer, timeout: float, hung_after: float | None) -> None:
+        self._producer, self._timeout, self._hung_after = producer, timeout, hung_after
 
     def send_offsets(self, offsets: Sequence[TopicPartition], group_metadata: object) -> None:
         """Commit these consumer offsets (of the group ``group_metadata`` names) with it."""
@@ -139,7 +129,7 @@ class Transaction:
                     list(offsets), group_metadata, self._timeout
                 ),
                 "send offsets",
-                guard=True,
+                self._hung_after,
             )
 
 
@@ -164,11 +154,12 @@ class EventProducer:
         self._errors: list[str] = []
         # how it was made (``connect``/``transactional``), for ``non_transactional``
         self._origin: tuple[KafkaSettings, dict[str, str]] | None = None
+        self._hung_after: float | None = None  # the settings' ``hung_call_exit_s``
 
     @classmethod
     def connect(cls, settings: KafkaSettings, **overrides: str) -> EventProducer:
         out = cls(make_producer(settings, **overrides))
-        out._origin = (settings, overrides)
+        out._origin, out._hung_after = (settings, overrides), settings.hung_call_exit_s
         return out
 
     @classmethod
@@ -180,7 +171,7 @@ class EventProducer:
         producer = make_producer(settings, transactional_id=transactional_id, **overrides)
         retry_retriable(lambda: producer.init_transactions(timeout), "init transactions")
         out = cls(producer)
-        out._origin = (settings, overrides)
+        out._origin, out._hung_after = (settings, overrides), settings.hung_call_exit_s
         return out
 
     def non_transactional(self) -> EventProducer:
@@ -200,9 +191,9 @@ class EventProducer:
         """Begin, yield, commit (see the module's rules of a transaction)."""
         self._producer.begin_transaction()
         try:
-            yield Transaction(self._producer, timeout)
+            yield Transaction(self._producer, timeout, self._hung_after)
             retry_retriable(
-                lambda: self._producer.commit_transaction(timeout), "commit", guard=True
+                lambda: self._producer.commit_transaction(timeout), "commit", self._hung_after
             )
         except KafkaException as exc:
             err = exc.args[0]

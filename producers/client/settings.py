@@ -56,6 +56,12 @@ class KafkaSettings(BaseModel):
     extra: dict[str, str] = Field(
         default_factory=dict, description="Other librdkafka keys, passed through verbatim."
     )
+    hung_call_exit_s: float | None = Field(
+        None,
+        description="A supervised role's producer ends its process (exit code 75, so the "
+        "supervisor restarts it) when one transactional call blocks longer than this; None: "
+        "never (see producers.client.producer.retry_retriable).",
+    )
 
     def librdkafka(self) -> dict[str, Any]:
         """The configuration of a confluent-kafka client for these settings: librdkafka's keys,

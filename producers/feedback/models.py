@@ -41,6 +41,7 @@ from pydantic import (
 )
 
 from rlstream.schemas import arrays, topics
+from rlstream.schemas.derive import derive
 from rlstream.schemas.errors import RlstreamError
 
 TOKENS_ENV = "RLSTREAM_FEEDBACK_TOKENS"
@@ -440,7 +441,7 @@ def _with_header_key(event: FeedbackEvent, key: str) -> FeedbackEvent:
             for d in validation_details(exc)
         ]
         raise _invalid(details) from None
-    return event.model_copy(update={"feedback_id": key})
+    return derive(event, feedback_id=key)
 
 
 # --- records --------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """A supervised role whose transactional call blocks for good exits, so its supervisor restarts
-it (``producers.client.producer.exit_when_hung``); without the policy nothing exits."""
+it (``KafkaSettings.hung_call_exit_s``, ``producers.client.producer.retry_retriable``); without
+the limit nothing exits."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import sys
 SCRIPT = """
 import time
 from rlstream.producers.client import producer as p
-p.exit_when_hung({limit})
-with p._hang_guard("send offsets"):
+def blocked():
     time.sleep({block})
-print("returned")
+    return "returned"
+print(p.retry_retriable(blocked, "send offsets", {limit}))
 """
 
 
@@ -27,7 +28,7 @@ def test_a_hung_call_ends_the_process_with_its_code() -> None:
     assert "send offsets blocked" in hung.stdout
 
 
-def test_a_call_that_returns_in_time_or_no_policy_changes_nothing() -> None:
+def test_a_call_that_returns_in_time_or_no_limit_changes_nothing() -> None:
     assert _run("5", 0.1).stdout.strip() == "returned"
     assert _run("None", 0.5).stdout.strip() == "returned"
 
@@ -36,7 +37,6 @@ RETRIED = """
 import time
 from confluent_kafka import KafkaError, KafkaException
 from rlstream.producers.client import producer as p
-p.exit_when_hung(0.6)
 calls = []
 def slow_then_done():
     calls.append(1)
@@ -44,7 +44,7 @@ def slow_then_done():
     if len(calls) < 3:
         raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "timed out", retriable=True))
     return "done"
-print(p.retry_retriable(slow_then_done, "send offsets", guard=True), len(calls))
+print(p.retry_retriable(slow_then_done, "send offsets", 0.6), len(calls))
 """
 
 
@@ -54,3 +54,14 @@ def test_the_limit_is_per_call_so_a_retried_timeout_is_not_a_hang() -> None:
     )
     assert done.returncode == 0, done
     assert done.stdout.split() == ["done", "3"]
+
+
+def test_the_limit_travels_with_the_settings() -> None:
+    from rlstream.producers.client.producer import EventProducer
+    from rlstream.producers.client.settings import KafkaSettings
+
+    settings = KafkaSettings(bootstrap_servers="127.0.0.1:1", hung_call_exit_s=30)
+    assert "hung_call_exit_s" not in str(settings.librdkafka())
+    with_limit = EventProducer.connect(settings)
+    assert with_limit._hung_after == 30
+    assert EventProducer.connect(KafkaSettings(bootstrap_servers="127.0.0.1:1"))._hung_after is None

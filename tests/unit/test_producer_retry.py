@@ -84,8 +84,7 @@ def test_a_failed_commit_leaves_no_transaction_open_unless_fatal(
     commit_error: KafkaError, aborted: bool
 ) -> None:
     client = _TxnClient(commit_error)
-    producer = p.EventProducer.__new__(p.EventProducer)
-    producer._producer = client  # type: ignore[assignment]
+    producer = p.EventProducer(client)  # type: ignore[arg-type]
     with pytest.raises(KafkaException) as raised, producer.transaction():
         pass
     assert raised.value.args[0].code() == commit_error.code()  # the first error, not the abort's

@@ -8,7 +8,7 @@ SIGKILL between two versions (the warm start's and the first trained one). What 
 - no role exited for any reason but one: librdkafka 2.16's ``send_offsets_to_transaction`` can
   block past its own timeout when the group's coordinator was on the killed node (upstream
   issues confluentinc/librdkafka#5456 and #5511), and the hung-call guard then restarts the role
-  (``producers.client.producer.exit_when_hung``); that restart is allowed once per role, and
+  (``KafkaSettings.hung_call_exit_s``); that restart is allowed once per role, and
   counted in the test's output;
 - the learner commits its next version within ``STALL_BOUND_S`` of the kill (measured);
 - the killed node comes back on its data, and every partition is in sync again.
