@@ -27,6 +27,7 @@ BENCHES = (
     "rlstream.ops.bench.engines",
     "rlstream.ops.bench.stability",
     "rlstream.ops.bench.verdicts",
+    "rlstream.ops.bench.role_start",
 )
 # Benchmarks added as the features land are appended here.
 
