@@ -125,6 +125,10 @@ class Environment:
     final: Callable[[Workspace], str] | None = None
     max_files: int = MAX_FILES  # the workspace's caps
     max_bytes: int = MAX_BYTES
+    #: seconds the environment's own work for a group goes on after generation (sandboxes on
+    #: machines of their own finishing), by group size and the task's seed; the rollout worker
+    #: waits it out, or with ``rollout.env_overlap`` generates on meanwhile. None: nothing after.
+    settle: Callable[[int, int], float] | None = None
 
     def workspace(self) -> Workspace:
         files = {k: v.encode() for k, v in self.files.items()}

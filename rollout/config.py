@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rlstream.envs import fx_tasks as task_family
@@ -149,24 +148,6 @@ def rollout_harness() -> HarnessConfig:
     return HarnessConfig(max_new_tokens=48)
 
 
-class EnvLatency(BaseModel):
-    """A heavy-tailed environment time per sample (lognormal), for benchmarks; 0 turns it off."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    median_s: float = Field(0.0, ge=0, le=60, description="Median seconds per sample (0: off).")
-    sigma: float = Field(1.2, ge=0, le=4, description="Lognormal shape (tail weight).")
-    cap_s: float = Field(20.0, gt=0, le=120, description="No draw exceeds this many seconds.")
-
-    def group_seconds(self, group_size: int, seed: int) -> float:
-        """The group's wait: the largest of its samples' draws (they run side by side)."""
-        if self.median_s <= 0:
-            return 0.0
-        rng = np.random.default_rng(seed)
-        draws = self.median_s * np.exp(self.sigma * rng.standard_normal(group_size))
-        return float(min(self.cap_s, draws.max()))
-
-
 VLLM_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """Attention head sizes vLLM's CPU attention runs (others start, then fail on the first request)."""
 
@@ -266,12 +247,10 @@ class RolloutConfig(BaseModel):
     weights_wait_s: float = Field(
         120.0, ge=0, le=3600, description="Longest wait for weights a task needs."
     )
-    env_latency: EnvLatency = Field(
-        default_factory=EnvLatency, description="Simulated environment time (benchmarks)."
-    )
     env_overlap: bool = Field(
         False,
-        description="Generate on while groups wait out their environment time (`env_latency`), "
+        description="Generate on while groups wait out their environment's time after "
+        "generation (`envs.tools.Environment.settle`), "
         "as sandboxes on machines of their own would: each group is published when its own "
         "time ends, its task committed with it (a restart regenerates a group still waiting).",
     )

@@ -234,7 +234,7 @@ class RolloutWorker:
             if rec is None:
                 raise
             raise Refused(rec, str(exc)) from exc
-        env_s = self.cfg.env_latency.group_seconds(int(task["group_size"]), seed)
+        env_s = env.settle(int(task["group_size"]), seed) if env.settle else 0.0
         ends = time.time() + env_s
         if env_s:
             if not self.cfg.env_overlap:

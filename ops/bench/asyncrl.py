@@ -26,6 +26,7 @@ from typing import Any
 
 from rlstream.ops.bench import critical_path
 from rlstream.ops.bench.common import emit, local_cluster, median, progress
+from rlstream.ops.bench.slow_env import slow_sets
 
 ARMS = ("sync-tuned", "async")
 
@@ -218,8 +219,6 @@ def _one(
         "max_staleness": budget,
         "groups_per_step": args.groups_per_step,
         "group_size": args.group_size,
-        "rollout.env_latency.median_s": args.env_median_s,
-        "rollout.env_latency.sigma": sigma,
         "rollout.env_overlap": "true",
         "eval.every": args.eval_every,
         "eval.eval_tasks": args.eval_tasks,
@@ -231,7 +230,10 @@ def _one(
     cmd += ["--run", run, "--home", str(home), "--out", str(out)]
     cmd += ["--max-versions", str(args.versions), "--minutes", str(args.minutes)]
     cmd += ["--rollout-workers", str(args.workers)]
-    for item in [*args.set, *(f"{key}={value}" for key, value in sets.items())]:
+    items = [*args.set, *(f"{key}={value}" for key, value in sets.items())]
+    # the environment time: every family wrapped in the harness's ``slow`` family
+    items += slow_sets(args.env_median_s, sigma, None, items)
+    for item in items:
         cmd += ["--set", item]
     progress(f"run {run}: {arm}, max_staleness={budget}, sigma {sigma:g}, seed {seed} ...")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.minutes * 60 + 600)

@@ -22,6 +22,7 @@ from geo_pipeline import GeoRun, settings_of
 from helpers import decode_all
 
 from rlstream.ops import cluster
+from rlstream.ops.bench.slow_env import slow_sets
 from rlstream.ops.chaos import faults
 from rlstream.ops.run import services
 from rlstream.schemas import topics
@@ -46,7 +47,7 @@ def _samples(settings, topic: str) -> list[tuple[str, int]]:
 def test_a_mirrormaker_outage_delays_the_backlog_and_copies_it_once(geo, tmp, unique_run):
     # each group takes at least 2 s in eu, so when the link dies after the first trajectories
     # crossed, eu still holds released tasks whose trajectories pile up behind the outage
-    slow_env = ["rollout.env_latency.median_s=2", "rollout.env_latency.sigma=0"]
+    slow_env = slow_sets(2, 0)
     run = GeoRun(
         geo.home, unique_run, tmp, ["eu"], 16, ["scheduler.reissue_after_s=300", *slow_env]
     )

@@ -27,6 +27,7 @@ import pytest
 from helpers import decisions, stop_procs, wait_for
 
 from rlstream.consumers.weights.manifest_log import read_manifests
+from rlstream.ops.bench.slow_env import slow_sets
 from rlstream.ops.demo.demo import start_role
 from rlstream.producers.client.admin import ensure_run_topics
 
@@ -45,8 +46,7 @@ SETTINGS = [
     # the worker waits 1.5 s a group, so groups are still to come for the restarted learner
     # when rank 1 is killed at version 3 (generated without a wait, all 16 could be trained
     # before the kill)
-    "rollout.env_latency.median_s=1.5",
-    "rollout.env_latency.sigma=0",
+    *slow_sets(1.5, 0),
 ]
 RANK_STARTED = re.compile(r"launcher: rank (\d+) of (\d+) started \(pid (\d+)\)")
 

@@ -22,6 +22,7 @@ import pytest
 from helpers import decisions, decode_all, stop_procs, wait_for
 from vllm_support import requires_vllm
 
+from rlstream.ops.bench.slow_env import slow_sets
 from rlstream.ops.demo.demo import start_role
 from rlstream.producers.client.admin import ensure_run_topics
 from rlstream.schemas import topics
@@ -163,8 +164,8 @@ def test_a_killed_engine_is_restarted_by_its_worker_and_no_group_is_lost(
     ]
     # the worker waits 1.5 s a group, so versions arrive while tasks remain: generated without a
     # wait, the 16 tasks were all rolled out on version 0 in 20 s, before any swap
-    sets = (f"scheduler.max_tasks={TASKS}", "rollout.env_latency.median_s=1.5")
-    _pipeline(kafka, run, tmp_path, steps, (*sets, "rollout.env_latency.sigma=0"))
+    sets = (f"scheduler.max_tasks={TASKS}", *slow_sets(1.5, 0))
+    _pipeline(kafka, run, tmp_path, steps, sets)
     stats = _stats(stats_dir)
     assert stats["engine_restarts"] == 1 and stats["engine_pid"] != killed[0]
     decided_groups = decisions(kafka, run)
