@@ -8,6 +8,8 @@ scheduler) start in a fraction of a second and stay small.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -37,15 +39,57 @@ class LoraConfig(BaseModel):
     seed: int = Field(default=0, ge=0, description="Seed of the adapters' A initialisation.")
 
 
+#: Dense causal LM types the policy adapter (``rollout.hf_policy``) was checked on, each as a tiny
+#: model of its own config (tests/unit/test_dense_policy.py): no router, nothing to replay.
+DENSE_MODEL_TYPES = frozenset(
+    {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "olmo2", "granite",
+     "smollm3"}
+)  # fmt: skip
+#: Sparse types whose routers are recorded and replayed (``rollout.hf_policy.ReplayMoeBlock``).
+MOE_MODEL_TYPES = frozenset({"qwen3_moe"})
+#: Any one of these makes a folder's tokenizer loadable without a download.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+def check_model_dir(path: str) -> str:
+    """``path`` if it is a local model folder the policy adapter can drive; else ``ValueError``
+    saying what is wrong (read from its ``config.json`` alone: no torch, no transformers)."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise ValueError(
+            f"{path}: no such folder (a local Hugging Face model folder; `rlstream model "
+            "import` makes one from a GGUF file)"
+        )
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: no readable config.json ({exc})") from None
+    kind = config.get("model_type")
+    if kind not in DENSE_MODEL_TYPES | MOE_MODEL_TYPES:
+        raise ValueError(
+            f"{path}: model_type {kind!r} is not one the policy adapter was checked on "
+            f"(dense: {', '.join(sorted(DENSE_MODEL_TYPES))}; with router replay: "
+            f"{', '.join(sorted(MOE_MODEL_TYPES))})"
+        )
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise ValueError(
+            f"{path}: no tokenizer (none of {', '.join(TOKENIZER_FILES)}); the model's own "
+            "tokenizer and chat template are used, never a stand-in"
+        )
+    return str(folder.resolve())
+
+
 class PolicyConfig(BaseModel):
     """Architecture and shape of the policy network."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    architecture: Literal["qwen3_moe"] = Field(
+    architecture: Literal["qwen3_moe", "llama"] = Field(
         default="qwen3_moe",
-        description="`qwen3_moe`: a transformers Qwen3-MoE causal LM (rollout.hf_policy) built "
-        "from the shape fields below, or loaded from `hf_dir`.",
+        description="The model built from the shape fields below when there is no `hf_dir`: "
+        "`qwen3_moe` (a transformers Qwen3-MoE, every layer sparse, routes recorded and replayed) "
+        "or `llama` (a dense transformers Llama, no router: nothing to replay; `d_expert` is its "
+        "MLP width). With `hf_dir` the folder's own config decides (rollout.hf_policy).",
     )
     hf_dir: str | None = Field(
         default=None,
@@ -91,6 +135,11 @@ class PolicyConfig(BaseModel):
         if self.hf_dir is not None:
             return None
         return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+    @field_validator("hf_dir")
+    @classmethod
+    def _usable_folder(cls, value: str | None) -> str | None:
+        return None if value is None else check_model_dir(value)
 
     @field_validator("architecture", mode="before")
     @classmethod

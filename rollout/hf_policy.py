@@ -28,6 +28,8 @@ from torch import Tensor, nn
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
+    LlamaConfig,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     Qwen3MoeConfig,
@@ -77,6 +79,35 @@ def tiny_qwen3_moe_config(
         eos_token_id=protocol.EOS,
     )
     if head_dim is not None:  # else the modules derive it (an explicit None would break them)
+        config.head_dim = head_dim
+    return config
+
+
+def tiny_llama_config(
+    n_layers: int = 2,
+    d_model: int = 64,
+    n_heads: int = 4,
+    n_kv_heads: int = 2,
+    d_mlp: int = 128,
+    max_seq_len: int = 256,
+    vocab_size: int = protocol.VOCAB_SIZE,
+    head_dim: int | None = None,
+) -> LlamaConfig:
+    """A small dense Llama config (no router), tied embeddings, the protocol's special ids."""
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=d_model,
+        intermediate_size=d_mlp,
+        num_hidden_layers=n_layers,
+        num_attention_heads=n_heads,
+        num_key_value_heads=n_kv_heads,
+        max_position_embeddings=max_seq_len,
+        tie_word_embeddings=True,
+        pad_token_id=protocol.PAD,
+        bos_token_id=protocol.BOS,
+        eos_token_id=protocol.EOS,
+    )
+    if head_dim is not None:
         config.head_dim = head_dim
     return config
 
@@ -152,8 +183,8 @@ class HFPolicy(nn.Module):
 
     Its children are the wrapped model's children (``model``, ``lm_head``), so its parameter
     names are transformers' own. The wrapped model stays reachable as ``hf`` for saving; wrapping
-    swaps its MoE blocks in place (free-routing behaviour unchanged). Raises ``ValueError`` for a
-    model without a replayable MoE block (Qwen3-MoE's is the one supported so far).
+    swaps its MoE blocks in place (free-routing behaviour unchanged). A dense model (no router)
+    has no routes: ``cfg.n_layers``, ``n_experts`` and ``top_k`` are 0 and routes ``[B, T, 0, 0]``.
     """
 
     hf: PreTrainedModel
@@ -161,8 +192,6 @@ class HFPolicy(nn.Module):
     def __init__(self, lm: PreTrainedModel) -> None:
         super().__init__()
         blocks = _install_replay(lm)
-        if not blocks:
-            raise ValueError(f"{type(lm).__name__} has no MoE block this adapter can replay")
         for name, child in lm.named_children():
             self.add_module(name, child)
         object.__setattr__(self, "hf", lm)  # not registered: its children already are
@@ -173,8 +202,8 @@ class HFPolicy(nn.Module):
             max_seq_len=config.max_position_embeddings,
             d_model=config.hidden_size,
             n_layers=len(blocks),
-            n_experts=blocks[0].gate.num_experts,
-            top_k=blocks[0].gate.top_k,
+            n_experts=blocks[0].gate.num_experts if blocks else 0,
+            top_k=blocks[0].gate.top_k if blocks else 0,
         )
         self.n_decoder_layers = int(config.num_hidden_layers)
         self.text = PolicyText.chars()  # load_hf sets the directory's own
@@ -239,7 +268,11 @@ class HFPolicy(nn.Module):
         try:
             # cache goes by position: transformers 5 renamed the keyword (past_key_values, cache)
             out = self.hf(tokens, None, position_ids, hf_cache, use_cache=hf_cache is not None)
-            routes = torch.stack([blk.routes for blk in self._blocks], dim=2)  # type: ignore[misc]
+            routes = (
+                torch.stack([blk.routes for blk in self._blocks], dim=2)  # type: ignore[misc]
+                if self._blocks
+                else torch.zeros(b, t, 0, 0, dtype=torch.long)  # a dense model: no router
+            )
             self.last_router_probs = [blk.probs for blk in self._blocks]  # type: ignore[misc]
         finally:
             for block in self._blocks:  # no tensors left on modules: deepcopy must work
@@ -278,7 +311,7 @@ class HFPolicy(nn.Module):
         return load_balance_loss(self.last_router_probs, self.cfg.top_k)
 
 
-def build_hf_policy(config: Qwen3MoeConfig, seed: int = 0) -> HFPolicy:
+def build_hf_policy(config: PretrainedConfig, seed: int = 0) -> HFPolicy:
     """A freshly initialised policy from ``config`` (weights depend only on config and seed)."""
     state = torch.random.get_rng_state()
     torch.manual_seed(seed)
@@ -300,6 +333,20 @@ def policy_from_config(cfg: PolicyConfig) -> HFPolicy:
         return with_lora(policy, cfg.lora) if cfg.lora.rank else policy
     if cfg.d_model % cfg.n_heads or cfg.top_k > cfg.n_experts:
         raise ValueError("n_heads must divide d_model and top_k must not exceed n_experts")
+    config: PretrainedConfig
+    if cfg.architecture == "llama":
+        config = tiny_llama_config(
+            n_layers=cfg.n_layers,
+            d_model=cfg.d_model,
+            n_heads=cfg.n_heads,
+            n_kv_heads=cfg.n_heads,
+            d_mlp=cfg.d_expert,
+            max_seq_len=cfg.max_seq_len,
+            vocab_size=cfg.vocab_size,
+            head_dim=cfg.head_dim,
+        )
+        policy = build_hf_policy(config, cfg.seed)
+        return with_lora(policy, cfg.lora) if cfg.lora.rank else policy
     config = tiny_qwen3_moe_config(
         n_layers=cfg.n_layers,
         d_model=cfg.d_model,

@@ -81,7 +81,10 @@ def expert_bytes_for(n_experts: int) -> int:
     """Expert id width of a policy with ``n_experts`` experts per MoE layer.
 
     Rule: 1 up to 256 experts (ids fit uint8), 2 up to 65,536 (uint16); more is ``ArrayError``.
+    A dense policy (0 experts) records no routes: 1.
     """
+    if n_experts == 0:
+        return 1
     for width, dtype in EXPERT_DTYPES.items():
         if 1 <= n_experts <= np.iinfo(dtype).max + 1:
             return width

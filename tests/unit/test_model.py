@@ -72,7 +72,7 @@ def test_the_removed_homemade_architecture_is_refused_by_name() -> None:
     ):
         PolicyConfig(architecture="rlstream-moe")  # type: ignore[arg-type]
     with pytest.raises(pydantic.ValidationError, match="qwen3_moe"):
-        PolicyConfig(architecture="llama")  # type: ignore[arg-type]
+        PolicyConfig(architecture="gpt2")  # type: ignore[arg-type]
     assert PolicyConfig().architecture == "qwen3_moe"
 
 
