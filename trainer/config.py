@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rlstream.envs import fx_tasks as tasks
 from rlstream.rollout.config import PolicyConfig, task_policy
+from rlstream.schemas.derive import derive
 
 
 class Overlong(BaseModel):
@@ -109,12 +110,24 @@ class GrpoConfig(BaseModel):
     )
 
 
+#: The warm start's steps for the built-in model, which starts from random weights.
+FROM_SCRATCH_STEPS = 300
+
+
 class WarmStartConfig(BaseModel):
     """Supervised warm-start settings."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    steps: int = Field(default=300, ge=0, le=1_000_000, description="Optimizer steps.")
+    steps: int | None = Field(
+        default=None,
+        ge=0,
+        le=1_000_000,
+        description="Optimizer steps on the fx family's demonstrations before RL. None (auto): "
+        f"{FROM_SCRATCH_STEPS} for the built-in model trained from scratch, 0 (off) for a model "
+        "of `policy.hf_dir`: a pretrained checkpoint is never fine-tuned on the demo's toy "
+        "tasks unless a number is set here.",
+    )
     batch_size: int = Field(default=48, ge=1, le=4096, description="Demonstrations per step.")
     lr: float = Field(
         default=1e-2, gt=0, le=1, description="Adam learning rate (linear warm-up, 20 steps)."
@@ -127,6 +140,12 @@ class WarmStartConfig(BaseModel):
     task: tasks.TaskConfig = Field(
         default_factory=tasks.TaskConfig, description="Task family difficulty."
     )
+
+    def resolved(self, policy: PolicyConfig) -> WarmStartConfig:
+        """These settings with ``steps`` decided for ``policy`` (see ``steps``)."""
+        if self.steps is not None:
+            return self
+        return derive(self, steps=0 if policy.hf_dir is not None else FROM_SCRATCH_STEPS)
 
 
 class LearnerConfig(BaseModel):

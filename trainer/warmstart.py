@@ -85,9 +85,14 @@ def warm_start(
     log: Callable[[str], None] | None = None,
 ) -> PolicyModel:
     """A policy trained on demonstrations (or loaded from ``cache_path`` when the key matches),
-    without LoRA adapters whatever ``policy_cfg.lora`` says (the learner adds them after)."""
-    cfg = cfg or WarmStartConfig()
+    without LoRA adapters whatever ``policy_cfg.lora`` says (the learner adds them after). With
+    0 steps (a pretrained ``hf_dir`` model, by default) the policy as built, nothing cached."""
+    cfg = (cfg or WarmStartConfig()).resolved(policy_cfg)
     model = build_policy(derive(policy_cfg, lora=LoraConfig()))
+    if cfg.steps == 0:
+        if log:
+            log("warm start: off (0 steps): version 0 is the model as loaded")
+        return model
     key = cache_key(policy_cfg, cfg)
     if cache_path and os.path.exists(cache_path):
         stored = torch.load(cache_path, map_location="cpu", weights_only=True)
@@ -108,7 +113,8 @@ def _train(model: PolicyModel, cfg: WarmStartConfig, log: Callable[[str], None] 
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98))
     started = time.perf_counter()
     model.train()
-    for step in range(cfg.steps):
+    steps = int(cfg.steps or 0)
+    for step in range(steps):
         for group in optimizer.param_groups:
             group["lr"] = cfg.lr * min(1.0, (step + 1) / 20)
         tokens, mask = demo_batch(rng, cfg.batch_size, cfg.teacher, cfg.task, model.text)
@@ -120,7 +126,7 @@ def _train(model: PolicyModel, cfg: WarmStartConfig, log: Callable[[str], None] 
         total.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        if log and (step % 50 == 0 or step == cfg.steps - 1):
+        if log and (step % 50 == 0 or step == steps - 1):
             elapsed = time.perf_counter() - started
             log(f"warm-start step {step:4d}  loss {float(loss.detach()):.3f}  {elapsed:5.1f}s")
     model.eval()
