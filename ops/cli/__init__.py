@@ -27,6 +27,7 @@ COMMANDS = (
     "rlstream.ops.cli.cmd_env",
     "rlstream.ops.cli.cmd_acl",
     "rlstream.ops.cli.cmd_lineage",
+    "rlstream.ops.cli.cmd_model",
 )
 # Command modules added as the features land are appended here.
 
