@@ -3,9 +3,10 @@ models, apart from the torch code that runs them (see ``rollout.config``)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rlstream.envs import fx_tasks as tasks
 from rlstream.rollout.config import PolicyConfig, task_policy
@@ -183,7 +184,20 @@ class LearnerConfig(BaseModel):
     publish_dtype: Literal["bfloat16", "float32"] = Field(
         "bfloat16", description="Dtype of published weights."
     )
-    state_dir: str = Field(".rlstream/learner", description="Checkpoints of master weights.")
+    state_dir: str = Field(
+        default_factory=lambda: str(Path.home() / ".local/state/rlstream/learner"),
+        description="Folder of the learner's checkpoints (STATE_DIR/RUN/v*.pt: fp32 weights and "
+        "optimizer state) and, when it makes one, the run's signing key; made absolute when "
+        "read, so a learner restarted from another directory finds them.",
+    )
+    checkpoint_every: int = Field(
+        1,
+        ge=1,
+        le=1_000_000,
+        description="Checkpoint every N versions (the last 3 kept). A learner restarted past "
+        "its last checkpoint takes the published weights (publish_dtype) of the last version "
+        "and a fresh optimizer state.",
+    )
     insecure_weights: bool = Field(
         False,
         description="Create the run INSECURE: publish weight manifests unsigned, recorded in the "
@@ -192,6 +206,11 @@ class LearnerConfig(BaseModel):
     )
     warm_start_cache: str | None = Field(None, description="Cache file of the warm-start weights.")
     seed: int = Field(0, ge=0, description="torch seed of the learner.")
+
+    @field_validator("state_dir")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        return str(Path(value).expanduser().absolute())
     ranks: int = Field(
         1,
         ge=1,

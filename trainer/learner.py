@@ -397,7 +397,8 @@ class Learner:
         self.ledger.online_groups += online
         self.ledger.rollout_groups += len(used) - online
         self.version += 1
-        self.checkpoints.save(self.version, self.model, self.optimizer, write=self.lead)
+        if self.version % self.cfg.checkpoint_every == 0:
+            self.checkpoints.save(self.version, self.model, self.optimizer, write=self.lead)
         stats["step_s"] = time.perf_counter() - started
         offsets = commit_offsets(used, self.waiting) if self.lead else None
         self._publish(self.version, used, stats, offsets)
