@@ -28,6 +28,7 @@ COMMANDS = (
     "rlstream.ops.cli.cmd_acl",
     "rlstream.ops.cli.cmd_lineage",
     "rlstream.ops.cli.cmd_model",
+    "rlstream.ops.cli.cmd_export",
 )
 # Command modules added as the features land are appended here.
 
