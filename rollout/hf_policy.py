@@ -407,6 +407,7 @@ def save_state_hf(cfg: PolicyConfig, state: Mapping[str, Tensor], path: str | Pa
     state's bits. The tokenizer is ``cfg.hf_dir``'s, else :func:`char_tokenizer`."""
     if cfg.hf_dir is not None:  # its model and tokenizer, read from disk once
         policy, tokenizer = load_hf(cfg.hf_dir)
+        policy = with_lora(policy, cfg.lora) if cfg.lora.rank else policy
     else:
         policy, tokenizer = policy_from_config(cfg), char_tokenizer()
     dtypes = {t.dtype for t in state.values()}

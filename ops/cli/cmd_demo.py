@@ -72,6 +72,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         "feedback through `serve feedback`; feedback-rl trains on it beside the rollouts",
     )
     p.add_argument("--config", default=None, help="TOML recipe (default ops/recipes/demo.toml)")
+    p.add_argument(
+        "--recipe",
+        default=None,
+        metavar="NAME",
+        help="a shipped recipe by name (ops/recipes/NAME.toml, e.g. smollm2); or use --config",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        metavar="DIR",
+        help="your own model: a folder `rlstream model import` made (or any local HF folder of "
+        "a supported type); sets policy.hf_dir, its own tokenizer and chat template are used",
+    )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", default=".rlstream/runs", help="where logs and the PNG go")
     p.add_argument("--json", action="store_true", help="end with one JSON line")
@@ -96,6 +109,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     if args.feedback and args.secure:
         raise SystemExit("error: --feedback runs on an unsecured cluster only for now")
+    args.config, args.set = demo.recipe_and_model(args.config, args.recipe, args.model, args.set)
     names = [r.strip() for r in args.regions.split(",") if r.strip()] or ["trainer"]
     run = args.run or time.strftime("demo-%Y%m%d-%H%M%S")
     out = Path(args.out) / run
@@ -192,6 +206,7 @@ def _demo(args: argparse.Namespace) -> int:
     result["tracking"] = demo.stop_tracker(tracker, out)
     result.update(demo.weights_summary(home, run, config))
     result["learner_ranks"] = learner_cfg.ranks
+    result["model"] = demo.model_record(config.policy)
     result.update(demo.engine_summary(out / "engines"))
     result["feedback"] = None
     if editors is not None:

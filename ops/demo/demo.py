@@ -550,3 +550,44 @@ def json_default(value: Any) -> Any:
 
 def dumps(result: dict[str, Any]) -> str:
     return json.dumps(result, default=json_default)
+
+
+def recipe_and_model(
+    config: str | None, recipe: str | None, model: str | None, sets: list[str]
+) -> tuple[str | None, list[str]]:
+    """``demo --recipe NAME`` / ``--model DIR`` as the recipe path and ``--set`` items they
+    mean; ``SystemExit`` with the reason for an unknown recipe or an unusable model folder."""
+    from rlstream.ops.run.config import RECIPES
+    from rlstream.rollout.config import check_model_dir
+
+    if recipe is not None:
+        if config is not None:
+            raise SystemExit("error: --recipe and --config name the recipe twice: give one")
+        path = RECIPES / f"{recipe}.toml"
+        if not path.is_file():
+            known = ", ".join(sorted(p.stem for p in RECIPES.glob("*.toml")))
+            raise SystemExit(f"error: --recipe {recipe}: no such recipe ({known})")
+        config = str(path)
+    if model is not None:
+        try:
+            sets = [*sets, f"policy.hf_dir={check_model_dir(model)}"]
+        except ValueError as exc:
+            raise SystemExit(f"error: --model: {exc}") from None
+    return config, sets
+
+
+def model_record(policy: Any) -> dict[str, Any]:
+    """What the run's policy is: ``architecture`` (the model type), ``params`` and ``source``
+    (an imported file and its SHA-256, the folder, or the built-in model's shape)."""
+    from rlstream.rollout.model import build_policy
+
+    params = sum(p.numel() for p in build_policy(policy).parameters())
+    if policy.hf_dir is None:
+        return {"architecture": policy.architecture, "params": params, "source": "built-in"}
+    from rlstream.rollout.model_import import imported_from
+
+    found = imported_from(policy.hf_dir)
+    source = found.get("source_name") or policy.hf_dir
+    if found.get("sha256"):
+        source = f"{source} (sha256 {found['sha256'][:12]})"
+    return {"architecture": found.get("model_type"), "params": params, "source": source}

@@ -96,3 +96,25 @@ def test_adapted_steps_are_bit_exact() -> None:
         assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+def test_a_published_state_of_an_hf_dir_model_with_adapters_saves(tmp_path) -> None:
+    """``save_state_hf`` of a model of ``policy.hf_dir`` with LoRA (what ``rlstream export``
+    and the demo's final model write): the state's adapter keys load, the folder is merged."""
+    from hf_checkpoints import bpe_checkpoint
+
+    from rlstream.rollout.hf_policy import save_state_hf
+
+    cfg = PolicyConfig(
+        hf_dir=str(bpe_checkpoint(tmp_path / "ckpt")), lora=LoraConfig(rank=2, seed=1)
+    )
+    model = build_policy(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.fill_(0.01)
+    state = to_torch(published_state(model, "float32"))
+    assert any("lora_A" in k for k in state)
+    save_state_hf(cfg, state, tmp_path / "out")
+    plain = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), local_files_only=True)
+    assert not any("lora" in k for k in plain.state_dict())
