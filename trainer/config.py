@@ -211,6 +211,7 @@ class LearnerConfig(BaseModel):
     @classmethod
     def _absolute(cls, value: str) -> str:
         return str(Path(value).expanduser().absolute())
+
     ranks: int = Field(
         1,
         ge=1,
