@@ -51,6 +51,9 @@ def test_short_demo_run_learns(kafka, cluster_home, unique_run):
         *("--set", "eval.eval_tasks=8", "--set", "eval.k=2"),  # eval is not what this checks
     )
     assert result["policy_versions"] >= 40, result
+    model = {"architecture": "qwen3_moe", "params": 238_464, "source": "built-in"}
+    assert result["model"] == model, result["model"]  # the demo's own tiny Qwen3-MoE
+    assert result["generate_tokens_per_s"] > 0 and result["train_tokens_per_s"] > 0, result
     assert result["final_success"] >= result["warm_start_success"] + 0.1, result
     assert (
         result["groups_admitted"] > 0
