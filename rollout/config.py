@@ -79,17 +79,22 @@ def check_model_dir(path: str) -> str:
     return str(folder.resolve())
 
 
+#: The architectures built from the shape fields (no ``hf_dir``).
+BUILT_IN = ("qwen3_moe", "llama")
+
+
 class PolicyConfig(BaseModel):
     """Architecture and shape of the policy network."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    architecture: Literal["qwen3_moe", "llama"] = Field(
+    architecture: str = Field(
         default="qwen3_moe",
         description="The model built from the shape fields below when there is no `hf_dir`: "
         "`qwen3_moe` (a transformers Qwen3-MoE, every layer sparse, routes recorded and replayed) "
         "or `llama` (a dense transformers Llama, no router: nothing to replay; `d_expert` is its "
-        "MLP width). With `hf_dir` the folder's own config decides (rollout.hf_policy).",
+        "MLP width). With `hf_dir` it is the folder's own `model_type`, set from its "
+        "config.json (so the run's record says what trained: a dense type has no routes).",
     )
     hf_dir: str | None = Field(
         default=None,
@@ -141,15 +146,31 @@ class PolicyConfig(BaseModel):
     def _usable_folder(cls, value: str | None) -> str | None:
         return None if value is None else check_model_dir(value)
 
-    @field_validator("architecture", mode="before")
+    @model_validator(mode="before")
     @classmethod
-    def _no_homemade(cls, value: object) -> object:
+    def _architecture(cls, data: object) -> object:
+        """The folder's model type when there is ``hf_dir``; else one of the built-in ones."""
+        if not isinstance(data, dict):
+            return data
+        value = data.get("architecture", "qwen3_moe")
         if value == "rlstream-moe":
             raise ValueError(
                 "the homemade `rlstream-moe` policy was removed; use policy.architecture = "
                 '"qwen3_moe" (a Hugging Face Qwen3-MoE of the same shape fields)'
             )
-        return value
+        if data.get("hf_dir"):
+            folder = Path(str(data["hf_dir"])).expanduser()
+            try:
+                kind = json.loads((folder / "config.json").read_text()).get("model_type")
+            except (OSError, ValueError):
+                return data  # the hf_dir check says what is wrong
+            return {**data, "architecture": kind}
+        if value not in BUILT_IN:
+            raise ValueError(
+                f"policy.architecture {value!r}: without hf_dir one of {', '.join(BUILT_IN)} "
+                "is built; your own model goes in policy.hf_dir"
+            )
+        return data
 
 
 class HarnessConfig(BaseModel):
