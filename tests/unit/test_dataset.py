@@ -28,7 +28,7 @@ def _write(path: Path, rows: list[object]) -> Path:
 
 
 def test_every_shipped_canonical_solution_passes_and_a_wrong_one_fails(mini: DatasetFamily) -> None:
-    assert dataset.shipped() == ["builtin:mini_humaneval.jsonl"]
+    assert dataset.shipped() == ["builtin:mini_humaneval.jsonl", "builtin:pyfuncs.jsonl"]
     assert len(mini.problems) == 16
     for problem in mini.problems.values():
         assert problem.canonical_solution is not None
