@@ -44,6 +44,14 @@ class JudgeConfig(llm_judge.LLMJudgeConfig):
     model_config = ConfigDict(extra="forbid")
 
     kind: Literal["tests", "format", "llm"] = Field("tests", description="Which rubric to apply.")
+    weight: float | None = Field(
+        None,
+        ge=0,
+        le=1000,
+        description="This judge's weight in a sample's reward (admission waits for every judge "
+        "of the run and sums their weighted scores). None: 1.0 for `tests` and `llm`, 0.1 "
+        "for `format`.",
+    )
     families: dict[str, FamilySpec] = Field(
         default_factory=lambda: {"fx": FamilySpec()},
         description="The run's task families (injected from the run config).",
@@ -64,6 +72,12 @@ class JudgeConfig(llm_judge.LLMJudgeConfig):
         description="Score held-out tasks too (`env score`, evaluation tools). A judge role "
         "trains on what it scores, so it refuses them (an error reward).",
     )
+
+    def reward_weight(self) -> float:
+        """``weight``, or its default by kind."""
+        if self.weight is not None:
+            return self.weight
+        return 0.1 if self.kind == "format" else 1.0
 
     def run_families(self) -> dict[str, FamilySpec]:
         return fx.with_fx_options(self.families, self.tasks)

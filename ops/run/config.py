@@ -94,6 +94,18 @@ class RunConfig(BaseModel):
     )
 
     @model_validator(mode="after")
+    def _admission_judges_are_judges(self) -> RunConfig:
+        """A reward admission waits for comes from a judge of the run, or no group completes."""
+        unknown = sorted(set(self.admission.judges) - set(self.judges))
+        if "judges" in self.admission.model_fields_set and unknown:
+            raise ValueError(
+                f"admission.judges names {', '.join(unknown)}, which [judges] does not define "
+                f"(judges: {', '.join(sorted(self.judges)) or 'none'}); leave admission.judges "
+                "out to wait for every judge, weighted by its own `weight`"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _families_load(self) -> RunConfig:
         """Every family's plugin is installed and its options are valid, or the recipe fails."""
         try:
