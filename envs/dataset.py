@@ -87,6 +87,8 @@ class Problem:
 
 
 HELD_OUT_SPLITS = frozenset({"eval", "test", "validation", "valid", "heldout", "held_out"})
+#: Split names that train; any other ``split`` value is refused (a typo would train silently).
+TRAIN_SPLITS = frozenset({"train", "training"})
 
 
 def split_of(problem: Problem, eval_fraction: float) -> Split:
@@ -156,6 +158,10 @@ def parse_line(line: str, where: str) -> Problem:
     for name in ("canonical_solution", "visible_test", "split"):
         if row.get(name) is not None and not isinstance(row[name], str):
             raise DatasetError(f"{where}: field {name!r} must be a string")
+    split = row.get("split")
+    if split is not None and split.lower() not in HELD_OUT_SPLITS | TRAIN_SPLITS:
+        known = ", ".join(sorted(HELD_OUT_SPLITS | TRAIN_SPLITS))
+        raise DatasetError(f"{where}: split {split!r} is none of {known}")
     if not row["entry_point"].isidentifier():
         raise DatasetError(f"{where}: entry_point {row['entry_point']!r} is not an identifier")
     return Problem(

@@ -5,9 +5,11 @@
   the dataset family, the sandbox and the ``tests`` judge the pipeline uses: one line per answer
   (``task_id``, ``passed``, ``reward``, ``isolation``, ``detail``, ``error``) and a last summary
   line (``tasks``, ``passed``, ``errors``). ``--canonical`` scores the file's own
-  ``canonical_solution``s instead (a dataset's self-check). A bad answer line is reported as an
-  error line and the others are still scored; exit status 0 when nothing was an error, 1 when
-  some line was, 2 when the tasks file itself is unusable.
+  ``canonical_solution``s instead (a dataset's self-check: a task whose reference fails, a
+  missing one included, is named on stderr, counted as ``broken``, and the exit status is 1).
+  A bad answer line is reported as an error line and the others are still scored; exit status
+  0 when nothing was an error or broken, 1 when some line was, 2 when the tasks file itself is
+  unusable.
   Repo tasks (a ``repo`` task file, SWE-bench's shape, ``envs.repo``) are scored the same way:
   answers are SWE-bench predictions (``instance_id``, ``patch`` per line; ``task_id`` and
   ``completion`` are accepted too), ``--canonical`` applies each task's reference ``patch`` and
@@ -185,6 +187,7 @@ def _score(args: argparse.Namespace) -> int:
         return 2
     for error in errors:
         print(f"error: {error}", file=sys.stderr)
+    broken: list[str] = []  # a self-check's tasks that cannot be trained on, and why
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         lines = pool.map(lambda t: score_one(t[0], t[1], t[2], cfg), todo)
         summary = {"tasks": 0, "passed": 0, "errors": 0}
@@ -193,8 +196,16 @@ def _score(args: argparse.Namespace) -> int:
             summary["passed"] += line["passed"]
             summary["errors"] += line["error"]
             _print_line(line, args.json)
+            if args.canonical and not line["passed"]:
+                broken.append(f"{line['task_id']}: its reference solution fails: {line['detail']}")
+            if args.unpatched and line["passed"]:
+                broken.append(f"{line['task_id']}: the empty patch passes its tests")
+    if args.canonical or args.unpatched:
+        summary["broken"] = len(broken)
+    for why in broken:
+        print(f"error: {why}", file=sys.stderr)
     print(json.dumps(summary) if args.json else _summary_text(summary), flush=True)
-    return 1 if summary["errors"] or errors else 0
+    return 1 if summary["errors"] or errors or broken else 0
 
 
 def _build_repo_tasks(args: argparse.Namespace) -> int:
@@ -227,7 +238,8 @@ def _print_line(line: dict[str, Any], as_json: bool) -> None:
 
 
 def _summary_text(summary: dict[str, int]) -> str:
-    return f"{summary['tasks']} tasks, {summary['passed']} passed, {summary['errors']} errors"
+    text = f"{summary['tasks']} tasks, {summary['passed']} passed, {summary['errors']} errors"
+    return text + (f", {summary['broken']} broken" if "broken" in summary else "")
 
 
 def _isolation(args: argparse.Namespace) -> int:

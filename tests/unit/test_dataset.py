@@ -242,5 +242,28 @@ def test_env_score_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert lines[3]["error"] and "unknown task_id 'nope/1'" in lines[3]["detail"]
     assert lines[4] == {"tasks": 4, "passed": 1, "errors": 2}
     assert main(["env", "score", "--tasks", tasks, "--canonical", "--isolation", BOX]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == "16 tasks, 16 passed, 0 errors"
+    assert capsys.readouterr().out.splitlines()[-1] == "16 tasks, 16 passed, 0 errors, 0 broken"
     assert main(["env", "score", "--tasks", str(tmp_path / "missing.jsonl"), "--canonical"]) == 2
+
+
+def test_a_task_that_cannot_pass_fails_the_self_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--canonical`` exits 1 naming each task whose reference fails: tests importing a missing
+    module, a syntax error in the tests, a wrong entry point, no canonical solution."""
+    good = json.loads(dataset.DATA.joinpath("mini_humaneval.jsonl").read_text().splitlines()[0])
+    rows = [
+        good,
+        {**good, "task_id": "b/import", "test": "import no_such_module\n" + good["test"]},
+        {**good, "task_id": "b/syntax", "test": "def check(candidate:\n    pass\n"},
+        {**good, "task_id": "b/entry", "entry_point": "add_four"},
+        {k: v for k, v in {**good, "task_id": "b/none"}.items() if k != "canonical_solution"},
+    ]
+    tasks = _write(tmp_path / "tasks.jsonl", rows)
+    assert main(["env", "score", "--tasks", str(tasks), "--canonical", "--isolation", BOX]) == 1
+    out = capsys.readouterr()
+    assert out.out.splitlines()[-1].endswith("4 broken")
+    named = [line for line in out.err.splitlines() if "its reference solution fails" in line]
+    assert sorted(line.split(":")[1].strip() for line in named) == sorted(
+        ["b/import", "b/syntax", "b/entry", "b/none"]
+    )

@@ -10,9 +10,11 @@ import json
 import random
 from pathlib import Path
 
+import pytest
+
 from rlstream.envs import family
 from rlstream.envs import fx_tasks as tasks
-from rlstream.envs.dataset import DatasetConfig, DatasetFamily, Problem, split_of
+from rlstream.envs.dataset import DatasetConfig, DatasetError, DatasetFamily, Problem, split_of
 from rlstream.envs.family import FamilySpec
 from rlstream.ops.run.config import load_run_config
 from rlstream.rollout.scheduler import SchedulerConfig, task_record
@@ -135,3 +137,17 @@ def test_held_out_task_ids_are_refused_outside_evaluation() -> None:
     assert mini.score(first.task_id, canonical, "userns").passed
     assert {mini.split_of_task(t.task_id) for t in mini.eval_tasks(16)} == {"eval"}
     assert {mini.split_of_task(mini.sample(s).task_id) for s in range(50)} == {"train"}
+
+
+def test_an_unknown_split_is_refused_not_trained(tmp_path: Path) -> None:
+    row = {
+        "task_id": "p/0",
+        "prompt": "def f(x):\n    '''x'''\n",
+        "entry_point": "f",
+        "test": "def check(candidate):\n    assert candidate(1) == 1\n",
+        "split": "evall",
+    }
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(DatasetError, match=r"p.jsonl:1: split 'evall' is none of"):
+        DatasetFamily("p", DatasetConfig(path=str(path)))
