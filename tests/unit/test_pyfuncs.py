@@ -17,7 +17,7 @@ from rlstream.envs import dataset
 from rlstream.envs.dataset import DatasetConfig, DatasetFamily, Problem, answer_of
 
 PATH = "builtin:pyfuncs.jsonl"
-GENERATOR = dataset.DATA / "make_pyfuncs.py"
+GENERATOR = "rlstream.envs.pyfuncs_build"
 BOX = "userns"  # the weakest mode these tests accept, as in test_dataset
 
 
@@ -117,6 +117,6 @@ def test_the_family_sandbox_scores_references_and_refuses_wrong_answers(
 
 def test_the_generator_rewrites_the_file_byte_for_byte(tmp_path: Path) -> None:
     out = tmp_path / "pyfuncs.jsonl"
-    subprocess.run([sys.executable, str(GENERATOR), str(out)], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", GENERATOR, str(out)], check=True, capture_output=True)
     assert out.read_bytes() == dataset.resolve(PATH).read_bytes()
     assert out.stat().st_size < 1_500_000

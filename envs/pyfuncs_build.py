@@ -1,7 +1,7 @@
 """Writes ``pyfuncs.jsonl``: small Python function problems for the ``dataset`` task family.
 
-``python envs/data/make_pyfuncs.py [OUT]`` (standard library only, no network; OUT defaults to
-``pyfuncs.jsonl`` beside this file). Each TEMPLATE is a kind of function with five variants
+``python -m rlstream.envs.pyfuncs_build [OUT]`` (standard library only, no network; OUT defaults
+to ``envs/data/pyfuncs.jsonl``). Each TEMPLATE is a kind of function with five variants
 (constants, names, small changes of rule); each variant is one problem ``pyfuncs/TEMPLATE/I``.
 
 Rules a maintainer must keep:
@@ -36,7 +36,7 @@ from typing import Any, Literal
 Args = tuple[Any, ...]
 Split = Literal["train", "eval"]
 PER_TEMPLATE = 5
-OUT = Path(__file__).resolve().with_name("pyfuncs.jsonl")
+OUT = Path(__file__).resolve().parent / "data" / "pyfuncs.jsonl"
 WORDS = (
     "apple", "banana", "cherry", "delta", "echo", "falcon", "grape", "harbor", "igloo", "jungle",
     "kiwi", "lemon", "mango", "night", "ocean", "pepper", "quartz", "river", "stone", "tiger",
