@@ -147,8 +147,9 @@ class Admission:
         value = rec.value
         # checked even when the group is decided: a forged copy arriving after the genuine one
         # is reported (dead-lettered), not silently dropped with the late copies
-        released = self.releases.released_to(str(value["task_id"]))
-        return release_refusal(value["group_id"], value["task_id"], self.copy_of(rec), released)
+        region = self.copy_of(rec)
+        released = self.releases.released_to(str(value["task_id"]), region)
+        return release_refusal(value["group_id"], value["task_id"], region, released)
 
     def _add(self, rec: Record) -> Copy | None:
         value: dict[str, Any] | None = rec.value

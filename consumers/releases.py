@@ -60,11 +60,13 @@ class TaskReleases:
         self._decode = events.deserializer(expect="task")
         self.refreshes = 0
 
-    def released_to(self, task_id: str) -> frozenset[str] | None:
-        """The regions ``task_id`` was released to; None if it never was (read on demand)."""
-        if task_id not in self._regions:
-            self.refresh()
+    def released_to(self, task_id: str, region: str | None = None) -> frozenset[str] | None:
+        """The regions ``task_id`` was released to; None if it never was (read on demand: also
+        when ``region`` is not among them yet, since a re-issue there may not have been read)."""
         found = self._regions.get(task_id)
+        if found is None or (region is not None and not {region, ANY_REGION} & set(found)):
+            self.refresh()
+            found = self._regions.get(task_id)
         return None if found is None else frozenset(found)
 
     def release_ref(self, task_id: str, region: str) -> dict[str, Any] | None:

@@ -78,5 +78,14 @@ def test_task_releases_learn_later_releases_and_hold_no_assignment(
         assert releases.released_to(later["task_id"]) == frozenset({"us"})
         assert releases.released_to("never-released") is None
         assert releases.refreshes == 3
+        # the first task re-issued to us: a copy from us is asked for with its region, so the
+        # re-issue is read even though the task is known already (no refusal of its copy)
+        again = {**first, "tags": {"region": "us"}}
+        with EventProducer.connect(kafka) as producer:
+            producer.produce(tasks, "task", again, again["task_id"])
+        assert releases.released_to(first["task_id"], "eu") == frozenset({"eu"})  # no read
+        assert releases.refreshes == 3
+        assert releases.released_to(first["task_id"], "us") == frozenset({"eu", "us"})
+        assert releases.refreshes == 4
     finally:
         releases.close()
