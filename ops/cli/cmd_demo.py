@@ -207,7 +207,7 @@ def _demo(args: argparse.Namespace) -> int:
     result.update(demo.weights_summary(home, run, config))
     result["learner_ranks"] = learner_cfg.ranks
     result["model"] = demo.model_record(config.policy)
-    result.update(demo.throughput(home, run, config.model))
+    result.update(demo.throughput(home, run, config.model, regions))
     result.update(demo.engine_summary(out / "engines"))
     result["feedback"] = None
     if editors is not None:

@@ -593,7 +593,9 @@ def model_record(policy: Any) -> dict[str, Any]:
     return {"architecture": found.get("model_type"), "params": params, "source": source}
 
 
-def throughput(settings: KafkaSettings, run: str, model: str) -> dict[str, float | None]:
+def throughput(
+    settings: KafkaSettings, run: str, model: str, regions: topics.Regions
+) -> dict[str, float | None]:
     """The run's speeds from its own records: ``generate_tokens_per_s``, the tokens the rollout
     engines generated over the time they spent generating (a group's samples are generated
     together, so a group counts its slowest sample's time), and ``train_tokens_per_s``, the
@@ -604,17 +606,18 @@ def throughput(settings: KafkaSettings, run: str, model: str) -> dict[str, float
 
     tokens: dict[str, int] = {}
     seconds: dict[str, float] = {}
-    topic = topics.topic_name(run, "trajectories")
-    for msg in read_topic(settings, topic, name="demo-throughput"):
-        value = msg.value()
-        if value is None:
-            continue
-        record = events.decode(value).record
-        group = str(record["group_id"])
-        mask = arrays.unpack_tokens(record).loss_mask
-        tokens[group] = tokens.get(group, 0) + int(mask.sum())
-        spent = record["timings"]["generate_ms"] / 1000
-        seconds[group] = max(seconds.get(group, 0.0), spent)
+    name = topics.topic_name(run, "trajectories")
+    for source in regions.sources("trajectories", regions.trainer):  # every region's copy
+        for msg in read_topic(settings, topics.remote_topic(source, name), name="demo-throughput"):
+            value = msg.value()
+            if value is None:
+                continue
+            record = events.decode(value).record
+            group = f"{source}/{record['group_id']}"
+            mask = arrays.unpack_tokens(record).loss_mask
+            tokens[group] = tokens.get(group, 0) + int(mask.sum())
+            spent = record["timings"]["generate_ms"] / 1000
+            seconds[group] = max(seconds.get(group, 0.0), spent)
     stats = [m["stats"] for m in read_manifests(settings, run, model) if m["version"] > 0]
     trained = sum(float(s.get("tokens", 0.0)) for s in stats)
     step_s = sum(float(s.get("step_s", 0.0)) for s in stats)
