@@ -322,7 +322,7 @@ def run_role(ctx: RoleContext[AdmissionConfig]) -> dict[str, int]:
         ctx.member,
         region=ctx.region,
         regions=ctx.regions,
-        verifier=ctx.keys.verifier(),
+        verifier=Verifier.given(ctx.keys),
     )
     try:
         admission.loop.run(ctx.stopper)

@@ -22,7 +22,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Top
 
 from rlstream.consumers.read_to_end import read_topic, reader
 from rlstream.producers.client.settings import KafkaSettings
-from rlstream.producers.weights.signing import RunKeys
+from rlstream.producers.weights.run_keys import RunKeys
 from rlstream.schemas import events, topics
 
 log = logging.getLogger(__name__)

@@ -40,6 +40,7 @@ from rlstream.envs.family import FamilySpec, FamilyTask
 from rlstream.envs.fx import with_fx_options
 from rlstream.producers.client.producer import EventProducer
 from rlstream.producers.client.settings import KafkaSettings
+from rlstream.producers.weights.signing import Verifier
 from rlstream.rollout.config import EvalConfig
 from rlstream.rollout.harness import Rollout
 from rlstream.rollout.model import PolicyModel, build_policy, generate
@@ -268,7 +269,7 @@ def run_role(ctx: RoleContext[EvalConfig]) -> int:
     ledger = read_ledger(ctx.settings, run, cfg.model, task_set)
     source = ctx.regions.sources("weights.manifests", ctx.region)[0]
     sub = WeightSubscriber(
-        ctx.settings, run, cfg.model, source=source, verifier=ctx.keys.verifier()
+        ctx.settings, run, cfg.model, source=source, verifier=Verifier.given(ctx.keys)
     )
     model = build_policy(cfg.policy)
     model.eval()

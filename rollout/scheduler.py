@@ -33,6 +33,7 @@ from rlstream.envs.family import FamilySpec
 from rlstream.envs.fx import with_fx_options
 from rlstream.producers.client.producer import EventProducer
 from rlstream.producers.client.settings import KafkaSettings
+from rlstream.producers.weights.signing import Verifier
 from rlstream.rollout.reissue import REGION_TAG, ReleaseLedger
 from rlstream.schemas import topics
 
@@ -140,7 +141,7 @@ def run_role(ctx: RoleContext[SchedulerConfig]) -> int:
     decisions = DecisionCounter(settings, run)  # read to the end before it returns
     ledger.replay(_tasks(settings, run), decisions.take())
     manifests = topics.topic_name(run, "weights.manifests")
-    watcher = VersionWatcher(settings, manifests, verifier=ctx.keys.verifier())
+    watcher = VersionWatcher(settings, manifests, verifier=Verifier.given(ctx.keys))
     tasks_topic = topics.topic_name(run, "tasks")
     log(f"scheduler: {ledger.released} tasks released so far; regions {', '.join(targets)}")
     released_at: int | None = None  # the learner's version at this process's last release

@@ -404,7 +404,7 @@ def run_role(ctx: RoleContext[RolloutConfig]) -> int:
     run, member = ctx.run, ctx.member
     cfg = derive(ctx.cfg, region=ctx.region)
     torch.set_num_threads(cfg.torch_threads)
-    worker = RolloutWorker(ctx.settings, run, cfg, member, ctx.regions, ctx.keys.verifier())
+    worker = RolloutWorker(ctx.settings, run, cfg, member, ctx.regions, Verifier.given(ctx.keys))
     try:
         worker.wait_for_weights(ctx.stopper)
     except BaseException:

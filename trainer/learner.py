@@ -35,7 +35,8 @@ from rlstream.producers.client.admin import admin_client
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.runtime.metrics import track_buffer
 from rlstream.producers.weights.publisher import rank_publisher
-from rlstream.producers.weights.signing import KEY_FILE, RunKeys
+from rlstream.producers.weights.run_keys import RunKeys
+from rlstream.producers.weights.signing import KEY_FILE, Verifier
 from rlstream.schemas import reassembly, topics
 from rlstream.schemas.deltacodec.bits import state_hash
 from rlstream.schemas.deltacodec.manifest import hash_algorithm
@@ -262,7 +263,7 @@ class Learner:
         from rlstream.schemas.deltacodec import to_torch
 
         sub = WeightSubscriber(
-            self.settings, self.run, self.cfg.model, verifier=self.keys.verifier()
+            self.settings, self.run, self.cfg.model, verifier=Verifier.given(self.keys)
         )
         while (snapshot := sub.current()) is None or snapshot.version < version:
             sub.poll(1.0)

@@ -304,5 +304,5 @@ def decided(
 
 def run_role(ctx: RoleContext[FeedbackRLConfig]) -> dict[str, int]:
     """The feedback-rl role until stopped; returns its decision counts."""
-    role = FeedbackRL(ctx.settings, ctx.run, ctx.cfg, ctx.member, verifier=ctx.keys.verifier())
+    role = FeedbackRL(ctx.settings, ctx.run, ctx.cfg, ctx.member, verifier=Verifier.given(ctx.keys))
     return dict(role.run(ctx.stopper))

@@ -42,10 +42,10 @@ from confluent_kafka import KafkaException
 from rlstream.consumers.run_log import run_manifest
 from rlstream.producers.client.producer import EventProducer
 from rlstream.producers.client.settings import KafkaSettings
+from rlstream.producers.weights.run_keys import RunKeys
 from rlstream.producers.weights.signing import (
     KEY_FILE,
     VERIFY_KEY_ENV,
-    RunKeys,
     Signer,
     Trust,
     Verifier,

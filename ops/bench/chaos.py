@@ -28,6 +28,7 @@ from typing import Any
 
 from rlstream.ops.bench.chaos_report import combine, held, held_off, lines
 from rlstream.ops.bench.common import emit, local_cluster, progress
+from rlstream.producers.weights.signing import Verifier
 
 HEAP = "768m"
 SAME_ROLE_GAP_S = 40.0  # a role killed again sooner could exhaust its supervisor's fast failures
@@ -228,7 +229,7 @@ class Driver:
         watcher = VersionWatcher(
             self.settings,
             topics.topic_name(self.run_name, "weights.manifests"),
-            verifier=self.keys.verifier(),
+            verifier=Verifier.given(self.keys),
         )
         try:
             deadline = time.monotonic() + self.args.timeout

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rlstream.producers.weights.signing import RunKeys
+    from rlstream.producers.weights.run_keys import RunKeys
 
 
 def register(sub: argparse._SubParsersAction) -> None:

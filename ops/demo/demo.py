@@ -34,7 +34,7 @@ from typing import Any
 from rlstream.consumers.consumer import Stopper
 from rlstream.ops.observe.analytics import RunAnalytics
 from rlstream.producers.client.settings import KafkaSettings
-from rlstream.producers.weights.signing import RunKeys
+from rlstream.producers.weights.run_keys import RunKeys
 from rlstream.schemas import topics
 
 

@@ -33,7 +33,7 @@ from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import topics
 
 if TYPE_CHECKING:
-    from rlstream.producers.weights.signing import RunKeys
+    from rlstream.producers.weights.run_keys import RunKeys
 
 TASK_INDEX_BASE = 10_000_000
 """Editor tasks are drawn from indices far above the scheduler's (its ``max_tasks`` at most)."""

@@ -280,7 +280,7 @@ def _recompute(
 
     from rlstream.consumers.weights.trust import ensure_run_key
     from rlstream.producers.weights.publisher import rank_publisher
-    from rlstream.producers.weights.signing import RunKeys
+    from rlstream.producers.weights.run_keys import RunKeys
     from rlstream.schemas.deltacodec.bits import state_hash
     from rlstream.schemas.deltacodec.manifest import hash_algorithm
     from rlstream.trainer.learner import learner_key

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from rlstream.ops.run.roles import HUNG_TRANSACTION_S, ROLES
 
 if TYPE_CHECKING:
-    from rlstream.producers.weights.signing import RunKeys
+    from rlstream.producers.weights.run_keys import RunKeys
 
 
 def start(args: argparse.Namespace) -> int:
@@ -33,7 +33,7 @@ def start(args: argparse.Namespace) -> int:
     from rlstream.ops.run.config import load_run_config
     from rlstream.producers.client.admin import ensure_run_topics
     from rlstream.producers.client.settings import KafkaSettings, log_librdkafka_to
-    from rlstream.producers.weights.signing import RunKeys
+    from rlstream.producers.weights.run_keys import RunKeys
     from rlstream.schemas.derive import derive
 
     log_librdkafka_to(logging.StreamHandler(sys.stderr))  # the role's log, as its own lines

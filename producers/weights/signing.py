@@ -35,14 +35,13 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from rlstream.producers.weights.run_keys import SIGNING_KEY_ENV, VERIFY_KEY_ENV, RunKeys
 from rlstream.schemas.errors import Refused
 
 log = logging.getLogger(__name__)
 
 SIGNATURE_HEADER = "rlstream.weights.signature"
 KEY_ID_HEADER = "rlstream.weights.key-id"
-SIGNING_KEY_ENV = "RLSTREAM_WEIGHTS_SIGNING_KEY"
-VERIFY_KEY_ENV = "RLSTREAM_WEIGHTS_VERIFY_KEY"
 
 Headers = Sequence[tuple[str, bytes | str | None]] | Mapping[str, bytes | str | None]
 
@@ -97,6 +96,12 @@ class Verifier:
             return cls(Ed25519PublicKey.from_public_bytes(raw))
         except ValueError as exc:
             raise ValueError(f"not an Ed25519 public key in hex: {exc}") from None
+
+    @classmethod
+    def given(cls, keys: RunKeys) -> Verifier | None:
+        """The verifier of the public key a launcher gave (None: none given; the run's record
+        decides)."""
+        return cls.from_hex(keys.verify_hex) if keys.verify_hex else None
 
     @classmethod
     def from_env(cls) -> Verifier | None:
@@ -168,37 +173,3 @@ def generate(folder: str | Path, name: str = KEY_FILE) -> tuple[Path, str]:
     with os.fdopen(fd, "wb") as out:
         out.write(pem)
     return path, _raw(private.public_key()).hex()
-
-
-@dataclass(frozen=True, slots=True)
-class RunKeys:
-    """A run's weight keys as a launcher hands them to a role's process: the public key every
-    reader verifies with, and the private key's file, the learner's alone. A launcher gives them
-    to its children as their environment (``env``); a process reads its own with ``from_env``
-    and passes them on as a value (``RoleContext.keys``), never through ``os.environ``."""
-
-    verify_hex: str | None = None
-    signing_key: str | None = None
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> RunKeys:
-        """The keys this process was started with (``$RLSTREAM_WEIGHTS_VERIFY_KEY``,
-        ``$RLSTREAM_WEIGHTS_SIGNING_KEY``)."""
-        env = os.environ if environ is None else environ
-        return cls(env.get(VERIFY_KEY_ENV) or None, env.get(SIGNING_KEY_ENV) or None)
-
-    def verifier(self) -> Verifier | None:
-        """The given public key's verifier (None: none given; the run's record decides)."""
-        return Verifier.from_hex(self.verify_hex) if self.verify_hex else None
-
-    def env(self, role: str) -> dict[str, str]:
-        """The environment a launcher gives ``role``'s process: the public key, and the key
-        file to the learner alone."""
-        out = {VERIFY_KEY_ENV: self.verify_hex} if self.verify_hex else {}
-        if role == "learner" and self.signing_key:
-            out[SIGNING_KEY_ENV] = self.signing_key
-        return out
-
-    def or_else(self, other: RunKeys) -> RunKeys:
-        """These keys, each one missing taken from ``other``."""
-        return RunKeys(self.verify_hex or other.verify_hex, self.signing_key or other.signing_key)

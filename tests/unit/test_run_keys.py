@@ -7,12 +7,13 @@ import re
 from pathlib import Path
 
 from rlstream.consumers.weights.trust import PUBLIC_FILE, key_folder_keys
+from rlstream.producers.weights.run_keys import RunKeys
 from rlstream.producers.weights.signing import (
     KEY_FILE,
     SIGNING_KEY_ENV,
     VERIFY_KEY_ENV,
-    RunKeys,
     Signer,
+    Verifier,
     generate,
 )
 
@@ -37,7 +38,7 @@ def test_a_key_folder_gives_each_role_its_part(tmp_path: Path) -> None:
     learner, worker = key_folder_keys(tmp_path, "learner"), key_folder_keys(tmp_path, "rollout")
     assert learner == RunKeys(public, str(path))
     assert worker == RunKeys(public, None)
-    verifier = worker.verifier()
+    verifier = Verifier.given(worker)
     assert verifier is not None and verifier.key_id == Signer.from_file(path).key_id
     assert key_folder_keys(tmp_path / "none", "learner") == RunKeys()
 
