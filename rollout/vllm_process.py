@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -35,6 +34,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlstream.producers.runtime.ports import free_port
 from rlstream.rollout.config import VllmConfig
 from rlstream.rollout.engines import EngineError
 
@@ -50,12 +50,6 @@ def vllm_python(cfg: VllmConfig | None = None) -> Path | None:
     named = (cfg.python if cfg is not None else None) or os.environ.get(PYTHON_ENV)
     path = Path(named) if named else DEFAULT_PYTHON
     return path if path.exists() else None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def get(url: str, timeout: float = 5.0) -> bytes:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from rlstream.ops.cluster import artifacts, procs, security, wan
 from rlstream.producers.client.settings import KafkaSettings
+from rlstream.producers.runtime.ports import free_port
 from rlstream.schemas.derive import derive
 from rlstream.schemas.errors import SetupError
 
@@ -144,7 +145,7 @@ class Region:
                 f"a WAN link into the secured region {self.name} is not supported: its link "
                 "listener would need TLS and SASL too"
             )
-        self.links[region] = [[procs.free_port(), procs.free_port()] for _ in self.nodes()]
+        self.links[region] = [[free_port(), free_port()] for _ in self.nodes()]
         return True
 
     def link_bootstrap(self, region: str) -> str:
@@ -195,12 +196,12 @@ def new_region(name: str, home: Path, secure: bool = False, brokers: int = 1) ->
         security.ensure_secrets(home)
     if not 1 <= brokers <= MAX_BROKERS:
         raise ValueError(f"a region runs 1 to {MAX_BROKERS} brokers, not {brokers}")
-    peers = [Node(i, procs.free_port(), procs.free_port()) for i in range(2, brokers + 1)]
+    peers = [Node(i, free_port(), free_port()) for i in range(2, brokers + 1)]
     return Region(
         name=name,
         home=str(home),
-        broker_port=procs.free_port(),
-        controller_port=procs.free_port(),
+        broker_port=free_port(),
+        controller_port=free_port(),
         secure=secure,
         peers=peers,
     )
@@ -380,7 +381,7 @@ def _spawn(region: Region, node: Node, heap: str) -> subprocess.Popen:
                 f"the ports of node {node.node_id} of region {region.name} "
                 f"({node.broker_port}, {node.controller_port}) stay taken; free them first"
             )
-        region.broker_port, region.controller_port = procs.free_port(), procs.free_port()
+        region.broker_port, region.controller_port = free_port(), free_port()
         node = region.node(1)
     _write_config(region, node)
     _format(region, node, heap)

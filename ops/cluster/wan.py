@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from rlstream.ops.cluster import artifacts, procs
+from rlstream.producers.runtime.ports import free_port
 from rlstream.schemas.errors import SetupError
 
 MARKER = artifacts.TOXIPROXY  # in the binary's path: procs.alive knows the process by it
@@ -88,7 +89,7 @@ def listener_name(region: str) -> str:
 
 
 def start(home: Path, spec: LinkSpec, timeout: float = 30.0) -> Wan:
-    wan = Wan(home=str(home), api_port=procs.free_port(), rtt_ms=spec.rtt_ms, mbit=spec.mbit)
+    wan = Wan(home=str(home), api_port=free_port(), rtt_ms=spec.rtt_ms, mbit=spec.mbit)
     wan.dir.mkdir(parents=True, exist_ok=True)
     # argv[0] names the process MARKER, so procs.alive and procs.stop know it is ours
     cmd = [str(artifacts.toxiproxy_binary()), "-host", "127.0.0.1", "-port", str(wan.api_port)]

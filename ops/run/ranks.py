@@ -31,8 +31,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rlstream.ops.cluster.procs import free_port
 from rlstream.ops.run.supervise import _die_with_parent
+from rlstream.producers.runtime.ports import free_port
 
 #: Seconds the other ranks have to exit after one exited 0.
 STOP_GRACE_S = 60.0

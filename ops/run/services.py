@@ -62,7 +62,7 @@ class Service:
         import subprocess
         import sys
 
-        from rlstream.ops.cluster.procs import free_port
+        from rlstream.producers.runtime.ports import free_port
 
         self.port = self.port or free_port()
         cmd = [sys.executable, "-m", "rlstream", "serve", *self.command()]

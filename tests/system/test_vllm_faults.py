@@ -62,18 +62,22 @@ def _max_error(state: dict[str, torch.Tensor], prompt: list[int], gen: Generatio
     return worst
 
 
-def _until_running(url: str, timeout: float = 60.0) -> None:
-    """Wait until the vLLM server at ``url`` reports a request running (its /metrics)."""
+def _caught_running(url: str, worker: threading.Thread, timeout: float = 120.0) -> bool:
+    """Whether the vLLM server at ``url`` reported a request running (its /metrics) while
+    ``worker`` was still waiting for it; False when the request finished unseen (a fast
+    generation on a quiet machine, or a scrape that came too late on a busy one)."""
     from urllib.request import urlopen
 
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while worker.is_alive() and time.monotonic() < deadline:
         with urlopen(f"{url}/metrics", timeout=5) as answer:
             for line in answer.read().decode().splitlines():
                 if line.startswith("vllm:num_requests_running") and float(line.split()[-1]) > 0:
-                    return
+                    return worker.is_alive()
         time.sleep(0.01)
-    raise TimeoutError(f"no request running on {url} within {timeout:.0f}s")
+    if worker.is_alive():
+        raise TimeoutError(f"no request running on {url} within {timeout:.0f}s")
+    return False
 
 
 def _session(pid: int) -> list[int]:
@@ -104,9 +108,14 @@ def test_a_killed_server_is_restarted_and_the_request_sent_again(tmp_path: Path)
         def run() -> None:
             out["result"] = _generate(engine, seed=5, max_new=200)
 
-        worker = threading.Thread(target=run)
-        worker.start()
-        _until_running(engine.url)  # the request is in flight (a fixed wait raced its end)
+        for _ in range(5):  # until a request is caught in flight (a fixed wait raced its end)
+            worker = threading.Thread(target=run)
+            worker.start()
+            if _caught_running(engine.url, worker):
+                break
+            worker.join()
+        else:
+            pytest.fail("five generations each finished before the server reported them running")
         os.kill(killed, signal.SIGKILL)
         worker.join(600)
         assert not worker.is_alive()
