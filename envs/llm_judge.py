@@ -27,6 +27,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rlstream.schemas.derive import LOCAL
+
 DEFAULT_RUBRIC = (
     "You grade answers to programming tasks. Judge whether the answer solves the task: "
     "correctness first, then clarity. 10 means fully correct, 0 means wrong or no answer."
@@ -44,6 +46,7 @@ class LLMJudgeConfig(BaseModel):
     endpoint: str = Field(
         "http://127.0.0.1:8000/v1/completions",
         description="OpenAI-compatible completions URL of the grader.",
+        json_schema_extra=LOCAL,
     )
     llm_model: str = Field("grader", min_length=1, description="Grader model name.")
     policy_model: str = Field(

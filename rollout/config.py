@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from rlstream.envs import fx_tasks as task_family
 from rlstream.envs import protocol, sandbox
 from rlstream.envs.family import FamilySpec
+from rlstream.schemas.derive import LOCAL
 
 
 class LoraConfig(BaseModel):
@@ -100,6 +101,7 @@ class PolicyConfig(BaseModel):
         default=None,
         description="Local HF directory to load; its config then decides the "
         "shape and the shape fields below are not used. Never downloaded.",
+        json_schema_extra=LOCAL,
     )
 
     vocab_size: int = Field(default=128, ge=2, le=65536, description="Token vocabulary size.")
@@ -243,12 +245,14 @@ class VllmConfig(BaseModel):
         None,
         description="Python of vLLM's virtualenv (default: $RLSTREAM_VLLM_PYTHON, else "
         ".venv-vllm/bin/python of the repository, which `make vllm` creates).",
+        json_schema_extra=LOCAL,
     )
     url: str | None = Field(
         None,
         pattern=r"^https?://",
         description="Base URL of a vLLM server already running with rlstream's worker extension "
         "(docs/engines.md); the worker then starts none, and cannot restart it.",
+        json_schema_extra=LOCAL,
     )
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Precision the engine computes in (weights are sent as published)."
@@ -271,10 +275,12 @@ class VllmConfig(BaseModel):
         None,
         description="Where the model directory a server starts from is written (default: a new "
         "temporary folder); versions after the first travel through `shm_dir`.",
+        json_schema_extra=LOCAL,
     )
     shm_dir: str = Field(
         "/dev/shm",
         description="Folder (in memory) of the files that carry a version's changed tensors.",
+        json_schema_extra=LOCAL,
     )
     extra_args: list[str] = Field(
         default_factory=list, description="More command-line arguments for the server."
@@ -288,6 +294,7 @@ class VllmConfig(BaseModel):
     extension_path: list[str] = Field(
         default_factory=list,
         description="Folders put on the server's PYTHONPATH before rlstream's extension folder.",
+        json_schema_extra=LOCAL,
     )
 
 
@@ -310,7 +317,9 @@ class RolloutConfig(BaseModel):
         description="Region this worker runs in (recorded per sample); set from `--region`.",
     )
     seed: int = Field(0, ge=0, description="Sampling seed; each task's generator derives from it.")
-    torch_threads: int = Field(1, ge=1, le=64, description="torch intra-op threads.")
+    torch_threads: int = Field(
+        1, ge=1, le=64, description="torch intra-op threads.", json_schema_extra=LOCAL
+    )
     max_staleness: int = Field(
         2, ge=0, description="Staleness budget (injected from the run config): see the module."
     )
@@ -337,11 +346,13 @@ class RolloutConfig(BaseModel):
         None,
         pattern=r"^https?://",
         description="Base URL of the `openai` engine's server, e.g. http://127.0.0.1:8000.",
+        json_schema_extra=LOCAL,
     )
     engine_weights_dir: str | None = Field(
         None,
         description="Folder versions are written to for the `openai` engine's server, which "
         "must read it at the same path (default: a new temporary folder).",
+        json_schema_extra=LOCAL,
     )
     engine_timeout_s: float = Field(
         120.0, gt=0, le=3600, description="Longest wait for one answer of the `openai` engine."
@@ -357,6 +368,7 @@ class RolloutConfig(BaseModel):
         None,
         description="Folder the worker keeps its engine's figures in (REGION-MEMBER.json: "
         "engine, version, swaps, restarts, swap times), rewritten after every task.",
+        json_schema_extra=LOCAL,
     )
 
     @model_validator(mode="after")
@@ -409,4 +421,6 @@ class EvalConfig(BaseModel):
         None, ge=0, description="Stop after evaluating this version (None: run until stopped)."
     )
     score_jobs: int = Field(2, ge=1, le=64, description="Sandboxed scoring runs at once.")
-    torch_threads: int = Field(1, ge=1, le=64, description="torch intra-op threads.")
+    torch_threads: int = Field(
+        1, ge=1, le=64, description="torch intra-op threads.", json_schema_extra=LOCAL
+    )

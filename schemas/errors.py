@@ -41,3 +41,18 @@ class Refused(RlstreamError, ValueError):
 class SetupError(RlstreamError, RuntimeError):
     """Something the user must fix on their machine (missing Java or Maven, a failed download,
     a local cluster that cannot start), said in words they can act on."""
+
+
+#: The exit status of a command or role whose configuration is refused (invalid, or not its
+#: run's): ``ops.run.supervise`` never restarts a role that exits so.
+CONFIG_EXIT = 2
+
+
+class ConfigInvalid(RlstreamError, ValueError):
+    """A recipe (or its ``--set`` values) that does not make a valid config; ``problems`` are
+    ``key: message`` lines, one per error, and ``source`` names the recipe."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        super().__init__(f"{source}: " + "; ".join(problems))
+        self.source = source
+        self.problems = problems

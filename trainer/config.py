@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rlstream.envs import fx_tasks as tasks
 from rlstream.rollout.config import PolicyConfig, task_policy
-from rlstream.schemas.derive import derive
+from rlstream.schemas.derive import LOCAL, derive
 
 
 class Overlong(BaseModel):
@@ -189,6 +189,7 @@ class LearnerConfig(BaseModel):
         description="Folder of the learner's checkpoints (STATE_DIR/RUN/v*.pt: fp32 weights and "
         "optimizer state) and, when it makes one, the run's signing key; made absolute when "
         "read, so a learner restarted from another directory finds them.",
+        json_schema_extra=LOCAL,
     )
     checkpoint_every: int = Field(
         1,
@@ -204,7 +205,9 @@ class LearnerConfig(BaseModel):
         "run manifest so that readers accept them (said loudly in every log). Default: the run "
         "has a signing key from its creation and readers refuse what it did not sign.",
     )
-    warm_start_cache: str | None = Field(None, description="Cache file of the warm-start weights.")
+    warm_start_cache: str | None = Field(
+        None, description="Cache file of the warm-start weights.", json_schema_extra=LOCAL
+    )
     seed: int = Field(0, ge=0, description="torch seed of the learner.")
 
     @field_validator("state_dir")
@@ -218,4 +221,5 @@ class LearnerConfig(BaseModel):
         description="Data-parallel ranks on torch.distributed (rlstream run learner --ranks N); "
         "under torchrun, WORLD_SIZE decides. Each step's groups are split over the ranks, so "
         "groups_per_step must be at least this.",
+        json_schema_extra=LOCAL,
     )

@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rlstream.envs.sandbox import cgroup as sandbox_cgroup
 from rlstream.envs.sandbox import zygote as sandbox_zygote
+from rlstream.schemas.derive import LOCAL
 from rlstream.schemas.errors import RlstreamError
 
 Status = Literal["ok", "timeout", "oom", "crash", "killed", "error"]
@@ -119,6 +120,7 @@ class SandboxConfig(BaseModel):
         default=None,
         description="Interpreter for the code; None: this one in the namespaced modes, one "
         "whose standard library the sandbox uid can read in rlimits mode (probed once).",
+        json_schema_extra=LOCAL,
     )
 
 

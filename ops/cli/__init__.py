@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 #: Subcommand modules, in the order ``--help`` lists them.
@@ -29,6 +30,7 @@ COMMANDS = (
     "rlstream.ops.cli.cmd_lineage",
     "rlstream.ops.cli.cmd_model",
     "rlstream.ops.cli.cmd_export",
+    "rlstream.ops.cli.cmd_config",
 )
 # Command modules added as the features land are appended here.
 
@@ -50,8 +52,18 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from rlstream.schemas.errors import CONFIG_EXIT, ConfigInvalid
+
     try:
         return int(args.func(args) or 0)
+    except ConfigInvalid as exc:  # one line per problem, no traceback
+        print(f"error: {exc.source}:", file=sys.stderr)
+        for line in exc.problems:
+            print(f"  {line}", file=sys.stderr)
+        return CONFIG_EXIT
+    except BrokenPipeError:  # the reader left (`| head`): not an error of ours
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (Python flushes it at exit)
+        return 0
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -102,6 +102,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _demo(args: argparse.Namespace) -> int:
     from rlstream.consumers.consumer import Stopper
     from rlstream.ops.demo import demo
+    from rlstream.ops.run import recorded
     from rlstream.ops.run.config import load_run_config
     from rlstream.producers.client.settings import log_librdkafka_to
     from rlstream.trainer.config import LearnerConfig
@@ -199,7 +200,7 @@ def _demo(args: argparse.Namespace) -> int:
     evals = demo.eval_summary(home, run, config.model)
     demo.write_png(progress, png, evals["eval_curve"])
     now = int(time.time() * 1000)
-    demo.record_run_manifest(home, run, config, "finished", now, list(regions.names))
+    recorded.record_run_manifest(home, run, config, "finished", now, list(regions.names))
     result = demo.summary(run, progress, wall, png, regions, tally)
     result.update(evals)
     result.update(demo.final_model(home, run, config, progress.version, out))
@@ -223,7 +224,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _start_regions(args, run, config, regions) -> dict:
     """Start the local regions and their MirrorMaker 2 links; create each region's topics."""
     from rlstream.ops import cluster
-    from rlstream.ops.demo import demo
+    from rlstream.ops.run import recorded
     from rlstream.producers.client.admin import ensure_run_topics
 
     local = [r for r in regions.names if r not in config.regions.clusters]
@@ -239,9 +240,11 @@ def _start_regions(args, run, config, regions) -> dict:
         cluster.authorize_links(state, run)
     for name, region_settings in settings.items():
         ensure_run_topics(region_settings, run, regions=regions, here=name)
-    now = int(time.time() * 1000)
-    home = settings[regions.trainer]
-    demo.record_run_manifest(home, run, config, "running", now, list(regions.names))
+    try:
+        digest = recorded.create_run(settings[regions.trainer], run, config, list(regions.names))
+    except recorded.ConfigMismatch as exc:
+        raise SystemExit(f"error: {exc}") from None
+    print(f"run {run}: config {digest} recorded", flush=True)
     return settings
 
 

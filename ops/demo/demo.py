@@ -296,48 +296,6 @@ def _plot_success(ax: Any, progress: RunAnalytics, evals: list[dict[str, Any]]) 
     ax.legend(loc="best", fontsize=8)
 
 
-def record_run_manifest(
-    settings: KafkaSettings, run: str, config: Any, status: str, created_ms: int, regions: list[str]
-) -> None:
-    """Put the run manifest (resolved config, seeds, code version, topics) in ``rl.runs``,
-    keeping the weight fields recorded for the run (its signing key)."""
-    from rlstream import __version__
-    from rlstream.consumers.run_log import run_manifest
-    from rlstream.consumers.weights.trust import weight_fields
-    from rlstream.producers.client.producer import EventProducer
-
-    record = {
-        "run": run,
-        "created_ms": created_ms,
-        "updated_ms": int(time.time() * 1000),
-        "status": status,
-        "config_json": config.model_dump_json(),
-        "seeds": {"run": config.seed},
-        "code_version": _code_version(__version__),
-        "model": config.model,
-        "start_offsets": [],
-        "topics": sorted(topics.run_topics(run).values()),
-        "regions": regions,
-        **weight_fields(run_manifest(settings, run)),  # the run's key stays recorded
-    }
-    with EventProducer.connect(settings) as producer:
-        producer.produce(topics.RUNS_TOPIC, "run_manifest", record, run)
-
-
-def _code_version(version: str) -> str:
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).parent,
-            timeout=5,
-        ).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        sha = ""
-    return f"{version}+{sha}" if sha else version
-
-
 def status_line(
     progress: RunAnalytics, started: float, regions: dict[str, Any] | None = None
 ) -> str:
@@ -557,17 +515,13 @@ def recipe_and_model(
 ) -> tuple[str | None, list[str]]:
     """``demo --recipe NAME`` / ``--model DIR`` as the recipe path and ``--set`` items they
     mean; ``SystemExit`` with the reason for an unknown recipe or an unusable model folder."""
-    from rlstream.ops.run.config import RECIPES
+    from rlstream.ops.run.config import find_recipe
     from rlstream.rollout.config import check_model_dir
 
     if recipe is not None:
         if config is not None:
             raise SystemExit("error: --recipe and --config name the recipe twice: give one")
-        path = RECIPES / f"{recipe}.toml"
-        if not path.is_file():
-            known = ", ".join(sorted(p.stem for p in RECIPES.glob("*.toml")))
-            raise SystemExit(f"error: --recipe {recipe}: no such recipe ({known})")
-        config = str(path)
+        config = find_recipe(recipe)
     if model is not None:
         try:
             sets = [*sets, f"policy.hf_dir={check_model_dir(model)}"]

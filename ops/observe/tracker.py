@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rlstream.schemas.derive import LOCAL
 from rlstream.schemas.errors import SetupError
 
 if TYPE_CHECKING:
@@ -50,13 +51,17 @@ class TrackerConfig(BaseModel):
 
     backend: Literal["mlflow"] = Field("mlflow", description="Experiment tracker backend.")
     tracking_uri: str | None = Field(
-        None, description="MLflow tracking URI (a server, file: or sqlite:); None: a SQLite "
-        "store in artifacts_dir."
-    )  # fmt: skip
+        None,
+        description="MLflow tracking URI (a server, file: or sqlite:); None: a SQLite store in "
+        "artifacts_dir.",
+        json_schema_extra=LOCAL,
+    )
     experiment: str = Field("rlstream", min_length=1, description="MLflow experiment name.")
     interval_s: float = Field(5.0, gt=0, le=3600, description="Seconds between writes.")
     artifacts_dir: str | None = Field(
-        None, description="Folder of the run's outputs (tracking.json is written there)."
+        None,
+        description="Folder of the run's outputs (tracking.json is written there).",
+        json_schema_extra=LOCAL,
     )
     artifacts: list[str] = Field(
         default_factory=lambda: ["success_by_version.png", "model"],

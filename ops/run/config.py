@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rlstream.consumers.admission_rules import AdmissionConfig
 from rlstream.consumers.feedback.rules import FeedbackRLConfig
@@ -28,6 +28,8 @@ from rlstream.ops.run.regions import RegionsConfig
 from rlstream.ops.run.roles import role_config
 from rlstream.rollout.config import EvalConfig, PolicyConfig, RolloutConfig
 from rlstream.rollout.scheduler import SchedulerConfig
+from rlstream.schemas.derive import derive
+from rlstream.schemas.errors import ConfigInvalid
 from rlstream.trainer.config import LearnerConfig
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
@@ -95,9 +97,15 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _admission_judges_are_judges(self) -> RunConfig:
-        """A reward admission waits for comes from a judge of the run, or no group completes."""
+        """The rewards admission waits for: the run's judges, each by its own ``weight``,
+        unless the recipe names ``admission.judges`` itself, from judges of the run only (or no
+        group completes). Filled in here, so a recorded config reads back the same."""
+        if "judges" not in self.admission.model_fields_set:
+            weights = {name: judge.reward_weight() for name, judge in self.judges.items()}
+            self.admission = derive(self.admission, judges=weights)
+            return self
         unknown = sorted(set(self.admission.judges) - set(self.judges))
-        if "judges" in self.admission.model_fields_set and unknown:
+        if unknown:
             raise ValueError(
                 f"admission.judges names {', '.join(unknown)}, which [judges] does not define "
                 f"(judges: {', '.join(sorted(self.judges)) or 'none'}); leave admission.judges "
@@ -124,13 +132,36 @@ class RunConfig(BaseModel):
         return role_config(self, role, name)
 
 
-def load_run_config(path: str | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """The recipe at ``path`` (default: the demo recipe) with ``key.sub=value`` overrides."""
-    data: dict[str, Any] = tomllib.loads(Path(path or RECIPES / "demo.toml").read_text())
+def find_recipe(name_or_path: str) -> str:
+    """A recipe file: ``name_or_path`` itself when it is a file, else the shipped recipe of that
+    name (``ops/recipes/NAME.toml``); ``ConfigInvalid`` naming the shipped ones otherwise."""
+    if Path(name_or_path).is_file():
+        return name_or_path
+    shipped = RECIPES / f"{name_or_path}.toml"
+    if shipped.is_file():
+        return str(shipped)
+    known = ", ".join(sorted(p.stem for p in RECIPES.glob("*.toml")))
+    raise ConfigInvalid(name_or_path, [f"no such file, nor a shipped recipe ({known})"])
+
+
+def recipe_data(
+    path: str | None = None, overrides: list[str] | None = None
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The recipe at ``path`` (default: the demo recipe) with ``key.sub=value`` overrides, as
+    plain data, and where each key set came from (``recipe`` or ``--set``), by dotted key.
+    Raises ``ConfigInvalid`` for a file that cannot be read or parsed, or a malformed override."""
+    where = Path(path or RECIPES / "demo.toml")
+    try:
+        data: dict[str, Any] = tomllib.loads(where.read_text())
+    except OSError as exc:
+        raise ConfigInvalid(str(where), [f"cannot read it: {exc.strerror or exc}"]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigInvalid(str(where), [f"not TOML: {exc}"]) from None
+    sources = {key: "recipe" for key in _leaves(data)}
     for item in overrides or []:
         key, sep, raw = item.partition("=")
-        if not sep:
-            raise SystemExit(f"error: --set {item!r}: expected KEY=VALUE")
+        if not sep or not key.strip():
+            raise ConfigInvalid("--set", [f"{item!r}: expected KEY=VALUE"])
         try:
             value: Any = json.loads(raw)
         except json.JSONDecodeError:
@@ -138,6 +169,45 @@ def load_run_config(path: str | None = None, overrides: list[str] | None = None)
         node = data
         *parents, leaf = key.strip().split(".")
         for part in parents:
-            node = node.setdefault(part, {})
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigInvalid("--set", [f"{key.strip()}: {part} is a value, not a table"])
+            node = child
         node[leaf] = value
-    return RunConfig.model_validate(data)
+        sources[key.strip()] = "--set"
+    return data, sources
+
+
+def _leaves(data: dict[str, Any], prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            keys += _leaves(value, f"{prefix}{key}.")
+        else:
+            keys.append(f"{prefix}{key}")
+    return keys
+
+
+def problems_of(exc: ValidationError) -> list[str]:
+    """``key: message`` for each error of a run config's validation."""
+    lines = []
+    for error in exc.errors():
+        key = ".".join(str(part) for part in error["loc"]) or "(recipe)"
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            message = "not a setting here (a typo, or a key of another section?)"
+        elif error["type"] == "union_tag_not_found":
+            tag = str(error.get("ctx", {}).get("discriminator", "kind")).strip("'")
+            message = f"its `{tag}` picks which settings it takes: set {key}.{tag} too"
+        lines.append(f"{key}: {message}")
+    return lines
+
+
+def load_run_config(path: str | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """The recipe at ``path`` (default: the demo recipe) with ``key.sub=value`` overrides.
+    Raises ``ConfigInvalid`` (its ``problems``: one ``key: message`` line each)."""
+    data, _ = recipe_data(path, overrides)
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigInvalid(str(path or RECIPES / "demo.toml"), problems_of(exc)) from None

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.schemas import topics
+from rlstream.schemas.derive import LOCAL
 
 
 class RegionCluster(BaseModel):
@@ -87,6 +88,7 @@ class RegionsConfig(BaseModel):
     clusters: dict[str, RegionCluster] = Field(
         default_factory=dict,
         description="Existing clusters by region; a region without one is the local cluster's.",
+        json_schema_extra=LOCAL,
     )
     brokers: dict[str, int] = Field(
         default_factory=dict,

@@ -31,10 +31,12 @@ def start(args: argparse.Namespace) -> int:
     """Run the role ``args.role`` of run ``args.run`` until it stops; returns the exit code."""
     from rlstream.consumers.consumer import RoleContext, Stopper
     from rlstream.ops.run.config import load_run_config
+    from rlstream.ops.run.recorded import ConfigMismatch, check_config
     from rlstream.producers.client.admin import ensure_run_topics
     from rlstream.producers.client.settings import KafkaSettings, log_librdkafka_to
     from rlstream.producers.weights.run_keys import RunKeys
     from rlstream.schemas.derive import derive
+    from rlstream.schemas.errors import CONFIG_EXIT
 
     log_librdkafka_to(logging.StreamHandler(sys.stderr))  # the role's log, as its own lines
     role = args.role
@@ -73,6 +75,12 @@ def start(args: argparse.Namespace) -> int:
     report = ensure_run_topics(settings, args.run, regions=regions, here=region)
     if report.drift:
         print(f"warning: topic drift {report.drift}", file=sys.stderr)
+    try:
+        line = check_config(settings, args.run, config, region=region, trainer=regions.trainer)
+    except ConfigMismatch as exc:
+        print(f"{role}: refused: {exc}", file=sys.stderr, flush=True)
+        return CONFIG_EXIT
+    print(f"{role}: {line}", file=sys.stderr, flush=True)
     ctx = RoleContext(
         settings,
         args.run,

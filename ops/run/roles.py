@@ -104,14 +104,9 @@ def _judge(run: RunConfig, name: str | None) -> BaseModel:
 def _admission(run: RunConfig, name: str | None) -> BaseModel:
     capped = run.max_staleness == 0 and run.sync_oversample > 1
     cap = run.groups_per_step if capped else run.admission.max_groups_per_version
-    # the rewards admission waits for are the run's judges, weighted by their own config,
-    # unless the recipe names admission.judges itself (checked against [judges] by RunConfig)
-    judges = run.admission.judges
-    if "judges" not in run.admission.model_fields_set:
-        judges = {name: judge.reward_weight() for name, judge in run.judges.items()}
-    return derive(
-        run.admission, max_staleness=run.max_staleness, max_groups_per_version=cap, judges=judges
-    )
+    # admission.judges: the run's judges by their weights unless the recipe names them
+    # (RunConfig fills and checks them)
+    return derive(run.admission, max_staleness=run.max_staleness, max_groups_per_version=cap)
 
 
 def _learner(run: RunConfig, name: str | None) -> BaseModel:

@@ -4,6 +4,8 @@ Rules (``RestartPolicy``, pure and unit-tested):
 
 - a child that exits 0, or that was asked to stop (SIGTERM/SIGINT to the supervisor, which
   forwards it), is not restarted: the supervisor exits with the child's code;
+- nor is a child that exits with ``CONFIG_EXIT`` (2): its configuration was refused (invalid,
+  or not the run's), which no restart mends;
 - a failed child (non-zero exit, or killed by a signal) is restarted after a delay that doubles
   with each consecutive failure, from ``base_s`` up to ``cap_s``, with +-25% jitter so the
   members of a group do not restart in lockstep;
@@ -27,6 +29,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from rlstream.schemas.errors import CONFIG_EXIT
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -38,6 +42,8 @@ class RestartPolicy:
     cap_s: float = 30.0
     fast_s: float = 30.0
     max_fast: int = 5
+    final: tuple[int, ...] = (CONFIG_EXIT,)
+    """Exit codes never restarted (see the module rules)."""
 
     def delay(self, failures: int, rng: random.Random) -> float:
         """Seconds to wait before restart number ``failures`` (1 for the first)."""
@@ -97,6 +103,9 @@ def _restart_loop(
         child.pop()
         ran = time.monotonic() - started
         if code == 0 or stop.is_set():
+            return code
+        if code in policy.final:
+            log(f"supervisor: {name} refused its configuration (exit {code}); not restarting")
             return code
         quick = ran < policy.fast_s
         failures = failures + 1 if quick else 1  # a child that ran long starts a new series

@@ -9,9 +9,9 @@ from helpers import decode_all
 from test_events import examples
 
 from rlstream.consumers.run_log import run_manifests
-from rlstream.ops.demo.demo import record_run_manifest
 from rlstream.ops.forensics.replay import rescore
 from rlstream.ops.run.config import RunConfig
+from rlstream.ops.run.recorded import record_run_manifest
 from rlstream.producers.client.admin import admin_client, ensure_run_topics
 from rlstream.producers.client.producer import EventProducer
 from rlstream.schemas import topics

@@ -138,9 +138,9 @@ def _check_trained_groups_admitted(kafka, run: str) -> None:
 
 
 def _check_replay_is_bit_exact(kafka, run: str, tmp: Path, last_version: int):
-    from rlstream.ops.demo.demo import record_run_manifest
     from rlstream.ops.forensics.replay import replay
     from rlstream.ops.run.config import load_run_config
+    from rlstream.ops.run.recorded import record_run_manifest
 
     config = load_run_config(None, _sets(tmp))
     record_run_manifest(kafka, run, config, "finished", int(time.time() * 1000), ["trainer"])

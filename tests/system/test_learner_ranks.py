@@ -144,9 +144,9 @@ def _check_sharded(kafka, run: str) -> None:
 
 
 def _check_replay(kafka, run: str, tmp: Path) -> None:
-    from rlstream.ops.demo.demo import record_run_manifest
     from rlstream.ops.forensics.replay import replay
     from rlstream.ops.run.config import load_run_config
+    from rlstream.ops.run.recorded import record_run_manifest
 
     sets = [*SETTINGS, f"learner.state_dir={tmp / 'learner'}", f"learner.warm_start_cache={tmp / 'warm.pt'}", "learner.ranks=2"]  # fmt: skip
     config = load_run_config(None, sets)

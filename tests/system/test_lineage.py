@@ -36,10 +36,11 @@ from rlstream.consumers.consumer import Stopper
 from rlstream.consumers.feedback.rl import FeedbackRL, FeedbackRLConfig
 from rlstream.consumers.run_log import run_manifest
 from rlstream.ops.cli import main
-from rlstream.ops.demo.demo import record_run_manifest, start_role
+from rlstream.ops.demo.demo import start_role
 from rlstream.ops.forensics import forget as forget_module
 from rlstream.ops.forensics.replay import replay
 from rlstream.ops.run.config import load_run_config
+from rlstream.ops.run.recorded import record_run_manifest
 from rlstream.producers.client.admin import ensure_run_topics
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.feedback import models as fm

@@ -88,9 +88,9 @@ def _deltas(kafka, run: str) -> list[dict]:
 
 
 def _check_replay(kafka, run: str, tmp: Path, kind: str, last_version: int) -> None:
-    from rlstream.ops.demo.demo import record_run_manifest
     from rlstream.ops.forensics.replay import replay
     from rlstream.ops.run.config import load_run_config
+    from rlstream.ops.run.recorded import record_run_manifest
 
     config = load_run_config(None, _sets(kind, tmp))
     record_run_manifest(kafka, run, config, "finished", int(time.time() * 1000), ["trainer"])

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import json
 
-import pydantic
 import pytest
 
-from rlstream.ops.run.config import load_run_config
+from rlstream.ops.run.config import ConfigInvalid, load_run_config
 
 OWN = {"tests": {"kind": "tests"}, "rubric": {"kind": "llm", "weight": 0.5}}
 
@@ -23,5 +22,5 @@ def test_admission_waits_for_the_runs_own_judges() -> None:
 def test_named_admission_judges_must_be_judges_of_the_run() -> None:
     named = load_run_config(None, ['admission.judges={"tests": 2.0}'])
     assert named.role("admission").judges == {"tests": 2.0}  # the recipe's own choice stands
-    with pytest.raises(pydantic.ValidationError, match="names style, which"):
+    with pytest.raises(ConfigInvalid, match="names style, which"):
         load_run_config(None, ['admission.judges={"tests": 1.0, "style": 0.2}'])

@@ -55,3 +55,14 @@ def test_rlstream_run_reports_a_role_that_cannot_start() -> None:
     assert proc.returncode != 0
     assert "no judge 'nope' in the config" in proc.stderr
     assert "judge.nope (r1) failed 2 times in a row" in proc.stderr
+
+
+def test_a_child_refused_for_its_configuration_is_not_restarted() -> None:
+    lines: list[str] = []
+    policy = RestartPolicy(base_s=0.01, max_fast=3)
+    code = supervise(
+        "learner (r1)", [sys.executable, "-c", "raise SystemExit(2)"], policy, lines.append
+    )
+    assert code == 2
+    assert sum("started" in line for line in lines) == 1
+    assert "refused its configuration" in lines[-1]

@@ -160,9 +160,9 @@ def _check_stale_rejected(kafka, run: str, procs: dict) -> None:
 
 
 def _check_replay_is_bit_exact(kafka, run: str, tmp: Path, last_version: int) -> None:
-    from rlstream.ops.demo.demo import record_run_manifest
     from rlstream.ops.forensics.replay import replay
     from rlstream.ops.run.config import load_run_config
+    from rlstream.ops.run.recorded import record_run_manifest
 
     sets = [v for i, v in enumerate(SETTINGS) if SETTINGS[i - 1] == "--set"]
     sets += [f"learner.state_dir={tmp / 'learner'}", f"learner.warm_start_cache={tmp / 'warm.pt'}"]
