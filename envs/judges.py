@@ -1,7 +1,13 @@
 """Judge roles: one consumer group per rubric, each writing one reward per sample exactly once.
 
 Rubrics, for any task family: ``tests`` (the hidden tests in the sandbox: 1.0 or 0.0),
-``format`` (the family's format rubric) and ``llm`` (an LLM-as-judge, ``envs.llm_judge``).
+``format`` (the family's format rubric), ``llm`` (an LLM-as-judge, ``envs.llm_judge``) and
+``function`` (a reward function of the user's, by dotted path: ``reward = "pkg.mod:score"``,
+sync or async, called as ``score(task, sample)`` with ``task`` = ``{task_id, family, prompt}``
+and ``sample`` the whole trajectory record; it returns a float in [0, 1], a ``(score,
+rationale)`` pair or a ``Verdict``). A reward function runs in the judge's own process: it is
+the user's code and is trusted; the answer it is given is data (run answers in a family's
+sandbox, never in a reward function).
 
 Rules a maintainer must keep:
 - a training judge refuses held-out tasks: the reward is an error, so admission rejects the
@@ -17,12 +23,17 @@ Details: docs/task-families.md (Judges).
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import importlib
+import inspect
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
 from rlstream.consumers.consumer import Record, RoleContext
 from rlstream.consumers.transactional import Output, TransactionalLoop
@@ -43,7 +54,15 @@ class JudgeConfig(llm_judge.LLMJudgeConfig):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["tests", "format", "llm"] = Field("tests", description="Which rubric to apply.")
+    kind: Literal["tests", "format", "llm", "function"] = Field(
+        "tests", description="Which rubric to apply."
+    )
+    reward: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        description="`function` judges: the reward function as `module:function`, importable "
+        "in the judge's environment (see the module docstring for what it gets and returns).",
+    )
     weight: float | None = Field(
         None,
         ge=0,
@@ -72,6 +91,14 @@ class JudgeConfig(llm_judge.LLMJudgeConfig):
         description="Score held-out tasks too (`env score`, evaluation tools). A judge role "
         "trains on what it scores, so it refuses them (an error reward).",
     )
+
+    @model_validator(mode="after")
+    def _reward_with_function(self) -> JudgeConfig:
+        if (self.kind == "function") != (self.reward is not None):
+            raise ValueError(
+                "a `function` judge names its `reward` (module:function); no other does"
+            )
+        return self
 
     def reward_weight(self) -> float:
         """``weight``, or its default by kind."""
@@ -139,7 +166,63 @@ def judge_llm(trajectory: dict[str, Any], cfg: JudgeConfig) -> dict[str, Any]:
     return llm_judge.grade(trajectory, cfg)
 
 
-RUBRICS = {"tests": judge_tests, "format": judge_format, "llm": judge_llm}
+@functools.cache
+def reward_function(path: str) -> Callable[..., Any]:
+    """The function ``module:name`` names; ``ValueError`` saying why when it cannot be had."""
+    module_name, _, name = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # the user's module: any import error is theirs to see
+        raise ValueError(f"reward {path!r}: cannot import {module_name}: {exc!r}") from exc
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ValueError(f"reward {path!r}: {module_name} has no function {name!r}")
+    return fn
+
+
+def judge_function(trajectory: dict[str, Any], cfg: JudgeConfig) -> dict[str, Any]:
+    """The ``function`` rubric: the user's reward function on one sample (never raises)."""
+    assert cfg.reward is not None
+    task_id = str(trajectory["task_id"])
+    task = {
+        "task_id": task_id,
+        "family": families.family_of(task_id),
+        "prompt": str(trajectory.get("prompt", "")),
+    }
+    try:
+        result = reward_function(cfg.reward)(task, trajectory)
+        if inspect.isawaitable(result):
+            result = asyncio.run(_awaited(result))
+        verdict = _as_verdict(result)
+    except Exception as exc:  # the user's code: its failure is an error reward, not a crash
+        return _unscorable(f"reward {cfg.reward} failed: {type(exc).__name__}: {exc}")
+    return _reward(verdict)
+
+
+async def _awaited(result: Any) -> Any:
+    return await result
+
+
+def _as_verdict(result: Any) -> Verdict:
+    if isinstance(result, Verdict):
+        return result
+    rationale = "reward function"
+    if isinstance(result, tuple) and len(result) == 2:
+        result, rationale = result
+    if isinstance(result, bool) or not isinstance(result, int | float):
+        raise TypeError(f"returned {type(result).__name__}, not a float, pair or Verdict")
+    score = float(result)
+    if not 0.0 <= score <= 1.0:  # NaN fails this too
+        raise ValueError(f"returned {score}, outside [0, 1]")
+    return Verdict(score >= 0.5, score, str(rationale))
+
+
+RUBRICS = {
+    "tests": judge_tests,
+    "format": judge_format,
+    "llm": judge_llm,
+    "function": judge_function,
+}
 
 
 class Judge:
@@ -148,6 +231,11 @@ class Judge:
     def __init__(self, run: str, name: str, cfg: JudgeConfig) -> None:
         if cfg.kind == "llm":
             llm_judge.check_grader(cfg)
+        if cfg.reward is not None:
+            try:
+                reward_function(cfg.reward)
+            except ValueError as exc:
+                raise SystemExit(f"error: judge {name}: {exc}") from None
         self.run, self.name, self.cfg = run, name, cfg
         self.rubric = RUBRICS[cfg.kind]
         self.rewards_topic = topics.topic_name(run, "rewards")

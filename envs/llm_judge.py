@@ -20,6 +20,7 @@ Rules and guarantees:
 from __future__ import annotations
 
 import json
+import os
 import re
 import urllib.error
 import urllib.request
@@ -49,6 +50,12 @@ class LLMJudgeConfig(BaseModel):
         json_schema_extra=LOCAL,
     )
     llm_model: str = Field("grader", min_length=1, description="Grader model name.")
+    api_key_env: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Environment variable holding the grader's API key, sent as `Authorization: "
+        "Bearer KEY` (never in the recipe); None: no key is sent.",
+    )
     policy_model: str = Field(
         "policy", description="The run's model (injected): the grader must not be it."
     )
@@ -61,7 +68,13 @@ class LLMJudgeConfig(BaseModel):
 
 
 def check_grader(cfg: LLMJudgeConfig) -> None:
-    """Refuse (SystemExit with the fix) to grade with the policy under training."""
+    """Refuse (SystemExit with the fix) to grade with the policy under training, or without the
+    API key the config names."""
+    if cfg.api_key_env and not os.environ.get(cfg.api_key_env):
+        raise SystemExit(
+            f"error: the llm judge's API key is read from ${cfg.api_key_env} (api_key_env), "
+            "which is not set in this process's environment"
+        )
     if cfg.llm_model == cfg.policy_model and not cfg.allow_policy_grader:
         raise SystemExit(
             f"error: the llm judge would grade with the policy under training (llm_model = "
@@ -119,9 +132,10 @@ def _call(prompt: str, cfg: LLMJudgeConfig) -> dict[str, Any]:
         "max_tokens": cfg.max_tokens,
         "temperature": 0.0,
     }
-    request = urllib.request.Request(
-        cfg.endpoint, json.dumps(body).encode(), {"Content-Type": "application/json"}
-    )
+    headers = {"Content-Type": "application/json"}
+    if cfg.api_key_env:
+        headers["Authorization"] = f"Bearer {os.environ.get(cfg.api_key_env, '')}"
+    request = urllib.request.Request(cfg.endpoint, json.dumps(body).encode(), headers)
     with urllib.request.urlopen(request, timeout=cfg.timeout_s) as response:
         reply: dict[str, Any] = json.loads(response.read())
     return reply

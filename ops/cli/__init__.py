@@ -22,6 +22,7 @@ COMMANDS = (
     "rlstream.ops.cli.cmd_delta",
     "rlstream.ops.cli.cmd_bench",
     "rlstream.ops.cli.cmd_demo",
+    "rlstream.ops.cli.cmd_launch",
     "rlstream.ops.cli.cmd_replay",
     "rlstream.ops.cli.cmd_serve",
     "rlstream.ops.cli.cmd_dashboard",

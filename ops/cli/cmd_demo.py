@@ -148,7 +148,7 @@ def _demo(args: argparse.Namespace) -> int:
     init_model(learner_cfg, lambda line: print(f"  {line}", flush=True))
     key_file = demo.learner_key_file(args.secure, _home(args), run, out)
     keys = demo.sign_weights(home, run, key_file, learner_cfg.insecure_weights)
-    roles = _start_roles(args, run, config, regions, settings, out / "logs", extra, keys)
+    roles = _start_roles(args, run, config, settings, out / "logs", extra, keys)
     tracker = demo.start_role(
         "tracker", run, home, out / "logs", extra, region=regions.trainer, env=keys.env("tracker")
     )
@@ -222,29 +222,23 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _start_regions(args, run, config, regions) -> dict:
-    """Start the local regions and their MirrorMaker 2 links; create each region's topics."""
-    from rlstream.ops import cluster
-    from rlstream.ops.run import recorded
-    from rlstream.producers.client.admin import ensure_run_topics
+    """Start the local regions and their MirrorMaker 2 links; create each region's topics;
+    record the run's config (``ops.run.launch.prepare_regions``)."""
+    from rlstream.ops.run import launch, recorded
 
-    local = [r for r in regions.names if r not in config.regions.clusters]
-    secure = True if args.secure else None  # None: a running cluster stays as it was started
-    brokers = {r: config.regions.brokers.get(r, args.brokers) for r in local}
-    state = cluster.up(
-        local, home=args.home, trainer=regions.trainer, secure=secure, brokers=brokers
-    )
-    settings = {r: config.regions.settings(r, args.home) for r in regions.names}  # admin's
+    authorize = None
     if args.secure:
-        _authorize(run, regions, settings, _home(args))
-    else:  # roles connect as admin; a secured cluster's links still need the run's streams
-        cluster.authorize_links(state, run)
-    for name, region_settings in settings.items():
-        ensure_run_topics(region_settings, run, regions=regions, here=name)
+
+        def authorize(_state, settings) -> None:
+            _authorize(run, regions, settings, _home(args))
+
     try:
-        digest = recorded.create_run(settings[regions.trainer], run, config, list(regions.names))
+        settings = launch.prepare_regions(
+            config, run, args.home, args.brokers, True if args.secure else None, authorize
+        )
     except recorded.ConfigMismatch as exc:
         raise SystemExit(f"error: {exc}") from None
-    print(f"run {run}: config {digest} recorded", flush=True)
+    print(f"run {run}: config {recorded.config_hash(config)} recorded", flush=True)
     return settings
 
 
@@ -264,39 +258,32 @@ def _authorize(run: str, regions, settings: dict, home: Path) -> None:
         print(f"run {run}: {links} MirrorMaker 2 ACLs on the links", flush=True)
 
 
-def _start_roles(
-    args, run, config, regions, settings, logs: Path, extra: list[str], keys: RunKeys
-) -> list:
-    """Trainer-region roles in the trainer region; rollout workers in the rollout regions. Each
-    process is given its part of the run's ``keys`` (the signing key file: the learner alone)."""
+def _start_roles(args, run, config, settings, logs: Path, extra: list[str], keys: RunKeys) -> list:
+    """The run's processes (``ops.run.launch.plan``, the tracker apart: it is stopped last),
+    each in its region and given its part of the run's ``keys`` (the signing key file: the
+    learner alone)."""
     from rlstream.ops.demo import demo
+    from rlstream.ops.run.launch import plan
 
-    home, here = settings[regions.trainer], regions.trainer
-
-    def start(role: str, *rest: Any, **kw: Any) -> Any:
+    roles = []
+    for p in plan(config, args.rollout_workers, bool(args.feedback)):
+        if p.role == "tracker":
+            continue
         # secured: each role finds the cluster in the state directory, connects as its own user
-        if args.secure:
-            kw["home"] = _home(args)
-        return demo.start_role(role, *rest, **kw | {"env": keys.env(role)})
-
-    roles = [
-        start("learner", run, home, logs, extra, region=here),
-        start("admission", run, home, logs, extra, region=here),
-    ]
-    roles += [
-        start("judge", run, home, logs, ["--name", name, *extra], f"judge-{name}", region=here)
-        for name in config.judges
-    ]
-    places = regions.rollout or (regions.trainer,)
-    for i in range(args.rollout_workers):
-        where = places[i % len(places)]
-        member = ["--member", str(i), *extra]
-        name = f"rollout-{where}-{i}"
-        roles.append(start("rollout", run, settings[where], logs, member, name, where))
-    if args.feedback:
-        roles.append(start("feedback-rl", run, home, logs, extra, region=here))
-    roles.append(start("scheduler", run, home, logs, extra, region=here))
-    roles.append(start("eval", run, home, logs, extra, region=here))
+        where = {"home": _home(args)} if args.secure else {}
+        roles.append(
+            demo.start_role(
+                p.role,
+                run,
+                settings[p.region],
+                logs,
+                [*p.args, *extra],
+                p.name,
+                region=p.region,
+                env=keys.env(p.role),
+                **where,
+            )
+        )
     return roles
 
 

@@ -28,7 +28,7 @@ from rlstream.ops.run.regions import RegionsConfig
 from rlstream.ops.run.roles import role_config
 from rlstream.rollout.config import EvalConfig, PolicyConfig, RolloutConfig
 from rlstream.rollout.scheduler import SchedulerConfig
-from rlstream.schemas.derive import derive
+from rlstream.schemas.derive import LOCAL, derive
 from rlstream.schemas.errors import ConfigInvalid
 from rlstream.trainer.config import LearnerConfig
 
@@ -37,6 +37,39 @@ RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 
 def _default_judges() -> dict[str, JudgeConfig]:
     return {"tests": JudgeConfig(kind="tests"), "format": JudgeConfig(kind="format")}
+
+
+class LaunchConfig(BaseModel):
+    """Which processes ``rlstream launch`` (and ``demo``) start for a run; all of it local: how a
+    run is deployed is not what its roles must agree on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rollout_workers: int = Field(
+        2,
+        ge=1,
+        le=256,
+        description="Rollout worker processes, spread over the rollout regions in turn (the "
+        "trainer region when there are none).",
+        json_schema_extra=LOCAL,
+    )
+    judge_members: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Members of each judge's consumer group (processes per judge).",
+        json_schema_extra=LOCAL,
+    )
+    eval: bool = Field(True, description="Start the held-out eval role.", json_schema_extra=LOCAL)
+    tracker: bool = Field(
+        True, description="Start the tracker role (MLflow).", json_schema_extra=LOCAL
+    )
+    feedback: bool = Field(
+        False,
+        description="Start feedback-rl (online RL from editor feedback; `serve feedback` and "
+        "`serve policy` are started apart, on a host users reach).",
+        json_schema_extra=LOCAL,
+    )
 
 
 class RunConfig(BaseModel):
@@ -93,6 +126,11 @@ class RunConfig(BaseModel):
     regions: RegionsConfig = Field(
         default_factory=RegionsConfig,
         description="Trainer and rollout regions, and how each region's Kafka is reached.",
+    )
+    launch: LaunchConfig = Field(
+        default_factory=LaunchConfig,
+        description="The processes `rlstream launch` starts (how many of each).",
+        json_schema_extra=LOCAL,
     )
 
     @model_validator(mode="after")
@@ -175,7 +213,21 @@ def recipe_data(
             node = child
         node[leaf] = value
         sources[key.strip()] = "--set"
+    _absolute_family_paths(data)
     return data, sources
+
+
+def _absolute_family_paths(data: dict[str, Any]) -> None:
+    """A family's ``path`` option (a task file) made absolute against the folder the command
+    runs in: the recorded config then names the same file wherever it is read (replay,
+    export, a role's start-up check from another folder)."""
+    for spec in (data.get("families") or {}).values():
+        options = spec.get("options") if isinstance(spec, dict) else None
+        if not isinstance(options, dict):
+            continue
+        path = options.get("path")
+        if isinstance(path, str) and path and ":" not in path and not Path(path).is_absolute():
+            options["path"] = str(Path(path).expanduser().absolute())
 
 
 def _leaves(data: dict[str, Any], prefix: str = "") -> list[str]:

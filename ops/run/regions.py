@@ -44,27 +44,37 @@ class RegionCluster(BaseModel):
         None, description="librdkafka security.protocol; None keeps the librdkafka default."
     )
     sasl_mechanism: str | None = Field(None, description="e.g. PLAIN, SCRAM-SHA-512.")
-    sasl_username: str | None = Field(None, description="SASL user name.")
+    sasl_username: str | None = Field(
+        None,
+        description="SASL user name; `{role}` in it is replaced by the connecting role's name "
+        "(`admin` for the operator's tools), so each role can be its own principal.",
+    )
     sasl_password_env: str | None = Field(
-        None, description="Environment variable holding the SASL password (never in the recipe)."
+        None,
+        description="Environment variable holding the SASL password (never in the recipe); "
+        "`{ROLE}` in it is replaced by the role's name in capitals, `-` as `_`.",
     )
     ssl_ca_location: str | None = Field(None, description="CA bundle for SSL listeners.")
     extra: dict[str, str] = Field(
         default_factory=dict, description="Other librdkafka keys, passed through verbatim."
     )
 
-    def settings(self) -> KafkaSettings:
+    def settings(self, user: str = "admin") -> KafkaSettings:
+        """How ``user`` (a role's name, or ``admin``) connects: the entry's credentials, with
+        ``{role}`` / ``{ROLE}`` filled in."""
         password = None
         if self.sasl_password_env:
-            value = os.environ.get(self.sasl_password_env)
+            variable = self.sasl_password_env.replace("{ROLE}", user.upper().replace("-", "_"))
+            value = os.environ.get(variable)
             if value is None:
-                raise SystemExit(f"error: ${self.sasl_password_env} (SASL password) is not set")
+                raise SystemExit(f"error: ${variable} (SASL password of {user}) is not set")
             password = SecretStr(value)
+        username = self.sasl_username.replace("{role}", user) if self.sasl_username else None
         return KafkaSettings(
             bootstrap_servers=self.bootstrap,
             security_protocol=self.security_protocol,
             sasl_mechanism=self.sasl_mechanism,
-            sasl_username=self.sasl_username,
+            sasl_username=username,
             sasl_password=password,
             ssl_ca_location=self.ssl_ca_location,
             extra=self.extra,
@@ -116,7 +126,7 @@ class RegionsConfig(BaseModel):
         cluster's region (as ``user`` when it is secured)."""
         self.topology().check(region)
         if region in self.clusters:
-            return self.clusters[region].settings()
+            return self.clusters[region].settings(user)
         return local_settings(region, home, user)
 
 

@@ -22,6 +22,7 @@ class Grader:
 
     def __init__(self) -> None:
         self.prompts: list[str] = []
+        self.keys: list[str | None] = []
         self.reply: Any = lambda prompt: {"choices": [{"text": '{"score": 7, "reason": "ok"}'}]}
         self.delay = 0.0
         self.in_flight = self.peak = 0
@@ -45,6 +46,7 @@ def grader() -> Iterator[tuple[Grader, str]]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            state.keys.append(self.headers.get("Authorization"))
             data = json.dumps(state.handle(body)).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -145,3 +147,18 @@ def test_refuses_to_grade_with_the_policy_under_training(grader: tuple[Grader, s
 def test_fence_is_longer_than_any_backtick_run() -> None:
     assert fence("a") == "```text\na\n```"
     assert fence("x `````` y").startswith("```````text")
+
+
+def test_the_api_key_comes_from_the_named_variable(
+    grader: tuple[Grader, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state, url = grader
+    cfg = JudgeConfig(kind="llm", endpoint=url, api_key_env="RL_TEST_GRADER_KEY")
+    monkeypatch.delenv("RL_TEST_GRADER_KEY", raising=False)
+    with pytest.raises(SystemExit, match="RL_TEST_GRADER_KEY"):
+        Judge("r", "llm", cfg)  # a key named but not set: refused at start, not per sample
+    monkeypatch.setenv("RL_TEST_GRADER_KEY", "sk-test-1")
+    Judge("r", "llm", cfg)
+    assert judge_llm(TRAJ, cfg)["score"] == 0.7
+    assert judge_llm(TRAJ, JudgeConfig(kind="llm", endpoint=url))["score"] == 0.7
+    assert state.keys == ["Bearer sk-test-1", None]
