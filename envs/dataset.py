@@ -315,6 +315,14 @@ class DatasetFamily(TaskFamily):
         """``eval`` for an evaluation seed (``EVAL_SEED_BASE`` and up), else ``train``."""
         return seed_split(self.key(task_id), task_id)
 
+    def references(self) -> dict[str, str]:
+        """Each problem's ``canonical_solution`` (problems without one are left unchecked)."""
+        return {
+            f"{self.name}-{EVAL_SEED_BASE}:{row}": p.canonical_solution
+            for row, p in self.problems.items()
+            if p.canonical_solution
+        }
+
     def sample(self, seed: int, split: Split = "train") -> FamilyTask:
         """A problem of ``split`` drawn from ``seed`` (in ``[0, EVAL_SEED_BASE)``); held-out
         tasks get the seed ``EVAL_SEED_BASE + seed``, so their ids say they are held out."""

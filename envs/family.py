@@ -118,6 +118,12 @@ class TaskFamily(ABC):
         default). A family without a teacher raises ``NotImplementedError``."""
         raise NotImplementedError(f"task family {self.plugin!r} has no demonstrations")
 
+    def references(self) -> dict[str, str]:
+        """Answers known to pass, by task id (an evaluation seed's, so held-out tasks are
+        included): what ``env score --canonical`` and ``launch`` check every task against before
+        a run trains on it. A family without reference answers returns none (unchecked)."""
+        return {}
+
     @classmethod
     @abstractmethod
     def environment(cls, spec: dict[str, Any]) -> Environment:

@@ -307,6 +307,12 @@ class RepoFamily(TaskFamily):
             raise ValueError(f"task {task_id!r}: {iid!r} is held-out (evaluation only)")
         return self.loaded.tasks[iid]
 
+    def references(self) -> dict[str, str]:
+        """Each task's reference ``patch``."""
+        return {
+            f"{self.name}-{EVAL_SEED_BASE}:{iid}": t.patch for iid, t in self.loaded.tasks.items()
+        }
+
     def split_of_task(self, task_id: str) -> Split:
         return seed_split(self.key(task_id), task_id)
 

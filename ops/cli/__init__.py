@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from rlstream.schemas.errors import CONFIG_EXIT, ConfigInvalid
+    from rlstream.schemas.errors import CONFIG_EXIT, ConfigInvalid, SetupError
 
     try:
         return int(args.func(args) or 0)
@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         for line in exc.problems:
             print(f"  {line}", file=sys.stderr)
         return CONFIG_EXIT
+    except SetupError as exc:  # something to fix on this machine or cluster, said in words
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # the reader left (`| head`): not an error of ours
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (Python flushes it at exit)
         return 0

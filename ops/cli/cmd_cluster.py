@@ -44,8 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument(
         "--brokers",
         type=int,
-        default=1,
-        help="KRaft nodes per new region (default 1); 3 replicates every topic 3 times with "
+        default=None,
+        help="KRaft nodes per region (a new region: default 1; a region keeps its count, "
+        "another is refused); 3 replicates every topic 3 times with "
         "min.insync.replicas=2, so a region survives one broker's death (see docs/kafka.md)",
     )
     up.add_argument(

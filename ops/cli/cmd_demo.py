@@ -59,9 +59,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--brokers",
         type=int,
-        default=1,
-        help="brokers of each local region started now (default 1; 3 replicates every topic, "
-        "see docs/kafka.md); the recipe's regions.brokers wins for the regions it names",
+        default=None,
+        help="brokers of each local region (a new region: default 1; 3 replicates every topic, "
+        "see docs/kafka.md; a region created with another count is refused, not reused); the "
+        "recipe's regions.brokers wins for the regions it names",
     )
     p.add_argument(
         "--feedback",

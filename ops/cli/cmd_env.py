@@ -15,6 +15,9 @@
   ``completion`` are accepted too), ``--canonical`` applies each task's reference ``patch`` and
   ``--unpatched`` scores the empty patch (every task must fail). A broken task row is reported
   as ``FILE:LINE: what is wrong`` on stderr, the rest are scored, and the exit status is 1.
+- ``env score --family NAME --answers FILE [--recipe RECIPE | --options JSON]`` scores answers
+  with any task family, a plugin's included: the recipe's family of that name, or the installed
+  plugin ``NAME`` with ``--options``; the answers carry the pipeline's task ids (``NAME-KEY``).
 - ``env build-repo-tasks --packages A,B,C --count N --out FILE [--seed S] [--json]`` builds repo
   tasks from the packages' sdists (``envs.repo_build``; ``pip download`` at build time only),
   writes them to FILE and ends with ``{"tasks", "packages", "kept", "dropped"}``.
@@ -34,7 +37,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     env = sub.add_parser("env", help="task families and the sandbox, without Kafka")
     cmds = env.add_subparsers(dest="env_command", metavar="ENV_COMMAND", required=True)
     score = cmds.add_parser("score", help="score answers against a JSONL dataset's own tests")
-    score.add_argument("--tasks", required=True, help="JSONL problems (task_id, prompt, ...)")
+    score.add_argument("--tasks", help="JSONL problems (task_id, prompt, ...) or repo tasks")
+    score.add_argument(
+        "--family",
+        metavar="NAME",
+        help="score with task family NAME instead of a tasks file: the recipe's family of that "
+        "name (--recipe), else the installed plugin NAME with --options; answers carry the "
+        "pipeline's task ids (NAME-KEY)",
+    )
+    score.add_argument(
+        "--recipe", help="the recipe (file or shipped name) whose family --family is"
+    )
+    score.add_argument("--options", default="{}", help="plugin options as JSON (with --family)")
     answers = score.add_mutually_exclusive_group(required=True)
     answers.add_argument("--answers", help="JSONL answers (task_id, completion)")
     answers.add_argument(
@@ -95,8 +109,11 @@ def read_answers(path: str) -> list[tuple[str, str | None, str | None]]:
     return out
 
 
-def score_one(where: str, task_id: str | None, completion: str | None, cfg: Any) -> dict[str, Any]:
-    """One output line: the ``tests`` judge's verdict on one answer, or why it has none."""
+def score_one(
+    where: str, task_id: str | None, completion: str | None, cfg: Any, as_given: bool = False
+) -> dict[str, Any]:
+    """One output line: the ``tests`` judge's verdict on one answer, or why it has none.
+    ``as_given``: the task id is the pipeline's own (``--family``), else a file's problem id."""
     from rlstream.envs.judges import judge_tests
 
     if task_id is None or completion is None:
@@ -105,7 +122,8 @@ def score_one(where: str, task_id: str | None, completion: str | None, cfg: Any)
     from rlstream.envs.family import EVAL_SEED_BASE
 
     # scoring a file is evaluation: an evaluation seed, so held-out problems are scored too
-    task = {"task_id": f"env-{EVAL_SEED_BASE}:{task_id}", "completion": completion}
+    full = task_id if as_given else f"env-{EVAL_SEED_BASE}:{task_id}"
+    task = {"task_id": full, "completion": completion}
     reward = judge_tests(task, cfg)
     isolation = next(
         (k.removeprefix("isolation.") for k in reward["details"] if k.startswith("isolation.")),
@@ -130,13 +148,50 @@ def _line(
     }
 
 
+def _family_spec(args: argparse.Namespace) -> Any:
+    """The family ``--family NAME`` scores with: the recipe's, or the plugin NAME's."""
+    from rlstream.envs.family import FamilySpec
+
+    if args.recipe:
+        from rlstream.ops.run.config import find_recipe, load_run_config
+
+        families = load_run_config(find_recipe(args.recipe), []).run_families()
+        if args.family not in families:
+            raise ValueError(
+                f"the recipe has no family {args.family!r} (families: {', '.join(families)})"
+            )
+        return families[args.family]
+    try:
+        options = json.loads(args.options)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--options is not JSON: {exc.msg}") from None
+    if args.tasks:
+        options.setdefault("path", args.tasks)
+    return FamilySpec(plugin=args.family, options=options)
+
+
 def _todo(args: argparse.Namespace) -> tuple[Any, list[Any], list[str]]:
     """(judge config, (where, task_id, answer) to score, broken task rows) of ``env score``."""
+    from rlstream.envs import family as task_families
     from rlstream.envs import repo
     from rlstream.envs.dataset import load, resolve
     from rlstream.envs.family import FamilySpec
     from rlstream.envs.judges import JudgeConfig
 
+    if args.family:
+        if not args.answers:
+            raise ValueError("--family scores --answers (a family gives no reference answers)")
+        spec = _family_spec(args)
+        task_families.families({args.family: spec})  # installed, options valid: or say why
+        cfg = JudgeConfig(
+            kind="tests",
+            families={args.family: spec},
+            isolation=args.isolation,
+            evaluation=True,
+        )
+        return cfg, read_answers(args.answers), []
+    if not args.tasks:
+        raise ValueError("give --tasks FILE, or --family NAME")
     if _is_repo_file(args.tasks):
         loaded = repo.load(args.tasks)
         options: dict[str, Any] = {"path": str(resolve(args.tasks)), "eval_fraction": 0.0}
@@ -189,7 +244,8 @@ def _score(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
     broken: list[str] = []  # a self-check's tasks that cannot be trained on, and why
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        lines = pool.map(lambda t: score_one(t[0], t[1], t[2], cfg), todo)
+        as_given = bool(args.family)
+        lines = pool.map(lambda t: score_one(t[0], t[1], t[2], cfg, as_given), todo)
         summary = {"tasks": 0, "passed": 0, "errors": 0}
         for line in lines:
             summary["tasks"] += 1

@@ -2,8 +2,10 @@
 
 The recipe (a file, or a shipped one by name) names the model, the tasks, the judges, the
 regions and their clusters; ``ops.run.launch.plan`` turns it into processes, each an
-``rlstream run ROLE`` that restarts its role when it fails. The run's config is recorded (and a
-run of that name with another config refused) and its weight key made before any role starts.
+``rlstream run ROLE`` that restarts its role when it fails. The tasks' reference answers are
+checked first (``ops.run.task_check``: a task that cannot pass is named and nothing starts);
+the run's config is recorded (and a run of that name with another config refused) and its
+weight key made before any role starts.
 One progress line shows the versions against ``--max-versions`` with an ETA, the success rate,
 the staleness and how many processes are up; Ctrl-C (or the bound) stops every process with
 SIGTERM, so each drains and commits. ``--dry-run`` prints the commands and starts nothing;
@@ -48,7 +50,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=".rlstream/runs", help="where logs and descriptions go")
     p.add_argument("--home", default=None, help="local cluster state directory")
     p.add_argument(
-        "--brokers", type=int, default=1, help="brokers of each local region started now"
+        "--brokers",
+        type=int,
+        default=None,
+        help="brokers of each local region (a new region: default 1; a region created with "
+        "another count is refused)",
     )
     p.add_argument("--json", action="store_true", help="end with one JSON line")
     p.set_defaults(func=_launch)
@@ -73,6 +79,8 @@ def _launch(args: argparse.Namespace) -> int:
         for p in procs:
             print(shlex.join(p.command(run, shared, home)))
         return 0
+    if not _tasks_pass(config):
+        return 2
     out = Path(args.out) / run
     try:
         settings = launch.prepare_regions(config, run, args.home, args.brokers)
@@ -86,6 +94,27 @@ def _launch(args: argparse.Namespace) -> int:
     if args.prepare:
         return 0
     return _run_processes(args, run, config, procs, shared, settings, keys, out, digest)
+
+
+def _tasks_pass(config: Any) -> bool:
+    """The self-check of the run's tasks (``ops.run.task_check``); False, with every broken
+    task named, when one cannot pass."""
+    from rlstream.ops.run.task_check import check_tasks
+
+    found = check_tasks(config, lambda line: print(line, flush=True))
+    unchecked = "".join(f"; {n}: {why}" for n, why in found.unchecked.items())
+    if found.broken:
+        for why in found.broken:
+            print(f"error: {why}", file=sys.stderr)
+        print(
+            f"error: {len(found.broken)} of {found.checked} tasks cannot pass their own tests: "
+            "fix or remove them (`rlstream env score --tasks FILE --canonical` names them)",
+            file=sys.stderr,
+        )
+        return False
+    cached = " (checked before)" if found.cached else ""
+    print(f"tasks: {found.checked} references pass{cached}{unchecked}", flush=True)
+    return True
 
 
 def _home(args: argparse.Namespace, config: Any) -> str | None:

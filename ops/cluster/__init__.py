@@ -146,14 +146,16 @@ def up(
     log=print,
     trainer: str | None = None,
     secure: bool | None = None,
-    brokers: int | dict[str, int] = 1,
+    brokers: int | dict[str, int] | None = None,
     link: LinkSpec | None = None,
     mirror_settings: dict[str, str] | None = None,
 ) -> Cluster:
     """Start (or reuse) the brokers of each region, then one MirrorMaker 2 per rollout region's
     link (unless ``mirror_links`` is False); ``secure`` True for secured regions, None to keep
-    the cluster as it was started (a new cluster unsecured); ``brokers`` per new region (one
-    number for all, or by name; default 1): a region keeps the count it was created with;
+    the cluster as it was started (a new cluster unsecured); ``brokers`` per region (one number
+    for all, or by name; None or unnamed: as it is, 1 for a new region): a region keeps the
+    count it was created with, and a count asked of a region created with another is refused
+    (``SetupError`` naming both);
     ``heap`` per broker (default ``broker.default_heap``); ``link``: the WAN between the trainer
     region and each rollout region (None keeps the cluster's, or none); ``mirror_settings``:
     MirrorMaker 2 settings every link gets last (None keeps the cluster's); a link whose
@@ -169,9 +171,15 @@ def up(
         if mirror_settings is not None:
             cluster.mirror_settings = dict(mirror_settings)
         for name in names:
-            count = brokers.get(name, 1) if isinstance(brokers, dict) else brokers
-            region = cluster.regions.get(name) or broker.new_region(name, home, secure, count)
-            cluster.regions[name] = region
+            asked = brokers.get(name) if isinstance(brokers, dict) else brokers
+            region = cluster.regions.get(name)
+            if region is not None and asked is not None and asked != region.brokers:
+                raise SetupError(
+                    f"region {name} at {home} was created with {region.brokers} broker(s), not "
+                    f"the {asked} asked: a region keeps its brokers. Use another --home, or "
+                    "`rlstream cluster down --purge` first (its topics are lost)"
+                )
+            cluster.regions[name] = region or broker.new_region(name, home, secure, asked or 1)
         if link is not None or cluster.wan is not None:
             _plan_links(cluster, names, link)
         for name in names:

@@ -144,15 +144,15 @@ def prepare_regions(
     config: RunConfig,
     run: str,
     home: str | None,
-    brokers: int = 1,
+    brokers: int | None = None,
     secure: bool | None = None,
     authorize=None,
 ) -> dict:
     """Every region of the run reachable, its topics made, and the run's config recorded
     (``recorded.create_run``: ``ConfigMismatch`` when the run exists with another config).
     Local regions (those the recipe gives no cluster) are started with their MirrorMaker 2
-    links (``brokers`` each unless ``regions.brokers`` names them; ``secure`` None: as they
-    were). ``authorize(state, settings)``, when given, applies the run's users and ACLs (a
+    links (``brokers`` each unless ``regions.brokers`` names them; None: as they are, 1 when
+    new; a count a region was not created with is refused; ``secure`` None: as they were). ``authorize(state, settings)``, when given, applies the run's users and ACLs (a
     secured demo); otherwise the links are given the run's streams. Returns each region's
     admin settings."""
     from rlstream.ops import cluster
@@ -163,7 +163,10 @@ def prepare_regions(
     local = [r for r in regions.names if r not in config.regions.clusters]
     state = None
     if local:
-        counts = {r: config.regions.brokers.get(r, brokers) for r in local}
+        named = config.regions.brokers
+        counts = {r: named[r] for r in local if r in named} | (
+            {r: brokers for r in local if r not in named} if brokers is not None else {}
+        )
         where = Path(home) if home else None
         state = cluster.up(
             local, home=where, trainer=regions.trainer, secure=secure, brokers=counts

@@ -17,10 +17,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from rlstream.producers.client.settings import KafkaSettings
+from rlstream.schemas.errors import SetupError
 
 if TYPE_CHECKING:
     from rlstream.schemas.topics import Regions
@@ -47,9 +48,64 @@ def admin_client(settings: KafkaSettings) -> AdminClient:
     return AdminClient(conf)
 
 
-def apply_topics(admin: AdminClient, wants: list[TopicWant], timeout: float = 30.0) -> ApplyReport:
-    """Create the missing topics of ``wants`` and report drift on the existing ones."""
+_UNREACHABLE = {KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN}
+_UNAUTHENTICATED = {
+    KafkaError._AUTHENTICATION,
+    KafkaError.SASL_AUTHENTICATION_FAILED,
+    KafkaError._SSL,
+}
+_REFUSED = {
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    KafkaError.POLICY_VIOLATION,
+    KafkaError.INVALID_CONFIG,
+    KafkaError.INVALID_REPLICATION_FACTOR,
+}
+
+
+def setup_error(exc: KafkaException, where: str, doing: str) -> SetupError | KafkaException:
+    """A cluster that cannot be reached, logged into or asked this, as one line with the cause
+    and the fix (``SetupError``); any other error as it was."""
+    err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+    if err is None:
+        return exc
+    code, said = err.code(), err.str()
+    if code in _UNREACHABLE:
+        return SetupError(
+            f"no Kafka answers at {where} ({doing}: {said}): is the cluster up "
+            "(`rlstream cluster status` for the local one)? For an existing cluster check "
+            "--bootstrap / RLSTREAM_BOOTSTRAP and that this host reaches it"
+        )
+    if code in _UNAUTHENTICATED:
+        return SetupError(
+            f"Kafka at {where} refused this client's login ({said}): check the credentials "
+            "(RLSTREAM_KAFKA_* or the recipe's [regions.clusters] entry and its password "
+            "variable) and the CA bundle"
+        )
+    if code in _REFUSED:
+        return SetupError(
+            f"Kafka at {where} refused {doing} ({said}): this user may not create or describe "
+            "the run's topics, or the cluster's limits refuse their settings; see "
+            "docs/launch.md (what the cluster must allow) and `rlstream acl show`"
+        )
+    return exc
+
+
+def apply_topics(
+    admin: AdminClient, wants: list[TopicWant], timeout: float = 30.0, where: str | None = None
+) -> ApplyReport:
+    """Create the missing topics of ``wants`` and report drift on the existing ones; a cluster
+    that cannot be reached or refuses is a ``SetupError`` saying so (``setup_error``)."""
     report = ApplyReport()
+    try:
+        return _apply(admin, wants, report, timeout)
+    except KafkaException as exc:
+        raise setup_error(exc, where or "the cluster", "making the run's topics") from exc
+
+
+def _apply(
+    admin: AdminClient, wants: list[TopicWant], report: ApplyReport, timeout: float
+) -> ApplyReport:
     # replication_factor=-1 takes the cluster's default.replication.factor.
     existing = admin.list_topics(timeout=timeout).topics
     missing = [w for w in wants if w.name not in existing]
@@ -163,7 +219,8 @@ def ensure_run_topics(
 
     specs = topics.catalog(group_partitions=partitions) if partitions else topics.STREAMS
     copies = regions.copies(here) if regions is not None and here is not None else []
-    return apply_topics(admin_client(settings), run_topic_wants(run, specs, copies))
+    wants = run_topic_wants(run, specs, copies)
+    return apply_topics(admin_client(settings), wants, where=settings.bootstrap_servers)
 
 
 def ensure_cluster_topics(settings: KafkaSettings) -> ApplyReport:
@@ -175,4 +232,4 @@ def ensure_cluster_topics(settings: KafkaSettings) -> ApplyReport:
         for name, spec in topics.STREAMS.items()
         if spec.cluster_wide
     ]
-    return apply_topics(admin_client(settings), wants)
+    return apply_topics(admin_client(settings), wants, where=settings.bootstrap_servers)
