@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rlstream.envs import sandbox, tools
 from rlstream.envs.family import EVAL_SEED_BASE, FamilyTask, Split, TaskFamily, Verdict
 from rlstream.envs.tools import Environment, Tool, ToolResult, Workspace
+from rlstream.schemas.derive import derive
 from rlstream.schemas.errors import RlstreamError
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -65,6 +66,14 @@ class DatasetConfig(BaseModel):
         ge=0,
         le=0.9,
         description="Share of problems without a 'split' field held out (by a hash of task_id).",
+    )
+    packages: tuple[str, ...] = Field(
+        (),
+        max_length=32,
+        description="Importable top-level modules of this environment the answers and tests "
+        "may import (e.g. `more_itertools`), copied once into a read-only library the sandbox "
+        "binds; only the standard library otherwise. Values crossing between the answer and "
+        "the tests stay plain data (a package's own types do not cross).",
     )
     tools: tuple[ToolName, ...] = Field(
         ("python", "test", "read", "write", "ls"),
@@ -208,10 +217,18 @@ def program_of(problem: Problem, answer: str) -> str:
 
 
 @functools.cache
-def driver_source(entry_point: str, role: Literal["verdict", "answer"] = "verdict") -> str:
-    """The sandboxed test driver for one entry point, as the verdict side or the answer's."""
+def driver_source(
+    entry_point: str, role: Literal["verdict", "answer"] = "verdict", library: str | None = None
+) -> str:
+    """The sandboxed test driver for one entry point, as the verdict side or the answer's,
+    with the read-only ``library`` folder (the family's ``packages``) after the standard
+    library on its path."""
     source = _DRIVER.read_text(encoding="utf-8")
     source = source.replace('\nENTRY = "f"\n', f"\nENTRY = {entry_point!r}\n", 1)
+    if library is not None:
+        if "\nLIBRARY = None\n" not in source:
+            raise RuntimeError(f"{_DRIVER} lost its LIBRARY line")
+        source = source.replace("\nLIBRARY = None\n", f"\nLIBRARY = {library!r}\n", 1)
     return source.replace('\nROLE = "verdict"\n', f"\nROLE = {role!r}\n", 1)
 
 
@@ -229,12 +246,13 @@ def run_driver(
         "visible_test": problem.visible_test or "",
     }
     files = {"solution.py": program}
+    library = box.library[0] if box.library else None
     result = sandbox.run(
-        driver_source(problem.entry_point),
+        driver_source(problem.entry_point, "verdict", library),
         box,
         json.dumps(params),
         files,
-        answer=driver_source(problem.entry_point, "answer"),
+        answer=driver_source(problem.entry_point, "answer", library),
     )
     verdict = None
     for line in result.stdout.splitlines():
@@ -267,8 +285,12 @@ def _test_tool(spec: dict[str, Any]) -> Tool:
         visible_test=spec.get("visible_test"),
     )  # fmt: skip
 
+    packages = tuple(spec.get("packages") or ())
+
     def run(workspace: Workspace, arg: str, box: sandbox.SandboxConfig) -> ToolResult:
         program = workspace.files.get("solution.py", b"").decode("utf-8", errors="replace")
+        if packages:  # the family's packages, as its scoring runs have them
+            box = derive(box, library=(sandbox.library_of(packages),))
         result, line = run_driver(problem, program, "visible", box)
         if line is not None:  # the driver ran the tests: its report, without the verdict line
             text = result.stdout.rsplit("\n", 2)[0]
@@ -296,6 +318,11 @@ class DatasetFamily(TaskFamily):
         for row, problem in self.problems.items():
             self.splits[split_of(problem, cfg.eval_fraction)].append(row)
         self.held_out = frozenset(self.splits["eval"])
+        try:  # made once per process (cached by the set of modules)
+            if cfg.packages:
+                sandbox.library_of(cfg.packages)
+        except ValueError as exc:  # at the recipe's load: every role says so before it runs
+            raise ValueError(f"packages: {exc}") from None
 
     def problem(self, task_id: str) -> Problem:
         """The problem behind ``task_id`` (``NAME-SEED:ROW``); ValueError for a foreign id, and
@@ -347,6 +374,7 @@ class DatasetFamily(TaskFamily):
             "entry_point": problem.entry_point,
             "visible_test": problem.visible_test,
             "tools": list(self.cfg.tools),
+            **({"packages": list(self.cfg.packages)} if self.cfg.packages else {}),
         }
         return FamilyTask(f"{self.name}-{seed}:{problem.task_id}", problem.prompt, spec, seed)
 
@@ -356,6 +384,7 @@ class DatasetFamily(TaskFamily):
             cpu_limit_s=self.cfg.cpu_limit_s,
             memory_bytes=self.cfg.memory_bytes,
             isolation=isolation,
+            library=(sandbox.library_of(self.cfg.packages),) if self.cfg.packages else (),
         )
 
     def score(self, task_id: str, completion: str, isolation: sandbox.Mode = "full") -> Verdict:

@@ -39,6 +39,8 @@ import traceback
 
 ENTRY = "f"
 ROLE = "verdict"
+# the family's packages: a root-owned read-only folder, on the path after the standard library
+LIBRARY = None
 SOLUTION = "solution.py"  # in the answer's cwd, the workspace
 REQUESTS, REPLIES = 3, 4  # the answer's descriptors
 FROM_ANSWER, TO_ANSWER, START_ANSWER = 3, 4, 5  # the verdict side's
@@ -302,6 +304,8 @@ def main():
 
 
 if __name__ == "__main__":
+    if LIBRARY:
+        sys.path.append(LIBRARY)
     if ROLE == "answer":
         serve_answer()
     else:

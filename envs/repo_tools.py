@@ -23,13 +23,7 @@ root and writable by no one else, which the sandbox binds read-only (``SandboxCo
 
 from __future__ import annotations
 
-import atexit
-import functools
 import json
-import os
-import shutil
-import tempfile
-import threading
 from pathlib import Path
 
 from rlstream.envs import patches, sandbox
@@ -47,41 +41,14 @@ MAX_FILES = 64  # the sandbox's workspace cap
 MAX_BYTES = 2 * 2**20
 
 
-_LIBRARY_LOCK = threading.Lock()
-
-
 def test_library() -> str:
-    """A root-owned copy of ``LIBRARY_MODULES`` no one else can write (one per process).
-
-    Made once under a lock: a scorer's threads ask for it at once, and every caller must get the
-    same folder (the sandbox binds the one its config names, and the driver's ``LIBRARY`` must
-    name that folder; two copies made at once had each thread's first two calls disagree)."""
-    with _LIBRARY_LOCK:
-        return _make_test_library()
-
-
-@functools.cache
-def _make_test_library() -> str:
+    """A root-owned copy of ``LIBRARY_MODULES`` no one else can write (one per process, the
+    same folder for every caller: ``sandbox.library_of``)."""
     import importlib.util
 
-    # not under /tmp: the sandbox's own /tmp (a private tmpfs) would hide it
-    root = tempfile.mkdtemp(prefix="rlstream-pylib-", dir="/var/tmp")
-    atexit.register(shutil.rmtree, root, True)
-    for name in LIBRARY_MODULES:
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.origin is None:
-            continue
-        src = Path(spec.origin)
-        if spec.submodule_search_locations:
-            ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-            shutil.copytree(src.parent, Path(root, src.parent.name), ignore=ignore)
-        else:
-            shutil.copy2(src, Path(root, src.name))
-    for dirpath, _dirs, names in os.walk(root):
-        os.chmod(dirpath, 0o755)
-        for n in names:
-            os.chmod(os.path.join(dirpath, n), 0o644)
-    return os.path.realpath(root)
+    specs = {m: importlib.util.find_spec(m) for m in LIBRARY_MODULES}
+    present = tuple(m for m, spec in specs.items() if spec is not None and spec.origin)
+    return sandbox.library_of(present)  # `py` is gone from newer pytest installs
 
 
 def driver(role: str, paths: list[str], tests: list[str]) -> str:

@@ -19,6 +19,7 @@ Details: docs/sandbox.md (The sandbox in full).
 
 from __future__ import annotations
 
+import atexit
 import base64
 import contextlib
 import functools
@@ -32,6 +33,7 @@ import select
 import shutil
 import signal
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
@@ -361,6 +363,42 @@ def _bytecode(source: str, name: str) -> bytes:
     """``source`` compiled (a judged run's programs are its caller's code, not the answer's),
     with this interpreter's magic number: the bootstrap compiles it itself on a mismatch."""
     return importlib.util.MAGIC_NUMBER + marshal.dumps(compile(source, name, "exec"))
+
+
+_LIBRARY_LOCK = threading.Lock()
+
+
+def library_of(modules: tuple[str, ...]) -> str:
+    """A root-owned, read-only copy of the importable ``modules`` of this environment (each a
+    package folder or a module file), made once per process for each set under a lock: the
+    callers of a scorer's threads must all name the same folder (``SandboxConfig.library``).
+    ``ValueError`` naming the modules that do not import here."""
+    with _LIBRARY_LOCK:
+        return _library_of(tuple(sorted(set(modules))))
+
+
+@functools.cache
+def _library_of(modules: tuple[str, ...]) -> str:
+    specs = {name: importlib.util.find_spec(name) for name in modules}
+    missing = [n for n, spec in specs.items() if spec is None or spec.origin is None]
+    if missing:
+        raise ValueError(f"not importable here: {', '.join(missing)} (install them first)")
+    # not under /tmp: the sandbox's own /tmp (a private tmpfs) would hide it
+    root = tempfile.mkdtemp(prefix="rlstream-pylib-", dir="/var/tmp")
+    atexit.register(shutil.rmtree, root, True)
+    for spec in specs.values():
+        assert spec is not None and spec.origin is not None
+        src = Path(spec.origin)
+        if spec.submodule_search_locations:
+            ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+            shutil.copytree(src.parent, Path(root, src.parent.name), ignore=ignore)
+        else:
+            shutil.copy2(src, Path(root, src.name))
+    for dirpath, _dirs, names in os.walk(root):
+        os.chmod(dirpath, 0o755)
+        for n in names:
+            os.chmod(os.path.join(dirpath, n), 0o644)
+    return os.path.realpath(root)
 
 
 def check_library(path: str) -> str:

@@ -179,17 +179,22 @@ def _todo(args: argparse.Namespace) -> tuple[Any, list[Any], list[str]]:
     from rlstream.envs.judges import JudgeConfig
 
     if args.family:
-        if not args.answers:
-            raise ValueError("--family scores --answers (a family gives no reference answers)")
+        if args.unpatched:
+            raise ValueError("--unpatched is for repo task files")
         spec = _family_spec(args)
-        task_families.families({args.family: spec})  # installed, options valid: or say why
+        fam = task_families.families({args.family: spec})[args.family]  # or say why not
         cfg = JudgeConfig(
             kind="tests",
             families={args.family: spec},
             isolation=args.isolation,
             evaluation=True,
         )
-        return cfg, read_answers(args.answers), []
+        if args.answers:
+            return cfg, read_answers(args.answers), []
+        refs = fam.references()
+        if not refs:
+            raise ValueError(f"family {args.family!r} has no reference answers to check")
+        return cfg, [(f"{args.family} {t}", t, ref) for t, ref in refs.items()], []
     if not args.tasks:
         raise ValueError("give --tasks FILE, or --family NAME")
     if _is_repo_file(args.tasks):

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 
+from rlstream.ops.cli import main
 from rlstream.ops.run import recorded
 from rlstream.ops.run.config import RECIPES, load_run_config
 from rlstream.ops.run.config_docs import reference
@@ -35,30 +35,29 @@ BAD = {
 }
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rlstream", "config", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``rlstream config ARGS`` in this process (its exit status and output)."""
+    capsys.readouterr()
+    code = main(["config", *args])
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out.out, out.err)
 
 
 @pytest.mark.parametrize("name", sorted(BAD))
-def test_a_bad_recipe_is_one_line_and_exit_status_2(tmp_path: Path, name: str) -> None:
+def test_a_bad_recipe_is_one_line_and_exit_status_2(tmp_path: Path, name: str, capsys) -> None:
     text, expected = BAD[name]
     path = tmp_path / name
     path.write_text(text)
-    out = _cli("validate", str(path))
+    out = _cli(capsys, "validate", str(path))
     assert out.returncode == CONFIG_EXIT, out
     assert "Traceback" not in out.stderr
     problems = [line for line in out.stderr.splitlines() if line.startswith("  ")]
     assert len(problems) == 1 and expected in problems[0], out.stderr
 
 
-def test_every_shipped_recipe_is_valid_or_names_its_missing_model() -> None:
+def test_every_shipped_recipe_is_valid_or_names_its_missing_model(capsys) -> None:
     for recipe in sorted(RECIPES.glob("*.toml")):
-        out = _cli("validate", recipe.stem)
+        out = _cli(capsys, "validate", recipe.stem)
         model = tomllib.loads(recipe.read_text()).get("policy", {}).get("hf_dir")
         if model and not Path(model).expanduser().is_dir():  # `make smollm2` not run here
             assert out.returncode == CONFIG_EXIT and "policy.hf_dir: " in out.stderr
@@ -67,8 +66,8 @@ def test_every_shipped_recipe_is_valid_or_names_its_missing_model() -> None:
         assert "valid; config" in out.stdout
 
 
-def test_show_says_where_each_value_came_from() -> None:
-    out = _cli("show", "repo", "--set", "seed=7", "--set", "learner.state_dir=/s", "--json")
+def test_show_says_where_each_value_came_from(capsys) -> None:
+    out = _cli(capsys, "show", "repo", "--set", "seed=7", "--set", "learner.state_dir=/s", "--json")
     assert out.returncode == 0, out.stderr
     rows = {r["key"]: r for r in json.loads(out.stdout)["keys"]}
     assert rows["seed"] == {"key": "seed", "value": 7, "source": "--set", "local": False}

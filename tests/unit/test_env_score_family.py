@@ -3,21 +3,27 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from rlstream.ops.cli import main
 
 RIGHT, WRONG = "x=x*x;x=abs(x);return x", "x=x+x;return x"  # task fx-5: square, abs
 
 
 def _score(tmp_path: Path, *args: str, answers: list[dict]) -> subprocess.CompletedProcess[str]:
+    """``rlstream env score --answers FILE --json ARGS`` in this process."""
     path = tmp_path / "answers.jsonl"
     path.write_text("".join(json.dumps(a) + "\n" for a in answers))
-    cmd = [sys.executable, "-m", "rlstream", "env", "score", "--answers", str(path), "--json"]
-    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=120)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["env", "score", "--answers", str(path), "--json", *args])
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 @pytest.mark.parametrize(

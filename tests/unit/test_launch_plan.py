@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
-import sys
 
 import pytest
 
+from rlstream.ops.cli import main
 from rlstream.ops.run.config import load_run_config
 from rlstream.ops.run.launch import compose_file, plan, shared_args, systemd_units
 from rlstream.ops.run.regions import RegionCluster
@@ -83,14 +82,8 @@ def test_a_cluster_entry_gives_each_role_its_own_principal(monkeypatch: pytest.M
         entry.settings("learner")
 
 
-def test_dry_run_prints_the_processes_and_starts_nothing() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "rlstream", "launch", "demo", "--dry-run", "--run", "r1"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
+def test_dry_run_prints_the_processes_and_starts_nothing(capsys) -> None:
+    assert main(["launch", "demo", "--dry-run", "--run", "r1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("# run r1, config ") and lines[0].endswith(": 9 processes")
     assert all(shlex.split(line)[:2] == ["rlstream", "run"] for line in lines[1:])

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rlstream.envs import patches, repo, repo_tools
+from rlstream.envs import patches, repo, repo_tools, sandbox
 from rlstream.envs.family import EVAL_SEED_BASE, FamilySpec
 from rlstream.envs.judges import JudgeConfig, judge_tests
 
@@ -83,8 +83,8 @@ def test_threads_scoring_at_once_share_one_test_library(monkeypatch) -> None:
     import threading
 
     # a cache of its own, empty: the process's library (made by earlier tests) is left as it is
-    fresh = functools.cache(repo_tools._make_test_library.__wrapped__)
-    monkeypatch.setattr(repo_tools, "_make_test_library", fresh)
+    fresh = functools.cache(sandbox._library_of.__wrapped__)
+    monkeypatch.setattr(sandbox, "_library_of", fresh)
     start, seen = threading.Barrier(4), []
 
     def ask() -> None:
