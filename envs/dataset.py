@@ -312,7 +312,7 @@ class DatasetFamily(TaskFamily):
 
     def __init__(self, name: str, cfg: DatasetConfig) -> None:
         super().__init__(name, cfg)
-        self.problems = load(cfg.path)
+        self.problems = self.load_problems(cfg)
         self.order = list(self.problems)
         self.splits: dict[Split, list[str]] = {"train": [], "eval": []}
         for row, problem in self.problems.items():
@@ -323,6 +323,12 @@ class DatasetFamily(TaskFamily):
                 sandbox.library_of(cfg.packages)
         except ValueError as exc:  # at the recipe's load: every role says so before it runs
             raise ValueError(f"packages: {exc}") from None
+
+    def load_problems(self, cfg: DatasetConfig) -> dict[str, Problem]:
+        """The family's problems by ``task_id``: the file at ``cfg.path``. A family of problems
+        made another way (generated, fetched) subclasses this one and overrides this alone:
+        sampling, splits, tools and the sandboxed verdict come with it (docs/examples)."""
+        return load(cfg.path)
 
     def problem(self, task_id: str) -> Problem:
         """The problem behind ``task_id`` (``NAME-SEED:ROW``); ValueError for a foreign id, and
