@@ -53,12 +53,25 @@ def bpe_tokenizer(vocab_size: int = 400, corpus=None, template: str = CHATML, ad
     return tokenizer
 
 
-def bpe_checkpoint(path: Path, seed: int = 0, tokenizer=None, max_seq_len: int = 256) -> Path:
-    """The directory (see the module docstring; ``tokenizer``: another one); returns ``path``."""
-    from rlstream.rollout.hf_policy import build_hf_policy, save_hf, tiny_qwen3_moe_config
+def bpe_checkpoint(
+    path: Path, seed: int = 0, tokenizer=None, max_seq_len: int = 256, dense: bool = False
+) -> Path:
+    """The directory (see the module docstring; ``tokenizer``: another one; ``dense``: a tiny
+    Llama, no router, instead of the Qwen3-MoE); returns ``path``."""
+    from rlstream.rollout.hf_policy import (
+        build_hf_policy,
+        save_hf,
+        tiny_llama_config,
+        tiny_qwen3_moe_config,
+    )
 
     tokenizer = tokenizer or bpe_tokenizer()
-    config = tiny_qwen3_moe_config(vocab_size=len(tokenizer), n_experts=4, max_seq_len=max_seq_len)
+    if dense:
+        config = tiny_llama_config(vocab_size=len(tokenizer), max_seq_len=max_seq_len)
+    else:
+        config = tiny_qwen3_moe_config(
+            vocab_size=len(tokenizer), n_experts=4, max_seq_len=max_seq_len
+        )
     config.pad_token_id = tokenizer.pad_token_id
     config.eos_token_id = tokenizer.eos_token_id
     config.bos_token_id = None

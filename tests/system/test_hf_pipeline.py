@@ -1,6 +1,6 @@
 """The pipeline pointed at a Hugging Face checkpoint directory (``policy.hf_dir``: a tiny
-Qwen3-MoE whose tokenizer is a BPE with a chat template, ``tests/hf_checkpoints.py``), every
-role its own process, on a real broker. A short run checks:
+Qwen3-MoE, and a tiny dense Llama, whose tokenizer is a BPE with a chat template,
+``tests/hf_checkpoints.py``), every role its own process, on a real broker. A short run checks:
 - every trajectory's prompt is the checkpoint's own tokenizer's chat template of its task;
 - every published version is keyed by transformers' own parameter names and shapes, the tied
   ``lm_head.weight`` held once (as ``model.embed_tokens.weight``);
@@ -28,7 +28,6 @@ pytestmark = pytest.mark.slow
 
 VERSIONS = 3
 SETS = [
-    "policy.architecture=qwen3_moe",
     "groups_per_step=2",
     "group_size=4",
     "max_staleness=2",
@@ -53,10 +52,11 @@ def _manifests(kafka, run: str) -> list[dict]:
     return [d.record for d in decode_all(kafka, topics.topic_name(run, "weights.manifests"))]
 
 
-def test_hf_policy_runs_the_pipeline_keyed_by_hf_names(kafka, unique_run, tmp_path):
+@pytest.mark.parametrize("dense", [False, True], ids=["qwen3_moe", "llama"])
+def test_hf_policy_runs_the_pipeline_keyed_by_hf_names(kafka, unique_run, tmp_path, dense):
     run = unique_run
     ensure_run_topics(kafka, run)
-    bpe_checkpoint(tmp_path / "checkpoint")
+    bpe_checkpoint(tmp_path / "checkpoint", dense=dense)
     extra = [a for s in _sets(tmp_path) for a in ("--set", s)]
     roles = {
         "learner": ("learner",),
@@ -96,7 +96,8 @@ def _check_hf_names(manifests: list[dict], sets: list[str]) -> None:
     model = build_policy(load_run_config(None, sets).policy)
     want = {k: list(v.shape) for k, v in model.state_dict().items()}
     assert "lm_head.weight" not in want and "model.embed_tokens.weight" in want
-    assert any(".mlp.experts." in k for k in want) and any(".mlp.gate." in k for k in want)
+    routed = any(".mlp.experts." in k for k in want) and any(".mlp.gate." in k for k in want)
+    assert routed == (model.hf.config.model_type == "qwen3_moe")  # a dense Llama: no router
     for m in manifests:
         got = {e["name"]: list(e["shape"]) for e in m["tensors"]}
         assert got == want, f"version {m['version']} is not keyed by the HF names and shapes"
@@ -151,7 +152,7 @@ def _check_replay_is_bit_exact(kafka, run: str, tmp: Path, last_version: int):
 
 
 def _check_final_model_dir(kafka, run: str, config, last: dict, tmp: Path) -> None:
-    from transformers import AutoModelForCausalLM, Qwen3MoeForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from rlstream.ops.demo.demo import final_model
     from rlstream.schemas.deltacodec.bits import from_torch, state_hash
@@ -160,6 +161,6 @@ def _check_final_model_dir(kafka, run: str, config, last: dict, tmp: Path) -> No
     assert result["final_version"] == last["version"]
     assert result["final_state_hash"] == last["state_hash"]
     plain = AutoModelForCausalLM.from_pretrained(result["model_dir"], local_files_only=True)
-    assert type(plain) is Qwen3MoeForCausalLM
+    assert plain.config.model_type == config.policy.architecture  # qwen3_moe, or llama
     state = {k: v.bfloat16() for k, v in plain.state_dict().items() if k != "lm_head.weight"}
     assert state_hash(from_torch(state)) == last["state_hash"]
