@@ -4,7 +4,7 @@ models, apart from the torch code that runs them (see ``rollout.config``)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -209,6 +209,15 @@ class LearnerConfig(BaseModel):
         None, description="Cache file of the warm-start weights.", json_schema_extra=LOCAL
     )
     seed: int = Field(0, ge=0, description="torch seed of the learner.")
+
+    @field_validator("loss", mode="before")
+    @classmethod
+    def _loss_kind_defaults(cls, value: Any) -> Any:
+        """A loss table without ``kind`` tunes the default objective (``--set
+        learner.loss.entropy_coef=0.01`` alone), rather than failing to pick a variant."""
+        if isinstance(value, dict) and "kind" not in value:
+            return {"kind": TruncatedIS().kind, **value}
+        return value
 
     @field_validator("state_dir")
     @classmethod

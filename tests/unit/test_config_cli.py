@@ -25,7 +25,7 @@ BAD = {
     "typo.toml": ("[learner]\nlrr = 0.1\n", "learner.lrr: not a setting here"),
     "range.toml": ("group_size = 1\n", "group_size: Input should be greater than or equal to 2"),
     "type.toml": ('[learner]\nlr = "fast"\n', "learner.lr: Input should be a valid number"),
-    "kind.toml": ("[learner.loss]\nentropy_coef = 0.1\n", "learner.loss: its `kind` picks"),
+    "kind.toml": ('[learner.loss]\nkind = "zz"\n', "learner.loss: Input tag 'zz' found using"),
     "toml.toml": ("x = [\n", "not TOML"),
     "judges.toml": (
         "[admission.judges]\nstyle = 1.0\n",
@@ -85,6 +85,11 @@ def test_show_says_where_each_value_came_from(capsys) -> None:
 def test_the_reference_page_is_current() -> None:
     page = (ROOT / "docs" / "config-reference.md").read_text()
     assert page == reference(), "run `rlstream config docs --out docs/config-reference.md`"
+
+
+def test_a_loss_table_without_its_kind_tunes_the_default_objective() -> None:
+    config = load_run_config(None, ["learner.loss.entropy_coef=0.01"])
+    assert config.learner.loss.kind == "tis" and config.learner.loss.entropy_coef == 0.01
 
 
 def test_the_hash_covers_shared_values_and_not_local_ones() -> None:
