@@ -75,6 +75,10 @@ class EngineStats:
     refusals: int = 0
     aborts: int = 0
     swap_s: list[float] = field(default_factory=list)
+    """Per swap, the pause generation saw (vLLM: paused to resumed; torch: the load)."""
+    sync_s: list[float] = field(default_factory=list)
+    """Per swap, the whole way in: the pause and what was prepared before it (vLLM: the
+    changed tensors found and written to shared memory while generation went on)."""
 
     def figures(self) -> dict[str, Any]:
         return {
@@ -86,7 +90,15 @@ class EngineStats:
             "engine_aborts": self.aborts,
             "swap_p50_s": statistics.median(self.swap_s) if self.swap_s else None,
             "swap_s": [round(s, 6) for s in self.swap_s[-1000:]],
+            "sync_s": [round(s, 6) for s in self.sync_s[-1000:]],
         }
+
+
+def percentile(values: list[float], q: int) -> float | None:
+    """The ``q``-th percentile (1-99) of ``values``, None when there are none."""
+    if len(values) < 2:
+        return values[0] if values else None
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
 @dataclass(frozen=True)

@@ -137,6 +137,7 @@ class VllmEngine:
         if self.held is None:
             self._start(version, tensors)
             return
+        started = time.perf_counter()  # prepared while generation goes on; paused in _load
         names = whole_layers(changed_names(self.held[1], tensors), set(tensors))
         path, digest = self._write({n: tensors[n] for n in names}, version)
         try:
@@ -152,6 +153,7 @@ class VllmEngine:
         self.held = (version, tensors)
         self.stats.swaps += 1
         self.stats.swap_s.append(float(answer["swap_s"]))
+        self.stats.sync_s.append(time.perf_counter() - started)
 
     def _swap_in(self, path: Path, digest: str) -> dict[str, Any]:
         """The extension's answer to loading ``path``; an engine that died during the swap is

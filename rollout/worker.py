@@ -158,8 +158,9 @@ class RolloutWorker:
         self.version = version
         self.pauses_ms.append((time.perf_counter() - started) * 1000)
         if not isinstance(self.remote, VllmEngine):
-            self.stats.swaps += 1
+            self.stats.swaps += 1  # in process: generation waits for the whole load
             self.stats.swap_s.append(self.pauses_ms[-1] / 1000)
+            self.stats.sync_s.append(self.pauses_ms[-1] / 1000)
 
     def process(self, records: list[Record]) -> list[Output]:
         outputs, fresh = [], []

@@ -288,6 +288,9 @@ def _arm(args: argparse.Namespace, home: Path, out: Path, swap: str) -> dict[str
         "engine_swaps": demo["engine_swaps"],
         "engine_restarts": demo["engine_restarts"],
         "swap_p50_s": demo["swap_p50_s"],
+        "pause_s_p50": demo.get("pause_s_p50"),
+        "pause_s_p99": demo.get("pause_s_p99"),
+        "sync_s_p50": demo.get("sync_s_p50"),
         "warm_start_success": demo["warm_start_success"],
         "final_success": demo["final_success"],
     }

@@ -441,13 +441,17 @@ def engine_sets(engine: str, out: Path) -> list[str]:
 def engine_summary(folder: Path) -> dict[str, Any]:
     """The rollout workers' engine figures (``engine_stats_dir`` files), summed over workers:
     ``engine``, ``engine_version``, ``engine_swaps``, ``engine_restarts`` (0 when nothing
-    failed), ``engine_refusals``, ``swap_p50_s`` (median over every swap: the pause generation
-    saw, pause -> resumed for vLLM), ``engine_memory_bytes`` (the largest worker's engine, PSS;
-    None for the in-process engine)."""
+    failed), ``engine_refusals``, ``swap_p50_s`` and ``pause_s_p50``/``pause_s_p99`` (over every
+    swap: the pause generation saw, pause -> resumed for vLLM), ``sync_s_p50`` (the whole way
+    in, the preparing done while generation went on included), ``engine_memory_bytes`` (the
+    largest worker's engine, PSS; None for the in-process engine)."""
     import statistics
+
+    from rlstream.rollout.engines import percentile
 
     figures = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
     swaps = [s for f in figures for s in f.get("swap_s") or []]
+    syncs = [s for f in figures for s in f.get("sync_s") or []]
     memory = [f["engine_memory_bytes"] for f in figures if f.get("engine_memory_bytes")]
     return {
         "engine": figures[0]["engine"] if figures else None,
@@ -457,6 +461,9 @@ def engine_summary(folder: Path) -> dict[str, Any]:
         "engine_restarts": sum(int(f["engine_restarts"]) for f in figures),
         "engine_refusals": sum(int(f["engine_refusals"]) for f in figures),
         "swap_p50_s": statistics.median(swaps) if swaps else None,
+        "pause_s_p50": percentile(swaps, 50),
+        "pause_s_p99": percentile(swaps, 99),
+        "sync_s_p50": percentile(syncs, 50),
         "engine_memory_bytes": max(memory) if memory else None,
     }
 

@@ -112,6 +112,9 @@ def test_vllm_engine_worker_trains_with_versions_in_place(kafka, unique_run, tmp
     assert stats["engine"] == "vllm" and stats["engine_version"].startswith("0.")
     assert stats["engine_restarts"] == 0 and stats["engine_refusals"] == 0
     assert stats["swap_p50_s"] is not None and stats["engine_memory_bytes"] > 0
+    # each version's way in: prepared while generation went on, then the pause alone
+    assert len(stats["sync_s"]) == len(stats["swap_s"]) == stats["engine_swaps"]
+    assert all(sync >= pause for sync, pause in zip(stats["sync_s"], stats["swap_s"], strict=True))
     with pytest.raises(ProcessLookupError):  # the worker stopped its server with it
         os.kill(stats["engine_pid"], 0)
     logs = list(tmp_path.glob("vllm-*.log"))

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from rlstream.ops.demo.demo import engine_sets, engine_summary
 from rlstream.ops.run.config import load_run_config
 from rlstream.rollout.config import RolloutConfig, check_vllm_policy
@@ -39,5 +41,8 @@ def test_the_summary_adds_up_the_workers_figures(tmp_path: Path) -> None:
         "engine_restarts": 1,
         "engine_refusals": 0,
         "swap_p50_s": 0.2,
+        "pause_s_p50": 0.2,
+        "pause_s_p99": pytest.approx(0.298),
+        "sync_s_p50": None,  # these workers wrote no sync times
         "engine_memory_bytes": 3e9,
     }
