@@ -27,9 +27,9 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from rlstream.producers.client.settings import KafkaSettings
+from rlstream.producers.client.settings import KafkaSettings, capitals
 from rlstream.schemas import topics
 from rlstream.schemas.derive import LOCAL
 
@@ -58,6 +58,8 @@ class RegionCluster(BaseModel):
     extra: dict[str, str] = Field(
         default_factory=dict, description="Other librdkafka keys, passed through verbatim."
     )
+
+    _capitals = field_validator("security_protocol", "sasl_mechanism", mode="before")(capitals)
 
     def settings(self, user: str = "admin") -> KafkaSettings:
         """How ``user`` (a role's name, or ``admin``) connects: the entry's credentials, with

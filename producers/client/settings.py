@@ -20,7 +20,9 @@ import logging
 import os
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from rlstream.schemas.errors import SetupError
 
 _ENV_PREFIX = "RLSTREAM_KAFKA_"
 #: The Python logger librdkafka's log lines go to (from every client made from ``KafkaSettings``).
@@ -37,6 +39,11 @@ def log_librdkafka_to(handler: logging.Handler, level: int = logging.INFO) -> No
     log.addHandler(handler)
     log.setLevel(level)
     log.propagate = False
+
+
+def capitals(value: Any) -> Any:
+    """librdkafka's protocol and mechanism names are capitals: ``sasl_ssl`` is ``SASL_SSL``."""
+    return value.strip().upper() if isinstance(value, str) else value
 
 
 class KafkaSettings(BaseModel):
@@ -62,6 +69,8 @@ class KafkaSettings(BaseModel):
         "supervisor restarts it) when one transactional call blocks longer than this; None: "
         "never (see producers.client.producer.retry_retriable).",
     )
+
+    _capitals = field_validator("security_protocol", "sasl_mechanism", mode="before")(capitals)
 
     def librdkafka(self) -> dict[str, Any]:
         """The configuration of a confluent-kafka client for these settings: librdkafka's keys,
@@ -89,6 +98,13 @@ class KafkaSettings(BaseModel):
         bootstrap = bootstrap or os.environ.get("RLSTREAM_BOOTSTRAP")
         if not bootstrap:
             return None
+        known = {_ENV_PREFIX + n.upper() for n in cls.model_fields if n != "bootstrap_servers"}
+        unknown = sorted(k for k in os.environ if k.startswith(_ENV_PREFIX) and k not in known)
+        if unknown:  # a misspelt variable would leave its setting out, silently
+            raise SetupError(
+                f"unknown {', '.join(unknown)}: the Kafka settings from the environment are "
+                f"{', '.join(sorted(known))}"
+            )
         fields: dict[str, object] = {"bootstrap_servers": bootstrap}
         for name in cls.model_fields:
             value = os.environ.get(_ENV_PREFIX + name.upper())
@@ -98,4 +114,11 @@ class KafkaSettings(BaseModel):
         extra = os.environ.get(_ENV_PREFIX + "EXTRA", "")
         pairs = [kv.split("=", 1) for kv in extra.split(",") if "=" in kv]
         fields["extra"] = {k.strip(): v.strip() for k, v in pairs}
-        return cls.model_validate(fields)
+        try:
+            return cls.model_validate(fields)
+        except ValidationError as exc:
+            why = "; ".join(
+                f"{_ENV_PREFIX}{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}"
+                for e in exc.errors()
+            )
+            raise SetupError(f"the Kafka settings from the environment: {why}") from None

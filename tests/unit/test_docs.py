@@ -30,3 +30,18 @@ def test_readme_links_resolve() -> None:
     assert targets
     missing = sorted({t for t in targets if not (ROOT / t).is_file()})
     assert not missing, missing
+
+
+def test_every_source_path_the_docs_name_exists() -> None:
+    """A file path in backticks (``producers/client/producer.py``) in the README or a docs page
+    names a file of this repository (pages name placeholders in capitals, ``bench-NAME.json``)."""
+    root = Path(__file__).resolve().parents[2]
+    tops = ("producers", "consumers", "schemas", "trainer", "rollout", "envs", "ops", "tests")
+    found = re.compile(r"`((?:[\w.-]+/)+[\w.-]+\.(?:py|toml|md|jsonl|json|sh|avsc))`")
+    stale = []
+    for page in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        for path in found.findall(page.read_text()):
+            ours = path.split("/")[0] in (*tops, "docs", "results") and "NAME" not in path
+            if ours and not (root / path).exists():
+                stale.append(f"{page.name}: {path}")
+    assert not stale, stale
