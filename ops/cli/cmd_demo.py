@@ -231,7 +231,7 @@ def _start_regions(args, run, config, regions) -> dict:
     if args.secure:
 
         def authorize(_state, settings) -> None:
-            _authorize(run, regions, settings, _home(args))
+            authorize_run(run, regions, settings, _home(args))
 
     try:
         settings = launch.prepare_regions(
@@ -243,7 +243,7 @@ def _start_regions(args, run, config, regions) -> dict:
     return settings
 
 
-def _authorize(run: str, regions, settings: dict, home: Path) -> None:
+def authorize_run(run: str, regions, settings: dict, home: Path) -> None:
     """As admin: each region's users, topics and ACLs for the run, then the links' ACLs."""
     from rlstream.ops import cluster
     from rlstream.ops.cli.cmd_acl import apply

@@ -83,12 +83,14 @@ def _launch(args: argparse.Namespace) -> int:
         return 2
     out = Path(args.out) / run
     try:
-        settings = launch.prepare_regions(config, run, args.home, args.brokers)
+        settings = launch.prepare_regions(
+            config, run, args.home, args.brokers, authorize=_authorizer(args, config, run)
+        )
     except recorded.ConfigMismatch as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     trainer = config.regions.trainer
-    keys = _run_keys(settings[trainer], run, config)
+    keys = _run_keys(settings[trainer], run, config, args)
     deploy = _describe(out / "deploy", run, procs, shared, keys, home, args.image)
     print(f"run {run}: config {digest} recorded; processes described in {deploy}", flush=True)
     if args.prepare:
@@ -113,8 +115,22 @@ def _tasks_pass(config: Any) -> bool:
         )
         return False
     cached = " (checked before)" if found.cached else ""
-    print(f"tasks: {found.checked} references pass{cached}{unchecked}", flush=True)
+    passed = f"{found.checked} references pass{cached}" if found.checked else "none checked"
+    print(f"tasks: {passed}{unchecked}", flush=True)
     return True
+
+
+def _authorizer(args: argparse.Namespace, config: Any, run: str) -> Any:
+    """On a secured local cluster, the run's users and ACLs applied in every region as admin
+    (as ``demo --secure`` does), so each role connects as its own user; else None."""
+    from rlstream.ops import cluster
+    from rlstream.ops.cli.cmd_demo import authorize_run
+
+    home = _home(args, config)
+    if home is None or not any(r.secure for r in cluster.load(Path(home)).regions.values()):
+        return None
+    regions, where = config.regions.topology(), Path(home)
+    return lambda _state, settings: authorize_run(run, regions, settings, where)
 
 
 def _home(args: argparse.Namespace, config: Any) -> str | None:
@@ -127,14 +143,20 @@ def _home(args: argparse.Namespace, config: Any) -> str | None:
     return str(Path(args.home).resolve() if args.home else cluster.default_home())
 
 
-def _run_keys(settings: Any, run: str, config: Any) -> Any:
+def _run_keys(settings: Any, run: str, config: Any, args: argparse.Namespace) -> Any:
     """The run's weight keys, made and recorded now (``demo.sign_weights``): the private key in
-    the learner's own state folder, where a learner restarted by hand finds it."""
+    the learner's own state folder, where a learner restarted by hand finds it (on a secured
+    local cluster, in the cluster's secrets, where ``acl apply`` made it)."""
+    from rlstream.ops import cluster
+    from rlstream.ops.cluster import security
     from rlstream.ops.demo import demo
     from rlstream.producers.weights.signing import KEY_FILE
 
     learner = config.role("learner")
     key_file = Path(learner.state_dir) / run / KEY_FILE
+    home = _home(args, config)
+    if home is not None and any(r.secure for r in cluster.load(Path(home)).regions.values()):
+        key_file = security.weights_key_file(Path(home), run)
     return demo.sign_weights(settings, run, key_file, learner.insecure_weights)
 
 
