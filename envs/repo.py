@@ -209,10 +209,14 @@ def verdict_side(
     files: dict[str, str], paths: list[str], must: list[str]
 ) -> tuple[dict[str, str], list[str]]:
     """What the verdict side of a judged run holds itself: the test modules that ``must`` names,
-    every conftest and the ``__init__.py`` above them (by value, from ``files``, where they were
-    laid again from the base); and the repository's other top-level module names, which it
-    imports from the answer's process (:class:`repo_bridge.RemoteFinder`)."""
+    every ``.py`` file of the tests (``is_test_file``: conftests, helpers imported by their
+    folder's name), and the ``__init__.py`` above them (by value, from ``files``, where they
+    were laid again from the base); and the repository's other top-level module names, which
+    it imports from the answer's process (:class:`repo_bridge.RemoteFinder`): a helper that is
+    a top-level module of a source path among them (``import helpers`` with ``tests`` on
+    ``paths``), whose own code uses the package as the package's does."""
     run = {t.split("::", 1)[0] for t in must}
+    run |= {p for p in files if p.endswith(".py") and is_test_file(p)}
     above = {"/".join(p.split("/")[:i]) for p in run for i in range(1, p.count("/") + 1)}
     local = {
         p: t
@@ -259,12 +263,18 @@ def _judged(
 
 def judged_outcomes(
     files: dict[str, str], paths: list[str], tests: list[str], b: sandbox.SandboxConfig
-) -> dict[str, str]:
-    """Each of ``tests``' outcome in a judged run (building tasks: a test that does not pass
-    apart from the package, e.g. one that patches the standard library, cannot judge one)."""
-    _, said = _judged(files, paths, tests, b, outcomes=True)
+) -> tuple[dict[str, str], str]:
+    """Each of ``tests``' outcome in a judged run, and the run's verdict line or its status
+    (building tasks: a test that does not pass apart from the package, e.g. one that patches
+    the standard library, cannot judge one)."""
+    result, said = _judged(files, paths, tests, b, outcomes=True)
     found = [json.loads(s[len("outcomes ") :]) for s in said if s.startswith("outcomes ")]
-    return {str(k): str(v) for k, v in found[-1].items()} if found else {}
+    line = next((s for s in reversed(said) if not s.startswith("outcomes ")), None)
+    why = line or f"{result.status}: {result.reason or result.stderr.strip()[-300:]}"
+    errors = [e for e in result.stderr.splitlines() if e.startswith("E ")]  # e.g. a conftest's
+    if errors:
+        why += f" ({errors[-1].removeprefix('E').strip()[:200]})"
+    return ({str(k): str(v) for k, v in found[-1].items()} if found else {}), why
 
 
 def run_tests(

@@ -238,6 +238,11 @@ class _Table:
         """Ask the verdict side for ``op`` on its object ``n`` (plain data comes back)."""
         write_frame(self.replies, {"callback": [n, op, encode(list(args), self.ref)]})
         reply = read_frame(self.requests)
+        while type(reply) is dict and "op" in reply:  # the verdict side asks while it answers
+            write_frame(self.replies, _answer(self, reply))
+            reply = read_frame(self.requests)
+        if reply.get("not_implemented") is True:
+            return NotImplemented
         if "ok" in reply:
             return decode(reply["ok"], self.deref)
         kind = getattr(builtins, str(reply.get("raise", "")), None)
@@ -312,35 +317,40 @@ def _reply(table, op, req):
 
 def serve(requests, replies):
     """The answer's end: answer requests until the verdict side closes its pipe."""
-    import warnings
-
     table = _Table(requests, replies)
     while True:
         try:
             req = read_frame(requests)
         except BridgeError:
             return
-        op = req.get("op")
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        write_frame(replies, _answer(table, req))
+
+
+def _answer(table, req):
+    """The reply to one request: its result, or what the package raised, and its warnings."""
+    import warnings
+
+    op = req.get("op")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            value = _reply(table, op, req)
+            if value is _STOP:
+                out = {"stop": True}
+            elif op == "getattr" and type(value) in (list, dict, set):
+                out = {"ok": table.ref(value)}  # the package's own container, not a copy
+            else:
+                out = {"ok": encode(value, table.ref)}
+        except BaseException as exc:  # the package's, raised again on the verdict side
+            if isinstance(exc, (StopIteration, StopAsyncIteration)):
+                exc = RuntimeError(f"{type(exc).__name__} raised by the package (PEP 479)")
             try:
-                value = _reply(table, op, req)
-                if value is _STOP:
-                    out = {"stop": True}
-                elif op == "getattr" and type(value) in (list, dict, set):
-                    out = {"ok": table.ref(value)}  # the package's own container, not a copy
-                else:
-                    out = {"ok": encode(value, table.ref)}
-            except BaseException as exc:  # the package's, raised again on the verdict side
-                if isinstance(exc, (StopIteration, StopAsyncIteration)):
-                    exc = RuntimeError(f"{type(exc).__name__} raised by the package (PEP 479)")
-                try:
-                    args = encode(exc.args, table.ref)
-                except Exception:  # args that cannot cross: the message stands for them
-                    args = None
-                out = {"raise": [table.ref_or_builtin(type(exc)), args, _text(exc)]}
-        out["warnings"] = [[table.ref_or_builtin(w.category), _text(w.message)] for w in caught]
-        write_frame(replies, out)
+                args = encode(exc.args, table.ref)
+            except Exception:  # args that cannot cross: the message stands for them
+                args = None
+            out = {"raise": [table.ref_or_builtin(type(exc)), args, _text(exc)]}
+    out["warnings"] = [[table.ref_or_builtin(w.category), _text(w.message)] for w in caught]
+    return out
 
 
 def _text(exc):
@@ -416,8 +426,12 @@ class Bridge:
             args = decode(args, self.proxy)
             if op == "call":
                 value = obj(*args)
+            elif op in _COMPARE:  # the object's own method only: the package's Python reflects
+                value = getattr(type(obj), f"__{op}__")(obj, *args)
+                if value is NotImplemented:  # (reflecting here too would ping-pong for ever)
+                    return {"not_implemented": True}
             else:
-                value = getattr(operator, op)(obj, *args) if op in _COMPARE else _LOCAL[op](obj)
+                value = _LOCAL[op](obj)
             return {"ok": encode(value, self.ref)}
         except Exception as exc:
             name = type(exc).__name__ if _builtin_name(type(exc)) else "RuntimeError"

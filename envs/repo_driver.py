@@ -58,7 +58,10 @@ class _Outcomes:
 
     def pytest_collectreport(self, report):
         if report.failed:
-            self.outcomes[report.nodeid or "<collection>"] = "error"
+            nodeid = report.nodeid or "<collection>"
+            self.outcomes[nodeid] = "error"
+            lines = str(report.longreprtext).strip().splitlines()
+            self.messages.setdefault(nodeid, [ln for ln in lines if ln.startswith("E ")][:3])
 
 
 def run_pytest(quiet, targets, root, paths, ini_dir="/tmp"):
@@ -86,6 +89,9 @@ def answer():
     sys.dont_write_bytecode = True
     mine = [p for p in sys.path if p and not os.path.realpath(p).startswith(here)]
     sys.path[:] = mine + [os.path.join(here, p) for p in PATHS] + LIBRARY
+    # what the package prints is no verdict, and must not crowd the verdict's line out of the
+    # run's output cap (a correct answer would score 0)
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
     serve(REQUESTS, REPLIES)
     os._exit(0)
 

@@ -20,7 +20,9 @@
   plugin ``NAME`` with ``--options``; the answers carry the pipeline's task ids (``NAME-KEY``).
 - ``env build-repo-tasks --packages A,B,C --count N --out FILE [--seed S] [--json]`` builds repo
   tasks from the packages' sdists (``envs.repo_build``; ``pip download`` at build time only),
-  writes them to FILE and ends with ``{"tasks", "packages", "kept", "dropped"}``.
+  writes them to FILE and ends with ``{"tasks", "packages", "by_package", "failed", "kept",
+  "dropped"}``; ``failed`` says why each package left out yields nothing (exit status 2 when
+  none yields anything, 1 when fewer than N tasks were built).
 - ``env isolation`` says which sandbox modes work on this machine, and why the others do not.
 - ``env families`` lists the registered task-family plugins.
 """
