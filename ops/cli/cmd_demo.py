@@ -262,30 +262,15 @@ def authorize_run(run: str, regions, settings: dict, home: Path) -> None:
 def _start_roles(args, run, config, settings, logs: Path, extra: list[str], keys: RunKeys) -> list:
     """The run's processes (``ops.run.launch.plan``, the tracker apart: it is stopped last),
     each in its region and given its part of the run's ``keys`` (the signing key file: the
-    learner alone)."""
+    learner alone); secured, each finds the cluster in the state folder as its own user."""
     from rlstream.ops.demo import demo
     from rlstream.ops.run.launch import plan
 
-    roles = []
-    for p in plan(config, args.rollout_workers, bool(args.feedback)):
-        if p.role == "tracker":
-            continue
-        # secured: each role finds the cluster in the state directory, connects as its own user
-        where = {"home": _home(args)} if args.secure else {}
-        roles.append(
-            demo.start_role(
-                p.role,
-                run,
-                settings[p.region],
-                logs,
-                [*p.args, *extra],
-                p.name,
-                region=p.region,
-                env=keys.env(p.role),
-                **where,
-            )
-        )
-    return roles
+    procs = [
+        p for p in plan(config, args.rollout_workers, bool(args.feedback)) if p.role != "tracker"
+    ]
+    home = _home(args) if args.secure else None
+    return demo.start_plan(procs, run, settings, logs, extra, keys, home)
 
 
 def _home(args) -> Path:

@@ -181,20 +181,7 @@ def _run_processes(args, run, config, procs, shared, settings, keys, out, digest
 
     # a role finds a local region in the state folder, a recipe's cluster in the recipe
     home = _home(args, config) or str(cluster.default_home())
-    started = [
-        demo.start_role(
-            p.role,
-            run,
-            settings[p.region],
-            logs,
-            [*p.args, *shared],
-            p.name,
-            region=p.region,
-            home=home,
-            env=keys.env(p.role),
-        )
-        for p in procs
-    ]
+    started = demo.start_plan(procs, run, settings, logs, shared, keys, home)
     print(f"run {run}: {len(started)} processes started; logs in {logs}", flush=True)
     regions = config.regions.topology()
     progress, stopper = demo.RunAnalytics(run), Stopper().install()

@@ -93,6 +93,33 @@ def start_role(
     return RoleProcess(name, proc, log)
 
 
+def start_plan(
+    processes: list[Any],
+    run: str,
+    settings: dict[str, KafkaSettings],
+    logs: Path,
+    shared: list[str],
+    keys: RunKeys,
+    home: Path | str | None = None,
+) -> list[RoleProcess]:
+    """Each of a run's ``processes`` (``ops.run.launch.Process``) started in its region, with
+    the run's ``shared`` options and its part of the run's ``keys`` (``start_role``)."""
+    return [
+        start_role(
+            p.role,
+            run,
+            settings[p.region],
+            logs,
+            [*p.args, *shared],
+            p.name,
+            region=p.region,
+            home=home,
+            env=keys.env(p.role),
+        )
+        for p in processes
+    ]
+
+
 def credentials_env(settings: KafkaSettings) -> dict[str, str]:
     """The ``RLSTREAM_KAFKA_*`` variables that give a process started with ``--bootstrap``
     the security settings of ``settings`` (read back by ``KafkaSettings.from_env``)."""
