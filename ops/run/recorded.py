@@ -138,8 +138,7 @@ def create_run(settings: KafkaSettings, run: str, config: RunConfig, regions: li
             "name a new run (--run), or use its recipe. Differences:\n  "
             + "\n  ".join(differences(recorded, ours))
         )
-    created = int((manifest or {}).get("created_ms") or time.time() * 1000)
-    record_run_manifest(settings, run, config, "running", created, regions)
+    record_config(settings, run, config, manifest, regions=regions)
     return config_hash(ours)
 
 
@@ -149,11 +148,14 @@ def record_config(
     config: RunConfig,
     manifest: dict[str, Any] | None,
     status: str = "running",
+    regions: list[str] | None = None,
 ) -> None:
     """Write run ``run``'s manifest with ``config``, keeping every other field ``manifest`` has
-    (its weight key, its creation time)."""
+    (its weight key, its creation time); ``regions`` default: the manifest's, else the
+    config's."""
     created = int((manifest or {}).get("created_ms") or time.time() * 1000)
-    regions = list((manifest or {}).get("regions") or config.regions.topology().names)
+    if regions is None:
+        regions = list((manifest or {}).get("regions") or config.regions.topology().names)
     record_run_manifest(settings, run, config, status, created, regions)
 
 
