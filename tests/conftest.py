@@ -50,6 +50,17 @@ def _results_elsewhere(tmp_path_factory: pytest.TempPathFactory, monkeypatch: py
         monkeypatch.setenv("RLSTREAM_RESULTS", str(tmp_path_factory.getbasetemp() / "results"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _pins_elsewhere(tmp_path_factory: pytest.TempPathFactory):
+    """The runs tests create pin their weight keys in a temporary folder (and the roles they
+    start read them there), never in the user's ``~/.config/rlstream/trust``; set before any
+    session fixture starts a role."""
+    with pytest.MonkeyPatch.context() as patch:
+        if "RLSTREAM_TRUST_DIR" not in os.environ:
+            patch.setenv("RLSTREAM_TRUST_DIR", str(tmp_path_factory.getbasetemp() / "trust"))
+        yield
+
+
 def tier_of(path: Path) -> tuple[str, bool]:
     """A test file's tier, and whether it runs in the serial group (module doc)."""
     parts = Path(path).resolve().relative_to(HERE).parts

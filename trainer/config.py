@@ -201,9 +201,11 @@ class LearnerConfig(BaseModel):
     )
     insecure_weights: bool = Field(
         False,
-        description="Create the run INSECURE: publish weight manifests unsigned, recorded in the "
-        "run manifest so that readers accept them (said loudly in every log). Default: the run "
-        "has a signing key from its creation and readers refuse what it did not sign.",
+        description="Create the run INSECURE: publish weight manifests unsigned; the launcher "
+        "gives every role that choice ($RLSTREAM_WEIGHTS_INSECURE) and pins it on its host, so "
+        "that readers accept them (said loudly in every log; never read from a record). "
+        "Default: the run has a signing key from its creation and readers refuse what it did "
+        "not sign.",
     )
     warm_start_cache: str | None = Field(
         None, description="Cache file of the warm-start weights.", json_schema_extra=LOCAL

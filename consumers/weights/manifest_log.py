@@ -244,7 +244,7 @@ class ManifestLog(Mapping[Key, dict[str, Any]]):
     def _resolve(self) -> Trust:
         """The run's trust (a topic of no run: ``$RLSTREAM_WEIGHTS_VERIFY_KEY``, or none)."""
         try:
-            return run_trust(self.settings, self.topic, audit=self.audit)
+            return run_trust(self.topic, audit=self.audit)
         except ValueError:  # not an rlstream topic: no run to look up
             key = Verifier.from_env()
             return Trust(key, source=f"${VERIFY_KEY_ENV}") if key else Trust(insecure=self.audit)

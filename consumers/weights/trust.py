@@ -1,31 +1,29 @@
-"""A run's weight trust: the key its manifests are verified with, from the run's creation.
+"""A run's weight trust: the key its manifests are verified with, pinned, never read from a record.
 
 Rules:
 
-- resolve (``run_trust``): a reader of run R's manifests takes, in this order: the public key
-  its launcher gave it (``$RLSTREAM_WEIGHTS_VERIFY_KEY``, hex: ``rlstream demo`` gives every
-  role the run's key this way, and a role on a secured cluster, which grants the roles no READ
-  on ``rl.runs``, takes it from the cluster's secrets); else, on R's home cluster only, the
-  public key recorded in R's run manifest (``rl.runs``, whose writers the ACLs restrict), or
-  R's explicit insecure choice recorded there (said loudly); for a replay of a run recorded
-  before keys (``audit``), any manifest, said loudly; else nothing is trusted and nothing
-  accepted (fail-closed). A reader of a mirrored copy (``SOURCE.rl.R.weights.manifests`` in a
-  rollout region) trusts only the key it is given: MirrorMaker's ``SOURCE.rl.runs`` is writable
-  by whoever can write that region's cluster, so neither a key nor ``insecure`` is read there;
+- resolve (``run_trust``): a reader of run R's manifests, in any region, takes the public key
+  (or the explicit insecure choice) its launcher gave it (``$RLSTREAM_WEIGHTS_VERIFY_KEY``,
+  ``$RLSTREAM_WEIGHTS_INSECURE``; a role on a secured cluster takes it from the cluster's
+  secrets, one started by hand from the run's key folder in ``learner.state_dir``), else what
+  this host pins R to (``producers.weights.run_keys.pinned``: written by R's creator here, or
+  with ``rlstream trust pin``); for a replay (``audit``) with neither, any manifest, said loudly
+  (hashes still checked); else nothing is accepted (fail-closed) and the reader looks again.
+  No record on a topic is a trust anchor: ``rl.runs`` (or MirrorMaker's copy of it) is written
+  by whoever may write that cluster, so neither a key nor ``insecure`` is read there;
 - create (``ensure_run_key``): a run gets its key once, from whoever creates it (``rlstream
-  demo``, before any role starts) or at the learner's first start when nothing is recorded
-  yet: the private half in a file only the learner is given, the public half recorded in the
-  run manifest (read, updated and written back, every other field kept; a manifest is created
-  when the run has none). A learner whose key file is missing, or holds another key than the
-  one recorded, refuses to start rather than sign with a key no reader trusts;
-  ``insecure=True`` records the explicit choice to publish unsigned instead, and a learner
-  without it refuses a run recorded insecure (a record never downgrades it to unsigned);
+  demo``, ``launch``, before any role starts) or at the learner's first start when nothing is
+  recorded yet: the private half in a file only the learner is given, the public half beside
+  it (``PUBLIC_FILE``), pinned on this host and recorded in the run manifest (for people and
+  tools; every other field kept). A learner whose key file is missing, or holds another key
+  than the one recorded, refuses to start; ``insecure=True`` records the explicit choice to
+  publish unsigned instead, and a learner without it refuses a run recorded insecure (a
+  record never downgrades it to unsigned);
 - a run manifest written again (``rlstream demo`` at the end of a run) keeps the weight fields
   (``weight_fields``);
 - a key folder (the key file and, beside it, ``PUBLIC_FILE``) hands the key over by
   environment (``key_folder_env``): the public key to every role, the key file's path to the
-  learner's process alone. On a secured cluster the run's creator (``rlstream acl apply``)
-  makes the key in the cluster's secrets, and each role started there takes its part.
+  learner's process alone (on a secured cluster, made in its secrets by ``acl apply``).
 """
 
 from __future__ import annotations
@@ -42,7 +40,7 @@ from confluent_kafka import KafkaException
 from rlstream.consumers.run_log import run_manifest
 from rlstream.producers.client.producer import EventProducer
 from rlstream.producers.client.settings import KafkaSettings
-from rlstream.producers.weights.run_keys import RunKeys
+from rlstream.producers.weights.run_keys import INSECURE_ENV, RunKeys, pin, pin_path, pinned
 from rlstream.producers.weights.signing import (
     KEY_FILE,
     VERIFY_KEY_ENV,
@@ -83,32 +81,35 @@ def _recorded(settings: KafkaSettings, run: str) -> Any:
         return UNREADABLE
 
 
-def run_trust(settings: KafkaSettings, topic: str, *, audit: bool = False) -> Trust:
+def run_trust(topic: str, *, audit: bool = False) -> Trust:
     """The trust of the run whose manifests ``topic`` holds (rules in the module docstring)."""
-    if os.environ.get(VERIFY_KEY_ENV):  # given by the role's launcher: rl.runs is not read
-        return Trust(Verifier.from_hex(os.environ[VERIFY_KEY_ENV]), source=f"${VERIFY_KEY_ENV}")
     name = topics.parse_topic(topic)
     assert name.run is not None
-    if name.region is not None:  # a mirrored copy: whoever writes this cluster could write it
-        return Trust(
-            source=f"{topic} is a copy from region {name.region}: a rollout region trusts only "
-            f"the key it is given (${VERIFY_KEY_ENV}), never a mirrored {topics.RUNS_TOPIC}"
-        )
-    recorded = _recorded(settings, name.run)
-    fields = weight_fields(None if recorded is UNREADABLE else recorded)
-    if fields[KEY_FIELD]:
-        return Trust(Verifier.from_hex(fields[KEY_FIELD]), source=f"run manifest of {name.run}")
-    if fields[INSECURE_FIELD]:
-        log.warning(INSECURE_WARNING, name.run)
-        return Trust(insecure=True, source=f"run {name.run} created insecure")
+    return keys_trust(RunKeys.from_env(), name.run, audit=audit)
+
+
+def keys_trust(given: RunKeys, run: str, *, audit: bool = False) -> Trust:
+    """The trust of run ``run`` from the keys a reader was ``given``, else this host's pin."""
+    if given.known:
+        source = f"${VERIFY_KEY_ENV}" if given.verify_hex else f"${INSECURE_ENV}"
+    else:
+        given, source = pinned(run), f"pinned on this host ({pin_path(run)})"
+    if given.verify_hex:
+        return Trust(Verifier.from_hex(given.verify_hex), source=source)
+    if given.insecure:
+        log.warning(INSECURE_WARNING, run)
+        return Trust(insecure=True, source=f"run {run} created insecure ({source})")
     if audit:
         log.warning(
-            "replaying run %s, recorded without a weight key: its manifests are NOT verified "
-            "(their hashes still are)",
-            name.run,
+            "replaying run %s with no key given or pinned: its manifests are NOT verified "
+            "(their hashes still are); pin its key (rlstream trust pin) to verify them",
+            run,
         )
-        return Trust(insecure=True, source=f"replay of {name.run}, recorded without a key")
-    return Trust(source=f"none recorded for run {name.run}, ${VERIFY_KEY_ENV} unset")
+        return Trust(insecure=True, source=f"replay of {run}, no key given or pinned")
+    return Trust(
+        source=f"no key given (${VERIFY_KEY_ENV}) or pinned on this host for run {run} "
+        f"({pin_path(run)}; rlstream trust pin): a record on a topic is never trusted"
+    )
 
 
 def record_weight_fields(
@@ -150,6 +151,7 @@ def ensure_run_key(
     signer = _ensure_run_key(settings, run, key_file, insecure, given)
     if signer is not None:
         (Path(key_file).parent / PUBLIC_FILE).write_text(signer.public_hex + "\n")
+    pin(run, RunKeys(signer.public_hex) if signer else RunKeys(insecure=True))
     return signer
 
 

@@ -32,6 +32,7 @@ COMMANDS = (
     "rlstream.ops.cli.cmd_model",
     "rlstream.ops.cli.cmd_export",
     "rlstream.ops.cli.cmd_config",
+    "rlstream.ops.cli.cmd_trust",
 )
 # Command modules added as the features land are appended here.
 

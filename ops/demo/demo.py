@@ -158,7 +158,7 @@ def sign_weights(settings: KafkaSettings, run: str, key_file: Path, insecure: bo
     signer = ensure_run_key(settings, run, key_file, insecure=insecure)
     if signer is None:
         print(f"run {run}: created INSECURE, its weight manifests are not signed", flush=True)
-        return RunKeys()
+        return RunKeys(insecure=True)
     return RunKeys(signer.public_hex, str(key_file))
 
 

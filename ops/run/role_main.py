@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlstream.ops.run.roles import HUNG_TRANSACTION_S, ROLES
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 def start(args: argparse.Namespace) -> int:
     """Run the role ``args.role`` of run ``args.run`` until it stops; returns the exit code."""
     from rlstream.consumers.consumer import RoleContext, Stopper
+    from rlstream.consumers.weights.trust import key_folder_keys
     from rlstream.ops.run.config import load_run_config
     from rlstream.ops.run.recorded import ConfigMismatch, check_config
     from rlstream.producers.client.admin import ensure_run_topics
@@ -71,7 +73,11 @@ def start(args: argparse.Namespace) -> int:
     if getattr(args, "once", False):  # supervised: a hung transaction ends in a restart
         hung = float(os.environ.get("RLSTREAM_HUNG_TRANSACTION_S", HUNG_TRANSACTION_S))
         settings = derive(settings, hung_call_exit_s=hung)
-    keys = RunKeys.from_env().or_else(_secured_run_keys(args.home, args.run, role))
+    keys = (
+        RunKeys.from_env()
+        .or_else(_secured_run_keys(args.home, args.run, role))
+        .or_else(key_folder_keys(Path(config.learner.state_dir) / args.run, role))
+    )
     report = ensure_run_topics(settings, args.run, regions=regions, here=region)
     if report.drift:
         print(f"warning: topic drift {report.drift}", file=sys.stderr)
@@ -100,8 +106,6 @@ def start(args: argparse.Namespace) -> int:
 def _secured_run_keys(home: str | None, run: str, role: str) -> RunKeys:
     """On a local cluster whose secrets hold the run's weight key (a secured run, made by
     ``acl apply``): its public key for this role, its key file's path for the learner alone."""
-    from pathlib import Path
-
     from rlstream.consumers.weights.trust import key_folder_keys
     from rlstream.ops.cluster import default_home, security
 

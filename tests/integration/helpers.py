@@ -34,8 +34,8 @@ GEO_RTT_MS = 20.0
 
 def signed_run(settings: KafkaSettings, run: str) -> Signer:
     """The signer of ``run``, created signed as its first learner start would create it
-    (``consumers.weights.trust.ensure_run_key``: its key recorded in ``rl.runs``, so every
-    reader verifies with it), once per run: what a test's own publisher signs with."""
+    (``consumers.weights.trust.ensure_run_key``: its key pinned on this host, so every
+    reader here verifies with it), once per run: what a test's own publisher signs with."""
     import tempfile
 
     from rlstream.consumers.weights.trust import ensure_run_key

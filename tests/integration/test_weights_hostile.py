@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from test_weights_sync import MODEL, Learner, _assert_on, _make_topics, _publish, _subscriber
 
-from rlstream.consumers.weights.trust import record_weight_fields
 from rlstream.consumers.weights.versions import VersionWatcher
 from rlstream.producers.client.producer import EventProducer
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.runtime import metrics
 from rlstream.producers.weights import signing
 from rlstream.producers.weights.publisher import WeightPublisher
+from rlstream.producers.weights.run_keys import RunKeys, pin
 from rlstream.schemas import deltacodec as codec
 from rlstream.schemas import events, topics
 
@@ -39,7 +39,7 @@ def test_out_of_bounds_and_out_of_memory_versions_are_refused_and_v2_keeps_servi
 ) -> None:
     monkeypatch.delenv(signing.VERIFY_KEY_ENV, raising=False)
     _make_topics(kafka, unique_run)
-    record_weight_fields(kafka, unique_run, insecure=True)  # unsigned: created insecure on purpose
+    pin(unique_run, RunKeys(insecure=True))  # unsigned: created insecure on purpose
     learner = Learner(seed=5)
     pub = _pub(kafka, unique_run, "learner")
     _publish(pub, learner, range(3))

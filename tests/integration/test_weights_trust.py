@@ -27,7 +27,7 @@ from rlstream.schemas import topics
 
 @pytest.fixture(autouse=True)
 def _no_key_given(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Readers get no key from their environment: only what the run recorded."""
+    """Readers get no key from their environment: only what this host pins."""
     monkeypatch.delenv(signing.VERIFY_KEY_ENV, raising=False)
     monkeypatch.delenv(signing.SIGNING_KEY_ENV, raising=False)
 
@@ -41,14 +41,16 @@ def _intruder(kafka: KafkaSettings, run: str, **kw: Any) -> WeightPublisher:
     return WeightPublisher(producer, run, MODEL, keyframe_every=4, max_chunk_bytes=64_000, **kw)
 
 
-def test_a_run_is_signed_from_its_creation_and_readers_verify_with_its_recorded_key(
+def test_a_run_is_signed_from_its_creation_and_readers_verify_with_its_pinned_key(
     kafka: KafkaSettings, unique_run: str
 ) -> None:
     _make_topics(kafka, unique_run)
     signer = signed_run(kafka, unique_run)
-    trust = run_trust(kafka, topics.topic_name(unique_run, "weights.manifests"))
+    trust = run_trust(topics.topic_name(unique_run, "weights.manifests"))
     assert trust.verifier is not None and trust.verifier.key_id == signer.key_id
-    assert "run manifest" in trust.source
+    assert "pinned on this host" in trust.source
+    mirrored = topics.remote_topic("trainer", topics.topic_name(unique_run, "weights.manifests"))
+    assert run_trust(mirrored).verifier.key_id == signer.key_id  # the pin holds in any region
 
 
 def test_unsigned_and_foreign_key_manifests_are_refused_in_a_run_not_created_insecure(
@@ -191,35 +193,41 @@ def test_crafted_chunks_under_a_good_signature_are_refused_and_the_old_weights_k
         _assert_on(sub, learner, 3)
 
 
-def test_manifests_read_before_the_runs_key_is_recorded_are_held_not_lost(
+def test_manifests_read_before_the_runs_key_is_pinned_are_held_not_lost(
     kafka: KafkaSettings, unique_run: str, tmp_path: Path
 ) -> None:
-    """A reader started before the run's key is recorded holds the records it reads (neither
-    kept nor refused); once the key is recorded it reads them again and applies them."""
+    """A reader started before the run's key is known here holds the records it reads (neither
+    kept nor refused), though the run manifest records the key: a record is no trust anchor.
+    Once the key is pinned it reads them again and applies them."""
     from rlstream.consumers.weights.trust import record_weight_fields
+    from rlstream.producers.weights.run_keys import RunKeys, pin
 
     _make_topics(kafka, unique_run)
     signer = signing.Signer.from_file(signing.generate(tmp_path)[0])
     learner = Learner(seed=36)
     _publish(_publisher(kafka, unique_run, k=4, signer=signer), learner, range(2))
+    record_weight_fields(kafka, unique_run, public_hex=signer.public_hex)
     with _sub(kafka, unique_run) as sub:
-        sub.poll(2.0)
+        sub.poll(3.0)
         assert sub.version is None and sub._manifests.held and not sub.refused_manifests
-        record_weight_fields(kafka, unique_run, public_hex=signer.public_hex)
+        pin(unique_run, RunKeys(signer.public_hex))
         sub.wait_for(1, timeout=30)
         _assert_on(sub, learner, 1)
         assert not sub.refused_manifests and not sub.failures
 
 
-def test_a_mirrored_runs_record_is_no_trust_anchor(
-    kafka: KafkaSettings, unique_run: str, tmp_path: Path
+@pytest.mark.parametrize("where", ["home", "mirrored"])
+def test_a_runs_record_is_no_trust_anchor(
+    kafka: KafkaSettings, unique_run: str, tmp_path: Path, where: str
 ) -> None:
-    """Whoever can write a rollout region's cluster can write MirrorMaker's copy of rl.runs:
-    a record there naming their own key, or marking the run insecure, is not read; a reader of
-    the mirrored manifests trusts only the key it is given."""
+    """Whoever can write rl.runs (on the home cluster, or MirrorMaker's copy in a rollout
+    region) could write a record naming their own key, or marking the run insecure: neither is
+    read; a reader trusts only the key it is given or that this host pins."""
     from helpers import make_topics
 
-    copy = topics.remote_topic("trainer", topics.RUNS_TOPIC)
+    copy = (
+        topics.RUNS_TOPIC if where == "home" else topics.remote_topic("trainer", topics.RUNS_TOPIC)
+    )
     make_topics(kafka, copy, partitions=1)
     theirs = signing.Signer.from_file(signing.generate(tmp_path)[0])
     record = {
@@ -230,10 +238,12 @@ def test_a_mirrored_runs_record_is_no_trust_anchor(
     }  # fmt: skip
     with EventProducer.connect(kafka) as producer:
         producer.produce(copy, "run_manifest", record, unique_run)
-    mirrored = topics.remote_topic("trainer", topics.topic_name(unique_run, "weights.manifests"))
-    trust = run_trust(kafka, mirrored)
+    manifests = topics.topic_name(unique_run, "weights.manifests")
+    if where == "mirrored":
+        manifests = topics.remote_topic("trainer", manifests)
+    trust = run_trust(manifests)
     assert trust.verifier is None and not trust.insecure and not trust.known, trust
-    assert "given" in trust.source
+    assert "never trusted" in trust.source
 
 
 def test_a_record_never_downgrades_a_learner_to_unsigned(
