@@ -1,11 +1,12 @@
 """Shared plumbing for benchmarks: a broker to measure against, medians, JSON output, and the
-kept result of every run (``results/bench-NAME.json`` with the machine it ran on; the folder is
-``$RLSTREAM_RESULTS`` when set)."""
+kept result of a run (``results/bench-NAME.json`` with the machine it ran on and its
+provenance), written only when asked: ``--save``, or ``$RLSTREAM_RESULTS`` naming the folder."""
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -158,13 +159,22 @@ def percentile(values: list[float], q: float) -> float:
 
 
 _load_before: tuple[float, float, float] | None = None
+_keep = False
+#: The top-level keys ``save`` writes: any other one was added by hand (``bench table --check``).
+SAVED_KEYS = frozenset(
+    {"bench", "measured_at", "command", "machine", "load_average", "result", "provenance"}
+)
+#: Paths whose changes do not make a tree dirty for a measurement: the kept results themselves
+#: and prose (git pathspecs).
+NOT_CODE = (":(exclude)results", ":(exclude)*.md")
 
 
-def mark_start() -> None:
+def mark_start(keep: bool = False) -> None:
     """Remember the machine's load average as the bench starts (``rlstream bench`` calls it
-    before any bench runs); ``save`` records it with the load average at the end."""
-    global _load_before
-    _load_before = _loadavg()
+    before any bench runs); ``save`` records it with the load average at the end. ``keep``:
+    the result is kept (``--save``)."""
+    global _load_before, _keep
+    _load_before, _keep = _loadavg(), keep
 
 
 def _loadavg() -> tuple[float, float, float] | None:
@@ -177,11 +187,14 @@ def _loadavg() -> tuple[float, float, float] | None:
 
 def emit(result: dict[str, Any], as_json: bool, lines: list[str], name: str | None = None) -> None:
     """Human lines first; with ``as_json`` the JSON object is the last stdout line. With a
-    ``name`` the result is also kept (``save``)."""
+    ``name`` the result is also kept (``save``) when asked: ``--save``, or
+    ``$RLSTREAM_RESULTS`` set."""
     for line in lines:
         print(line)
-    if name is not None:
+    if name is not None and (_keep or os.environ.get("RLSTREAM_RESULTS")):
         progress(f"result kept in {save(name, result)}")
+    elif name is not None:
+        progress("result not kept (--save keeps it in results/)")
     if as_json:
         print(json.dumps(result))
 
@@ -191,17 +204,64 @@ def save(name: str, result: dict[str, Any]) -> Path:
     folder = Path(os.environ.get("RLSTREAM_RESULTS") or "results")
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"bench-{name}.json"
+    found = machine()
+    load = {"before": _load_before, "after": _loadavg()}
     record = {
         "bench": name,
         "measured_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": " ".join(["rlstream", *sys.argv[1:]]),
-        "machine": machine(),
+        "machine": found,
         # 1, 5 and 15 minutes, when the bench started and when its result was kept
-        "load_average": {"before": _load_before, "after": _loadavg()},
+        "load_average": load,
         "result": result,
+        "provenance": provenance(result, found, load),
     }
     path.write_text(json.dumps(record, indent=1) + "\n")
     return path
+
+
+def result_hash(result: dict[str, Any]) -> str:
+    """SHA-256 of ``result`` in canonical JSON: a kept result edited afterwards no longer
+    matches the hash its provenance recorded."""
+    text = json.dumps(result, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def provenance(
+    result: dict[str, Any], found: dict[str, Any] | None = None, load: Any = None
+) -> dict[str, Any]:
+    """Where ``result`` came from: the full commit, whether the code differed from it
+    (``dirty``: tracked or untracked changes outside ``NOT_CODE``) and the hash of that
+    difference, the machine in one line, the load average, and the result's own hash."""
+    found = found or machine()
+    commit, diff = _git("rev-parse", "HEAD"), _git("diff", "HEAD", "--", ".", *NOT_CODE)
+    untracked = _git("ls-files", "--others", "--exclude-standard", "--", ".", *NOT_CODE)
+    dirty = None if commit is None else bool(diff or untracked)
+    changed = (diff or "") + (untracked or "")
+    return {
+        "commit": commit,
+        "dirty": dirty,
+        "diff_hash": hashlib.sha256(changed.encode()).hexdigest()[:16] if dirty else None,
+        "machine": f"{found.get('cpu')}, {found.get('cores')} cores, "
+        f"{found.get('memory_gb')} GiB, Python {found.get('python')}",
+        "load": load,
+        "result_sha256": result_hash(result),
+    }
+
+
+def _git(*args: str) -> str | None:
+    """``git ARGS`` in the repository this code runs from: its output, None without git."""
+    try:
+        out = subprocess.run(
+            ["git", *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def _version(distribution: str) -> str | None:
@@ -244,14 +304,4 @@ def machine() -> dict[str, Any]:
 
 
 def _commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            cwd=Path(__file__).resolve().parent,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
+    return _git("rev-parse", "--short", "HEAD") or None

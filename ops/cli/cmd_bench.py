@@ -37,13 +37,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     bsub = parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
     for name in BENCHES:
         importlib.import_module(name).register_bench(bsub)
-    for bench in bsub.choices.values():  # every bench's result records the load it started in
+    for name, bench in bsub.choices.items():  # every bench's result records its start's load
+        if name != "table" and "--save" not in bench._option_string_actions:
+            bench.add_argument(
+                "--save", action="store_true", help="keep the result in results/ (with provenance)"
+            )
         bench.set_defaults(func=_marked(bench.get_default("func")))
 
 
 def _marked(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
-        mark_start()
+        mark_start(keep=bool(getattr(args, "save", False)))
         return func(args)
 
     return run

@@ -65,7 +65,7 @@ def test_check_fails_when_a_row_differs_and_writing_fixes_it(tmp_path: Path) -> 
     assert cells[1:] == [
         "100.0 events/s, 60.0 MB/s; ratio **0.91**; p50 10.0 ms, p99 400 ms",
         "raw bytes: 110.0 events/s, 66.0 MB/s; p50 9.0 ms, p99 380 ms",
-        "abc1234",
+        "abc1234 (no provenance: kept before it was recorded)",
         "Some CPU, 2 cores",
         "0.50 → 1.25",
         "2026-12-03",
@@ -88,7 +88,11 @@ def test_unknown_or_reshaped_results_say_where_to_look_and_no_load_is_not_record
     ):
         cells = table.row("bench-x", record).strip("|").split(" | ")
         assert "docs/benchmarks.md" in cells[1]
-        assert [c.strip() for c in cells[3:6]] == ["not recorded"] * 3
+        assert [c.strip() for c in cells[3:6]] == [
+            "not recorded (no provenance: kept before it was recorded)",
+            "not recorded",
+            "not recorded",
+        ]
 
 
 def test_save_records_the_load_before_and_after(
@@ -102,3 +106,66 @@ def test_save_records_the_load_before_and_after(
     saved = json.loads(common.save("t", {"x": 1}).read_text())
     assert saved["load_average"] == {"before": [3.0, 2.0, 1.0], "after": [4.0, 2.5, 1.5]}
     assert table.load_cell(saved) == "3.00 → 4.00"
+
+
+def _kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, result: dict, **prov: object) -> dict:
+    """A result as ``save`` keeps it, its provenance amended by ``prov``."""
+    monkeypatch.setenv("RLSTREAM_RESULTS", str(tmp_path / "results"))
+    path = common.save("bus", result)
+    record = json.loads(path.read_text())
+    record["provenance"].update(prov)
+    return record
+
+
+def test_a_kept_result_records_its_provenance(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record = _kept(tmp_path, monkeypatch, BUS["result"])
+    prov = record["provenance"]
+    assert len(prov["commit"]) == 40 and isinstance(prov["dirty"], bool)
+    assert (prov["diff_hash"] is None) == (not prov["dirty"]) and "cores" in prov["machine"]
+    assert prov["result_sha256"] == common.result_hash(BUS["result"])
+    assert set(record) == common.SAVED_KEYS
+
+
+def test_check_refuses_dirty_edited_and_hand_annotated_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clean = _kept(tmp_path, monkeypatch, BUS["result"], dirty=False, diff_hash=None)
+    assert table.problems(clean) == []
+    dirty = {**clean, "provenance": {**clean["provenance"], "dirty": True, "diff_hash": "ab12"}}
+    assert table.problems(dirty) == ["measured on a dirty tree (diff ab12)"]
+    edited = {**clean, "result": {**clean["result"], "ratio": 2.0}}
+    assert "edited after it was kept" in table.problems(edited)[0]
+    annotated = {**clean, "note": "quiet machine"}
+    assert table.problems(annotated) == ["keys the saver never writes: ['note']"]
+    results = tmp_path / "results"
+    (results / "bench-bus.json").write_text(json.dumps(edited))
+    readme = _readme(tmp_path)
+    before = readme.read_text()
+    args = ["bench", "table", "--readme", str(readme), "--results", str(results)]
+    assert main(args) == 1 and main([*args, "--check"]) == 1
+    assert "bench-bus.json: its result was edited" in capsys.readouterr().err
+    assert readme.read_text() == before  # nothing written
+
+
+def test_every_note_is_rendered_with_who_wrote_it() -> None:
+    legacy = {**BUS, "load_average": {**BUS["load_average"], "note": "busy machine"}}
+    legacy["result"] = {**BUS["result"], "note": "2 seeds only"}
+    figure = table.row("bench-bus", legacy).split(" | ")[1]
+    assert "note: 2 seeds only" in figure
+    assert "hand-added note (load_average): busy machine" in figure
+
+
+def test_a_bench_keeps_its_result_only_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("RLSTREAM_RESULTS", raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(common, "_keep", False)  # restored after the test
+    common.emit({"x": 1}, False, [], "t")
+    assert not (tmp_path / "results").exists()
+    assert "not kept (--save" in capsys.readouterr().err
+    common.mark_start(keep=True)
+    common.emit({"x": 1}, False, [], "t")
+    assert json.loads((tmp_path / "results" / "bench-t.json").read_text())["result"] == {"x": 1}
