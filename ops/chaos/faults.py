@@ -188,6 +188,7 @@ ATTACKS = (
     "epoch_jump",
     "replayed_manifest",
     "weak_hash",
+    "mirrored_trust_anchor",
 )
 #: The learner epoch an ``epoch_jump`` claims past the newest genuine one.
 FORGED_EPOCH_JUMP = 10**9
@@ -209,7 +210,10 @@ def attack_weights(
     - ``replayed_manifest``: the run's oldest manifest still in the log, written again byte for
       byte with its genuine signature;
     - ``weak_hash``: the next version naming non-cryptographic (xxh3) hashes, signed with the
-      run's key.
+      run's key;
+    - ``mirrored_trust_anchor``: the run manifest in ``rl.runs`` rewritten (config kept) to name
+      another key and the run insecure, as whoever may write a cluster's ``rl.runs`` (its
+      MirrorMaker copy in a rollout region) could, then the next version signed with that key.
 
     Returns where each landed; ``attack_tally`` counts the refusals readers logged for them."""
     return _forge(settings, run, model, key_file, kinds)
@@ -267,7 +271,10 @@ def _forged(
         return _oldest_manifest(settings, topic)
     run_key, other = Signer.from_file(key_file), Signer(Ed25519PrivateKey.generate())
     nxt, epoch = int(newest["version"]) + 1, int(newest.get("learner_epoch", 0))
+    if kind == "mirrored_trust_anchor":
+        _forge_run_record(settings, str(newest["run"]), other.public_hex)
     table: dict[str, tuple[dict[str, Any], Signer | None]] = {
+        "mirrored_trust_anchor": ({"version": nxt}, other),
         "wrong_key": ({"version": nxt}, other),
         "unsigned_manifest": ({"version": nxt}, None),
         "version_jump": ({"version": FORGED_VERSION}, run_key),
@@ -278,6 +285,25 @@ def _forged(
     rec = {**newest, **changes, "created_ms": int(time.time() * 1000)}
     value = events.encode("weight_manifest", rec)
     return value, (signer.headers(value) if signer is not None else None)
+
+
+def _forge_run_record(settings: KafkaSettings, run: str, public_hex: str) -> None:
+    """Run ``run``'s manifest written again naming ``public_hex`` and insecure, every other
+    field (its config too) as recorded: no reader may take either as its trust."""
+    from rlstream.consumers.run_log import run_manifest
+
+    record = run_manifest(settings, run)
+    if record is None:
+        raise RuntimeError(f"run {run} has no run manifest to forge")
+    forged = {
+        **record,
+        "updated_ms": int(time.time() * 1000),
+        "weights_public_key": public_hex,
+        "weights_insecure": True,
+        "description": "forged by bench chaos (mirrored_trust_anchor)",
+    }
+    with EventProducer.connect(settings) as producer:
+        producer.produce(topics.RUNS_TOPIC, "run_manifest", forged, run)
 
 
 def _oldest_manifest(settings: KafkaSettings, topic: str) -> tuple[bytes, Any]:

@@ -1,6 +1,7 @@
 """Fail-closed weights on a real broker: a run is signed from its creation, and a reader with no
 key given refuses what the run's key did not sign; the attacks of ``ops.faults.attack_weights``
-(unsigned, another key, an epoch jump, a replayed manifest, a non-cryptographic hash) are each
+(unsigned, another key, an epoch jump, a replayed manifest, a non-cryptographic hash, a forged
+trust anchor in ``rl.runs``) are each
 refused and counted while the subscriber keeps serving, and goes on to the next real version;
 a run with no key accepts nothing; old (xxh3, unsigned) logs still replay."""
 
@@ -111,9 +112,13 @@ def test_every_attack_on_a_live_run_is_refused_and_the_next_real_version_applies
         tally = attack_tally(landed, refused)
         kinds = (
             *("unsigned_manifest", "wrong_key", "version_jump", "epoch_jump"),
-            *("replayed_manifest", "weak_hash"),
+            *("replayed_manifest", "weak_hash", "mirrored_trust_anchor"),
         )
         assert tally == {k: {"tried": 1, "refused": 1} for k in kinds}, tally
+        # a reader started after rl.runs was forged still trusts the pinned key alone
+        trust = run_trust(topics.topic_name(unique_run, "weights.manifests"))
+        assert trust.verifier is not None and not trust.insecure
+        assert trust.verifier.key_id == signing.Signer.from_file(key_file).key_id
         pub.publish_version(learner.step(), 3)  # the real learner goes on
         sub.wait_for(3, timeout=30)
         _assert_on(sub, learner, 3)
