@@ -271,6 +271,22 @@ class VllmConfig(BaseModel):
     max_restarts: int = Field(
         5, ge=0, le=1000, description="Engine restarts a worker makes before it gives up."
     )
+    check_every: int = Field(
+        1,
+        ge=0,
+        le=1_000_000,
+        description="Check the engine after every Nth version it takes (0: never): its logprobs "
+        "of a fixed canary must match this worker's model on the same weights within "
+        "`check_tolerance`; a version that does not is reloaded whole from disk, and the "
+        "worker gives up when even that does not match (docs/engines.md).",
+    )
+    check_tolerance: float | None = Field(
+        None,
+        gt=0,
+        le=10,
+        description="Largest canary logprob gap a checked engine may show (default: 1e-3 for a "
+        "float32 engine, 0.1 for bfloat16, whose rounding alone moves logprobs that much).",
+    )
     work_dir: str | None = Field(
         None,
         description="Where the model directory a server starts from is written (default: a new "
@@ -296,6 +312,13 @@ class VllmConfig(BaseModel):
         description="Folders put on the server's PYTHONPATH before rlstream's extension folder.",
         json_schema_extra=LOCAL,
     )
+
+    @property
+    def tolerance(self) -> float:
+        """The canary gap a checked engine may show (``check_tolerance`` or its dtype's)."""
+        if self.check_tolerance is not None:
+            return self.check_tolerance
+        return 1e-3 if self.dtype == "float32" else 0.1
 
 
 class RolloutConfig(BaseModel):

@@ -79,9 +79,17 @@ class EngineStats:
     sync_s: list[float] = field(default_factory=list)
     """Per swap, the whole way in: the pause and what was prepared before it (vLLM: the
     changed tensors found and written to shared memory while generation went on)."""
+    checks: int = 0
+    """Canary checks of what the engine holds (``VllmConfig.check_every``)."""
+    check_failures: int = 0
+    check_gaps: list[float] = field(default_factory=list)
+    """Per check, the largest |engine - worker model| canary logprob."""
 
     def figures(self) -> dict[str, Any]:
         return {
+            "engine_checks": self.checks,
+            "engine_check_failures": self.check_failures,
+            "engine_check_gap_max": max(self.check_gaps) if self.check_gaps else None,
             "engine": self.engine,
             "engine_version": self.engine_version,
             "engine_swaps": self.swaps,

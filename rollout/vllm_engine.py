@@ -11,7 +11,11 @@ Rules a maintainer must keep:
 - weights in place: only the changed tensors, widened to whole decoder layers, loaded through
   the model's own weight loader between ``/pause`` and ``/resume``; a refused version leaves the
   engine on the version it had (``EngineRefused``);
-- a dead or hung server restarts on the version it held, at most ``max_restarts`` times.
+- a dead or hung server restarts on the version it held, at most ``max_restarts`` times;
+- checked (``check_every``): after taking a version, the engine's logprobs of a fixed canary
+  (``CANARY_*``: seeded prompt and sampling) must match the worker's own model loaded with the
+  same tensors within ``VllmConfig.tolerance``; a version that does not is reloaded whole from
+  disk and checked again, and ``EngineError`` ends the worker when even that does not match.
 
 Details: docs/engines.md (The vllm engine).
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import shutil
 import tempfile
 import threading
@@ -50,6 +55,12 @@ from rlstream.rollout.vllm_process import VllmServer, get
 
 LAYER_PREFIX = "model.layers."
 ABORT_POLL_S = 0.02
+#: The canary every check sends: a seeded prompt of ``CANARY_PROMPT`` token ids, ``CANARY_NEW``
+#: tokens sampled at temperature 1 with ``CANARY_SEED`` (temperature 1: the processed
+#: distribution is the model's own, which the worker's model computes too).
+CANARY_PROMPT, CANARY_NEW, CANARY_SEED = 16, 8, 20261207
+
+log = logging.getLogger(__name__)
 
 
 def changed_names(
@@ -81,6 +92,10 @@ def whole_layers(names: set[str], every: set[str]) -> set[str]:
     return names | {n for n in every if layer_of(n) in layers}
 
 
+def _seeded() -> torch.Generator:
+    return torch.Generator().manual_seed(CANARY_SEED)
+
+
 @dataclass
 class _EngineRow:
     """One row's output so far: tokens, logprobs and the version of each."""
@@ -95,8 +110,8 @@ class VllmEngine:
     """A supervised vLLM server as a rollout engine (see the module docstring).
 
     ``model`` is the worker's policy: its shape and names, and the reverse name conversion of
-    its transformers model; its weights are not read. The server starts with the first version
-    pushed.
+    its transformers model; a check loads each checked version into it, to compute the canary's
+    reference logprobs. The server starts with the first version pushed.
     """
 
     def __init__(
@@ -136,6 +151,7 @@ class VllmEngine:
         ``EngineRefused`` when it keeps the version it had (see the module docstring)."""
         if self.held is None:
             self._start(version, tensors)
+            self._verify(version, tensors)
             return
         started = time.perf_counter()  # prepared while generation goes on; paused in _load
         names = whole_layers(changed_names(self.held[1], tensors), set(tensors))
@@ -154,6 +170,61 @@ class VllmEngine:
         self.stats.swaps += 1
         self.stats.swap_s.append(float(answer["swap_s"]))
         self.stats.sync_s.append(time.perf_counter() - started)
+        self._verify(version, tensors)
+
+    def check(self, tensors: Mapping[str, torch.Tensor]) -> float:
+        """The largest |engine - worker model| logprob over the canary (``CANARY_*``), the
+        worker's model loaded with ``tensors``: what the engine holds against what it was sent."""
+        from rlstream.rollout.model import sequence_logprobs
+
+        vocab = int(self.model.cfg.vocab_size)
+        prompt = torch.randint(0, vocab, (CANARY_PROMPT,), generator=_seeded()).tolist()
+        body = {
+            "model": self.served_model,
+            "prompt": prompt,
+            "n": 1,
+            "temperature": 1.0,
+            "max_tokens": CANARY_NEW,
+            "logprobs": 0,
+            "seed": CANARY_SEED,
+            "ignore_eos": True,
+            "return_tokens_as_token_ids": True,
+        }
+        (choice,) = self._complete(body)
+        with torch.no_grad():
+            self.model.load_state_dict(dict(tensors))
+            lp, _ = sequence_logprobs(self.model, torch.tensor([prompt + choice.ids]))
+        reference = lp[0, len(prompt) :].double()
+        gap = float((reference - torch.tensor(choice.logprobs, dtype=torch.float64)).abs().max())
+        self.stats.checks += 1
+        self.stats.check_gaps.append(gap)
+        return gap
+
+    def _verify(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Check the engine on the version it just took (every ``check_every``-th); one that
+        fails is reloaded whole from disk and checked again (rules in the module docstring)."""
+        every = self.cfg.check_every
+        if not every or (self.stats.swaps % every and self.stats.checks):
+            return
+        bound = self.cfg.tolerance
+        gap = self.check(tensors)
+        if gap <= bound:
+            return
+        self.stats.check_failures += 1
+        log.warning(
+            "engine check: version %d serves logprobs %.4g away from the worker's model on the "
+            "same weights (bound %.4g): reloading it whole from disk",
+            version,
+            gap,
+            bound,
+        )
+        self.reload_from_disk(version, tensors)
+        gap = self.check(tensors)
+        if gap > bound:
+            raise EngineError(
+                f"the engine's logprobs on version {version} are {gap:.4g} away from the "
+                f"worker's model after a whole reload from disk (bound {bound:g})"
+            )
 
     def _swap_in(self, path: Path, digest: str) -> dict[str, Any]:
         """The extension's answer to loading ``path``; an engine that died during the swap is

@@ -231,3 +231,28 @@ def test_a_new_version_goes_in_during_a_generation_and_rows_continue(
         engine.close()
     assert any(mid), "no version landed while the rows were being generated"
     assert engine.stats.aborts >= 1 and engine.stats.restarts == 0
+
+
+def test_an_engine_holding_other_weights_than_it_was_sent_is_caught_and_reloaded(
+    engine: VllmEngine, base: dict[str, torch.Tensor]
+) -> None:
+    """Every version taken is checked: the engine's canary logprobs against the worker's model on
+    the tensors sent. An engine that silently holds other weights (here: another version loaded
+    behind the worker's back, as a swap that corrupts would leave it) fails the check, is reloaded
+    whole from disk, and serves the version it was sent again."""
+    version = engine.version + 1
+    state = perturbed(base, 100 + version)
+    checks, failures = engine.stats.checks, engine.stats.check_failures
+    engine.push(version, state)
+    assert engine.stats.checks == checks + 1 and engine.stats.check_failures == failures
+    assert engine.stats.check_gaps[-1] < engine.cfg.tolerance
+    path, digest = engine._write(perturbed(state, 7, scale=0.05), version)
+    try:
+        assert engine._load("rlstream_load", [str(path), digest]).get("ok")  # behind its back
+    finally:
+        path.unlink(missing_ok=True)
+    assert engine.check(state) > engine.cfg.tolerance  # caught
+    engine._verify(version, state)  # reloaded whole, then checked again
+    assert engine.stats.check_failures == failures + 1
+    assert engine.stats.check_gaps[-1] < engine.cfg.tolerance
+    assert _max_error(engine, state, version) < TOLERANCE
