@@ -159,7 +159,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 _load_before: tuple[float, float, float] | None = None
-_keep = False
+_keep: bool | str = False  # True, or the name to keep the result under (``--save-as``)
 #: The top-level keys ``save`` writes: any other one was added by hand (``bench table --check``).
 SAVED_KEYS = frozenset(
     {"bench", "measured_at", "command", "machine", "load_average", "result", "provenance"}
@@ -169,10 +169,10 @@ SAVED_KEYS = frozenset(
 NOT_CODE = (":(exclude)results", ":(exclude)*.md")
 
 
-def mark_start(keep: bool = False) -> None:
+def mark_start(keep: bool | str = False) -> None:
     """Remember the machine's load average as the bench starts (``rlstream bench`` calls it
     before any bench runs); ``save`` records it with the load average at the end. ``keep``:
-    the result is kept (``--save``)."""
+    the result is kept (``--save``), under that name when it is one (``--save-as``)."""
     global _load_before, _keep
     _load_before, _keep = _loadavg(), keep
 
@@ -192,18 +192,20 @@ def emit(result: dict[str, Any], as_json: bool, lines: list[str], name: str | No
     for line in lines:
         print(line)
     if name is not None and (_keep or os.environ.get("RLSTREAM_RESULTS")):
-        progress(f"result kept in {save(name, result)}")
+        kept = save(name, result, _keep if isinstance(_keep, str) else None)
+        progress(f"result kept in {kept}")
     elif name is not None:
         progress("result not kept (--save keeps it in results/)")
     if as_json:
         print(json.dumps(result))
 
 
-def save(name: str, result: dict[str, Any]) -> Path:
-    """Write ``result`` with the machine's description and the code's commit; returns the path."""
+def save(name: str, result: dict[str, Any], file_name: str | None = None) -> Path:
+    """Write bench ``name``'s ``result`` with the machine's description and its provenance, as
+    ``bench-NAME.json`` (``file_name`` instead of ``name`` when given); returns the path."""
     folder = Path(os.environ.get("RLSTREAM_RESULTS") or "results")
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"bench-{name}.json"
+    path = folder / f"bench-{file_name or name}.json"
     found = machine()
     load = {"before": _load_before, "after": _loadavg()}
     record = {

@@ -17,7 +17,16 @@ WEIGHT_STD = 0.01
 ADAM_M_STD = 0.229  # sqrt((1 - beta1) / (1 + beta1)) for beta1 = 0.9
 ADAM_V_STD = 0.045  # relative spread of v for beta2 = 0.999
 ADAM_EPS = 1e-8
-WORKLOADS = ("synthetic", "adam-real", "finetune", "learner")
+WORKLOADS = ("synthetic", "adam-real", "finetune", "learner", "pretrained")
+#: Whether a workload's versions come from an optimizer in its steady state (warm moments on a
+#: trained model), as a real run's do after its first steps.
+STEADY_STATE = {
+    "synthetic": False,  # i.i.d. weights, a simulated step
+    "adam-real": False,  # 26 steps from initialisation
+    "finetune": False,  # a fresh Adam: its first step moves every weight by lr·sign(g)
+    "learner": True,
+    "pretrained": True,
+}
 CONTEXT = 128  # bytes of context of the adam-real language model
 
 #: One state: tensor name -> (dtype tag, flat bit patterns).
@@ -60,12 +69,15 @@ def _adam_step(w: Any, lr: float, rng: Any) -> Any:
 
 
 def _torch_bf16(module: Any) -> Arrays:
-    """The bf16 casts (round to nearest even) of a module's parameters and float buffers."""
+    """The bf16 casts (round to nearest even) of a module's parameters and float buffers, a
+    tensor tied to one already taken (a tied LM head) once."""
     import torch
 
     out: Arrays = {}
+    seen: set[int] = set()
     for name, t in module.state_dict().items():
-        if t.is_floating_point():
+        if t.is_floating_point() and t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
             bits = t.detach().to(torch.bfloat16).contiguous().view(torch.int16).numpy()
             out[name] = ("bfloat16", bits.view("<u2").reshape(-1).copy())
     return out
@@ -78,7 +90,9 @@ def _corpus(pattern: str = "*.py") -> Any:
 
     root = Path(__file__).resolve().parents[2]
     files = sorted(
-        p for p in root.rglob(pattern) if ".venv" not in p.parts and "build" not in p.parts
+        p
+        for p in root.rglob(pattern)
+        if not any(part.startswith(".") or part == "build" for part in p.relative_to(root).parts)
     )
     return np.frombuffer(b"\n".join(p.read_bytes() for p in files), dtype=np.uint8)
 
@@ -285,3 +299,73 @@ def learner_versions(args: argparse.Namespace) -> Iterator[tuple[float, list[Pai
         " published bf16 versions"
     )
     yield learner.lr, list(itertools.pairwise(versions)), what
+
+
+def pretrained(
+    args: argparse.Namespace, lrs: list[float]
+) -> Iterator[tuple[float, list[Pair], str]]:
+    """A real pretrained instruct model (SmolLM2-135M-Instruct, ``make smollm2``; or
+    ``--pretrained-model``) mid-fine-tune: per learning rate, AdamW (betas 0.9/0.999, weight
+    decay 0.01) warmed for ``--pretrained-warm-steps`` steps on the project's Markdown, then
+    ``--pretrained-steps`` more: the consecutive bf16 versions of those."""
+    import copy
+
+    import torch
+
+    model, tokens, folder = _pretrained_model(args)
+    params = sum(p.numel() for p in model.parameters())
+    what = (
+        f"{Path(folder).name} ({params:,} params), fine-tuned on this package's Markdown with "
+        f"AdamW warmed {args.pretrained_warm_steps} steps: {args.pretrained_steps} consecutive "
+        "steps after that"
+    )
+    for lr in lrs:
+        tuned = copy.deepcopy(model)
+        opt = torch.optim.AdamW(tuned.parameters(), lr=lr, betas=(0.9, 0.999), weight_decay=0.01)
+        gen = torch.Generator().manual_seed(args.seed + 3)
+        versions = []
+        for step in range(args.pretrained_warm_steps + args.pretrained_steps):
+            if step >= args.pretrained_warm_steps:
+                versions.append(_torch_bf16(tuned))
+            opt.zero_grad(set_to_none=True)
+            loss = _token_loss(tuned, tokens, gen)
+            loss.backward()
+            opt.step()
+            if step % 10 == 0:
+                progress(f"deltas: pretrained: lr {lr:g}: step {step}, loss {loss.item():.3f}")
+        versions.append(_torch_bf16(tuned))
+        yield lr, list(itertools.pairwise(versions)), what
+
+
+def _pretrained_model(args: argparse.Namespace) -> tuple[Any, Any, str]:
+    """The pretrained model in float32, the Markdown as its token ids, and its folder."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlstream.rollout.model_import import default_home
+
+    folder = args.pretrained_model
+    if folder is None:
+        found = sorted(default_home().glob("SmolLM2-135M-Instruct-*"))
+        if not found:
+            raise SystemExit(
+                "bench deltas --workloads pretrained: no imported SmolLM2 (run `make smollm2`) "
+                "and no --pretrained-model given"
+            )
+        folder = str(found[-1])
+    torch.manual_seed(args.seed)
+    model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
+    model.train()
+    text = _corpus("*.md").tobytes().decode("utf-8", errors="replace")
+    ids = AutoTokenizer.from_pretrained(folder)(text)["input_ids"]
+    progress(f"deltas: pretrained: {folder}, {len(ids):,} tokens of Markdown")
+    return model, torch.tensor(ids), folder
+
+
+def _token_loss(model: Any, tokens: Any, gen: Any, batch: int = 4, length: int = 128) -> Any:
+    """The causal LM loss of ``batch`` random windows of ``length`` tokens."""
+    import torch
+
+    starts = torch.randint(0, len(tokens) - length - 1, (batch,), generator=gen)
+    rows = torch.stack([tokens[s : s + length] for s in starts.tolist()])
+    return model(input_ids=rows, labels=rows).loss

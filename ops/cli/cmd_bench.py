@@ -42,12 +42,25 @@ def register(sub: argparse._SubParsersAction) -> None:
             bench.add_argument(
                 "--save", action="store_true", help="keep the result in results/ (with provenance)"
             )
+        if name != "table":
+            bench.add_argument(
+                "--save-as",
+                metavar="NAME",
+                type=_result_name,
+                help="keep it as results/bench-NAME.json (a variant of the bench's own result)",
+            )
         bench.set_defaults(func=_marked(bench.get_default("func")))
 
 
 def _marked(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
-        mark_start(keep=bool(getattr(args, "save", False)))
+        mark_start(keep=getattr(args, "save_as", None) or bool(getattr(args, "save", False)))
         return func(args)
 
     return run
+
+
+def _result_name(text: str) -> str:
+    if not text or not all(c.isalnum() or c in "-_" for c in text):
+        raise argparse.ArgumentTypeError(f"a result name is letters, digits, - and _: {text!r}")
+    return text

@@ -169,3 +169,6 @@ def test_a_bench_keeps_its_result_only_when_asked(
     common.mark_start(keep=True)
     common.emit({"x": 1}, False, [], "t")
     assert json.loads((tmp_path / "results" / "bench-t.json").read_text())["result"] == {"x": 1}
+    common.mark_start(keep="t-variant")  # --save-as
+    common.emit({"x": 2}, False, [], "t")
+    assert json.loads((tmp_path / "results" / "bench-t-variant.json").read_text())["bench"] == "t"
