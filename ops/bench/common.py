@@ -8,6 +8,7 @@ import contextlib
 import datetime
 import hashlib
 import json
+import math
 import os
 import platform
 import statistics
@@ -148,6 +149,14 @@ def bf16_bits(w: Any) -> Any:
 
 def median(values: list[float]) -> float:
     return float(statistics.median(values)) if values else float("nan")
+
+
+def median_ci95(values: list[float]) -> list[float]:
+    """A distribution-free 95% interval of the median of ``values`` from their order statistics
+    (the binomial approximation; about 93% coverage at 8 values, 96% at 20)."""
+    n, ranked = len(values), sorted(values)
+    k = max(0, math.floor(n / 2 - 0.98 * math.sqrt(n)))
+    return [ranked[k], ranked[min(n - 1, n - 1 - k)]]
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -182,7 +182,18 @@ def _async(r: dict[str, Any]) -> Cells:
     runs = ", ".join(_f(x) for x in r.get("speedup_runs", []))
     rate = f"{_f(r['async']['samples_per_s'])} trained samples/s, **{_f(r['speedup'])}×** (runs {runs})"
     ttt = r.get("time_to_target")
-    if isinstance(ttt, dict):
+    if isinstance(ttt, dict) and ttt.get("ratio_ci95"):
+        lo, hi = ttt["ratio_ci95"]
+        when = "fixed before the run" if ttt.get("target_fixed_before_run") else "chosen after"
+        never = ttt.get("never_reached") or {}
+        figure = (
+            f"σ={r['headline_sigma']:g}: time to held-out {_f(ttt['target'])} ({when}): paired "
+            f"ratio median **{_f(ttt['ratio_median'])}×**, 95% interval {_f(lo)}–{_f(hi)} over "
+            f"{ttt['seeds']} seeds (never reached: sync {never.get('sync', 0)}, async "
+            f"{never.get('async', 0)}); versions/s {_f(r['version_rate']['ratio_median'])}×; "
+            f"{rate}"
+        )
+    elif isinstance(ttt, dict):
         times = ", ".join(
             f"{a:.0f}/{s:.0f}" for a, s in zip(ttt["async_runs_s"], ttt["sync_runs_s"], strict=True)
         )

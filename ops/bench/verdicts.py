@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import time
 from typing import Any
@@ -46,16 +45,9 @@ def _main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _interval(diffs: list[float]) -> list[float]:
-    """A 95% interval of the median of ``diffs`` from their order statistics (binomial)."""
-    n, ranked = len(diffs), sorted(diffs)
-    k = max(0, math.floor(n / 2 - 0.98 * math.sqrt(n)))
-    return [ranked[k], ranked[min(n - 1, n - 1 - k)]]
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from rlstream.envs import patch_policy, repo, repo_tools, sandbox
-    from rlstream.ops.bench.common import progress
+    from rlstream.ops.bench.common import median_ci95, progress
 
     fam = repo.RepoFamily("repo", repo.RepoConfig(eval_fraction=0.0))
     firsts: dict[str, repo.RepoTask] = {}
@@ -96,7 +88,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "with_defences_ms": round(statistics.median(times[True]) * 1000, 1),
             "without_ms": round(statistics.median(times[False]) * 1000, 1),
             "added_ms_median": round(statistics.median(diffs), 1),
-            "added_ms_ci95": [round(x, 1) for x in _interval(diffs)],
+            "added_ms_ci95": [round(x, 1) for x in median_ci95(diffs)],
             "policy_check_ms": round(policy_ms, 3),
         }
         progress(f"{name}: {packages[name]}")

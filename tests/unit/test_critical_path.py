@@ -76,6 +76,27 @@ def test_time_to_target_is_when_each_run_first_reached_the_lowest_best_of_all_ru
     assert out["target"] == 0.35 and out["warm_start"] == 0.25  # the second sync run's best
     assert out["sync_runs_s"] == [60.0, 40.0] and out["async_runs_s"] == [10.0]
     assert out["speedup"] == pytest.approx(50.0 / 10.0)
+    assert not out["target_fixed_before_run"] and out["ratio_runs"] == []  # arms not paired
+
+
+def test_a_target_fixed_before_the_run_pairs_the_seeds_and_counts_runs_that_never_reach_it() -> (
+    None
+):
+    from rlstream.ops.bench.asyncrl import heldout_area, time_to_target
+
+    def run(*points: tuple[int, float, float]) -> dict:
+        return {"heldout": list(points)}
+
+    sync = [run((0, 0.0, 0.2), (3, 30.0, 0.5)), run((0, 0.0, 0.2), (3, 40.0, 0.4))]
+    fast = [run((0, 0.0, 0.2), (3, 15.0, 0.5)), run((0, 0.0, 0.2), (3, 5.0, 0.6), (6, 12.0, 0.6))]
+    out = time_to_target(sync, fast, target=0.5)
+    assert out["target_fixed_before_run"] and out["target"] == 0.5
+    assert out["sync_runs_s"] == [30.0, None] and out["never_reached"] == {"sync": 1, "async": 0}
+    assert out["speedup"] is None and out["ratio_runs"] == [2.0] and out["seeds"] == 1
+    area = heldout_area(sync, fast)
+    assert area["horizon_s"] == 12.0  # the shortest run's last evaluation
+    assert area["sync_runs"] == pytest.approx([0.2, 0.2])
+    assert area["async_runs"] == pytest.approx([0.2, (0.2 * 5 + 0.6 * 7) / 12])
 
 
 def test_a_sweep_run_reports_when_it_reached_the_headline_target_or_never() -> None:
