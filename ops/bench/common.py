@@ -169,6 +169,7 @@ def percentile(values: list[float], q: float) -> float:
 
 _load_before: tuple[float, float, float] | None = None
 _keep: bool | str = False  # True, or the name to keep the result under (``--save-as``)
+_code_before: dict[str, Any] | None = None  # ``code_state`` as a kept bench started
 #: The top-level keys ``save`` writes: any other one was added by hand (``bench table --check``).
 SAVED_KEYS = frozenset(
     {"bench", "measured_at", "command", "machine", "load_average", "result", "provenance"}
@@ -182,8 +183,9 @@ def mark_start(keep: bool | str = False) -> None:
     """Remember the machine's load average as the bench starts (``rlstream bench`` calls it
     before any bench runs); ``save`` records it with the load average at the end. ``keep``:
     the result is kept (``--save``), under that name when it is one (``--save-as``)."""
-    global _load_before, _keep
+    global _load_before, _keep, _code_before
     _load_before, _keep = _loadavg(), keep
+    _code_before = code_state() if keep else None
 
 
 def _loadavg() -> tuple[float, float, float] | None:
@@ -238,21 +240,29 @@ def result_hash(result: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def provenance(
-    result: dict[str, Any], found: dict[str, Any] | None = None, load: Any = None
-) -> dict[str, Any]:
-    """Where ``result`` came from: the full commit, whether the code differed from it
-    (``dirty``: tracked or untracked changes outside ``NOT_CODE``) and the hash of that
-    difference, the machine in one line, the load average, and the result's own hash."""
-    found = found or machine()
+def code_state() -> dict[str, Any]:
+    """The code as it is now: the full commit, whether it differs from it (``dirty``: tracked
+    or untracked changes outside ``NOT_CODE``) and the hash of that difference."""
     commit, diff = _git("rev-parse", "HEAD"), _git("diff", "HEAD", "--", ".", *NOT_CODE)
     untracked = _git("ls-files", "--others", "--exclude-standard", "--", ".", *NOT_CODE)
     dirty = None if commit is None else bool(diff or untracked)
     changed = (diff or "") + (untracked or "")
+    digest = hashlib.sha256(changed.encode()).hexdigest()[:16] if dirty else None
+    return {"commit": commit, "dirty": dirty, "diff_hash": digest}
+
+
+def provenance(
+    result: dict[str, Any], found: dict[str, Any] | None = None, load: Any = None
+) -> dict[str, Any]:
+    """Where ``result`` came from: the code it ran (``code_state`` as the bench started, when
+    ``rlstream bench`` marked its start; else now), ``code_at_end`` when the code changed while
+    it ran, the machine in one line, the load average, and the result's own hash."""
+    found = found or machine()
+    now = code_state()
+    ran = _code_before or now
     return {
-        "commit": commit,
-        "dirty": dirty,
-        "diff_hash": hashlib.sha256(changed.encode()).hexdigest()[:16] if dirty else None,
+        **ran,
+        **({"code_at_end": now} if now != ran else {}),
         "machine": f"{found.get('cpu')}, {found.get('cores')} cores, "
         f"{found.get('memory_gb')} GiB, Python {found.get('python')}",
         "load": load,

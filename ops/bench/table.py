@@ -102,6 +102,8 @@ def problems(record: dict[str, Any]) -> list[str]:
     found = []
     if prov.get("dirty"):
         found.append(f"measured on a dirty tree (diff {prov.get('diff_hash')})")
+    if (prov.get("code_at_end") or {}).get("dirty"):
+        found.append("the code was changed and not committed while it ran")
     if prov.get("result_sha256") != result_hash(record.get("result", {})):
         found.append("its result was edited after it was kept (hash mismatch)")
     extra = sorted(set(record) - SAVED_KEYS)

@@ -172,3 +172,18 @@ def test_a_bench_keeps_its_result_only_when_asked(
     common.mark_start(keep="t-variant")  # --save-as
     common.emit({"x": 2}, False, [], "t")
     assert json.loads((tmp_path / "results" / "bench-t-variant.json").read_text())["bench"] == "t"
+
+
+def test_provenance_is_the_code_as_the_bench_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    states = iter([{"commit": "a" * 40, "dirty": False, "diff_hash": None}])
+    end = {"commit": "b" * 40, "dirty": True, "diff_hash": "cd"}
+    monkeypatch.setattr(common, "code_state", lambda: next(states, end))
+    monkeypatch.setattr(common, "_code_before", None)  # restored after the test
+    monkeypatch.setattr(common, "_keep", False)
+    common.mark_start(keep=True)
+    prov = common.provenance({"x": 1}, {"cpu": "c", "cores": 2})
+    assert prov["commit"] == "a" * 40 and prov["dirty"] is False and prov["code_at_end"] == end
+    record = {"bench": "t", "result": {"x": 1}, "provenance": prov}
+    assert table.problems(record) == ["the code was changed and not committed while it ran"]
