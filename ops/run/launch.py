@@ -120,23 +120,36 @@ def systemd_units(
     return units
 
 
+#: Where the learner's container finds the signing key (a read-only bind mount of the host's).
+CONTAINER_KEY = "/run/secrets/rlstream-weights-signing-key.pem"
+
+
 def compose_file(
     run: str, procs: list[Process], shared: list[str], keys: RunKeys, image: str
 ) -> str:
     """A Docker Compose file of the same processes (one service each, ``image`` holding
-    rlstream); JSON is valid YAML, so it is written as JSON."""
+    rlstream); JSON is valid YAML, so it is written as JSON. The signing key file is mounted,
+    read-only, into the learner's container alone (``CONTAINER_KEY``), and its variable names
+    it there."""
     import json
+
+    from rlstream.producers.weights.run_keys import SIGNING_KEY_ENV
 
     services = {}
     for p in procs:
-        services[p.name] = {
+        env = {**keys.env(p.role), "PYTHONUNBUFFERED": "1"}
+        service: dict[str, object] = {
             "image": image,
             "command": p.command(run, shared)[1:],
-            "environment": {**keys.env(p.role), "PYTHONUNBUFFERED": "1"},
+            "environment": env,
             "restart": "on-failure",
             "stop_signal": "SIGTERM",
             "stop_grace_period": "60s",
         }
+        if SIGNING_KEY_ENV in env:  # a host path: the container sees it at CONTAINER_KEY
+            service["volumes"] = [f"{env[SIGNING_KEY_ENV]}:{CONTAINER_KEY}:ro"]
+            env[SIGNING_KEY_ENV] = CONTAINER_KEY
+        services[p.name] = service
     return json.dumps({"name": f"rlstream-{run}", "services": services}, indent=2) + "\n"
 
 

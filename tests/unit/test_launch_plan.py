@@ -9,7 +9,13 @@ import pytest
 
 from rlstream.ops.cli import main
 from rlstream.ops.run.config import load_run_config
-from rlstream.ops.run.launch import compose_file, plan, shared_args, systemd_units
+from rlstream.ops.run.launch import (
+    CONTAINER_KEY,
+    compose_file,
+    plan,
+    shared_args,
+    systemd_units,
+)
 from rlstream.ops.run.regions import RegionCluster
 from rlstream.producers.weights.run_keys import RunKeys
 
@@ -62,6 +68,10 @@ def test_units_and_compose_give_the_signing_key_to_the_learner_alone() -> None:
     compose = json.loads(compose_file("r1", procs, shared, KEYS, "img:1"))
     envs = {n: s["environment"] for n, s in compose["services"].items()}
     assert [n for n, e in envs.items() if "RLSTREAM_WEIGHTS_SIGNING_KEY" in e] == ["learner"]
+    learner = compose["services"]["learner"]  # the host's key file, mounted for it alone
+    assert learner["volumes"] == ["/keys/run.pem:/run/secrets/rlstream-weights-signing-key.pem:ro"]
+    assert envs["learner"]["RLSTREAM_WEIGHTS_SIGNING_KEY"] == CONTAINER_KEY
+    assert [n for n, s in compose["services"].items() if "volumes" in s] == ["learner"]
     assert compose["services"]["scheduler"]["command"][:2] == ["run", "scheduler"]
 
 
