@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from rlstream.ops.bench import delta_baselines
 from rlstream.ops.cli import cmd_delta
 from rlstream.schemas import deltacodec as dc
 from rlstream.schemas.deltacodec import file as dfile
@@ -193,11 +194,14 @@ def test_bench_deltas_json_is_the_last_stdout_line(capsys: pytest.CaptureFixture
         )
         assert case["conditioned_bound_x"] > case["order0_bound_x"]
         generic = case["generic"]
-        assert set(generic) == {"xor_byteplanes_zstd19", "sparse_zstd19"}
+        assert set(generic) == set(delta_baselines.NAMES)
         assert all(v > 1 for v in generic.values())
-        assert case["x_smaller_than_best_generic"] == pytest.approx(
-            case["ratio"] / max(generic.values())
+        strongest = case["strongest_generic"]
+        assert strongest["ratio"] == max(generic.values()) == generic[strongest["name"]]
+        assert case["x_smaller_than_strongest_generic"] == pytest.approx(
+            case["ratio"] / strongest["ratio"]
         )
+        assert case["steady_state"] is False  # a simulated step
         for key in (
             "changed_fraction",
             "encode_gb_per_s",

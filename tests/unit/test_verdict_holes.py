@@ -21,6 +21,7 @@ from rlstream.envs.family import EVAL_SEED_BASE, FamilySpec
 from rlstream.envs.judges import JudgeConfig, judge_tests
 from rlstream.envs.sandbox.attacks import FORGE_JSON, FORGING_PLUGIN, SHADOW_PYTEST
 from rlstream.envs.tools import Workspace
+from rlstream.ops.bench.common import median_ci95
 
 FILE = "builtin:repo/tasks.jsonl"
 BOX = "userns"  # the weakest mode accepted; as root every run here is "full"
@@ -258,7 +259,7 @@ def test_the_verdicts_bench_times_both_arms_on_passing_work(fam) -> None:
     assert set(result["packages"]) == {t.repo for t in fam.loaded.tasks.values()}
     for p in result["packages"].values():
         assert p["with_defences_ms"] > 0 and p["without_ms"] > 0 and p["policy_check_ms"] >= 0
-    assert verdicts._interval([float(i) for i in range(20)]) == [5.0, 14.0]
+    assert median_ci95([float(i) for i in range(20)]) == [5.0, 14.0]
 
 
 def test_the_chaos_runs_forgeries_fail_through_the_tests_rubric(tmp_path) -> None:
