@@ -190,12 +190,18 @@ class VllmEngine:
             "ignore_eos": True,
             "return_tokens_as_token_ids": True,
         }
-        (choice,) = self._complete(body)
+        (choice,) = self._complete(body, abortable=False)
+        if not choice.ids:
+            return self._gap(float("inf"))
         with torch.no_grad():
             self.model.load_state_dict(dict(tensors))
             lp, _ = sequence_logprobs(self.model, torch.tensor([prompt + choice.ids]))
         reference = lp[0, len(prompt) :].double()
-        gap = float((reference - torch.tensor(choice.logprobs, dtype=torch.float64)).abs().max())
+        return self._gap(
+            float((reference - torch.tensor(choice.logprobs, dtype=torch.float64)).abs().max())
+        )
+
+    def _gap(self, gap: float) -> float:
         self.stats.checks += 1
         self.stats.check_gaps.append(gap)
         return gap
@@ -418,10 +424,13 @@ class VllmEngine:
             "return_tokens_as_token_ids": True,
         }
 
-    def _complete(self, body: dict[str, Any]) -> list[Choice]:
-        """The answer's choices; a dead server is restarted and the request sent again."""
+    def _complete(self, body: dict[str, Any], abortable: bool = True) -> list[Choice]:
+        """The answer's choices; a dead server is restarted and the request sent again. Only an
+        ``abortable`` request is cut when a newer version is pending (a check's canary is not:
+        cut, it would also spend the abort its rollout request is owed)."""
         while True:
-            self._inflight.set()
+            if abortable:
+                self._inflight.set()
             try:
                 return choices_of(self._post("/v1/completions", body))
             except Unreachable:

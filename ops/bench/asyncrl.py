@@ -200,6 +200,7 @@ def time_to_target(
     reached_sync = [t for t in sync_s if t is not None]
     reached_async = [t for t in async_s if t is not None]
     both = len(reached_sync) == len(sync_s) and len(reached_async) == len(async_s)
+    both = both and median(reached_async) > 0  # a target met at version 0 times nothing
     return {
         "target": round(target, 4),
         "target_fixed_before_run": fixed,

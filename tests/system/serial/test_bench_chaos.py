@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from rlstream.ops.chaos.faults import ATTACKS
+
 pytestmark = pytest.mark.slow
 
 TASKS = 6
@@ -22,7 +24,7 @@ KINDS = (
     *("weak_hash", "unauthenticated_policy_push", "forged_feedback_tokens", "unreleased_task"),
     *("heldout_task", "planted_stdlib_module", "repo_report_forge", "repo_shadow_pytest"),
     *("repo_plugin_autoload", "file_under_file", "stop_iteration", "setup_failure_veto"),
-    "feedback_replay",
+    *("feedback_replay", "mirrored_trust_anchor"),
 )
 TINY = [
     "--tasks", str(TASKS), "--rollout-workers", "1", "--chaos-seconds", "20", "--role-kills", "2",
@@ -56,7 +58,8 @@ def test_chaos_bench_loses_nothing_and_shows_every_fault(tmp_path: Path) -> None
     assert r["groups_lost"] == 0 and r["groups_decided_twice"] == 0, r
     assert r["groups_trained"] > 0 and r["groups_trained_twice"] == 0, r
     assert r["poison_dead_lettered"] > 0 and r["poison_missed"] == 0 and r["poison_trained"] == 0
-    assert r["forged_refused"] == r["forged_injected"] == 6 and r["genuine_refused"] == 0, r
+    assert r["forged_refused"] == r["forged_injected"] == len(ATTACKS), r
+    assert r["genuine_refused"] == 0, r
     assert r["role_kills"] > 0 and r["role_restarts"] >= r["role_kills"], r
     assert r["broker_kills"] == 1 and r["roles_given_up"] == 0, r
     assert r["feedback_stored"] == 1 and r["feedback_replays_refused"] >= 4, r
