@@ -103,15 +103,16 @@ def coded_bytes(old: np.ndarray, new: np.ndarray) -> dict[str, int]:
         return sum(len(compress(p)) for p in parts) + 8
 
     xor = old ^ new
+    xor_planes = planes(xor)
     changed = np.flatnonzero(xor)
     gaps = (np.diff(changed, prepend=-1) - 1).astype("<u4")
     values = min(len(z(xor[changed].tobytes())), len(z(new[changed].tobytes())))
     return {
-        "xor_byteplanes": size(planes(xor)),
+        "xor_byteplanes": size(xor_planes),
         "sparse": len(z(gaps.tobytes())) + values + 8,
-        "sparse_shuffled": size(encode_sparse_shuffled(old, new)),
+        "sparse_shuffled": size([*planes(gaps), *planes(xor[changed])]),
         "bucket_bitmap": size(encode_bucket_bitmap(old, new)),
-        "xor_byteplanes_long": size(planes(xor), z_long),
+        "xor_byteplanes_long": size(xor_planes, z_long),
     }
 
 
