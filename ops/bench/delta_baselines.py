@@ -79,12 +79,20 @@ def decode_bucket_bitmap(old: np.ndarray, streams: list[bytes]) -> np.ndarray:
     return out
 
 
+def _positions(xor: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The changed positions of ``xor`` and the gaps between them (u4)."""
+    changed = np.flatnonzero(xor)
+    return changed, (np.diff(changed, prepend=-1) - 1).astype("<u4")
+
+
+def _shuffled(xor: np.ndarray, changed: np.ndarray, gaps: np.ndarray) -> list[bytes]:
+    return [*planes(gaps), *planes(xor[changed])]
+
+
 def encode_sparse_shuffled(old: np.ndarray, new: np.ndarray) -> list[bytes]:
     """``sparse_shuffled``'s streams: the gaps' four planes, then the XOR's planes."""
     xor = old ^ new
-    changed = np.flatnonzero(xor)
-    gaps = (np.diff(changed, prepend=-1) - 1).astype("<u4")
-    return [*planes(gaps), *planes(xor[changed])]
+    return _shuffled(xor, *_positions(xor))
 
 
 def decode_sparse_shuffled(old: np.ndarray, streams: list[bytes]) -> np.ndarray:
@@ -104,13 +112,12 @@ def coded_bytes(old: np.ndarray, new: np.ndarray) -> dict[str, int]:
 
     xor = old ^ new
     xor_planes = planes(xor)
-    changed = np.flatnonzero(xor)
-    gaps = (np.diff(changed, prepend=-1) - 1).astype("<u4")
+    changed, gaps = _positions(xor)
     values = min(len(z(xor[changed].tobytes())), len(z(new[changed].tobytes())))
     return {
         "xor_byteplanes": size(xor_planes),
         "sparse": len(z(gaps.tobytes())) + values + 8,
-        "sparse_shuffled": size([*planes(gaps), *planes(xor[changed])]),
+        "sparse_shuffled": size(_shuffled(xor, changed, gaps)),
         "bucket_bitmap": size(encode_bucket_bitmap(old, new)),
         "xor_byteplanes_long": size(xor_planes, z_long),
     }
