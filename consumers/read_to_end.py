@@ -86,11 +86,23 @@ def lookup_reader(settings: KafkaSettings, name: str) -> Consumer:
 
 def partitions_of(consumer: Consumer, topic: str, timeout: float = 10.0) -> list[int] | None:
     """The partition ids of ``topic`` (None when the topic does not exist). A metadata request
-    that times out while a broker fails over is asked again (``retrying``)."""
-    meta = retrying(lambda: consumer.list_topics(topic, timeout=timeout)).topics.get(topic)
-    if meta is None or meta.error is not None:
-        return None
-    return sorted(meta.partitions)
+    that times out while a broker fails over is asked again (``retrying``), and so is an answer
+    whose topic carries a passing error (a topic created a moment ago whose leaders are not
+    known yet): taken for "no topic", a feedback replica started on a new run followed no
+    partition and never learned another replica's ids (seen in a fresh-clone run)."""
+
+    def ask() -> list[int] | None:
+        meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        if meta is None:
+            return None
+        if meta.error is not None:
+            code = meta.error.code()
+            if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+                return None
+            raise KafkaException(meta.error)  # retried by ``retrying`` if it passes by itself
+        return sorted(meta.partitions)
+
+    return retrying(ask)
 
 
 def read_to_end(

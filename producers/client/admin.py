@@ -13,6 +13,7 @@ and a copy keeps its source's partitioning (MirrorMaker keeps each record's part
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -125,6 +126,7 @@ def _apply(
                 if exc.args[0].code() != 36:  # TOPIC_ALREADY_EXISTS: a concurrent apply won
                     raise
                 report.unchanged.append(name)
+        _wait_visible(admin, report.created, timeout)
     present = [w for w in wants if w.name in existing]
     for want, problems in zip(present, _drift(admin, present, existing, timeout), strict=True):
         if problems:
@@ -132,6 +134,26 @@ def _apply(
         else:
             report.unchanged.append(want.name)
     return report
+
+
+def _wait_visible(admin: AdminClient, names: list[str], timeout: float) -> None:
+    """Return once every topic of ``names`` is in the cluster's metadata with a leader for each
+    partition. The controller answers a creation before the brokers' metadata holds the topic:
+    a reader started right after took the new topic for missing and followed nothing (a
+    feedback replica's dedupe, seen on a loaded machine). Past ``timeout`` it returns anyway:
+    readers still retry a passing metadata error themselves."""
+    deadline, pause = time.monotonic() + timeout, 0.05
+    waiting = set(names)
+    while waiting and time.monotonic() < deadline:
+        topics = admin.list_topics(timeout=timeout).topics
+        for name in list(waiting):
+            meta = topics.get(name)
+            ready = meta is not None and meta.error is None and bool(meta.partitions)
+            if ready and all(p.leader >= 0 for p in meta.partitions.values()):
+                waiting.discard(name)
+        if waiting:
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
 
 
 def _drift(

@@ -32,6 +32,33 @@ def test_a_metadata_request_timed_out_during_a_failover_is_asked_again() -> None
     assert consumer.calls == 3
 
 
+class _NewTopic:
+    """Answers ``list_topics`` with the topic carrying ``errors`` first (as a broker does for a
+    topic created a moment ago), then with one partition."""
+
+    def __init__(self, *errors: int) -> None:
+        self.errors = list(errors)
+        self.calls = 0
+
+    def list_topics(self, topic: str, timeout: float) -> Any:
+        self.calls += 1
+        error = KafkaError(self.errors.pop(0)) if self.errors else None
+        meta = SimpleNamespace(error=error, partitions={0: None})
+        return SimpleNamespace(topics={topic: meta})
+
+
+def test_a_topic_whose_leaders_are_not_known_yet_is_asked_again() -> None:
+    consumer = _NewTopic(KafkaError.LEADER_NOT_AVAILABLE, KafkaError.LEADER_NOT_AVAILABLE)
+    assert partitions_of(consumer, "t") == [0]  # type: ignore[arg-type]
+    assert consumer.calls == 3
+
+
+def test_an_unknown_topic_is_none_at_once() -> None:
+    consumer = _NewTopic(KafkaError.UNKNOWN_TOPIC_OR_PART)
+    assert partitions_of(consumer, "t") is None  # type: ignore[arg-type]
+    assert consumer.calls == 1
+
+
 def test_a_lasting_error_is_raised_at_once() -> None:
     consumer = _Consumer(KafkaError.TOPIC_AUTHORIZATION_FAILED)
     with pytest.raises(KafkaException):
