@@ -152,15 +152,17 @@ class TorchEngine:
     process, continuing from the prior's KV cache. With a ``gate`` the weights may be swapped
     between two forward passes (the gate loads them into ``model`` in place) and generation goes
     on with the KV cache it has: the tokens already fed keep the keys and values the older
-    version gave them."""
+    version gave them. With ``stop`` (a reclaim of the worker's capacity) a generation may end
+    between two sampling steps, its unfinished rows marked ``cut`` (``rollout.checkpoint``)."""
 
     def __init__(
         self,
         model: PolicyModel,
         generate_fn: GenerateFn = generate,
         gate: VersionGate | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> None:
-        self.model, self.generate_fn, self.gate = model, generate_fn, gate
+        self.model, self.generate_fn, self.gate, self.stop = model, generate_fn, gate, stop
 
     def generate(
         self,
@@ -173,7 +175,9 @@ class TorchEngine:
         prior: Prior | None,
     ) -> Generation:
         cache = None if prior is None else prior.gen.cache.select(prior.row, len(prior.history))
-        gated = {} if self.gate is None else {"gate": self.gate.take}
+        gated: dict[str, Any] = {} if self.gate is None else {"gate": self.gate.take}
+        if self.stop is not None:
+            gated["stop"] = self.stop
         return self.generate_fn(
             self.model,
             context,

@@ -11,7 +11,10 @@ Rules a maintainer must keep:
   never wrapped to fit;
 - continuations reuse the KV cache, so the recorded routes are the ones that produced the tokens;
 - context overflow starts a new, self-contained segment from a compaction prompt;
-- every call is recorded and counts toward ``max_turns``, failed or not.
+- every call is recorded and counts toward ``max_turns``, failed or not;
+- a reclaim (``preempt``, or an engine's ``cut``) stops the group between two sampling steps or
+  two turns and raises ``Preempted`` with every sample's state (``rollout.checkpoint``);
+  ``group(..., resume=checkpoint)`` goes on from there without generating a token twice.
 
 Details: docs/environments.md (The rollout harness).
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -28,6 +32,7 @@ import numpy as np
 import torch
 
 from rlstream.envs.tools import Environment, Workspace, code_only
+from rlstream.rollout.checkpoint import GroupCheckpoint, Preempted, RowState
 from rlstream.rollout.config import HarnessConfig
 from rlstream.rollout.engines import Engine, GenerateFn, Prior, TorchEngine
 from rlstream.rollout.model import Generation, PolicyModel, generate, inference_copy
@@ -96,6 +101,12 @@ class _Row:
     tool_errors: int = 0
     transcript: list[str] = field(default_factory=list)  # the segment's turns, outputs in <out>
     summaries: list[str] = field(default_factory=list)  # what the policy wrote when compacting
+    replay: list[dict[str, Any]] = field(default_factory=list)  # calls that ran, full inputs
+    turn: list[int] = field(default_factory=list)  # the turn taken so far
+    open: bool = False  # that turn was cut part-way
+    done: bool = False
+    pending: tuple[Generation, int] | None = None  # a generation (and its row) not taken yet
+    gen: tuple[Generation, int] | None = None  # the last one, whose cache holds the segment
 
     def feed(self, ids: list[int], routes: np.ndarray, versions: list[int]) -> None:
         """Append context tokens the policy did not generate."""
@@ -120,6 +131,62 @@ class _Row:
         self.seg_start = len(self.tokens)
         if reason == "compacted":
             self.transcript = []
+        else:
+            self.done = True
+
+    def state(self) -> RowState:
+        """The row as checkpoint data (``rollout.checkpoint``)."""
+        return RowState(
+            tokens=np.asarray(self.tokens, dtype=np.int32),
+            logprobs=np.asarray(self.logprobs, dtype=np.float32),
+            mask=np.asarray(self.mask, dtype=np.uint8),
+            routes=np.concatenate(self.routes, axis=0),
+            versions=np.asarray(self.versions, dtype=np.int64),
+            segments=[[g.start, g.end, g.turns, g.reason] for g in self.segments],
+            seg_start=self.seg_start,
+            seg_prompt=self.seg_prompt,
+            turns=self.turns,
+            outputs=list(self.outputs),
+            timings=dict(self.timings),
+            calls=list(self.calls),
+            tool_errors=self.tool_errors,
+            transcript=list(self.transcript),
+            summaries=list(self.summaries),
+            replay=list(self.replay),
+            turn=list(self.turn),
+            open=self.open,
+            done=self.done,
+        )
+
+    @classmethod
+    def of_state(cls, st: RowState, workspace: Workspace) -> _Row:
+        """A row from checkpoint data, with ``workspace`` (already rebuilt by the caller)."""
+        return cls(
+            tokens=st.tokens.astype(np.int64).tolist(),
+            logprobs=st.logprobs.astype(np.float64).tolist(),
+            mask=st.mask.astype(np.int64).tolist(),
+            routes=[st.routes],
+            versions=st.versions.tolist(),
+            segments=[Segment(int(a), int(b), int(t), r) for a, b, t, r in st.segments],
+            seg_start=st.seg_start,
+            seg_prompt=st.seg_prompt,
+            turns=st.turns,
+            outputs=list(st.outputs),
+            timings={"generate_s": 0.0, "tool_s": 0.0, **st.timings},
+            workspace=workspace,
+            calls=list(st.calls),
+            tool_errors=st.tool_errors,
+            transcript=list(st.transcript),
+            summaries=list(st.summaries),
+            replay=list(st.replay),
+            turn=list(st.turn),
+            open=st.open,
+            done=st.done,
+        )
+
+
+class _Cut(Exception):
+    """Raised inside the harness when a reclaim stops the group (caught by ``group``)."""
 
 
 def _routes(gen: Generation, row: int, n: int, offset: int, expert_bytes: int) -> np.ndarray:
@@ -183,10 +250,13 @@ class Rollout:
         cfg: HarnessConfig,
         generate_fn: GenerateFn = generate,
         engine: Engine | None = None,
+        preempt: Callable[[], bool] | None = None,
     ) -> None:
         """``engine`` None: the ``torch`` engine on ``model`` (in ``cfg.inference_dtype``) with
-        ``generate_fn``; otherwise ``model`` gives only the shape (window, expert width)."""
+        ``generate_fn``; otherwise ``model`` gives only the shape (window, expert width).
+        ``preempt`` is asked between two turns: True stops the group (``Preempted``)."""
         self.cfg = cfg
+        self.preempt = preempt
         self.model = model
         if engine is None:
             dtype = torch.bfloat16 if cfg.inference_dtype == "bfloat16" else torch.float32
@@ -206,13 +276,32 @@ class Rollout:
         group_size: int,
         generator: torch.Generator,
         env: Environment | None = None,
+        resume: GroupCheckpoint | None = None,
     ) -> list[Sample]:
         """``group_size`` samples for ``prompt`` in ``env`` (default: one tool, Python code);
-        the first turn runs as one batch."""
+        the first turn runs as one batch. With ``resume``, the group goes on from that
+        checkpoint (its prompt and size are the checkpoint's). A reclaim raises ``Preempted``."""
         self.env = env or code_only()
         self.tools = self.env.schemas() if self.fmt.offers_schemas else None
         if hasattr(self.engine, "tools"):  # an engine that forwards them (the OpenAI field)
             self.engine.tools = self.tools
+        if resume is not None:
+            prompt = resume.prompt
+            rows = [self._restore(state) for state in resume.rows]
+        else:
+            rows = self._first_turn(prompt, group_size, generator)
+        for b, row in enumerate(rows):
+            try:
+                self._finish(row, prompt, generator)
+            except _Cut:
+                for rest in rows[b + 1 :]:
+                    if rest.pending is not None:
+                        self._take(rest)
+                raise Preempted(GroupCheckpoint(prompt, [r.state() for r in rows])) from None
+        return [self._sample(b, row) for b, row in enumerate(rows)]
+
+    def _first_turn(self, prompt: str, group_size: int, generator: torch.Generator) -> list[_Row]:
+        """The group's first turn, one batch: a row per sample, its turn not taken yet."""
         ids = self.text.prompt(prompt, self.tools)
         if len(ids) >= self.window:
             raise PromptTooLong(
@@ -221,7 +310,7 @@ class Rollout:
         started = time.perf_counter()
         gen = self._generate(torch.tensor([ids] * group_size), generator, None)
         first_s = time.perf_counter() - started
-        samples = []
+        rows = []
         for b in range(group_size):
             row = _Row(workspace=self.env.workspace())
             row.feed(
@@ -229,85 +318,152 @@ class Rollout:
             )
             row.seg_prompt = len(ids)
             row.timings["generate_s"] += first_s
-            self._finish(row, gen, b, prompt, generator)
-            samples.append(self._sample(b, row))
-        return samples
+            row.pending = (gen, b)
+            rows.append(row)
+        return rows
+
+    def _restore(self, state: RowState) -> _Row:
+        """A checkpointed row, its workspace rebuilt by running its calls again in order."""
+        started = time.perf_counter()
+        workspace = self.env.workspace()
+        for call in state.replay:
+            box = self.cfg.tool_sandbox
+            if call.get("text") is not None:
+                self.env.call(workspace, str(call["text"]), box)
+            else:
+                self.env.call_args(workspace, str(call["name"]), call.get("args"), box)
+        row = _Row.of_state(state, workspace)
+        row.timings["tool_s"] += time.perf_counter() - started
+        return row
 
     def _generate(
-        self, context: torch.Tensor, generator: torch.Generator, prior: Prior | None
+        self,
+        context: torch.Tensor,
+        generator: torch.Generator,
+        prior: Prior | None,
+        max_new: int | None = None,
     ) -> Generation:
         return self.engine.generate(
             context,
-            max_new=self.cfg.max_new_tokens,
+            max_new=self.cfg.max_new_tokens if max_new is None else max_new,
             temperature=self.cfg.temperature,
             generator=generator,
             stop_ids=self.fmt.stop_ids(),
             prior=prior,
         )
 
-    def _finish(
-        self, row: _Row, gen: Generation, b: int, prompt: str, generator: torch.Generator
+    def _take(self, row: _Row) -> None:
+        """Append the row's pending generation to its turn (``open`` when it was cut)."""
+        assert row.pending is not None
+        gen, b = row.pending
+        row.pending, row.gen = None, (gen, b)
+        n = int(gen.lengths[b])
+        new = gen.tokens[b, :n].tolist()
+        routes = _routes(gen, b, n, gen.prompt_len, self.expert_bytes)
+        row.emit(new, gen.logprobs[b, :n].tolist(), routes, _versions(gen, b, n, gen.prompt_len))
+        row.turn += new
+        row.open = gen.cut is not None and bool(gen.cut[b])
+
+    def _context(self, row: _Row, new: list[int]) -> tuple[torch.Tensor, Prior | None, int]:
+        """What to run to continue the row's segment with ``new`` tokens: the context, the
+        prior whose cache it continues, and how many leading context tokens are already in the
+        row. Without a cache (a restored row) the whole segment is fed again (prefill); with no
+        new token the last one is fed again, for the logits of the next."""
+        segment = row.tokens[row.seg_start :]
+        if row.gen is None:
+            return torch.tensor([segment + new]), None, len(segment)
+        gen, b = row.gen
+        if new:
+            return torch.tensor([new]), Prior(gen, b, segment), 0
+        return torch.tensor([segment[-1:]]), Prior(gen, b, segment[:-1]), 1
+
+    def _run(
+        self,
+        row: _Row,
+        new: list[int],
+        generator: torch.Generator,
+        max_new: int | None = None,
+        fresh: list[int] | None = None,
     ) -> None:
-        """Take row ``b`` of ``gen`` and keep going through tool turns until the answer."""
-        while True:
-            n = int(gen.lengths[b])
-            new = gen.tokens[b, :n].tolist()
-            routes = _routes(gen, b, n, gen.prompt_len, self.expert_bytes)
-            versions = _versions(gen, b, n, gen.prompt_len)
-            row.emit(new, gen.logprobs[b, :n].tolist(), routes, versions)
-            turn = self.text.decode(new)
+        """Generate after ``new`` (or, with ``fresh``, from a new segment's prompt) and leave
+        the result pending on the row; the tokens fed that the row lacks are appended."""
+        if fresh is not None:
+            context, prior, skip = torch.tensor([fresh]), None, 0
+        else:
+            context, prior, skip = self._context(row, new)
+        started = time.perf_counter()
+        gen = self._generate(context, generator, prior, max_new)
+        row.timings["generate_s"] += time.perf_counter() - started
+        fed = context.shape[1] - skip
+        if fed:
+            row.feed(
+                context[0, skip:].tolist(),
+                _routes(gen, 0, fed, skip, self.expert_bytes),
+                _versions(gen, 0, fed, skip),
+            )
+        if fresh is not None:
+            row.seg_prompt = len(row.tokens)
+        row.pending = (gen, 0)
+
+    def _stopping(self) -> bool:
+        return self.preempt is not None and self.preempt()
+
+    def _finish(self, row: _Row, prompt: str, generator: torch.Generator) -> None:
+        """Keep the row going through its turns and tool calls until its answer (or a reclaim:
+        ``_Cut``, the row's state kept at a point ``group(resume=...)`` goes on from)."""
+        while not row.done:
+            if row.pending is not None:
+                self._take(row)
+            if row.open:  # a turn cut part-way: on within its own budget, unless reclaimed
+                if self._stopping():
+                    raise _Cut
+                row.open = False
+                left = self.cfg.max_new_tokens - len(row.turn)
+                if left > 0:
+                    self._run(row, [], generator, max_new=left)
+                continue
+            if self._stopping():  # between two turns: the turn's calls run on resume
+                raise _Cut
+            turn_ids, row.turn = row.turn, []
+            turn = self.text.decode(turn_ids)
             row.transcript.append(turn)
-            if not self.fmt.wants_tools(new, turn):
-                row.close("final" if new and new[-1] in self.text.eos_ids else "truncated")
+            if not self.fmt.wants_tools(turn_ids, turn):
+                final = bool(turn_ids) and turn_ids[-1] in self.text.eos_ids
+                row.close("final" if final else "truncated")
                 return
             obs = self._tool_turn(row, turn)
             used = len(row.tokens) - row.seg_start
             if used + len(obs) + self.cfg.max_new_tokens <= self.window:
-                prior: Prior | None = Prior(gen, b, row.tokens[row.seg_start :])
-                context = torch.tensor([obs])
+                self._run(row, obs, generator)
             elif len(row.segments) + 1 < self.cfg.max_segments:
-                written = self._summarise(row, gen, b, generator)
+                written = self._summarise(row, generator)
                 row.close("compacted")
                 text = _compaction_prompt(prompt, row, self.cfg, written)
-                ids = self.text.prompt(text, self.tools)
-                prior, context = None, torch.tensor([ids])
+                row.gen = None
+                self._run(row, [], generator, fresh=self.text.prompt(text, self.tools))
             else:
                 row.close("truncated")
                 return
-            started = time.perf_counter()
-            gen, b = self._generate(context, generator, prior), 0
-            row.timings["generate_s"] += time.perf_counter() - started
-            fed = context.shape[1]
-            row.feed(
-                context[0].tolist(),
-                _routes(gen, 0, fed, 0, self.expert_bytes),
-                _versions(gen, 0, fed, 0),
-            )
-            if prior is None:
-                row.seg_prompt = len(row.tokens)
 
-    def _summarise(
-        self, row: _Row, gen: Generation, b: int, generator: torch.Generator
-    ) -> str | None:
-        """The policy's own summary as the segment's last turn (module rules); None: fixed."""
+    def _summarise(self, row: _Row, generator: torch.Generator) -> str | None:
+        """The policy's own summary as the segment's last turn (module rules); None: fixed.
+        A reclaim during the summary ends it there (a shorter summary, nothing lost)."""
         request = self.fmt.observation([SUMMARY_REQUEST])
         budget = self.cfg.summary_tokens
         if self.cfg.summary != "policy" or (
             len(row.tokens) - row.seg_start + len(request) + budget > self.window
         ):
             return None
+        context, prior, skip = self._context(row, request)
         started = time.perf_counter()
-        out = self.engine.generate(
-            torch.tensor([request]),
-            max_new=budget,
-            temperature=self.cfg.temperature,
-            generator=generator,
-            stop_ids=self.fmt.stop_ids(),
-            prior=Prior(gen, b, row.tokens[row.seg_start :]),
-        )
+        out = self._generate(context, generator, prior, budget)
         row.timings["generate_s"] += time.perf_counter() - started
-        fed = len(request)
-        row.feed(request, _routes(out, 0, fed, 0, self.expert_bytes), _versions(out, 0, fed, 0))
+        fed = context.shape[1] - skip
+        row.feed(
+            context[0, skip:].tolist(),
+            _routes(out, 0, fed, skip, self.expert_bytes),
+            _versions(out, 0, fed, skip),
+        )
         n = int(out.lengths[0])
         new = out.tokens[0, :n].tolist()
         routes = _routes(out, 0, n, out.prompt_len, self.expert_bytes)
@@ -344,6 +500,8 @@ class Rollout:
                 output = self.fmt.clean(result.output, self.cfg.tool_output_chars)
                 status, mode = result.status, result.isolation
             record = {"tool": name, "status": status, "isolation": mode or "not_run"}
+            if call.error is None:
+                row.replay.append({"text": call.text, "name": call.name, "args": call.args})
             row.turns += 1
             row.tool_errors += status != "ok"
         row.outputs.append(output)

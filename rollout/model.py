@@ -95,6 +95,7 @@ class Generation:
     top_ids: Tensor | None = None
     top_logprobs: Tensor | None = None
     versions: Tensor | None = None
+    cut: Tensor | None = None  # bool [B]: rows stopped early by ``stop`` (None: none was)
 
 
 VersionCheck: TypeAlias = Callable[[], int]
@@ -116,6 +117,7 @@ def generate(
     greedy: bool = False,
     top_n: int = 0,
     gate: VersionCheck | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> Generation:
     """Sample up to ``max_new`` tokens per row after ``prompt_tokens`` ``[B, P]``.
 
@@ -130,6 +132,9 @@ def generate(
     asked before every forward pass (weights may be swapped there, in place: generation goes on
     with the KV cache of the tokens already fed) and ``versions`` records its answers: a token
     is attributed to the forward pass whose logits sampled it, a fed token to the one that fed it.
+    ``stop`` is asked before every sampling step: once it answers True, generation ends there and
+    ``cut`` marks the rows that had neither stopped nor used up ``max_new`` (every token already
+    sampled was fed, so the cache holds them: a caller may checkpoint and resume the rows).
     """
     if dtype is not None and next(model.parameters()).dtype != dtype:
         model = inference_copy(model, dtype)
@@ -144,7 +149,11 @@ def generate(
     lengths = torch.zeros(b, dtype=torch.long)
     done = torch.zeros(b, dtype=torch.bool)
     stops = torch.tensor(stop_ids, dtype=torch.long)
+    cut = None
     for _ in range(max_new):
+        if stop is not None and stop():
+            cut = ~done
+            break
         logp = (logits[:, -1] / max(temperature, 1e-6)).log_softmax(dim=-1)
         if greedy:
             nxt = logp.argmax(dim=-1)
@@ -176,6 +185,7 @@ def generate(
         top_ids=torch.stack([t.indices for t in tops], 1) if tops else None,
         top_logprobs=torch.stack([t.values for t in tops], 1).float() if tops else None,
         versions=None if gate is None else torch.tensor(versions).expand(b, -1).clone(),
+        cut=cut,
     )
 
 
