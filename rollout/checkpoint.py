@@ -94,7 +94,7 @@ class GroupCheckpoint:
                 arrays[f"{i}.{name}"] = np.ascontiguousarray(getattr(row, name))
         head = json.dumps({"prompt": self.prompt, "rows": meta}).encode()
         npz = io.BytesIO()
-        np.savez(npz, **arrays)
+        np.savez(npz, allow_pickle=False, **arrays)
         body = struct.pack("<I", len(head)) + head + npz.getvalue()
         return MAGIC + zstandard.ZstdCompressor(level=_LEVEL).compress(body)
 

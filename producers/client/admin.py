@@ -148,8 +148,9 @@ def _wait_visible(admin: AdminClient, names: list[str], timeout: float) -> None:
         topics = admin.list_topics(timeout=timeout).topics
         for name in list(waiting):
             meta = topics.get(name)
-            ready = meta is not None and meta.error is None and bool(meta.partitions)
-            if ready and all(p.leader >= 0 for p in meta.partitions.values()):
+            if meta is None or meta.error is not None or not meta.partitions:
+                continue
+            if all(p.leader >= 0 for p in meta.partitions.values()):
                 waiting.discard(name)
         if waiting:
             time.sleep(pause)
