@@ -185,7 +185,7 @@ class _Row:
         )
 
 
-class _Cut(Exception):
+class _Reclaimed(Exception):
     """Raised inside the harness when a reclaim stops the group (caught by ``group``)."""
 
 
@@ -293,7 +293,7 @@ class Rollout:
         for b, row in enumerate(rows):
             try:
                 self._finish(row, prompt, generator)
-            except _Cut:
+            except _Reclaimed:
                 for rest in rows[b + 1 :]:
                     if rest.pending is not None:
                         self._take(rest)
@@ -410,20 +410,20 @@ class Rollout:
 
     def _finish(self, row: _Row, prompt: str, generator: torch.Generator) -> None:
         """Keep the row going through its turns and tool calls until its answer (or a reclaim:
-        ``_Cut``, the row's state kept at a point ``group(resume=...)`` goes on from)."""
+        ``_Reclaimed``, the row's state kept at a point ``group(resume=...)`` goes on from)."""
         while not row.done:
             if row.pending is not None:
                 self._take(row)
             if row.open:  # a turn cut part-way: on within its own budget, unless reclaimed
                 if self._stopping():
-                    raise _Cut
+                    raise _Reclaimed
                 row.open = False
                 left = self.cfg.max_new_tokens - len(row.turn)
                 if left > 0:
                     self._run(row, [], generator, max_new=left)
                 continue
             if self._stopping():  # between two turns: the turn's calls run on resume
-                raise _Cut
+                raise _Reclaimed
             turn_ids, row.turn = row.turn, []
             turn = self.text.decode(turn_ids)
             row.transcript.append(turn)

@@ -18,7 +18,10 @@ other regions skip it, committing past it); ``attempt`` counts its releases. Rul
 - the group id never changes, so admission decides a group once whichever copy arrives first,
   and a region that comes back late only adds copies admission ignores: nothing is lost (every
   released group is re-issued until decided) and nothing is trained twice;
-- restart-safe: ``ReleaseLedger.replay`` rebuilds the ledger from the tasks stream and the decisions.
+- restart-safe: ``ReleaseLedger.replay`` rebuilds the ledger from the tasks stream and the decisions;
+- tidal capacity: ``place`` with each region's rollout engines now (dedicated plus lent) sends
+  no task to a region that has none, and fills the others by groups in flight per engine; a
+  group reclaimed part-way is released again (``resume``), attempt + 1, with its checkpoint.
 """
 
 from __future__ import annotations
@@ -81,9 +84,18 @@ class ReleaseLedger:
     def live(self, now_ms: int) -> list[str]:
         return [r for r in self.targets if self.dark_until.get(r, 0) <= now_ms]
 
-    def place(self, now_ms: int, avoid: str | None = None) -> str | None:
-        """The next live target region (round-robin), other than ``avoid`` if possible."""
+    def place(
+        self, now_ms: int, avoid: str | None = None, weights: dict[str, int] | None = None
+    ) -> str | None:
+        """The next live target region (round-robin), other than ``avoid`` if possible. With
+        ``weights`` (the rollout engines each region has now, ``rollout.scheduler``), only
+        regions with some, the one with the fewest groups in flight per engine first."""
         live = [r for r in self.live(now_ms) if r != avoid]
+        if weights is not None:
+            live = [r for r in live if weights.get(r, 0) > 0]
+            if not live:
+                return None
+            return min(live, key=lambda r: ((self.in_flight(r) + 1) / weights[r], r))
         if not live:
             return None
         for region in self._turn:  # cycles through targets; a live one is met within one round
@@ -131,6 +143,22 @@ class ReleaseLedger:
         }
         self.reissued += 1
         return record
+
+    def resume(self, preempted: dict[str, Any], now_ms: int, region: str) -> dict[str, Any] | None:
+        """The task of a group reclaimed part-way (a ``Preempted`` record), released again to
+        ``region`` with its checkpoint; None when the group is decided or that release was
+        already superseded (a restarted scheduler reads every reclaim again)."""
+        rel = self.releases.get(preempted["group_id"])
+        if rel is None or rel.task_id in self.decided or rel.attempt > int(preempted["attempt"]):
+            return None
+        tags = {**(rel.record.get("tags") or {}), REGION_TAG: region}
+        return {
+            **rel.record,
+            "attempt": rel.attempt + 1,
+            "created_ms": now_ms,
+            "tags": tags,
+            "checkpoint": preempted["checkpoint"],
+        }
 
     def replay(self, tasks: Iterable[dict[str, Any]], decided: Iterable[str]) -> None:
         """Rebuild from the tasks stream (in order) and the decided group ids."""

@@ -9,6 +9,12 @@ Regions (``rollout.reissue``): each task goes to one target region; a group not 
 ``reissue_after_s`` after its release is re-issued, same group id, to another live region.
 Admission decides each group once, so nothing is lost and a late copy is never trained.
 
+Tidal capacity (``follow_capacity``): each region's rollout engines now are its dedicated plus
+its lent ones (``rl.RUN.capacity``, every region's copy); a region with none gets no new task,
+lent engines whose lease is expected to end within ``min_lease_s`` do not count, and a group
+reclaimed part-way (``rl.RUN.preempted``) is released again with its checkpoint to a region
+with engines (``ReleaseLedger.resume``).
+
 Restart-safe: releases and decided groups are read back before the first release, and task ids
 are a pure function of the run seed and the task index.
 
@@ -62,6 +68,17 @@ class SchedulerConfig(BaseModel):
     max_turns: int = Field(2, ge=0, description="Tool calls allowed per sample.")
     tasks: task_family.TaskConfig = Field(
         default_factory=task_family.TaskConfig, description="Task family difficulty."
+    )
+    follow_capacity: bool = Field(
+        False,
+        description="Release tasks by what each region's capacity signal says it has now "
+        "(dedicated plus lent engines); every rollout region then runs a capacity role.",
+    )
+    min_lease_s: float = Field(
+        0.0,
+        ge=0,
+        description="Lent engines whose lease the signal expects to end sooner than this get "
+        "no new task (a group that cannot finish before the reclaim is not started there).",
     )
     reissue_after_s: float = Field(
         60.0,
@@ -144,14 +161,20 @@ def run_role(ctx: RoleContext[SchedulerConfig]) -> int:
     watcher = VersionWatcher(settings, manifests, verifier=Verifier.given(ctx.keys))
     tasks_topic = topics.topic_name(run, "tasks")
     log(f"scheduler: {ledger.released} tasks released so far; regions {', '.join(targets)}")
+    capacity = (
+        Capacity(settings, run, ctx.regions, ctx.region, cfg) if cfg.follow_capacity else None
+    )
     released_at: int | None = None  # the learner's version at this process's last release
     with EventProducer.connect(settings) as producer:
         while not stopper.stopped and not _done(ledger, cfg):
             ledger.decided |= decisions.take()
             now = int(time.time() * 1000)
+            weights = None if capacity is None else capacity.weights(targets, now)
             for rec in _reissues(ledger, now, log):
                 producer.produce(tasks_topic, "task", rec, rec["task_id"])
                 ledger.release(rec, now)
+            for rec in [] if capacity is None else capacity.resumes(ledger, now, weights):
+                producer.produce(tasks_topic, "task", rec, rec["task_id"])  # in the ledger
             room = releasable(
                 ledger.released,
                 len(ledger.decided),
@@ -165,7 +188,7 @@ def run_role(ctx: RoleContext[SchedulerConfig]) -> int:
             if room > 0:
                 released_at = max(watcher.version, 0)  # releases before v0 count as at v0
             for _ in range(min(room, cfg.max_tasks - ledger.released)):
-                region = ledger.place(now)
+                region = ledger.place(now, weights=weights)
                 if region is None:
                     break  # every target region is dark: wait
                 rec = task_record(run, cfg, ledger.released, max(watcher.version, 0))
@@ -176,7 +199,88 @@ def run_role(ctx: RoleContext[SchedulerConfig]) -> int:
             stopper.wait(0.2)
     decisions.close()
     watcher.close()
+    if capacity is not None:
+        capacity.close()
     return ledger.released
+
+
+class Capacity:
+    """The scheduler's view of tidal capacity: each region's rollout engines now, and the
+    groups reclaimed part-way still to release again (see the module rules)."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        run: str,
+        regions: topics.Regions,
+        here: str,
+        cfg: SchedulerConfig,
+    ) -> None:
+        import threading
+
+        from rlstream.consumers.capacity_log import CapacityView
+        from rlstream.consumers.follow import TopicFollower
+
+        self.min_lease_ms = int(cfg.min_lease_s * 1000)
+        self.view = CapacityView.for_role(settings, run, regions, here)
+        self._lock = threading.Lock()
+        self._reclaimed: list[dict[str, Any]] = []
+        local = topics.topic_name(run, "preempted")
+        names = [topics.remote_topic(s, local) for s in regions.sources("preempted", here)]
+        self._feed = TopicFollower(settings, f"{run}.sched-preempted", names, self._note)
+        self.resumed = 0
+
+    def weights(self, targets: tuple[str, ...], now_ms: int) -> dict[str, int]:
+        """Rollout engines per region now: dedicated plus lent (lent ones only when their lease
+        is expected to last ``min_lease_s``); 0 without a live signal."""
+        out = {}
+        for region in targets:
+            rec = self.view.live(region, now_ms)
+            if rec is None:
+                out[region] = 0
+                continue
+            steady = rec.get("steady_ms")
+            lent = int(rec["lent"])
+            if steady is not None and int(steady) < self.min_lease_ms:
+                lent = 0
+            out[region] = int(rec.get("dedicated") or 0) + lent
+        return out
+
+    def resumes(
+        self, ledger: ReleaseLedger, now_ms: int, weights: dict[str, int] | None
+    ) -> list[dict[str, Any]]:
+        """The reclaimed groups to release again now, each to a region with engines (those
+        that find none wait for the next call)."""
+        with self._lock:
+            pending, self._reclaimed = self._reclaimed, []
+        out, later = [], []
+        for pre in pending:
+            region = ledger.place(now_ms, weights=weights)
+            if region is None:
+                later.append(pre)
+                continue
+            rec = ledger.resume(pre, now_ms, region)
+            if rec is not None:
+                out.append(rec)
+                ledger.release(rec, now_ms)  # the next placement counts it in flight there
+                self.resumed += 1
+        with self._lock:
+            self._reclaimed = later + self._reclaimed
+        return out
+
+    def _note(self, msg: Any) -> None:
+        from rlstream.schemas import events
+
+        try:
+            rec = events.decode(msg.value() or b"", expect="preempted").record
+        except events.EventError:
+            return
+        with self._lock:
+            self._reclaimed.append(rec)
+
+    def close(self) -> None:
+        self._feed.close()
+        self.view.close()
 
 
 def _done(ledger: ReleaseLedger, cfg: SchedulerConfig) -> bool:

@@ -520,8 +520,65 @@ def _error(status: int, message: str, field: str | None = None) -> web.Response:
     return web.json_response(body, status=status)
 
 
+#: Upper bounds (seconds) of the served-request latency histogram.
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+
+
+class ServingLoad:
+    """What the server is doing, at ``GET /metrics`` in vLLM's terms (a capacity role reads it,
+    ``rollout.capacity``): requests generating now, waiting for the model, and the latency of
+    each answered completion, in a registry of the app's own."""
+
+    def __init__(self) -> None:
+        import prometheus_client as prom
+
+        self.registry = prom.CollectorRegistry()
+        self.running = prom.Gauge(
+            "rlstream_serve_requests_running", "Completions generating now.", registry=self.registry
+        )
+        self.waiting = prom.Gauge(
+            "rlstream_serve_requests_waiting",
+            "Completions waiting for the model.",
+            registry=self.registry,
+        )
+        self.latency = prom.Histogram(
+            "rlstream_serve_request_seconds",
+            "Seconds from a completion's arrival to its answer.",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+
+    def exposition(self) -> bytes:
+        import prometheus_client as prom
+
+        return bytes(prom.generate_latest(self.registry))
+
+
 def make_app(server: PolicyServer) -> web.Application:
+    load = ServingLoad()
+
     async def completions(request: web.Request) -> web.Response:
+        arrived = time.perf_counter()
+        try:
+            return await answer(request)
+        finally:
+            load.latency.observe(time.perf_counter() - arrived)
+
+    async def generate_counted(req: CompletionRequest) -> Any:
+        """``server.sample`` under the model lock, counted waiting, then running."""
+        loop, waiting = asyncio.get_running_loop(), True
+        load.waiting.inc()
+        try:
+            async with server.lock:  # the model: one generation at a time
+                load.waiting.dec()
+                waiting = False
+                with load.running.track_inprogress():
+                    return await loop.run_in_executor(None, server.sample, req)
+        finally:
+            if waiting:  # the request went away before its turn
+                load.waiting.dec()
+
+    async def answer(request: web.Request) -> web.Response:
         if server.gate is not None:
             try:
                 server.gate.admit(request.headers.get("Authorization"))  # before the body
@@ -550,8 +607,7 @@ def make_app(server: PolicyServer) -> web.Application:
             )
         loop = asyncio.get_running_loop()
         try:
-            async with server.lock:  # the model: one generation at a time
-                made = await loop.run_in_executor(None, server.sample, req)
+            made = await generate_counted(req)
             # recording waits on the broker, not on the model: other requests generate meanwhile
             result = await loop.run_in_executor(None, server.record_and_answer, req, *made)
         except (LookupError, NotRecorded) as exc:
@@ -614,8 +670,12 @@ def make_app(server: PolicyServer) -> web.Application:
         body = {"ok": True, "policy_version": server.version, "following": server.following}
         return web.json_response(body)
 
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(body=load.exposition(), content_type="text/plain")
+
     app = web.Application(client_max_size=1 << 20)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/healthz", healthz)
     app.router.add_post("/update_weights_from_disk", update_weights)

@@ -11,7 +11,13 @@ Rules a maintainer must keep:
 - only a complete, verified version is ever swapped in; with ``partial`` swaps each trajectory
   records which tokens each version processed;
 - the committed offset never passes a task whose group still waits out its environment time;
-- a version the engine refuses is skipped, and the version the engine holds is recorded.
+- a version the engine refuses is skipped, and the version the engine holds is recorded;
+- a ``lent`` worker (tidal capacity) rolls out only while its region lends its capacity slot:
+  when the slot is reclaimed the group in progress stops (between two sampling steps on the
+  torch engine, between two turns on the others) and is published to ``preempted`` as a
+  checkpoint in the transaction that commits its task, so the scheduler releases it again and
+  another worker resumes it; then the worker leaves the rollout group until lent again. A task
+  that carries a checkpoint is resumed from it, never started over.
 
 Details: docs/roles.md (The rollout worker).
 """
@@ -31,12 +37,14 @@ import numpy as np
 import torch
 from confluent_kafka import TopicPartition
 
+from rlstream.consumers.capacity_log import CapacityView
 from rlstream.consumers.consumer import Record, RoleContext, Stopper
 from rlstream.consumers.transactional import Output, Refused, TransactionalLoop
 from rlstream.consumers.weights.subscriber import WeightSubscriber
 from rlstream.envs.family import environment_for
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.weights.signing import Verifier
+from rlstream.rollout.checkpoint import CheckpointError, GroupCheckpoint, Preempted
 from rlstream.rollout.config import RolloutConfig
 from rlstream.rollout.engines import (
     Engine,
@@ -88,6 +96,10 @@ class RolloutWorker:
         self.waiting: list[Waiting] = []
         self.read_to: dict[tuple[str, int], int] = {}
         self.refused: dict[int, str] = {}  # versions the engine did not take, and why
+        self.lease: Lease | None = None  # a lent worker's (tidal capacity): set by run_role
+        self.preempted = self.resumed = 0  # groups handed on at a reclaim, and taken over
+        self.finishing = False  # a reclaimed group too big to hand on is finished here
+        self.preempted_topic = topics.topic_name(run, "preempted")
         # partial swaps: the subscriber's own thread verifies versions during a rollout
         self.follow = cfg.swap == "partial" and cfg.engine != "openai"
         gate = self if self.follow else None
@@ -95,13 +107,17 @@ class RolloutWorker:
         self.infer = self.model  # the weights the torch engine generates with
         if self.remote is None and cfg.harness.inference_dtype == "bfloat16":
             self.infer = inference_copy(self.model, torch.bfloat16)
-        self.engine: Engine = self.remote or TorchEngine(self.infer, gate=gate)
+        self.engine: Engine = self.remote or TorchEngine(self.infer, gate=gate, stop=self.reclaimed)
         if self.follow:
             self.subscriber.start(interval=0.2)
         if isinstance(self.remote, VllmEngine):
             self.stats = self.remote.stats  # the engine counts its own swaps
         else:
             self.stats = EngineStats(cfg.engine, torch.__version__ if cfg.engine == "torch" else "")
+
+    def reclaimed(self) -> bool:
+        """Whether serving took this worker's capacity back (never, for a dedicated worker)."""
+        return self.lease is not None and not self.finishing and not self.lease.active()
 
     def wait_for_weights(self, stopper: Stopper, timeout: float = 600.0) -> None:
         deadline = time.monotonic() + timeout
@@ -221,20 +237,33 @@ class RolloutWorker:
         """The group of ``task`` as trajectory outputs, and when its environment time ends
         (epoch seconds): waited out here unless ``env_overlap``."""
         queued_ms, started_ms = int(task["created_ms"]), int(time.time() * 1000)
-        seed = zlib.crc32(f"{self.cfg.seed}/{task['task_id']}".encode())  # stable across processes
-        gen = torch.Generator().manual_seed(seed)
+        resume = self._checkpoint_of(task, rec)
+        key = f"{self.cfg.seed}/{task['task_id']}"  # stable across processes
+        if resume is not None:  # sampling goes on from fresh randomness
+            key += f"/{int(task.get('attempt') or 0)}"
+            self.resumed += 1
+        gen = torch.Generator().manual_seed(zlib.crc32(key.encode()))
+        seed = zlib.crc32(f"{self.cfg.seed}/{task['task_id']}".encode())
         harness = derive(self.cfg.harness, max_turns=int(task["max_turns"]))
         env = environment_for(task)  # the task family's tools and starting workspace
         if isinstance(self.remote, OpenAIEngine):
             self.remote.served_versions.clear()
+        rollout = Rollout(self.model, harness, engine=self.engine, preempt=self.reclaimed)
         try:
-            samples = Rollout(self.model, harness, engine=self.engine).group(
-                task["prompt"], int(task["group_size"]), gen, env
-            )
+            samples = rollout.group(task["prompt"], int(task["group_size"]), gen, env, resume)
         except PromptTooLong as exc:  # a task this policy cannot roll out: dead-lettered
             if rec is None:
                 raise
             raise Refused(rec, str(exc)) from exc
+        except Preempted as cut:
+            handed = self._hand_on(task, cut.checkpoint)
+            if handed is not None:
+                return [handed], time.time()
+            self.finishing = True  # no reclaim stops it again
+            try:
+                samples = rollout.group(task["prompt"], 0, gen, env, cut.checkpoint)
+            finally:
+                self.finishing = False
         env_s = env.settle(int(task["group_size"]), seed) if env.settle else 0.0
         ends = time.time() + env_s
         if env_s:
@@ -256,6 +285,47 @@ class RolloutWorker:
             for part in arrays.split_segments(record, limit):
                 outputs.append(Output(self.out_topic, "trajectory", part, task["task_id"]))
         return outputs, ends
+
+    def _checkpoint_of(self, task: dict[str, Any], rec: Record | None) -> GroupCheckpoint | None:
+        """The checkpoint a released-again group carries (None: a fresh task); unreadable bytes
+        dead-letter the task with the reason."""
+        data = task.get("checkpoint")
+        if not data:
+            return None
+        try:
+            return GroupCheckpoint.from_bytes(bytes(data))
+        except CheckpointError as exc:
+            if rec is None:
+                raise
+            raise Refused(rec, str(exc)) from exc
+
+    def _hand_on(self, task: dict[str, Any], ck: GroupCheckpoint) -> Output | None:
+        """The ``preempted`` record of a reclaimed group (None when its checkpoint is too big
+        for the stream: the group is then finished here, late, rather than lost)."""
+        held = self.served_version()
+        for row in ck.rows:  # tokens of an engine that reports no versions: the version held
+            row.versions[row.versions < 0] = held
+        data = ck.to_bytes()
+        if len(data) > topics.STREAMS["preempted"].max_value_bytes:
+            log.warning(
+                "group %s: checkpoint of %d bytes too big to hand on; finishing it here",
+                task["task_id"],
+                len(data),
+            )
+            return None
+        self.preempted += 1
+        record = {
+            "run": self.run,
+            "group_id": task["task_id"],
+            "attempt": int(task.get("attempt") or 0),
+            "region": self.cfg.region,
+            "worker_id": self.worker_id,
+            "policy_version": held,
+            "preempted_ms": int(time.time() * 1000),
+            "generated_tokens": ck.generated,
+            "checkpoint": data,
+        }
+        return Output(self.preempted_topic, "preempted", record, task["task_id"])
 
     def served_version(self) -> int:
         """The version that generated the group just rolled out: this worker's, or the one the
@@ -400,6 +470,83 @@ def overlap_options(worker: RolloutWorker) -> dict[str, Any]:
     }
 
 
+class Lease:
+    """Whether a lent worker's capacity slot is lent now: slot ``slot`` of ``region`` rolls out
+    while the region's live capacity signal lends more than ``slot`` engines."""
+
+    def __init__(self, view: CapacityView, region: str, slot: int) -> None:
+        self.view, self.region, self.slot = view, region, slot
+
+    def active(self) -> bool:
+        return self.slot < self.view.lent(self.region)
+
+
+class LeaseStopper(Stopper):
+    """Stops a lent worker's loop: the role stopped, or its slot was reclaimed and no group of
+    its still waits out its environment time (those are published first)."""
+
+    def __init__(self, role: Stopper, worker: RolloutWorker) -> None:
+        super().__init__()
+        self.role, self.worker = role, worker
+
+    @property
+    def stopped(self) -> bool:
+        return self.role.stopped or (self.worker.reclaimed() and not self.worker.waiting)
+
+    def wait(self, seconds: float) -> bool:
+        return self.role.wait(seconds)
+
+
+def rollout_loop(ctx: RoleContext[RolloutConfig], worker: RolloutWorker) -> TransactionalLoop:
+    """The worker's consume-roll-produce loop as a member of the run's rollout group. A lent
+    worker joins without static membership: it leaves the group at once when reclaimed."""
+    group = topics.group_id(ctx.run, "rollout")
+    region, member = worker.cfg.region, ctx.member
+    return TransactionalLoop(
+        ctx.settings,
+        group_id=group,
+        topics=[ctx.pattern("tasks")],
+        transactional_id=f"{group}.{region}.{'lent-' if worker.cfg.lent else ''}{member}",
+        instance_id=None if worker.cfg.lent else f"rollout-{region}-{member}",
+        dlq_topic=topics.topic_name(ctx.run, "dlq"),
+        process=worker.process,
+        batch_size=1,
+        consumer_conf={"max.poll.interval.ms": "600000"},
+        **overlap_options(worker),
+    )
+
+
+def lent_loops(ctx: RoleContext[RolloutConfig], worker: RolloutWorker) -> int:
+    """A lent worker: wait (keeping its weights fresh) until its slot is lent, roll out until
+    it is reclaimed, leave the group, and again, until stopped; returns the tasks read."""
+    try:
+        slot = int(ctx.member)
+    except ValueError:
+        raise SystemExit(
+            f"error: a lent rollout worker's member is its slot number, not {ctx.member!r}"
+        ) from None
+    view = CapacityView.for_role(
+        ctx.settings, ctx.run, ctx.regions, ctx.region, stale_s=worker.cfg.capacity_stale_s
+    )
+    worker.lease = Lease(view, worker.cfg.region, slot)
+    records, was_lent = 0, False
+    try:
+        while not ctx.stopper.stopped:
+            if not worker.lease.active():
+                if was_lent:
+                    ctx.log(f"rollout {worker.worker_id}: reclaimed ({worker.preempted} handed on)")
+                was_lent = False
+                worker.refresh(0.2)  # the newest verified version is ready when lent again
+                worker.swap()
+                continue
+            ctx.log(f"rollout {worker.worker_id}: lent; joining the rollout group")
+            was_lent = True
+            records += rollout_loop(ctx, worker).run(LeaseStopper(ctx.stopper, worker)).records
+    finally:
+        view.close()
+    return records
+
+
 def run_role(ctx: RoleContext[RolloutConfig]) -> int:
     """One rollout worker until stopped; returns how many tasks it rolled out."""
     run, member = ctx.run, ctx.member
@@ -408,24 +555,8 @@ def run_role(ctx: RoleContext[RolloutConfig]) -> int:
     worker = RolloutWorker(ctx.settings, run, cfg, member, ctx.regions, Verifier.given(ctx.keys))
     try:
         worker.wait_for_weights(ctx.stopper)
-    except BaseException:
-        worker.close()
-        raise
-    group = topics.group_id(run, "rollout")
-    loop = TransactionalLoop(
-        ctx.settings,
-        group_id=group,
-        topics=[ctx.pattern("tasks")],
-        transactional_id=f"{group}.{cfg.region}.{member}",
-        instance_id=f"rollout-{cfg.region}-{member}",
-        dlq_topic=topics.topic_name(run, "dlq"),
-        process=worker.process,
-        batch_size=1,
-        consumer_conf={"max.poll.interval.ms": "600000"},
-        **overlap_options(worker),
-    )
-    try:
-        stats = loop.run(ctx.stopper)
+        if cfg.lent:
+            return lent_loops(ctx, worker)
+        return rollout_loop(ctx, worker).run(ctx.stopper).records
     finally:
         worker.close()
-    return stats.records

@@ -53,6 +53,8 @@ EVENTS: Mapping[str, str] = MappingProxyType(
         "dead_letter": "rlstream.DeadLetter",
         "eval": "rlstream.Eval",
         "forget_audit": "rlstream.ForgetAudit",
+        "capacity": "rlstream.Capacity",
+        "preempted": "rlstream.Preempted",
     }
 )
 """Short event name -> Avro full name of its record type."""

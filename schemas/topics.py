@@ -92,6 +92,8 @@ def catalog(
         spec("feedback", "request id", 6, 30 * DAY_MS, "delete", 4 * MIB, "feedback", ("request_id",)),
         spec("served", "request id", 6, 30 * DAY_MS, "delete", 8 * MIB, "trajectory", ("group_id",)),
         spec("evals", "MODEL/VERSION", 1, FOREVER, "delete", 1 * MIB, "eval", ("model", "version"), mirror="outward"),
+        spec("capacity", "region", 1, 7 * DAY_MS, "delete", 1 * MIB, "capacity", ("region",), mirror="inward"),
+        spec("preempted", "group id", g, 7 * DAY_MS, "delete", 8 * MIB, "preempted", ("group_id",), mirror="inward"),
         spec("dlq", "original topic", 1, 30 * DAY_MS, "delete", 16 * MIB, "dead_letter", ("source_topic",)),
         spec("schemas", "schema fingerprint (hex)", 1, FOREVER, "compact", 1 * MIB, "", cluster_wide=True, mirror="outward"),
         spec("runs", "run name", 1, FOREVER, "compact", 4 * MIB, "run_manifest", ("run",), cluster_wide=True, mirror="outward"),

@@ -26,6 +26,7 @@ from rlstream.envs.judges import JudgeConfig
 from rlstream.ops.observe.tracker import TrackerConfig
 from rlstream.ops.run.regions import RegionsConfig
 from rlstream.ops.run.roles import role_config
+from rlstream.rollout.capacity import CapacityConfig
 from rlstream.rollout.config import EvalConfig, PolicyConfig, RolloutConfig
 from rlstream.rollout.scheduler import SchedulerConfig
 from rlstream.schemas.derive import LOCAL, derive
@@ -51,6 +52,15 @@ class LaunchConfig(BaseModel):
         le=256,
         description="Rollout worker processes, spread over the rollout regions in turn (the "
         "trainer region when there are none).",
+        json_schema_extra=LOCAL,
+    )
+    lent_workers: int = Field(
+        0,
+        ge=0,
+        le=256,
+        description="Tidal capacity: rollout workers per rollout region whose engines are the "
+        "serving fleet's (`rollout.lent`, slots 0..N-1), besides the dedicated ones; a "
+        "capacity role is started in each region too.",
         json_schema_extra=LOCAL,
     )
     judge_members: int = Field(
@@ -122,6 +132,11 @@ class RunConfig(BaseModel):
     )
     tracker: TrackerConfig = Field(
         default_factory=TrackerConfig, description="Experiment tracking (the tracker role)."
+    )
+    capacity: CapacityConfig = Field(
+        default_factory=CapacityConfig,
+        description="Tidal capacity: what each region's serving fleet lends to rollouts (the "
+        "capacity role; rollout workers with `rollout.lent`).",
     )
     regions: RegionsConfig = Field(
         default_factory=RegionsConfig,

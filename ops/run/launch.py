@@ -3,8 +3,9 @@ to write them down for hosts of one's own.
 
 ``plan`` turns a run config into ``Process`` records: the roles the recipe names (learner,
 admission, one judge per ``[judges]`` entry, the rollout workers spread over the rollout regions,
-feedback-rl when ``launch.feedback``, the scheduler, eval and tracker unless turned off), as
-many of each as ``RunConfig.launch`` says.
+feedback-rl when ``launch.feedback``, the scheduler, eval and tracker unless turned off; with
+``launch.lent_workers``, each rollout region's capacity role and its lent workers), as many of
+each as ``RunConfig.launch`` says.
 ``rlstream launch`` starts them supervised (each ``rlstream run`` restarts its role), ``rlstream
 demo`` too; ``systemd_units`` and ``compose_file`` write the same processes for a user who places
 them on several hosts (``docs/launch.md``).
@@ -70,6 +71,11 @@ def plan(
     for i in range(rollout_workers or launch.rollout_workers):
         where = places[i % len(places)]
         procs.append(Process(f"rollout-{where}-{i}", "rollout", where, ("--member", str(i))))
+    for where in places if launch.lent_workers else ():  # tidal capacity: see docs/capacity.md
+        procs.append(Process(f"capacity-{where}", "capacity", where))
+        for slot in range(launch.lent_workers):
+            lent = ("--member", str(slot), "--set", "rollout.lent=true")
+            procs.append(Process(f"rollout-{where}-lent-{slot}", "rollout", where, lent))
     if launch.feedback if feedback is None else feedback:
         procs.append(Process("feedback-rl", "feedback-rl", here))
     procs.append(Process("scheduler", "scheduler", here))

@@ -20,16 +20,29 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rlstream.ops.run.roles import HUNG_TRANSACTION_S, ROLES
 
 if TYPE_CHECKING:
+    from rlstream.consumers.consumer import RoleContext
     from rlstream.producers.weights.run_keys import RunKeys
 
 
 def start(args: argparse.Namespace) -> int:
     """Run the role ``args.role`` of run ``args.run`` until it stops; returns the exit code."""
+    ctx = prepare(args)
+    if isinstance(ctx, int):
+        return ctx
+    result = importlib.import_module(ROLES[args.role].module).run_role(ctx)
+    print(f"{args.role}: stopped, {json.dumps(result)}", file=sys.stderr)
+    return 0
+
+
+def prepare(args: argparse.Namespace) -> RoleContext[Any] | int:
+    """Everything ``start`` does before the role runs (config, region, settings, keys, topics,
+    the config check); the role's context, or the exit code when it must not run (its ranks
+    ran as processes of their own, or its config was refused)."""
     from rlstream.consumers.consumer import RoleContext, Stopper
     from rlstream.consumers.weights.trust import key_folder_keys
     from rlstream.ops.run.config import load_run_config
@@ -87,7 +100,7 @@ def start(args: argparse.Namespace) -> int:
         print(f"{role}: refused: {exc}", file=sys.stderr, flush=True)
         return CONFIG_EXIT
     print(f"{role}: {line}", file=sys.stderr, flush=True)
-    ctx = RoleContext(
+    return RoleContext(
         settings,
         args.run,
         cfg,
@@ -98,9 +111,6 @@ def start(args: argparse.Namespace) -> int:
         regions=regions,
         keys=keys,
     )
-    result = importlib.import_module(ROLES[role].module).run_role(ctx)
-    print(f"{role}: stopped, {json.dumps(result)}", file=sys.stderr)
-    return 0
 
 
 def _secured_run_keys(home: str | None, run: str, role: str) -> RunKeys:

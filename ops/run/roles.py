@@ -133,6 +133,10 @@ def _tracker(run: RunConfig, name: str | None) -> BaseModel:
     return run.tracker
 
 
+def _capacity(run: RunConfig, name: str | None) -> BaseModel:
+    return run.capacity
+
+
 def _feedback_rl(run: RunConfig, name: str | None) -> BaseModel:
     # Online feedback may keep its own staleness budget; by default it is the run's.
     update: dict[str, Any] = {"model": run.model}
@@ -148,7 +152,8 @@ _ROLES = (
         "scheduler",
         "rlstream.rollout.scheduler",
         RoleAccess(
-            reads=("tasks", "weights.manifests", "admitted", "rejected"),
+            # preempted: reclaimed groups released again; capacity: where to release
+            reads=("tasks", "weights.manifests", "admitted", "rejected", "preempted", "capacity"),
             writes=("tasks",),
             group=None,
             transactional=False,
@@ -160,8 +165,8 @@ _ROLES = (
         "rollout",
         "rlstream.rollout.worker",
         RoleAccess(
-            reads=("tasks", "weights.manifests", "weights.chunks"),
-            writes=("trajectories", "dlq"),
+            reads=("tasks", "weights.manifests", "weights.chunks", "capacity"),
+            writes=("trajectories", "preempted", "dlq"),
             group="rollout",
         ),
         section="rollout",
@@ -224,6 +229,13 @@ _ROLES = (
         ),
         section="eval",
         configure=_eval,
+    ),
+    Role(
+        "capacity",
+        "rlstream.rollout.capacity",  # one per region: what its serving fleet lends
+        RoleAccess(reads=(), writes=("capacity",), group=None, transactional=False),
+        section="capacity",
+        configure=_capacity,
     ),
     Role(
         "tracker",

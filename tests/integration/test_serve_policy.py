@@ -20,6 +20,7 @@ from rlstream.producers.client.admin import ensure_run_topics
 from rlstream.producers.client.producer import EventProducer
 from rlstream.producers.runtime import aio
 from rlstream.producers.weights.publisher import WeightPublisher
+from rlstream.rollout.capacity import parse_metrics
 from rlstream.rollout.config import PolicyConfig
 from rlstream.rollout.model import build_policy
 from rlstream.rollout.serve import PolicyServer, make_app
@@ -102,6 +103,12 @@ def test_policy_served_hot_swapped_and_judged(kafka, unique_run):
         assert status == 422 and body["error"]["param"] == "max_tokens"
         status, body = _post(f"{base}/v1/completions", {"model": "other", "prompt": "x"})
         assert status == 404 and body["error"]["param"] == "model"
+        # what a capacity role reads (rollout.capacity): the load and each answer's latency
+        with urllib.request.urlopen(f"{base}/metrics", timeout=10) as resp:
+            samples = parse_metrics(resp.read().decode())
+        assert samples["rlstream_serve_request_seconds_count"][0][1] >= 3
+        assert samples["rlstream_serve_requests_running"][0][1] == 0
+        assert samples["rlstream_serve_requests_waiting"][0][1] == 0
 
         publisher.publish_version(_state(1), 1)
         deadline = time.monotonic() + 30

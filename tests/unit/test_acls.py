@@ -22,6 +22,8 @@ WRITERS = {
     "feedback": {"feedback-ingest"},  # `serve feedback`, a service with its own user
     "served": {"policy-server"},  # `serve policy`, likewise
     "evals": {"eval"},
+    "capacity": {"capacity"},
+    "preempted": {"rollout"},
     "dlq": {"rollout", "judge", "admission", "learner", "feedback-rl"},
 }
 
@@ -137,7 +139,7 @@ def test_bad_names_are_refused() -> None:
 
 def test_summary_lists_topics_group_and_ids() -> None:
     rollout = acls.summary(RUN)["rollout"]
-    assert rollout["writes"] == ["rl.r1.trajectories", "rl.r1.dlq"]
+    assert rollout["writes"] == ["rl.r1.trajectories", "rl.r1.preempted", "rl.r1.dlq"]
     assert rollout["group"] == ["rlstream.r1.rollout"]
     assert rollout["transactional_ids"] == ["rlstream.r1.rollout", "rlstream.r1.rollout.*"]
 
@@ -147,9 +149,10 @@ GEO = topics.Regions("trainer", ("eu", "us"))
 
 
 def test_only_roles_whose_output_flows_home_run_in_a_rollout_region() -> None:
-    assert acls.roles_in(EU, "eu") == ("rollout", "judge")
+    assert acls.roles_in(EU, "eu") == ("rollout", "judge", "capacity")
     assert acls.roles_in(EU, "trainer") == acls.PRINCIPALS == acls.roles_in()
-    assert {g.principal for g in acls.plan(RUN, regions=EU, here="eu")} == {"rollout", "judge"}
+    here = {g.principal for g in acls.plan(RUN, regions=EU, here="eu")}
+    assert here == {"rollout", "judge", "capacity"}
     for role in ("scheduler", "learner", "admission", "eval", "policy-server"):
         with pytest.raises(ValueError, match="does not run in rollout region"):
             acls.role_grants(RUN, role, EU, "eu")

@@ -59,6 +59,7 @@ def examples() -> dict[str, dict[str, Any]]:
         "released_version": 17,
         "attempt": 0,
         "tags": {"split": "train", "difficulty": "medium"},
+        "checkpoint": None,
     }
     turns = [
         {
@@ -303,10 +304,21 @@ def examples() -> dict[str, dict[str, Any]]:
         "first_affected_version": 4, "versions_differ": [4, 5, 6],
         "created_ms": 1_732_000_000_000,
     }  # fmt: skip
+    capacity = {
+        "run": "r1", "region": "eu", "published_ms": 1_732_000_000_000, "source": "trace:diurnal",
+        "engines": 8, "dedicated": 2, "busy_engines": 2.5, "lent": 4, "headroom": 0.25,
+        "slo_p99_ms": 2000.0, "serving_p99_ms": 850.0, "guard": "", "steady_ms": 95_000,
+    }  # fmt: skip
+    preempted = {
+        "run": "r1", "group_id": "t-000042", "attempt": 0, "region": "eu", "worker_id": "eu-3",
+        "policy_version": 17, "preempted_ms": 1_732_000_000_000, "generated_tokens": 640,
+        "checkpoint": b"RLCK1\x28\xb5\x2f\xfd",
+    }  # fmt: skip
     return {
         "task": task, "trajectory": trajectory, "reward": reward, "admission": admission,
         "weight_manifest": manifest, "weight_chunk": chunk, "feedback": feedback,
         "run_manifest": run, "dead_letter": dead, "eval": evaluation, "forget_audit": audit,
+        "capacity": capacity, "preempted": preempted,
     }  # fmt: skip
 
 
@@ -331,7 +343,8 @@ def test_round_trip_is_exact(event: str) -> None:
 
 
 def test_defaults_fill_omitted_fields() -> None:
-    task = {k: v for k, v in EXAMPLES["task"].items() if k not in ("max_tokens", "attempt", "tags")}
+    dropped = ("max_tokens", "attempt", "tags", "checkpoint")
+    task = {k: v for k, v in EXAMPLES["task"].items() if k not in dropped}
     decoded = E.decode(E.encode("task", task)).record
     assert (decoded["max_tokens"], decoded["attempt"], decoded["tags"]) == (None, 0, {})
 

@@ -18,6 +18,7 @@ from rlstream.ops.run.launch import (
 )
 from rlstream.ops.run.regions import RegionCluster
 from rlstream.producers.weights.run_keys import RunKeys
+from rlstream.schemas.derive import shared
 
 KEYS = RunKeys("ab" * 32, "/keys/run.pem")
 
@@ -41,6 +42,23 @@ def test_the_plan_follows_the_recipe() -> None:
         ("judge-tests-0", ("--name", "tests", "--member", "0")),
         ("judge-tests-1", ("--name", "tests", "--member", "1")),
     ]
+
+
+def test_lent_workers_get_a_capacity_role_and_slots_in_each_region() -> None:
+    config = load_run_config(None, ['regions.rollout=["eu", "us"]', "launch.lent_workers=2"])
+    tidal = [(p.name, p.region, p.args) for p in plan(config, rollout_workers=1)]
+    lent = ("--set", "rollout.lent=true")
+    assert tidal[4:11] == [
+        ("rollout-eu-0", "eu", ("--member", "0")),
+        ("capacity-eu", "eu", ()),
+        ("rollout-eu-lent-0", "eu", ("--member", "0", *lent)),
+        ("rollout-eu-lent-1", "eu", ("--member", "1", *lent)),
+        ("capacity-us", "us", ()),
+        ("rollout-us-lent-0", "us", ("--member", "0", *lent)),
+        ("rollout-us-lent-1", "us", ("--member", "1", *lent)),
+    ]
+    # set per process: not part of what the run records and every role checks
+    assert shared(load_run_config(None, ["rollout.lent=true"])) == shared(load_run_config(None, []))
 
 
 def test_every_process_gets_the_same_recipe_and_sets() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from rlstream.ops.bench import role_start
 
 #: Roles that move no tensors: each starts in a fraction of a second without these.
-LIGHT = ("scheduler", "admission", "judge", "feedback-rl", "tracker")
+LIGHT = ("scheduler", "admission", "judge", "feedback-rl", "tracker", "capacity")
 
 
 def test_the_light_roles_start_without_the_heavy_libraries() -> None:

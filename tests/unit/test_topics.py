@@ -21,7 +21,8 @@ KAFKA_LEGAL = re.compile(r"[A-Za-z0-9._-]{1,249}")
 def test_catalog_has_every_stream_of_the_design() -> None:
     assert set(T.STREAMS) == {
         "tasks", "trajectories", "rewards", "admitted", "rejected", "weights.manifests",
-        "weights.chunks", "feedback", "served", "evals", "dlq", "schemas", "runs", "audit",
+        "weights.chunks", "feedback", "served", "evals", "capacity", "preempted", "dlq",
+        "schemas", "runs", "audit",
     }  # fmt: skip
     for spec in T.STREAMS.values():
         assert spec.event in E.EVENTS or (spec.stream == "schemas" and spec.event == "")
@@ -123,7 +124,7 @@ def test_each_stream_accepts_only_the_regions_that_write_it() -> None:
     assert REGIONS.topic("r1", "weights.chunks", "trainer") == "rl.r1.weights.chunks"
     assert ("trainer", "tasks") in REGIONS.copies("eu")
     assert set(REGIONS.copies("trainer")) == {
-        (r, s) for r in ("eu", "us") for s in ("trajectories", "rewards")
+        (r, s) for r in ("eu", "us") for s in ("trajectories", "rewards", "capacity", "preempted")
     }
     assert REGIONS.origin("eu.rl.r1.trajectories", "trainer") == "eu"
     assert REGIONS.origin("rl.r1.rewards", "trainer") == "trainer"
@@ -250,7 +251,7 @@ def test_mirror_directions_follow_the_design() -> None:
     assert outward == {
         "tasks", "weights.manifests", "weights.chunks", "evals", "schemas", "runs", "audit"
     }  # fmt: skip
-    assert inward == {"trajectories", "rewards"}
+    assert inward == {"trajectories", "rewards", "capacity", "preempted"}
 
 
 def test_record_keys() -> None:
