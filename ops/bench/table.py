@@ -445,6 +445,30 @@ def _verdicts(r: dict[str, Any]) -> Cells:
     return figure, f"in-process pytest, same sandbox: {base}"
 
 
+def _tidal(r: dict[str, Any]) -> Cells:
+    arms = r["arms"]
+
+    def arm(name: str) -> str:
+        a = arms[name]
+        return (
+            f"{name} {a['samples_per_dedicated_hour']:.0f} samples/dedicated h, serving p99 "
+            f"{a['serving_p99_ms'] or 0:.0f} ms, {a['slo_violations_p99']:g} s over the SLO"
+        )
+
+    tidal = arms["tidal"]
+    ratio = r["ratio"]["tidal"]["median"]
+    figure = (
+        f"a day in {r['day_s']:.0f} s, 2 regions x {r['engines_per_region']} serving engines: "
+        f"tidal **{ratio:.2f}×** the dedicated samples per dedicated hour; "
+        f"{arm('tidal')}; idle engine-time used {tidal['idle_capacity_used']:.2f}; "
+        f"lost {tidal['groups_lost']}, decided twice {tidal['groups_decided_twice']}; "
+        f"{tidal['preempted']} preempted, {tidal['resumed']} resumed, regenerated "
+        f"{tidal['regenerated_token_fraction']:.3f} ({tidal['seeds']} seeds)"
+    )
+    base = "; ".join(arm(name) for name in ("dedicated", "naive") if name in arms)
+    return figure, base
+
+
 def _unknown(r: dict[str, Any]) -> Cells:
     return "see [docs/benchmarks.md](docs/benchmarks.md)", "see the results file"
 
@@ -464,5 +488,6 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], Cells]] = {
     "router-replay": _router_replay,
     "stability": _stability,
     "sync": _sync,
+    "tidal": _tidal,
     "verdicts": _verdicts,
 }

@@ -28,6 +28,7 @@ BENCHES = (
     "rlstream.ops.bench.stability",
     "rlstream.ops.bench.verdicts",
     "rlstream.ops.bench.role_start",
+    "rlstream.ops.bench.tidal",
 )
 # Benchmarks added as the features land are appended here.
 
