@@ -91,6 +91,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     status = csub.add_parser("status", help="bootstrap, health, topics, groups and lag per region")
     status.add_argument("--json", action="store_true", help="print one JSON object")
+    status.add_argument(
+        "--run", default=None, help="also each region's capacity lent to this run (tidal)"
+    )
     status.set_defaults(func=_status)
 
     fetch = csub.add_parser("fetch", help="fetch the Kafka jars from Maven Central (once)")
@@ -172,13 +175,13 @@ def _fetch(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     from rlstream.ops import cluster
-    from rlstream.ops.cluster.status import describe
+    from rlstream.ops.cluster.status import describe, sparkline
 
     state = cluster.load(args.home)
     if not state.regions:
         print(f"no local cluster recorded at {state.home}; start one with `rlstream cluster up`")
         return 1
-    report = describe(state)
+    report = describe(state, run=args.run)
     if args.json:
         print(json.dumps(report))
         return 0
@@ -202,6 +205,19 @@ def _status(args: argparse.Namespace) -> int:
             print(f"  under-replicated partitions: {len(region['under_replicated'])}")
         for group, lag in sorted(region.get("groups", {}).items()):
             print(f"  group {group}  lag={lag}")
+        cap = region.get("capacity")
+        if cap is not None:
+            p99 = cap["serving_p99_ms"]
+            seen = f", serving p99 {p99:.0f} ms" if p99 is not None else ""
+            why = f"; {cap['guard']}" if cap["guard"] else ""
+            print(
+                f"  capacity ({args.run}): lends {cap['lent']}/{cap['engines']} engines, serving "
+                f"busy {cap['busy_engines']:.1f}{seen}{why}"
+            )
+            print(f"    lent, last {len(cap['lent_history'])} signals: "
+                  f"{sparkline(cap['lent_history'], cap['engines'])}")  # fmt: skip
+        elif args.run is not None and region["health"] == "ok":
+            print(f"  capacity ({args.run}): no signal published here")
     if report.get("wan"):
         w = report["wan"]
         rate = f", {w['mbit']:g} Mbit/s per connection" if w["mbit"] else ""

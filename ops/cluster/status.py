@@ -14,7 +14,9 @@ from rlstream.ops.cluster import Cluster
 from rlstream.ops.cluster.broker import Region
 
 
-def describe(cluster: Cluster, timeout: float = 5.0) -> dict[str, Any]:
+def describe(cluster: Cluster, timeout: float = 5.0, run: str | None = None) -> dict[str, Any]:
+    """The report (module docstring); with ``run``, each region's capacity signals of that run
+    too (``capacity``: its newest and the lent engines of the last ``CAPACITY_SHOWN``)."""
     from rlstream.producers.client.admin import admin_client, group_lag
 
     report: dict[str, Any] = {"home": str(cluster.home), "trainer": cluster.trainer, "regions": {}}
@@ -48,6 +50,8 @@ def describe(cluster: Cluster, timeout: float = 5.0) -> dict[str, Any]:
         ]
         groups = admin.list_consumer_groups(request_timeout=timeout).result().valid
         entry["groups"] = {g.group_id: group_lag(admin, g.group_id, timeout) for g in groups}
+        if run is not None:
+            entry["capacity"] = capacity_of(region.settings(), run)
     report["mirrors"] = {
         name: {"pid": m.pid, "flows": m.flows, "running": m.running(), "log": str(m.log)}
         for name, m in cluster.mirrors.items()
@@ -55,6 +59,44 @@ def describe(cluster: Cluster, timeout: float = 5.0) -> dict[str, Any]:
     if cluster.wan is not None:
         report["wan"] = _wan(cluster)
     return report
+
+
+#: Capacity signals a region's line shows (the newest ones).
+CAPACITY_SHOWN = 60
+_BLOCKS = " ▁▂▃▄▅▆▇█"
+
+
+def capacity_of(settings: Any, run: str) -> dict[str, Any] | None:
+    """The newest capacity signal ``run`` published in this region, and the engines it lent in
+    its last ``CAPACITY_SHOWN`` signals (oldest first); None when it has published none."""
+    from rlstream.consumers.read_to_end import read_topic
+    from rlstream.schemas import events, topics
+
+    topic = topics.topic_name(run, "capacity")
+    signals = [
+        events.decode(m.value() or b"").record
+        for m in read_topic(settings, topic, name="cluster-status")
+    ]
+    if not signals:
+        return None
+    signals.sort(key=lambda r: int(r["published_ms"]))
+    newest = signals[-1]
+    return {
+        "lent": newest["lent"],
+        "engines": newest["engines"],
+        "busy_engines": newest["busy_engines"],
+        "serving_p99_ms": newest.get("serving_p99_ms"),
+        "guard": newest.get("guard") or "",
+        "published_ms": newest["published_ms"],
+        "lent_history": [int(r["lent"]) for r in signals[-CAPACITY_SHOWN:]],
+    }
+
+
+def sparkline(values: list[int], top: int) -> str:
+    """``values`` (0..``top``) as one line of block characters."""
+    if top <= 0:
+        return "".join(_BLOCKS[0] for _ in values)
+    return "".join(_BLOCKS[round(min(max(v, 0), top) / top * (len(_BLOCKS) - 1))] for v in values)
 
 
 def _wan(cluster: Cluster) -> dict[str, Any]:

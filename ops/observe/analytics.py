@@ -210,6 +210,10 @@ class RunAnalytics:
     """group id -> topic -> lag, as last measured (set by ``set_lag``)."""
     evals: dict[int, dict[str, Any]] = field(default_factory=dict)
     """version -> its held-out evaluation (eval events)."""
+    capacity: dict[str, collections.deque[dict[str, Any]]] = field(default_factory=dict)
+    """region -> its newest capacity signals (``MAX_LIST``), oldest first."""
+    preempted: collections.Counter[str] = field(default_factory=collections.Counter)
+    """region -> groups its reclaimed workers handed on."""
 
     # --- folding -------------------------------------------------------------------------
 
@@ -326,6 +330,23 @@ class RunAnalytics:
 
     # --- figures -------------------------------------------------------------------------
 
+    def _capacity(self, topic: str, rec: Mapping[str, Any], ts_ms: int | None) -> None:
+        signals = self.capacity.setdefault(str(rec["region"]), collections.deque(maxlen=MAX_LIST))
+        signals.append(
+            {
+                "t_ms": int(rec["published_ms"]),
+                "lent": int(rec["lent"]),
+                "engines": int(rec["engines"]),
+                "dedicated": int(rec.get("dedicated") or 0),
+                "busy_engines": float(rec["busy_engines"]),
+                "serving_p99_ms": rec.get("serving_p99_ms"),
+                "guard": str(rec.get("guard") or ""),
+            }
+        )
+
+    def _preempted(self, topic: str, rec: Mapping[str, Any], ts_ms: int | None) -> None:
+        self.preempted[str(rec["region"])] += 1
+
     def rate(self, versions: Iterable[int]) -> float:
         """Success rate over ``versions`` together; NaN when none of them was judged."""
         passed = judged = 0
@@ -375,6 +396,7 @@ class RunAnalytics:
             "undecodable": dict(self.undecodable.most_common()),
             "samples": self.trajectories,
             "evals": [self.evals[v] for v in sorted(self.evals)][-MAX_LIST:],
+            "capacity": self._capacity_figures(),
         }
 
     def _stream_figures(self, now_ms: int) -> dict[str, dict[str, Any]]:
@@ -456,6 +478,21 @@ class RunAnalytics:
             for region, r in sorted(self.regions.items())
         }
 
+    def _capacity_figures(self) -> dict[str, dict[str, Any]]:
+        """Per region: the newest signal, its history ``[t_ms, lent, busy]`` and the groups
+        handed on at a reclaim (tidal capacity)."""
+        out = {}
+        for region, signals in sorted(self.capacity.items()):
+            newest = signals[-1]
+            finite = newest["serving_p99_ms"]
+            out[region] = {
+                **{k: v for k, v in newest.items() if k != "serving_p99_ms"},
+                "serving_p99_ms": finite if finite is None or math.isfinite(finite) else None,
+                "preempted": self.preempted.get(region, 0),
+                "history": [[s["t_ms"], s["lent"], s["busy_engines"]] for s in signals],
+            }
+        return out
+
     def run_series(self, stream: str) -> list[tuple[int, int]]:
         """Whole-run counts of ``stream`` as ``(bucket start epoch s, records)``, ascending."""
         s = self.streams.get(stream)
@@ -470,4 +507,6 @@ _HANDLERS = {
     "weights.manifests": RunAnalytics._manifest,
     "dlq": RunAnalytics._dead_letter,
     "evals": RunAnalytics._eval,
+    "capacity": RunAnalytics._capacity,
+    "preempted": RunAnalytics._preempted,
 }

@@ -330,3 +330,20 @@ def test_implausible_manifests_are_counted_and_never_become_the_version() -> Non
     assert snap["policy_version"] == 2 and [w["version"] for w in snap["weights"]] == [0, 1, 2]
     assert snap["weights_refused"] == {"epoch": 1, "version": 1}
     json.dumps(snap, allow_nan=False)
+
+
+def test_capacity_lent_over_time_per_region_and_groups_handed_on() -> None:
+    a = A.RunAnalytics(run=RUN)
+    for k, lent in enumerate([0, 2, 5, 3]):
+        rec = _decoded("capacity", region="eu", published_ms=T0 + k * 1000, lent=lent)
+        a.take("eu.rl.r1.capacity", rec, T0 + k * 1000)
+    a.take("rl.r1.capacity", _decoded("capacity", region="trainer", serving_p99_ms=None), T0)
+    a.take("eu.rl.r1.preempted", _decoded("preempted", region="eu"), T0)
+    snap = json.loads(json.dumps(a.snapshot(T0 + 5000), allow_nan=False))
+    eu = snap["capacity"]["eu"]
+    assert [h[1] for h in eu["history"]] == [0, 2, 5, 3] and eu["lent"] == 3
+    assert eu["engines"] == 8 and eu["preempted"] == 1 and eu["busy_engines"] == 2.5
+    assert snap["capacity"]["trainer"]["serving_p99_ms"] is None
+    for k in range(A.MAX_LIST + 10):  # bounded like every list of the snapshot
+        a.take("eu.rl.r1.capacity", _decoded("capacity", region="eu", published_ms=T0 + k), None)
+    assert len(a.snapshot(T0)["capacity"]["eu"]["history"]) == A.MAX_LIST

@@ -140,3 +140,11 @@ def test_a_reclaimed_group_is_released_again_once_with_its_checkpoint() -> None:
     assert ledger.resume(cut, 6, "us") is None  # read again after a restart: already released
     ledger.decide("t0")
     assert ledger.resume({**cut, "attempt": 1}, 7, "eu") is None  # decided: nothing to resume
+
+
+def test_cluster_status_draws_lent_engines_as_a_line() -> None:
+    from rlstream.ops.cluster.status import sparkline
+
+    assert sparkline([0, 4, 8, 2], 8) == " ▄█▂"
+    assert sparkline([3, 9], 8) == "▃█"  # past the engines: full
+    assert sparkline([0, 0], 0) == "  "

@@ -222,6 +222,20 @@ function drawRegions(snap) {
   }).join("");
 }
 
+function drawCapacity(snap) {
+  const c = snap.capacity || {}, names = Object.keys(c), now = snap.now_ms;
+  lineChart($("chart-capacity"), names.flatMap((n, i) => [
+    { name: `lent (${n})`, color: color(2 * i), points: c[n].history.map(h => [(h[0] - now) / 1000, h[1]]) },
+    { name: `serving busy (${n})`, color: color(2 * i + 1), points: c[n].history.map(h => [(h[0] - now) / 1000, h[2]]) },
+  ]), { xLabel: "seconds ago", yLabel: "engines", yMin: 0, xfmt: v => fmt(-v),
+        emptyText: "no capacity signal (no capacity role runs)" });
+  $("capacity-table").tBodies[0].innerHTML = names.map(n => {
+    const x = c[n];
+    const cells = [n, x.lent, x.engines, x.dedicated, fmt(x.busy_engines), fmt(x.serving_p99_ms), x.guard || "–", x.preempted];
+    return "<tr>" + cells.map(v => `<td>${String(v).replace(/[&<>]/g, ch => "&#" + ch.charCodeAt(0) + ";")}</td>`).join("") + "</tr>";
+  }).join("");
+}
+
 let last = null;
 function render(snap) {
   last = snap;
@@ -234,7 +248,7 @@ function render(snap) {
   $("kpi-staleness").textContent = fmt(snap.mean_recent_staleness);
   $("kpi-dlq").textContent = fmt(Object.values(snap.dead_letters).reduce((a, b) => a + b, 0));
   $("kpi-refused").textContent = fmt(Object.values(snap.weights_refused || {}).reduce((a, b) => a + b, 0));
-  for (const draw of [drawRates, drawLag, drawVersions, drawAdmission, drawWeights, drawJudges, drawRegions]) {
+  for (const draw of [drawRates, drawLag, drawVersions, drawAdmission, drawWeights, drawJudges, drawRegions, drawCapacity]) {
     try { draw(snap); } catch (e) { console.error(draw.name, e); }
   }
   const st = snap.status || {};
