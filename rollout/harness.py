@@ -185,7 +185,7 @@ class _Row:
         )
 
 
-class _Reclaimed(Exception):
+class _Reclaimed(RlstreamError):
     """Raised inside the harness when a reclaim stops the group (caught by ``group``)."""
 
 
