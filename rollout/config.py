@@ -250,8 +250,8 @@ class VllmConfig(BaseModel):
     url: str | None = Field(
         None,
         pattern=r"^https?://",
-        description="Base URL of a vLLM server already running with rlstream's worker extension "
-        "(docs/engines.md); the worker then starts none, and cannot restart it.",
+        description="Base URL of a vLLM server already running with rlstream's weight-transfer "
+        "backend (docs/engines.md); the worker then starts none, and cannot restart it.",
         json_schema_extra=LOCAL,
     )
     dtype: Literal["float32", "bfloat16"] = Field(
@@ -301,15 +301,24 @@ class VllmConfig(BaseModel):
     extra_args: list[str] = Field(
         default_factory=list, description="More command-line arguments for the server."
     )
-    extension: str = Field(
-        "rlstream_vllm_ext.WeightSwap",
+    backend: str = Field(
+        "rlstream",
+        pattern=r"^[A-Za-z_][\w.-]*$",
+        description="vLLM weight-transfer backend the server loads versions through "
+        "(`--weight-transfer-config`): rlstream's (package `rollout/vllm_server`, installed into "
+        "vLLM's virtualenv by `make vllm`) or one registered under another name by a plugin or by "
+        "`extension` (docs/engines.md).",
+    )
+    extension: str | None = Field(
+        None,
         pattern=r"^[A-Za-z_][\w.]*\.[A-Za-z_]\w*$",
-        description="The worker extension class (`MODULE.CLASS`): rlstream's, or a subclass of it "
-        "(docs/engines.md), found on `extension_path` before rlstream's folder.",
+        description="A worker extension class (`MODULE.CLASS`, found on `extension_path`) vLLM "
+        "imports in its worker before the model loads, e.g. to register a backend of your own; "
+        "none by default.",
     )
     extension_path: list[str] = Field(
         default_factory=list,
-        description="Folders put on the server's PYTHONPATH before rlstream's extension folder.",
+        description="Folders put on the server's PYTHONPATH (for `extension`).",
         json_schema_extra=LOCAL,
     )
 

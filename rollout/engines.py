@@ -81,14 +81,20 @@ class EngineStats:
     changed tensors found and written to shared memory while generation went on)."""
     checks: int = 0
     """Canary checks of what the engine holds (``VllmConfig.check_every``)."""
+    hash_checks: int = 0
+    """Checks of the checkpoint hash the engine's backend reports holding."""
     check_failures: int = 0
+    """Checks of either kind that failed (each repaired, or the worker gave up)."""
+    repairs: int = 0
+    """Engines that failed a check, were reloaded whole and passed it again."""
     check_gaps: list[float] = field(default_factory=list)
     """Per check, the largest |engine - worker model| canary logprob."""
 
     def figures(self) -> dict[str, Any]:
         return {
-            "engine_checks": self.checks,
+            "engine_checks": self.checks + self.hash_checks,
             "engine_check_failures": self.check_failures,
+            "engine_repairs": self.repairs,
             "engine_check_gap_max": max(self.check_gaps) if self.check_gaps else None,
             "engine": self.engine,
             "engine_version": self.engine_version,

@@ -8,14 +8,21 @@ Rules a maintainer must keep:
 - a request never straddles a swap: swaps happen only in the thread that sends requests; a
   watcher aborts a long request when a newer version is pending, and rows continue from their
   tokens;
-- weights in place: only the changed tensors, widened to whole decoder layers, loaded through
-  the model's own weight loader between ``/pause`` and ``/resume``; a refused version leaves the
-  engine on the version it had (``EngineRefused``);
+- weights in place, through vLLM's weight-transfer API: the changed tensors, widened to whole
+  decoder layers, are found and written to shared memory while generation goes on; then
+  ``/pause`` (no request is in flight: see the first rule), ``/start_weight_update``,
+  ``/update_weights`` (rlstream's backend, ``rollout/vllm_server/rlstream_vllm``, loads the file
+  through the model's own weight loader), ``/finish_weight_update``, ``/reset_prefix_cache``,
+  ``/resume``. A refused version leaves the engine on the version it had (``EngineRefused``);
 - a dead or hung server restarts on the version it held, at most ``max_restarts`` times;
-- checked (``check_every``): after taking a version, the engine's logprobs of a fixed canary
-  (``CANARY_*``: seeded prompt and sampling) must match the worker's own model loaded with the
-  same tensors within ``VllmConfig.tolerance``; a version that does not is reloaded whole from
-  disk and checked again, and ``EngineError`` ends the worker when even that does not match.
+- checked after every version it takes: the backend reports the state hash of the checkpoint
+  it loaded (computed in the server from the bytes it took), which must equal the hash of the
+  version in checkpoint form; and (every ``check_every``-th) the engine's logprobs of a fixed
+  canary (``CANARY_*``: seeded prompt and sampling) must match the worker's own model loaded
+  with the same tensors within ``VllmConfig.tolerance`` (this one sees weights changed in place
+  after a load, too). An engine that fails either is repaired: nothing is generated until the
+  version is reloaded whole from disk and checked again, and ``EngineError`` ends the worker
+  when even that does not pass. Counted in ``EngineStats``: checks, mismatches, repairs.
 
 Details: docs/engines.md (The vllm engine).
 """
@@ -61,6 +68,17 @@ ABORT_POLL_S = 0.02
 CANARY_PROMPT, CANARY_NEW, CANARY_SEED = 16, 8, 20261207
 
 log = logging.getLogger(__name__)
+
+
+def checkpoint_hash(model: PolicyModel, tensors: Mapping[str, torch.Tensor]) -> str:
+    """rlstream's state hash of ``tensors`` in checkpoint form (the names and dtypes the vLLM
+    server loads): what the backend must report holding after taking them."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    from rlstream.schemas.deltacodec.bits import from_torch, state_hash
+
+    named = revert_weight_conversion(model.hf, dict(tensors))
+    return state_hash(from_torch({k: v.detach().contiguous() for k, v in named.items()}))
 
 
 def changed_names(
@@ -151,13 +169,15 @@ class VllmEngine:
         ``EngineRefused`` when it keeps the version it had (see the module docstring)."""
         if self.held is None:
             self._start(version, tensors)
-            self._verify(version, tensors)
+            held = str(self.report().get("state_hash"))
+            self._verify(version, tensors, held, checkpoint_hash(self.model, tensors))
             return
         started = time.perf_counter()  # prepared while generation goes on; paused in _load
         names = whole_layers(changed_names(self.held[1], tensors), set(tensors))
         path, digest = self._write({n: tensors[n] for n in names}, version)
+        expected = checkpoint_hash(self.model, tensors)
         try:
-            answer = self._swap_in(path, digest)
+            answer = self._swap_in(path, digest, version)
         finally:
             path.unlink(missing_ok=True)
         if "refused" in answer or "broken" in answer:
@@ -170,7 +190,7 @@ class VllmEngine:
         self.stats.swaps += 1
         self.stats.swap_s.append(float(answer["swap_s"]))
         self.stats.sync_s.append(time.perf_counter() - started)
-        self._verify(version, tensors)
+        self._verify(version, tensors, held_hash=str(answer.get("state_hash")), expected=expected)
 
     def check(self, tensors: Mapping[str, torch.Tensor]) -> float:
         """The largest |engine - worker model| logprob over the canary (``CANARY_*``), the
@@ -206,38 +226,46 @@ class VllmEngine:
         self.stats.check_gaps.append(gap)
         return gap
 
-    def _verify(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
-        """Check the engine on the version it just took (every ``check_every``-th); one that
+    def _verify(
+        self,
+        version: int,
+        tensors: Mapping[str, torch.Tensor],
+        held_hash: str | None = None,
+        expected: str | None = None,
+    ) -> None:
+        """Check the engine on the version it just took: the checkpoint hash its backend
+        reports (when given) and, every ``check_every``-th version, the canary. An engine that
         fails is reloaded whole from disk and checked again (rules in the module docstring)."""
+        wrong = ""
+        if held_hash is not None and expected is not None:
+            self.stats.hash_checks += 1
+            if held_hash != expected:
+                wrong = f"holds checkpoint {held_hash[:16]}, not {expected[:16]}"
         every = self.cfg.check_every
-        if not every or (self.stats.swaps % every and self.stats.checks):
-            return
         bound = self.cfg.tolerance
-        gap = self.check(tensors)
-        if gap <= bound:
+        if not wrong and every and not (self.stats.swaps % every and self.stats.checks):
+            gap = self.check(tensors)
+            if gap > bound:
+                wrong = f"serves canary logprobs {gap:.4g} away from the worker's model (bound {bound:g})"
+        if not wrong:
             return
         self.stats.check_failures += 1
-        log.warning(
-            "engine check: version %d serves logprobs %.4g away from the worker's model on the "
-            "same weights (bound %.4g): reloading it whole from disk",
-            version,
-            gap,
-            bound,
-        )
-        self.reload_from_disk(version, tensors)
+        log.warning("engine check: version %d %s: reloading it whole from disk", version, wrong)
+        report = self.reload_from_disk(version, tensors)
         gap = self.check(tensors)
-        if gap > bound:
+        if report.get("state_hash") != checkpoint_hash(self.model, tensors) or gap > bound:
             raise EngineError(
-                f"the engine's logprobs on version {version} are {gap:.4g} away from the "
-                f"worker's model after a whole reload from disk (bound {bound:g})"
+                f"the engine on version {version} fails its check after a whole reload from disk "
+                f"(canary gap {gap:.4g}, bound {bound:g})"
             )
+        self.stats.repairs += 1
 
-    def _swap_in(self, path: Path, digest: str) -> dict[str, Any]:
-        """The extension's answer to loading ``path``; an engine that died during the swap is
+    def _swap_in(self, path: Path, digest: str, version: int) -> dict[str, Any]:
+        """The backend's answer to loading ``path``; an engine that died during the swap is
         restarted on the version it held and the swap tried once more."""
         for attempt in range(2):
             try:
-                return self._load("rlstream_load", [str(path), digest])
+                return self._transfer({"path": str(path), "sha256": digest, "version": version})
             except EngineError as exc:
                 if attempt or (not isinstance(exc, Unreachable) and self._healthy()):
                     raise
@@ -255,38 +283,79 @@ class VllmEngine:
         path.write_bytes(data)
         return path, hashlib.sha256(data).hexdigest()
 
-    def reload_from_disk(self, version: int, tensors: Mapping[str, torch.Tensor]) -> float:
-        """The baseline a swap is measured against: ``version`` written whole as a checkpoint,
-        then reloaded by the server from disk; the seconds it took in all. Raises
-        ``EngineError`` unless the server took it."""
+    def reload_from_disk(self, version: int, tensors: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+        """The repair, and the baseline a swap is measured against: ``version`` written whole as
+        a checkpoint, then reloaded by the server from disk. The backend's report, with
+        ``seconds`` (written and reloaded in all); ``EngineError`` unless the server took it."""
         from rlstream.rollout.hf_policy import save_state_hf
 
         started = time.perf_counter()
         folder = self.work / f"reload-v{version}"
         save_state_hf(self.policy, tensors, folder)
         try:
-            answer = self._load("rlstream_reload", [str(folder)])
+            answer = self._transfer({"folder": str(folder), "version": version})
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         if not answer.get("ok"):
             raise EngineError(f"the reload of version {version} from disk failed: {answer}")
         self.held = (version, tensors)
-        return time.perf_counter() - started
+        return {**answer, "seconds": time.perf_counter() - started}
 
-    def _load(self, method: str, args: list[str]) -> dict[str, Any]:
-        """Pause, call ``method`` of the worker extension, drop cached keys/values, resume: its
-        answer, with ``swap_s`` (pause to resumed) when it took the weights."""
-        started = time.perf_counter()
+    def _transfer(self, info: dict[str, Any]) -> dict[str, Any]:
+        """Load ``info`` (rlstream's backend's update: a file of changed tensors or a folder)
+        through vLLM's weight-transfer routes while generation is paused, drop the cached
+        keys/values, resume. The backend's report (``ok`` true, or ``refused``/``broken`` with
+        the reason) with ``swap_s``, pause to resumed."""
+        started, stamp = time.perf_counter(), time.time()
         self._post("/pause?mode=wait", {})
         try:
-            result = self._post("/collective_rpc", {"method": method, "args": args})
-            answers = result.get("results") or [{}]
-            if not all(a.get("ok") for a in answers):
-                return next(a for a in answers if not a.get("ok"))
+            try:
+                self._post("/start_weight_update", {})
+                self._post("/update_weights", {"update_info": info})
+                self._post("/finish_weight_update", {"weight_version": str(info["version"])})
+            except Unreachable:
+                raise
+            except EngineError:
+                report = self.report()
+                outcome = str(report.get("outcome"))
+                if outcome in ("refused", "broken") and float(report.get("at", 0)) >= stamp:
+                    return {outcome: report.get("reason") or outcome}
+                raise
             self._post("/reset_prefix_cache", {})
         finally:
             self._post("/resume", {})
-        return {**answers[0], "swap_s": time.perf_counter() - started}
+        report = self.report()
+        if report.get("outcome") != "ok" or report.get("version") != info["version"]:
+            raise EngineError(f"the backend did not report version {info['version']}: {report}")
+        return {
+            "ok": True,
+            "state_hash": report.get("state_hash"),
+            "seconds": report.get("seconds"),
+            "swap_s": time.perf_counter() - started,
+        }
+
+    @property
+    def report_path(self) -> Path:
+        """Where the server's backend writes its report (``rlstream_vllm.backend``)."""
+        return self.work / "backend-report.json"
+
+    def report(self) -> dict[str, Any]:
+        """The backend's last report ({} before the first)."""
+        try:
+            return dict(json.loads(self.report_path.read_text()))
+        except (OSError, ValueError):
+            return {}
+
+    def _init_backend(self, version: int) -> None:
+        """Tell the server's backend where to report and which version it started on (once per
+        server; -1 for a server given by URL, whose start is unknown)."""
+        info = {"report": str(self.report_path), "version": version}
+        self._post("/init_weight_transfer_engine", {"init_info": info})
+        if self.report().get("outcome") != "ready":
+            raise EngineError(
+                f"the vLLM server at {self.url} has no rlstream weight-transfer backend "
+                f'(started without --weight-transfer-config \'{{"backend": "rlstream"}}\'?)'
+            )
 
     # -- the server ------------------------------------------------------------------------------
 
@@ -297,16 +366,19 @@ class VllmEngine:
         if self.server is not None:
             for old in self.work.glob("start-v*"):  # a restarted server's: no reader any more
                 shutil.rmtree(old, ignore_errors=True)
-            folder = self.work / f"start-v{version}"  # kept: the extension reads its tensor table
+            folder = self.work / f"start-v{version}"  # kept: the backend reads its tensor table
             save_state_hf(self.policy, tensors, folder)
             self.server.start(folder)
             self.url = self.server.url
+            self._init_backend(version)
         else:  # a running server given by URL: what it holds is unknown, so it takes it all
-            path, digest = self._write(tensors, version)
+            self._init_backend(-1)
+            folder = self.work / f"start-v{version}"
+            save_state_hf(self.policy, tensors, folder)
             try:
-                answer = self._load("rlstream_load", [str(path), digest])
+                answer = self._transfer({"folder": str(folder), "version": version})
             finally:
-                path.unlink(missing_ok=True)
+                shutil.rmtree(folder, ignore_errors=True)
             if not answer.get("ok"):
                 raise EngineError(f"the vLLM server at {self.url} did not take version {version}")
         try:

@@ -12,8 +12,10 @@ Rules:
   (``--logprobs-mode processed_logprobs``; vLLM's default is the raw logits' logprobs), fp32 or
   bf16 (``--dtype``), eager mode, the policy's window as ``--max-model-len``, the development
   endpoints (``VLLM_SERVER_DEV_MODE=1``: ``/pause``, ``/resume``, ``/abort_requests``,
-  ``/collective_rpc``, ``/reset_prefix_cache``) and rlstream's worker extension
-  (``rollout/vllm_server/rlstream_vllm_ext.py``, on the server's ``PYTHONPATH``). CPU threads are
+  ``/reset_prefix_cache`` and the weight-transfer routes) and vLLM's weight-transfer API with
+  rlstream's backend (``--weight-transfer-config {"backend": "rlstream"}``: the package
+  ``rollout/vllm_server``, installed into vLLM's virtualenv, which registers it through a vLLM
+  plugin entry point; a venv without it is refused before the server starts). CPU threads are
   not pinned (``VLLM_CPU_OMP_THREADS_BIND=nobind``): several workers share a machine's cores.
 - The server is the leader of its own process group (a new session), so its engine-core and
   worker processes go with it: ``stop`` sends SIGTERM to that group, SIGKILL after a grace
@@ -25,6 +27,8 @@ Rules:
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 import os
 import signal
 import subprocess
@@ -38,10 +42,12 @@ from rlstream.producers.runtime.ports import free_port
 from rlstream.rollout.config import VllmConfig
 from rlstream.rollout.engines import EngineError
 
-EXTENSION_DIR = Path(__file__).resolve().parent / "vllm_server"
+BACKEND_DIR = Path(__file__).resolve().parent / "vllm_server"
 PYTHON_ENV = "RLSTREAM_VLLM_PYTHON"
 DEFAULT_PYTHON = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
 STOP_GRACE_S = 20.0
+BACKEND = "rlstream"
+"""The name rlstream's weight-transfer backend registers under (``rlstream_vllm.BACKEND``)."""
 
 
 def vllm_python(cfg: VllmConfig | None = None) -> Path | None:
@@ -50,6 +56,19 @@ def vllm_python(cfg: VllmConfig | None = None) -> Path | None:
     named = (cfg.python if cfg is not None else None) or os.environ.get(PYTHON_ENV)
     path = Path(named) if named else DEFAULT_PYTHON
     return path if path.exists() else None
+
+
+@functools.cache
+def check_backend(python: Path) -> None:
+    """Refuse a vLLM virtualenv that lacks rlstream's weight-transfer backend, with the fix."""
+    found = subprocess.run(
+        [str(python), "-c", "import rlstream_vllm"], capture_output=True, env={}, check=False
+    )
+    if found.returncode:
+        raise EngineError(
+            f"the vLLM at {python} lacks rlstream's weight-transfer backend: run `make vllm`, or "
+            f"`{python} -m pip install --no-deps {BACKEND_DIR}`"
+        )
 
 
 def get(url: str, timeout: float = 5.0) -> bytes:
@@ -91,7 +110,8 @@ class VllmServer:
             *("--kv-cache-memory-bytes", str(kv_bytes)),
             *("--max-num-seqs", str(self.cfg.max_num_seqs), "--seed", "0"),
             *("--skip-tokenizer-init", "--logprobs-mode", "processed_logprobs"),
-            *("--worker-extension-cls", self.cfg.extension),
+            *("--weight-transfer-config", json.dumps({"backend": self.cfg.backend})),
+            *(("--worker-extension-cls", self.cfg.extension) if self.cfg.extension else ()),
             *self.cfg.extra_args,
         ]
 
@@ -101,7 +121,7 @@ class VllmServer:
             VLLM_SERVER_DEV_MODE="1",
             VLLM_CPU_OMP_THREADS_BIND="nobind",
             OMP_NUM_THREADS=str(self.cfg.threads),
-            PYTHONPATH=os.pathsep.join([*self.cfg.extension_path, str(EXTENSION_DIR)]),
+            PYTHONPATH=os.pathsep.join(self.cfg.extension_path),
             PYTHONUNBUFFERED="1",
         )
         return env
@@ -110,6 +130,8 @@ class VllmServer:
         """Start a server on ``model_dir``; returns once it answers (see the module rules)."""
         if self.proc is not None:
             raise EngineError(f"the server (pid {self.pid}) is already started")
+        if self.cfg.backend == BACKEND:
+            check_backend(Path(self.command(model_dir, 0)[0]))
         for attempt in range(attempts):
             port = free_port()
             self.url = f"http://127.0.0.1:{port}"

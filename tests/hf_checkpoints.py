@@ -54,10 +54,15 @@ def bpe_tokenizer(vocab_size: int = 400, corpus=None, template: str = CHATML, ad
 
 
 def bpe_checkpoint(
-    path: Path, seed: int = 0, tokenizer=None, max_seq_len: int = 256, dense: bool = False
+    path: Path,
+    seed: int = 0,
+    tokenizer=None,
+    max_seq_len: int = 256,
+    dense: bool = False,
+    head_dim: int | None = None,
 ) -> Path:
     """The directory (see the module docstring; ``tokenizer``: another one; ``dense``: a tiny
-    Llama, no router, instead of the Qwen3-MoE); returns ``path``."""
+    Llama, no router, instead of the Qwen3-MoE, with heads of ``head_dim``); returns ``path``."""
     from rlstream.rollout.hf_policy import (
         build_hf_policy,
         save_hf,
@@ -67,7 +72,9 @@ def bpe_checkpoint(
 
     tokenizer = tokenizer or bpe_tokenizer()
     if dense:
-        config = tiny_llama_config(vocab_size=len(tokenizer), max_seq_len=max_seq_len)
+        config = tiny_llama_config(
+            vocab_size=len(tokenizer), max_seq_len=max_seq_len, head_dim=head_dim
+        )
     else:
         config = tiny_qwen3_moe_config(
             vocab_size=len(tokenizer), n_experts=4, max_seq_len=max_seq_len

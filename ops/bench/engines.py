@@ -224,7 +224,7 @@ def _swaps(args: argparse.Namespace, model: Any, engine: Any) -> dict[str, Any]:
         engine.push(v, state)
     in_place = engine.stats.swap_s[before:]
     from_disk = [
-        engine.reload_from_disk(v, state)
+        engine.reload_from_disk(v, state)["seconds"]
         for v, state in enumerate(versions[args.swaps :], args.swaps + 1)
     ]
     torch_s = []

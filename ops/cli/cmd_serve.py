@@ -1,7 +1,9 @@
 """``rlstream serve SERVICE``: long-running network services of a run.
 
 ``serve policy`` serves the run's current policy over an OpenAI-compatible completions API
-(see ``rlstream.rollout.serve``). ``serve feedback`` runs feedback-ingest, the HTTP endpoint the
+(see ``rlstream.rollout.serve``). ``serve vllm --url URL`` keeps a vLLM server someone else runs
+(with rlstream's weight-transfer backend) on the run's newest verified version
+(``rlstream.rollout.vllm_follow``). ``serve feedback`` runs feedback-ingest, the HTTP endpoint the
 editor backend posts user feedback to (see ``rlstream.producers.feedback.service``). Each service
 registers itself with one ``_register_<service>`` function, so adding one is one function and
 one line in ``register``. Heavy modules (aiohttp, confluent_kafka) are imported only when a
@@ -13,7 +15,7 @@ not need the recipe; its own settings (credentials, limits) come from ``--servic
 Kafka is found as a role finds it (``ops.run.roles``): ``--bootstrap`` / ``RLSTREAM_BOOTSTRAP`` with
 the ``RLSTREAM_KAFKA_*`` credentials as given, else the local cluster's region, where on a secured
 cluster each service connects as its own user (``service_settings``: ``feedback-ingest``,
-``policy-server``), never as ``admin``; ``rlstream acl apply --run RUN`` creates those users and
+``policy-server``, ``vllm-follower``), never as ``admin``; ``rlstream acl apply --run RUN`` creates those users and
 their least-privilege ACLs (``ops.run.acls``) with the run's topics, which the services cannot
 create.
 """
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 
 FEEDBACK_USER = SERVICES["feedback"]  # the principals, as declared in ops.run.roles
 POLICY_USER = SERVICES["policy"]
+VLLM_USER = SERVICES["vllm"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,6 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ssub = parser.add_subparsers(dest="service", metavar="SERVICE", required=True)
     _register_feedback(ssub)
     _register_policy(ssub)
+    _register_vllm(ssub)
 
 
 # --- feedback -------------------------------------------------------------------------------
@@ -245,6 +249,83 @@ def _serve_policy(args: argparse.Namespace) -> int:
     finally:
         server.close()
     return 0
+
+
+def _register_vllm(ssub: argparse._SubParsersAction) -> None:
+    p = ssub.add_parser(
+        "vllm",
+        help="keep a running vLLM server on the run's newest verified version",
+        description="The server runs on this host with rlstream's weight-transfer backend "
+        "(`pip install --no-deps rollout/vllm_server` into its venv; started with "
+        'VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config \'{"backend": "rlstream"}\'). '
+        "Each verified version is prepared while the server generates, loaded in place while "
+        "it is paused (requests in flight finish on the old version first), and checked after "
+        "the swap; one line per version, JSON with --json.",
+    )
+    p.add_argument("--run", required=True, help="run whose weights to follow")
+    p.add_argument("--url", required=True, help="base URL of the vLLM server")
+    p.add_argument(
+        "--config", default=None, help="TOML run recipe, as for `rlstream run` (model, policy)"
+    )
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument(
+        "--max-versions", type=int, default=None, help="stop after this many versions taken"
+    )
+    p.add_argument("--minutes", type=float, default=None, help="stop after this long")
+    p.add_argument(
+        "--json", action="store_true", help="one JSON object per version, and at the end"
+    )
+    add_kafka_args(p)
+    p.set_defaults(func=_serve_vllm)
+
+
+def _serve_vllm(args: argparse.Namespace) -> int:
+    import json
+    import signal
+    import time
+
+    from rlstream.ops.run.config import load_run_config
+    from rlstream.rollout.engines import EngineError
+    from rlstream.rollout.vllm_follow import VllmFollower
+
+    config = load_run_config(args.config, args.set)
+    settings = service_settings(args, VLLM_USER)
+    as_json = args.json
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    follower = VllmFollower(
+        settings, args.run, config.model, config.policy, config.rollout.vllm, args.url, log=log
+    )
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    deadline = time.monotonic() + 60 * args.minutes if args.minutes else float("inf")
+    taken, code = 0, 0
+    log(f"vllm: following run {args.run} ({config.model!r}) into {args.url}")
+    try:
+        while not stopping and time.monotonic() < deadline:
+            if args.max_versions is not None and taken >= args.max_versions:
+                break
+            line = follower.step(1.0)
+            if line is None:
+                continue
+            taken += "refused" not in line
+            if as_json:
+                print(json.dumps(line), flush=True)
+    except KeyboardInterrupt:
+        pass
+    except EngineError as exc:
+        log(f"vllm: giving up: {exc}")
+        code = 1
+    finally:
+        summary = follower.summary()
+        follower.close()
+    if as_json:
+        print(json.dumps({"summary": summary}), flush=True)
+    else:
+        log(f"vllm: {json.dumps(summary)}")
+    return code
 
 
 def completions_gate(args: argparse.Namespace, push: Any) -> Any:

@@ -470,9 +470,10 @@ def engine_summary(folder: Path) -> dict[str, Any]:
     ``engine``, ``engine_version``, ``engine_swaps``, ``engine_restarts`` (0 when nothing
     failed), ``engine_refusals``, ``swap_p50_s`` and ``pause_s_p50``/``pause_s_p99`` (over every
     swap: the pause generation saw, pause -> resumed for vLLM), ``sync_s_p50`` (the whole way
-    in, the preparing done while generation went on included), ``engine_checks``,
-    ``engine_check_failures`` and ``engine_check_gap_max`` (the canary checks of what a vLLM
-    engine holds: ``rollout.vllm_engine``), ``engine_memory_bytes`` (the largest worker's
+    in, the preparing done while generation went on included), ``engine_checks`` {``checked``,
+    ``mismatches``, ``repaired``} and ``engine_check_gap_max`` (the checks of what a vLLM engine
+    holds, its backend's checkpoint hash and the canary: ``rollout.vllm_engine``),
+    ``engine_memory_bytes`` (the largest worker's
     engine, PSS; None for the in-process engine)."""
     import statistics
 
@@ -494,8 +495,11 @@ def engine_summary(folder: Path) -> dict[str, Any]:
         "pause_s_p50": percentile(swaps, 50),
         "pause_s_p99": percentile(swaps, 99),
         "sync_s_p50": percentile(syncs, 50),
-        "engine_checks": sum(int(f.get("engine_checks") or 0) for f in figures),
-        "engine_check_failures": sum(int(f.get("engine_check_failures") or 0) for f in figures),
+        "engine_checks": {
+            "checked": sum(int(f.get("engine_checks") or 0) for f in figures),
+            "mismatches": sum(int(f.get("engine_check_failures") or 0) for f in figures),
+            "repaired": sum(int(f.get("engine_repairs") or 0) for f in figures),
+        },
         "engine_check_gap_max": max(gaps) if gaps else None,
         "engine_memory_bytes": max(memory) if memory else None,
     }

@@ -276,6 +276,17 @@ _ROLES = (
         ),
         serve="policy",
     ),
+    Role(
+        "vllm-follower",
+        "rlstream.rollout.vllm_follow",  # a vLLM server of its own kept on the newest version
+        RoleAccess(
+            reads=("weights.manifests", "weights.chunks"),
+            writes=(),
+            group=None,
+            transactional=False,
+        ),
+        serve="vllm",
+    ),
 )
 #: Every role and service of a run, by name, in the order ``--help`` and the ACLs list them.
 ROLES: dict[str, Role] = {r.name: r for r in _ROLES}

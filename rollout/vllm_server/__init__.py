@@ -1,3 +1,3 @@
-"""What vLLM's own processes run, in vLLM's virtualenv (``make vllm``): rlstream's worker
-extension (``rlstream_vllm_ext``, put on the server's ``PYTHONPATH`` by ``rollout.vllm_process``;
+"""What vLLM's own processes run, in vLLM's virtualenv (``make vllm``): rlstream's weight-transfer
+backend (the package ``rlstream_vllm``, installed there from this folder's ``pyproject.toml``;
 it imports nothing of rlstream) and the requirements of that virtualenv."""

@@ -35,7 +35,7 @@ from rlstream.rollout.config import HarnessConfig
 from rlstream.rollout.engines import EngineRefused
 from rlstream.rollout.harness import Rollout
 from rlstream.rollout.model import build_policy
-from rlstream.rollout.vllm_engine import VllmEngine
+from rlstream.rollout.vllm_engine import VllmEngine, checkpoint_hash
 
 pytestmark = [pytest.mark.slow, requires_vllm]
 
@@ -115,7 +115,7 @@ def test_twelve_versions_in_place_match_transformers(
     assert engine.stats.swaps - swaps_before == 12 and engine.stats.restarts == 0
     swap_s = sorted(engine.stats.swap_s[-12:])
     state = perturbed(state, 13)
-    reload_s = engine.reload_from_disk(13, state)
+    reload_s = engine.reload_from_disk(13, state)["seconds"]
     assert _max_error(engine, state, 13) < TOLERANCE
     print(
         f"\nswap in place p50 {swap_s[6]:.4f}s (pause -> resumed), reload from disk {reload_s:.4f}s"
@@ -239,26 +239,39 @@ def test_a_new_version_goes_in_during_a_generation_and_rows_continue(
     assert engine.stats.aborts >= 1 and engine.stats.restarts == 0
 
 
-def test_an_engine_holding_other_weights_than_it_was_sent_is_caught_and_reloaded(
+def test_an_engine_holding_other_weights_than_it_was_sent_is_caught_and_repaired(
     engine: VllmEngine, base: dict[str, torch.Tensor]
 ) -> None:
-    """Every version taken is checked: the engine's canary logprobs against the worker's model on
-    the tensors sent. An engine that silently holds other weights (here: another version loaded
-    behind the worker's back, as a swap that corrupts would leave it) fails the check, is reloaded
-    whole from disk, and serves the version it was sent again."""
+    """Every version taken is checked: the checkpoint hash the server's backend reports holding,
+    and the engine's canary logprobs against the worker's model on the tensors sent. An engine
+    that silently holds other weights fails, is reloaded whole from disk, and serves the version
+    it was sent again: (1) another version loaded behind the worker's back (as a swap that loads
+    the wrong bytes would leave it): the backend's hash says so; (2) its weights zeroed in place
+    through vLLM's own ``/weight_checker`` reset (what memory corruption after a good load looks
+    like): only the canary sees it."""
     version = engine.version + 1
     state = perturbed(base, 100 + version)
-    checks, failures = engine.stats.checks, engine.stats.check_failures
+    checks, hashes = engine.stats.checks, engine.stats.hash_checks
+    failures, repairs = engine.stats.check_failures, engine.stats.repairs
     engine.push(version, state)
-    assert engine.stats.checks == checks + 1 and engine.stats.check_failures == failures
-    assert engine.stats.check_gaps[-1] < engine.cfg.tolerance
+    assert engine.stats.checks == checks + 1 and engine.stats.hash_checks == hashes + 1
+    assert engine.stats.check_failures == failures and engine.stats.check_gaps[-1] < 1e-3
+    expected = checkpoint_hash(engine.model, state)
+    assert engine.report()["state_hash"] == expected  # computed in the server from its bytes
     path, digest = engine._write(perturbed(state, 7, scale=0.05), version)
-    try:
-        assert engine._load("rlstream_load", [str(path), digest]).get("ok")  # behind its back
+    try:  # behind its back
+        assert engine._transfer({"path": str(path), "sha256": digest, "version": version})["ok"]
     finally:
         path.unlink(missing_ok=True)
-    assert engine.check(state) > engine.cfg.tolerance  # caught
-    engine._verify(version, state)  # reloaded whole, then checked again
-    assert engine.stats.check_failures == failures + 1
+    assert engine.report()["state_hash"] != expected
+    engine._verify(version, state, engine.report()["state_hash"], expected)  # caught, repaired
+    assert engine.stats.check_failures == failures + 1 and engine.stats.repairs == repairs + 1
+    assert engine.report()["state_hash"] == expected
+    assert _max_error(engine, state, version) < TOLERANCE
+    engine._post("/weight_checker", {"action": "reset"})  # every weight zeroed in place
+    assert engine.report()["state_hash"] == expected  # the backend cannot see it ...
+    assert engine.check(state) > engine.cfg.tolerance  # ... the canary does
+    engine._verify(version, state)
+    assert engine.stats.check_failures == failures + 2 and engine.stats.repairs == repairs + 2
     assert engine.stats.check_gaps[-1] < engine.cfg.tolerance
     assert _max_error(engine, state, version) < TOLERANCE

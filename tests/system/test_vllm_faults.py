@@ -5,8 +5,8 @@ Checks:
   just before the kill, before the next one) is restarted by the engine on the version it held,
   the request is sent again, and what comes back is that version's
   (logprobs equal transformers', fp32); the killed server's processes are all gone;
-- a version the engine fails to load half-way (a fault injected into the worker extension: it
-  changes a weight, then fails) is refused, the engine is restarted on the version it had before
+- a version the engine fails to load half-way (a fault injected into the weight-transfer
+  backend: it changes a weight, then fails) is refused, the engine is restarted on the version it had before
   anything more is generated, so the next generation is exactly the old version's (nothing comes
   from a half-swapped engine), and the version after it goes in as usual.
 """
@@ -138,8 +138,12 @@ def test_a_killed_server_is_restarted_and_the_request_sent_again(tmp_path: Path)
 
 def test_a_version_that_fails_half_way_is_refused_and_the_old_one_serves(tmp_path: Path) -> None:
     base = dict(build_policy(POLICY).state_dict())
-    # the harness's extension: each server's second load fails half-way (tests/system/vllm_fault_ext)
-    fault = {"extension": "vllm_fault_ext.HalfFailingSwap", "extension_path": [str(HERE)]}
+    # the harness's backend: each server's second load fails half-way (tests/system/vllm_fault_ext)
+    fault = {
+        "backend": "rlstream-half-failing",
+        "extension": "vllm_fault_ext.Register",
+        "extension_path": [str(HERE)],
+    }
     engine = start_engine(tmp_path, base, **fault)
     try:
         v1 = perturbed(base, 1)

@@ -54,7 +54,7 @@ def grants() -> list[acls.Grant]:
 
 def test_one_principal_per_role_and_service() -> None:
     assert set(acls.PRINCIPALS) == set(ROLES) | {"feedback-ingest", "policy-server"}
-    assert set(acls.SERVICES) == {"feedback-ingest", "policy-server"}
+    assert set(acls.SERVICES) == {"feedback-ingest", "policy-server", "vllm-follower"}
 
 
 @pytest.mark.parametrize("stream", topics.RUN_STREAMS)
@@ -241,8 +241,11 @@ def test_the_services_are_least_privileged(grants: list[acls.Grant]) -> None:
     assert streams("feedback-ingest", "read") == streams("feedback-ingest", "write") == {"feedback"}
     assert streams("policy-server", "write") == {"served"}
     assert streams("policy-server", "read") == {"weights.manifests", "weights.chunks", "evals"}
+    assert streams("vllm-follower", "write") == set()  # `serve vllm` only reads the weights
+    assert streams("vllm-follower", "read") == {"weights.manifests", "weights.chunks"}
     for service in acls.SERVICES:
-        assert acls.allowed(grants, service, "topic", "rl.schemas", "write")  # announces schemas
+        writes = service != "vllm-follower"  # a writer announces its schemas
+        assert acls.allowed(grants, service, "topic", "rl.schemas", "write") == writes
         assert not [g for g in grants if g.principal == service and g.operation == "delete"]
         assert not [
             g

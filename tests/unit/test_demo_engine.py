@@ -30,7 +30,8 @@ def test_the_summary_adds_up_the_workers_figures(tmp_path: Path) -> None:
             "engine": "vllm", "engine_version": "0.32.0", "engine_swaps": len(swaps),
             "engine_restarts": restarts, "engine_refusals": 0, "swap_s": swaps,
             "engine_memory_bytes": memory, "engine_checks": len(swaps),
-            "engine_check_failures": restarts, "engine_check_gap_max": 1e-7 * len(swaps),
+            "engine_check_failures": restarts, "engine_repairs": restarts,
+            "engine_check_gap_max": 1e-7 * len(swaps),
         }  # fmt: skip
         (tmp_path / f"{name}.json").write_text(json.dumps(figures))
     summary = engine_summary(tmp_path)
@@ -45,8 +46,7 @@ def test_the_summary_adds_up_the_workers_figures(tmp_path: Path) -> None:
         "pause_s_p50": 0.2,
         "pause_s_p99": pytest.approx(0.298),
         "sync_s_p50": None,  # these workers wrote no sync times
-        "engine_checks": 3,
-        "engine_check_failures": 1,
+        "engine_checks": {"checked": 3, "mismatches": 1, "repaired": 1},
         "engine_check_gap_max": 2e-7,
         "engine_memory_bytes": 3e9,
     }

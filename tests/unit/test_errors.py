@@ -26,12 +26,13 @@ BUILTIN_ERRORS = {
 }
 #: Modules whose own exception stays outside the root: the standalone sandbox bootstrap and the
 #: private root it builds, the repo family's bridge (standard library only: they run in the
-#: sandbox), and the engines (their classes join the root
-#: with the engine change in progress).
+#: sandbox), vLLM's weight-transfer backend (it runs in vLLM's venv, without rlstream), and the
+#: engines (their classes join the root with the engine change in progress).
 EXEMPT = {
     "envs/sandbox/boot.py",
     "envs/sandbox/root.py",
     "envs/repo_bridge.py",
+    "rollout/vllm_server/rlstream_vllm/backend.py",
     "rollout/engines.py",
 }
 

@@ -147,6 +147,7 @@ ROOMS: dict[str, set[str]] = {
     "consumers.feedback": {"consumers.weights"},  # feedback-rl follows the policy version
     "envs.sandbox": set(),  # the boundary: imports no other room
     "rollout.vllm_server": set(),  # runs inside vLLM's own processes: imports nothing of ours
+    "rollout.vllm_server.rlstream_vllm": set(),  # the weight-transfer backend, likewise
     "ops.observe": set(),
     "ops.run": {"ops.cluster", "ops.observe"},  # launching and supervising roles
     "ops.cluster": set(),

@@ -39,8 +39,16 @@ def test_the_command_line_starts_exactly_the_declared_roles() -> None:
 def test_the_principals_and_the_services_are_the_declared_ones() -> None:
     assert tuple(ROLES) == acls.PRINCIPALS
     assert {name: a for name, a in acls.ACCESS.items()} == {n: r.access for n, r in ROLES.items()}
-    assert set(acls.SERVICES) == {cmd_serve.FEEDBACK_USER, cmd_serve.POLICY_USER}
-    assert SERVICES == {"feedback": "feedback-ingest", "policy": "policy-server"}
+    assert set(acls.SERVICES) == {
+        cmd_serve.FEEDBACK_USER,
+        cmd_serve.POLICY_USER,
+        cmd_serve.VLLM_USER,
+    }
+    assert SERVICES == {
+        "feedback": "feedback-ingest",
+        "policy": "policy-server",
+        "vllm": "vllm-follower",
+    }
 
 
 @pytest.mark.parametrize("name", RUN_ROLES)

@@ -11,7 +11,7 @@ from rlstream.envs import protocol
 from rlstream.rollout.config import PolicyConfig, check_vllm_policy
 from rlstream.rollout.model import build_policy
 from rlstream.rollout.vllm_engine import changed_names, same_bits, whole_layers
-from rlstream.rollout.vllm_server.rlstream_vllm_ext import check, layer_of
+from rlstream.rollout.vllm_server.rlstream_vllm.weights import check, layer_of
 
 
 def test_changed_names_compare_bits() -> None:
