@@ -22,9 +22,11 @@ if TYPE_CHECKING:
 
     from rlstream.ops.run.config import RunConfig
 
-#: A supervised role whose transactional call blocks this long exits and is restarted
-#: (``RLSTREAM_HUNG_TRANSACTION_S`` overrides it).
-HUNG_TRANSACTION_S = 90.0
+#: A supervised role's transactional call that blocks this long is abandoned and its producer
+#: replaced in the process (``producers.client.producer``; ``RLSTREAM_HUNG_TRANSACTION_S``
+#: overrides it). A healthy call returns in well under a second, and one held up by a
+#: coordinator that moves within a few; a false alarm costs one aborted batch, redone.
+HUNG_TRANSACTION_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)

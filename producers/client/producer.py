@@ -22,7 +22,13 @@ Rules of a transaction:
 - any other exception, a non-fatal Kafka error included, aborts it as well (a failed abort is
   logged) and propagates;
 - a fatal error (fenced by a newer instance of the same transactional id) propagates as the
-  ``KafkaException`` it is: the role must exit.
+  ``KafkaException`` it is: the role must exit;
+- a transactional call that blocks past the settings' ``hung_call_exit_s`` (``HungCall``) is left
+  to its thread: the producer is replaced in the process by a new instance of the same
+  transactional id, whose ``init_transactions`` fences the stuck one and aborts its open
+  transaction, and ``TransactionAborted`` is raised (the caller rewinds as after any abort).
+  After ``MAX_REPLACEMENTS`` replacements, or when the new instance blocks too, the process exits
+  with ``HUNG_EXIT_CODE`` and its supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
@@ -65,20 +71,23 @@ class DeliveryError(RlstreamError, RuntimeError):
 RETRIES = 5
 
 
+class HungCall(RlstreamError, RuntimeError):
+    """A Kafka call blocked past its limit; it goes on in a thread of its own, its result unused."""
+
+
 def retry_retriable(call: Callable[[], Any], what: str, hung_after: float | None = None) -> Any:
     """``call()``, retried with exponential backoff and jitter while it raises a retriable
     ``KafkaException`` that does not require an abort (at most ``RETRIES`` attempts).
 
     ``hung_after`` (a supervised role's ``KafkaSettings.hung_call_exit_s``): an attempt that blocks
-    longer ends the process with ``HUNG_EXIT_CODE``, so its supervisor restarts it. librdkafka's
-    ``send_offsets_to_transaction`` has been seen to block for good after its broker was killed
-    and restarted (a thread blocked in C cannot be interrupted); the restart fences the stuck
-    transaction and resumes from the committed offsets. The limit is per attempt: a call that
-    times out after its own ``timeout`` and is retried is slow, not hung."""
+    longer raises ``HungCall`` (the call runs in a thread of its own: a thread blocked in C
+    cannot be interrupted, so it is left behind). librdkafka's ``send_offsets_to_transaction`` has
+    been seen to block for good after its broker was killed and restarted (librdkafka #5456,
+    #5511); ``EventProducer.transaction`` then replaces the producer. The limit is per attempt:
+    a call that times out after its own ``timeout`` and is retried is slow, not hung."""
     for attempt in range(RETRIES):
         try:
-            with _hang_guard(what, hung_after):
-                return call()
+            return _bounded(call, what, hung_after)
         except KafkaException as exc:
             err = exc.args[0]
             if not err.retriable() or err.txn_requires_abort() or attempt == RETRIES - 1:
@@ -92,23 +101,36 @@ def retry_retriable(call: Callable[[], Any], what: str, hung_after: float | None
 HUNG_EXIT_CODE = 75
 
 
-@contextlib.contextmanager
-def _hang_guard(what: str, limit: float | None) -> Iterator[None]:
+#: Producers a process replaces after hung calls before it exits instead (each replaced one
+#: leaves a thread blocked in librdkafka behind).
+MAX_REPLACEMENTS = 3
+
+
+def _bounded(call: Callable[[], Any], what: str, limit: float | None) -> Any:
+    """``call()``, or ``HungCall`` when it has not returned after ``limit`` seconds."""
     if limit is None:
-        yield
-        return
+        return call()
+    box: dict[str, Any] = {}
 
-    def bail() -> None:
-        print(f"{what} blocked for {limit:.0f}s; exiting so that the role restarts", flush=True)
-        os._exit(HUNG_EXIT_CODE)
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # handed to the caller below
+            box["error"] = exc
 
-    timer = threading.Timer(limit, bail)
-    timer.daemon = True
-    timer.start()
-    try:
-        yield
-    finally:
-        timer.cancel()
+    thread = threading.Thread(target=run, name=f"kafka {what}", daemon=True)
+    thread.start()
+    thread.join(limit)
+    if thread.is_alive():
+        raise HungCall(f"{what} blocked for {limit:g}s")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def _exit_hung(why: str) -> NoReturn:
+    print(f"{why}; exiting so that the role restarts", flush=True)
+    os._exit(HUNG_EXIT_CODE)
 
 
 class TransactionAborted(RlstreamError, RuntimeError):
@@ -155,6 +177,8 @@ class EventProducer:
         # how it was made (``connect``/``transactional``), for ``non_transactional``
         self._origin: tuple[KafkaSettings, dict[str, str]] | None = None
         self._hung_after: float | None = None  # the settings' ``hung_call_exit_s``
+        self._transactional_id: str | None = None
+        self.replacements = 0  # producers replaced after a hung call (module rules)
 
     @classmethod
     def connect(cls, settings: KafkaSettings, **overrides: str) -> EventProducer:
@@ -172,6 +196,7 @@ class EventProducer:
         retry_retriable(lambda: producer.init_transactions(timeout), "init transactions")
         out = cls(producer)
         out._origin, out._hung_after = (settings, overrides), settings.hung_call_exit_s
+        out._transactional_id = transactional_id
         return out
 
     def non_transactional(self) -> EventProducer:
@@ -205,9 +230,30 @@ class EventProducer:
             log.warning("transaction aborted: %s", err.str())
             retry_retriable(lambda: self._producer.abort_transaction(timeout), "abort")
             raise TransactionAborted(err.str()) from exc
+        except HungCall as exc:  # never call the stuck producer again: replace it
+            self._replace(str(exc), timeout)
+            raise TransactionAborted(f"{exc}: the producer was replaced") from exc
         except BaseException:
             self._abort_quietly(timeout)
             raise
+
+    def _replace(self, why: str, timeout: float) -> None:
+        """A new producer of the same transactional id in place of the stuck one, whose open
+        transaction the new one's ``init_transactions`` fences and aborts (module rules)."""
+        if self._origin is None or self._transactional_id is None:
+            _exit_hung(why)
+        self.replacements += 1
+        if self.replacements > MAX_REPLACEMENTS:
+            _exit_hung(f"{why} ({MAX_REPLACEMENTS} producers replaced already)")
+        assert self._origin is not None and self._transactional_id is not None
+        settings, overrides = self._origin
+        log.warning("%s: replacing the producer (fencing the stuck one)", why)
+        fresh = make_producer(settings, transactional_id=self._transactional_id, **overrides)
+        try:
+            retry_retriable(lambda: fresh.init_transactions(timeout), "init", self._hung_after)
+        except HungCall as exc:
+            _exit_hung(f"{why}, and its replacement's {exc}")
+        self._producer = fresh
 
     def _abort_quietly(self, timeout: float) -> None:
         """Abort the open transaction after another error, which is the one raised; a failed

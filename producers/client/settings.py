@@ -65,9 +65,9 @@ class KafkaSettings(BaseModel):
     )
     hung_call_exit_s: float | None = Field(
         None,
-        description="A supervised role's producer ends its process (exit code 75, so the "
-        "supervisor restarts it) when one transactional call blocks longer than this; None: "
-        "never (see producers.client.producer.retry_retriable).",
+        description="A supervised role's transactional call that blocks longer than this is left "
+        "behind and its producer replaced in the process (the stuck one fenced, its "
+        "transaction aborted); None: never (see producers.client.producer).",
     )
 
     _capitals = field_validator("security_protocol", "sasl_mechanism", mode="before")(capitals)
