@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import random
 import re
 import secrets
@@ -49,6 +48,13 @@ def register_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--poison-rounds", type=int, default=3, help="rounds of poison records")
     p.add_argument("--forged-rounds", type=int, default=2, help="rounds of forged manifests")
     p.add_argument("--seed", type=int, default=0, help="seed of the fault plan")
+    p.add_argument(
+        "--engine-attack-rounds",
+        type=int,
+        default=1,
+        help="rounds of engine_weights_corrupted after the run (a vLLM engine's weights "
+        "corrupted in place: ops.chaos.engine_attack; 0 or no `make vllm`: not tried)",
+    )
     p.add_argument(
         "--seeds",
         type=int,
@@ -191,10 +197,27 @@ class Driver:
             self._break_things()
             self._wait_done()
             self._settle()
+            self._attack_engine()
         finally:
             for service in services:
                 service.stop()
             demo.stop_roles(self.roles)
+
+    def _attack_engine(self) -> None:
+        """``engine_weights_corrupted``, once the run is done (its vLLM server would slow the
+        roles and move the stalls measured during the run)."""
+        from rlstream.ops.chaos import engine_attack
+
+        rounds = self.args.engine_attack_rounds
+        if not rounds or not engine_attack.available():
+            progress("engine_weights_corrupted: not tried (no vLLM build: `make vllm`)")
+            return
+        progress(f"attacking a vLLM engine's weights in place ({rounds} round(s)) ...")
+        attempts = engine_attack.engine_weights_corrupted(self.out / "engine-attack", rounds)
+        self.attacks["engine_weights_corrupted"] = attempts
+        progress(
+            f"  engine_weights_corrupted: {attempts.refused}/{attempts.tried} caught and repaired"
+        )
 
     def _start_roles(self) -> list[Any]:
         from rlstream.ops.demo.demo import start_role
@@ -202,10 +225,8 @@ class Driver:
         def start(role: str, name: str = "", *more: str) -> Any:
             extra = [*more, *self.extra]
             where = (self.settings, self.logs, extra, name, "trainer")
-            # a role stuck by a broker's restart exits after 30 s (unless set) and restarts
-            hung = os.environ.get("RLSTREAM_HUNG_TRANSACTION_S", "30")
-            env = {**self.keys.env(role), "RLSTREAM_HUNG_TRANSACTION_S": hung}
-            return start_role(role, self.run_name, *where, env=env)
+            # a call stuck by a broker's restart: the role's own limit (ops.run.roles), unless set
+            return start_role(role, self.run_name, *where, env=self.keys.env(role))
 
         roles = [start("learner"), start("admission"), start("feedback-rl")]
         roles += [start("judge", f"judge-{j}", "--name", j) for j in self.config.judges]
