@@ -38,6 +38,7 @@ from rlstream.rollout.engines import EngineRefused, percentile
 from rlstream.rollout.model import build_policy
 from rlstream.rollout.vllm_engine import VllmEngine
 from rlstream.schemas.deltacodec import state_hash, to_torch
+from rlstream.schemas.derive import derive
 
 
 def served_model(url: str, timeout: float = 10.0) -> str:
@@ -63,7 +64,7 @@ class VllmFollower:
     ) -> None:
         self.run, self.log = run, log
         self.subscriber = WeightSubscriber(settings, run, model, source=source)
-        cfg = vllm.model_copy(update={"url": url.rstrip("/")})
+        cfg = derive(vllm, url=url.rstrip("/"))
         work = Path(cfg.work_dir or tempfile.gettempdir())
         self.engine = VllmEngine(
             cfg, build_policy(policy).eval(), policy, served_model(url), work / "vllm-follow.log"

@@ -23,12 +23,10 @@ Rules of a transaction:
   logged) and propagates;
 - a fatal error (fenced by a newer instance of the same transactional id) propagates as the
   ``KafkaException`` it is: the role must exit;
-- a transactional call that blocks past the settings' ``hung_call_exit_s`` (``HungCall``) is left
-  to its thread: the producer is replaced in the process by a new instance of the same
-  transactional id, whose ``init_transactions`` fences the stuck one and aborts its open
-  transaction, and ``TransactionAborted`` is raised (the caller rewinds as after any abort).
-  After ``MAX_REPLACEMENTS`` replacements, or when the new instance blocks too, the process exits
-  with ``HUNG_EXIT_CODE`` and its supervisor restarts it.
+- a transactional call that blocks past ``hung_call_exit_s`` (``HungCall``) is left to its
+  thread; a new instance of the same transactional id replaces the producer (its
+  ``init_transactions`` fences the stuck one) and ``TransactionAborted`` is raised. Past
+  ``MAX_REPLACEMENTS``, or when the new instance blocks too, the process exits (``HUNG_EXIT_CODE``).
 """
 
 from __future__ import annotations
