@@ -47,11 +47,7 @@ def local_cluster(
         links = [r for r in regions if r != "trainer"]
         running = set(local.running_regions())
         wan_ok = link is None or (local.wan is not None and local.wan.running())
-        return (
-            wan_ok
-            and set(regions) <= running
-            and all(r in local.mirrors and local.mirrors[r].running() for r in links)
-        )
+        return wan_ok and set(regions) <= running and all(local.link_running(r) for r in links)
 
     home = getattr(args, "home", None)
     if home or reuse_default:

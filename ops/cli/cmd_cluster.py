@@ -230,5 +230,6 @@ def _status(args: argparse.Namespace) -> int:
             print(f"  link {name}: {'CUT' if link['cut'] else 'up'} via {link['bootstrap']}{seen}")
     for name, m in report["mirrors"].items():
         state_word = "running" if m["running"] else "stopped"
-        print(f"mirror {name}: {state_word} pid {m['pid']} flows {m['flows']}")
+        where = f" in {', '.join(m['targets'])}" if m.get("targets") else ""
+        print(f"mirror {name}: {state_word}{where} pid {m['pid']} flows {m['flows']}")
     return 0 if all(r["health"] == "ok" for r in report["regions"].values()) else 1

@@ -3,9 +3,10 @@
 A region is one KRaft node, or with ``brokers=3`` a replicated 3-node cluster (``broker``).
 ``up`` is idempotent: a region whose brokers still run is reused, a stopped one is restarted on
 its data. With more than one region, the first named (or ``trainer``) is the trainer region and
-every other is a rollout region linked to it by its own MirrorMaker 2 process, whose flows are
-derived from the stream catalog (``mirror.link_flows``); a link whose process died is restarted
-by the next ``up``. ``down`` stops exactly the processes ``up`` recorded, by pid. All state lives
+every other is a rollout region linked to it by MirrorMaker 2, whose flows are derived from the
+stream catalog (``mirror.link_flows``): one process per link, or across a WAN two, each in the
+region it writes to (``_link_processes``); a link whose process died is restarted by the next
+``up``. ``down`` stops exactly the processes ``up`` recorded, by pid. All state lives
 in one directory (``--home``, ``$RLSTREAM_HOME``, default ``~/.local/state/rlstream/cluster``)
 holding ``cluster.json``, each region's config, data and logs, and each link's MirrorMaker's.
 ``up(secure=True)`` starts every region secured (``ops.cluster.security``: SASL/SCRAM over TLS,
@@ -14,8 +15,8 @@ is secured everywhere or nowhere. A secured link's MirrorMaker 2 connects to bot
 as its own user (``acls.mirror_user``), created there with its run-independent ACLs before it
 starts; ``authorize_links(cluster, run)`` (``acl apply``) adds the ACLs of a run's streams.
 ``up(link=LinkSpec(rtt_ms, mbit))`` puts a WAN between the trainer region and every rollout
-region (``ops.cluster.wan``): each link's MirrorMaker then reaches the trainer region only
-through it; a later ``up`` with another spec changes the link in place, and ``cut_link`` /
+region (``ops.cluster.wan``): each link's MirrorMakers then reach the other region only through
+it; a later ``up`` with another spec changes the link in place, and ``cut_link`` /
 ``heal_link`` partition one rollout region and bring it back.
 """
 
@@ -55,6 +56,8 @@ __all__ = [
 ]
 
 DEFAULT_REGION = "trainer"
+#: The name of a WAN link's second MirrorMaker, which runs in the trainer region
+HOME_SUFFIX = "-home"
 
 
 def default_home() -> Path:
@@ -66,7 +69,8 @@ def default_home() -> Path:
 class Cluster:
     home: Path
     regions: dict[str, Region] = field(default_factory=dict)
-    mirrors: dict[str, Mirror] = field(default_factory=dict)  # by rollout region (link)
+    # by name: a link's is its rollout region's, and across a WAN also ``REGION-home``
+    mirrors: dict[str, Mirror] = field(default_factory=dict)
     trainer: str = DEFAULT_REGION
     wan: Wan | None = None  # the WAN's proxy server, when the regions are linked through one
     mirror_settings: dict[str, str] = field(default_factory=dict)  # every link's extra settings
@@ -110,6 +114,16 @@ class Cluster:
 
     def rollout_regions(self) -> list[str]:
         return [n for n in self.regions if n != self.trainer]
+
+    def link_mirrors(self, region: str) -> list[Mirror]:
+        """The MirrorMaker processes recorded for ``region``'s link."""
+        names = (region, region + HOME_SUFFIX)
+        return [self.mirrors[n] for n in names if n in self.mirrors]
+
+    def link_running(self, region: str) -> bool:
+        """Whether every process ``region``'s link should have runs."""
+        wanted = {name for name, _, _, _ in _link_processes(self, region)}
+        return all(n in self.mirrors and self.mirrors[n].running() for n in wanted)
 
 
 def load(home: Path | None = None) -> Cluster:
@@ -239,6 +253,11 @@ def _plan_links(cluster: Cluster, names: list[str], link: LinkSpec | None) -> No
                 f"the trainer region {cluster.trainer} runs without a listener for {name}'s WAN "
                 "link; `rlstream cluster down` first (the data stays), then `up` with the link"
             )
+        there = cluster.regions[name]
+        if cluster.trainer not in there.links and not there.running():
+            # the flow home is fetched from here through the link (one running since before
+            # keeps a single MirrorMaker for its link until it restarts)
+            there.add_link(cluster.trainer)
     if cluster.wan is None and link is not None:
         cluster.wan = Wan(home=str(cluster.home), api_port=0, rtt_ms=link.rtt_ms, mbit=link.mbit)
 
@@ -252,9 +271,13 @@ def _ensure_wan(cluster: Cluster, spec: LinkSpec, log) -> None:
     cluster.wan.rtt_ms, cluster.wan.mbit = spec.rtt_ms, spec.mbit
     trainer = cluster.regions[cluster.trainer]
     for name, ports in trainer.links.items():
-        upstream = [listen for listen, _ in ports]
-        proxies = [proxy for _, proxy in ports]
-        wan.ensure_proxies(cluster.wan, name, list(zip(proxies, upstream, strict=True)))
+        # the trainer's brokers as seen from the rollout region, then (when it has them) the
+        # rollout region's as seen from the trainer region: one link, cut and healed as one
+        back = (
+            cluster.regions[name].links.get(cluster.trainer, []) if name in cluster.regions else []
+        )
+        hops = [(proxy, listen) for listen, proxy in [*ports, *back]]
+        wan.ensure_proxies(cluster.wan, name, hops)
     rate = f", {spec.mbit:g} Mbit/s per connection" if spec.mbit else ""
     log(f"wan: {cluster.trainer} <-> {', '.join(trainer.links)} at {spec.rtt_ms:g} ms RTT{rate}")
     cluster.save()
@@ -270,11 +293,11 @@ def cut_link(region: str, home: Path | None = None) -> None:
 
 
 def heal_link(region: str, home: Path | None = None, log=lambda *_: None) -> None:
-    """End ``region``'s cut, then restart its link's MirrorMaker 2. A cut longer than the
-    Connect worker's session timeout makes MirrorMaker's herder for the flow home (whose worker
-    cluster is the trainer region, across the link) rebalance; its exactly-once tasks then fail
+    """End ``region``'s cut, then restart its link's MirrorMakers. A cut longer than the
+    Connect worker's session timeout made the herder of the flow home rebalance when it ran
+    across the link (its worker cluster the trainer region); its exactly-once tasks then failed
     to stop, and dedicated mode never restarts them (measured: after a 60 s cut no trajectory
-    crossed home in the next 240 s). A restarted MirrorMaker resumes from its committed
+    crossed home in the next 240 s). Each restarted MirrorMaker resumes from its committed
     offsets with exactly-once, so nothing is lost or copied twice."""
     home = Path(home or default_home())
     with _locked(home):
@@ -282,8 +305,9 @@ def heal_link(region: str, home: Path | None = None, log=lambda *_: None) -> Non
         if cluster.wan is None or not cluster.wan.running():
             raise SetupError("the cluster has no running WAN: `cluster up --rtt-ms MS` first")
         wan.heal(cluster.wan, region)
-        if region in cluster.mirrors:
-            mirror.stop(cluster.mirrors[region])
+        if cluster.link_mirrors(region):
+            for link in cluster.link_mirrors(region):
+                mirror.stop(link)
             _ensure_link(cluster, region, log)
         cluster.save()
 
@@ -296,39 +320,69 @@ def _create_cluster_topics(cluster: Cluster, regions: list[str]) -> None:
         ensure_cluster_topics(cluster.settings(name))
 
 
+def _link_processes(
+    cluster: Cluster, region: str
+) -> list[tuple[str, list[Flow], dict[str, str], list[str]]]:
+    """``(name, flows, via, targets)`` of each MirrorMaker of ``region``'s link. Without a WAN,
+    one process with both flows. Across a WAN, each flow runs in the region it writes to (remote
+    fetch, local exactly-once produce): ``REGION`` in the rollout region, reaching the trainer
+    region through the link, and ``REGION-home`` in the trainer region, reaching the rollout
+    region through the link's way back. A produce request across the link costs a round trip
+    per batch and a transaction several; a fetch across it streams."""
+    outward, home = link_flows(cluster.trainer, region)
+    trainer, there = cluster.regions[cluster.trainer], cluster.regions[region]
+    if region not in trainer.links:
+        return [(region, [outward, home], {}, [])]
+    to_trainer = {cluster.trainer: trainer.link_bootstrap(region)}
+    if cluster.trainer not in there.links:  # started before links had a way back
+        return [(region, [outward, home], to_trainer, [])]
+    return [
+        (region, [outward], to_trainer, [region]),
+        (
+            region + HOME_SUFFIX,
+            [home],
+            {region: there.link_bootstrap(cluster.trainer)},
+            [cluster.trainer],
+        ),
+    ]
+
+
 def _ensure_link(cluster: Cluster, region: str, log) -> None:
-    """The MirrorMaker 2 of ``region``'s link, started unless it runs with the same config
-    (flows, the way to the trainer region, extra settings); on a secured cluster its user and
+    """The MirrorMaker 2 processes of ``region``'s link (``_link_processes``), each started
+    unless it runs with the same config (flows, the way to the other region, extra settings);
+    a process the link no longer has is stopped. On a secured cluster the link's user and
     run-independent ACLs are written first."""
     from rlstream.ops.cluster import link_acls as acls
 
-    flows = link_flows(cluster.trainer, region)
-    wanted = [str(f) for f in flows]
-    current = cluster.mirrors.get(region)
-    trainer = cluster.regions[cluster.trainer]
-    via = {cluster.trainer: trainer.link_bootstrap(region)} if region in trainer.links else {}
+    plan = _link_processes(cluster, region)
+    for old in [n for n in (region, region + HOME_SUFFIX) if n in cluster.mirrors]:
+        if old not in {name for name, _, _, _ in plan}:
+            mirror.stop(cluster.mirrors.pop(old))
     extra = cluster.mirror_settings
     user = acls.mirror_user(region) if cluster.regions[region].secure else None
-    if current and current.running() and current.flows == wanted:
-        # its user exists (it started as that user); a changed config restarts it
-        text = mirror.mm2_properties(flows, cluster.regions, user, via, extra)
-        same = current.properties.read_text() == text
-    else:
+    for name, flows, via, targets in plan:
+        current = cluster.mirrors.get(name)
         same = False
-    if same and current is not None:
-        log(f"mirror {region}: running (pid {current.pid})")
-        return
-    if current:
-        mirror.stop(current)
-    if cluster.regions[region].secure:
-        user = _authorize_link(cluster, region, run=None)
-    log(f"mirror {region}: starting MirrorMaker 2 ({cluster.trainer} <-> {region}) ...")
-    started = mirror.start(
-        cluster.home, flows, cluster.regions, name=region, user=user, via=via, extra=extra
-    )
-    cluster.mirrors[region] = started
-    cluster.save()  # recorded at once: a later link failing to start must not hide this one
-    log(f"mirror {region}: running (pid {started.pid}, log {started.log})")
+        if current and current.running() and current.flows == [str(f) for f in flows]:
+            # its user exists (it started as that user); a changed config restarts it
+            text = mirror.mm2_properties(flows, cluster.regions, user, via, extra)
+            same = current.properties.read_text() == text and current.targets == targets
+        if same and current is not None:
+            log(f"mirror {name}: running (pid {current.pid})")
+            continue
+        if current:
+            mirror.stop(current)
+        if cluster.regions[region].secure:
+            user = _authorize_link(cluster, region, run=None)
+        where = f" in {targets[0]}" if targets else ""
+        log(f"mirror {name}: starting MirrorMaker 2 ({cluster.trainer} <-> {region}{where}) ...")
+        started = mirror.start(
+            cluster.home, flows, cluster.regions, name=name, user=user, via=via, extra=extra,
+            targets=targets,
+        )  # fmt: skip
+        cluster.mirrors[name] = started
+        cluster.save()  # recorded at once: a later link failing to start must not hide this one
+        log(f"mirror {name}: running (pid {started.pid}, log {started.log})")
 
 
 def _authorize_link(cluster: Cluster, region: str, run: str | None) -> str:
@@ -364,13 +418,13 @@ def authorize_links(cluster: Cluster, run: str) -> int:
 
 
 def stop_mirror(region: str, home: Path | None = None) -> None:
-    """Stop the MirrorMaker of ``region``'s link (the next ``up`` starts it again)."""
+    """Stop the MirrorMakers of ``region``'s link (the next ``up`` starts them again)."""
     home = Path(home or default_home())
     with _locked(home):
         cluster = load(home)
-        if region in cluster.mirrors:
-            mirror.stop(cluster.mirrors[region])
-            cluster.save()
+        for link in cluster.link_mirrors(region):
+            mirror.stop(link)
+        cluster.save()
 
 
 def down(
@@ -387,7 +441,11 @@ def down(
     home = Path(home or default_home())
     with _locked(home):
         cluster = load(home)
-        links = [(n, m) for n, m in cluster.mirrors.items() if only is None or n in only]
+        links = [
+            (n, m)
+            for n, m in cluster.mirrors.items()
+            if only is None or n.removesuffix(HOME_SUFFIX) in only
+        ]
         procs.stop_all([(m.pid, str(m.properties)) for _, m in links if m.pid])
         if only is None and cluster.wan is not None:
             wan.stop(cluster.wan)

@@ -1,5 +1,5 @@
-"""MirrorMaker 2 in dedicated mode: one process per link between the trainer region and a
-rollout region, its flows derived from the stream catalog.
+"""MirrorMaker 2 in dedicated mode: the processes of each link between the trainer region and a
+rollout region, their flows derived from the stream catalog.
 
 A flow ``SRC->DST:REGEX`` copies topics of region SRC whose names match REGEX to region DST.
 ``link_flows`` derives a link's two flows from ``schemas.topics``: the outward streams (tasks,
@@ -13,8 +13,10 @@ Guarantees:
   never copied; and it writes with Kafka's exactly-once support for source connectors
   (``exactly.once.source.support``, Kafka 3.5+ in dedicated mode), so a MirrorMaker that dies
   mid-copy neither loses nor duplicates what it copied when it restarts;
-- one process per link: a rollout region going dark (its broker and its MirrorMaker) leaves the
-  other links running;
+- processes per link: a rollout region going dark (its broker and its MirrorMaker) leaves the
+  other links running. Across a WAN a link has two, each in the region it writes to (``targets``:
+  remote fetch, local exactly-once produce): the outward flow's in the rollout region, the flow
+  home's in the trainer region (``cluster._link_processes``);
 - on a secured cluster it connects to each cluster as its link's user (``acls.mirror_user``)
   over SASL_SSL (``security.mirror_client_properties``), within the ACLs ``acls.mirror_grants``
   plans; its properties file then holds that user's password and is 0600;
@@ -81,6 +83,8 @@ class Mirror:
     name: str = "mirror"
     flows: list[str] = field(default_factory=list)
     pid: int | None = None
+    targets: list[str] = field(default_factory=list)
+    """The clusters it writes to (MirrorMaker's ``--clusters``); empty: every flow's target."""
 
     @property
     def dir(self) -> Path:
@@ -168,10 +172,10 @@ def mm2_properties(
         "producer.max.request.size = 16777216",
         "consumer.max.partition.fetch.bytes = 16777216",
         "consumer.fetch.max.bytes = 33554432",
-        # Across a WAN the link's MirrorMaker produces remotely (trajectories home): each
-        # produce request costs a round trip and carries one batch per partition, so the
-        # 16 KiB default batch held a 1.1 MiB group to ~70 round trips (3.0 s at 40 ms RTT;
-        # docs/kafka.md, "A WAN between regions", has the measurement that chose these).
+        # A link without a WAN runs both flows in one process, one of them producing to the
+        # other region: each produce request carries one batch per partition, so the 16 KiB
+        # default batch held a 1.1 MiB group to ~70 requests (3.0 s at 40 ms RTT, measured
+        # before a WAN link split its flows; docs/kafka.md, "A WAN between regions").
         "producer.batch.size = 1048576",
         "producer.linger.ms = 5",
     ]
@@ -189,8 +193,13 @@ def start(
     user: str | None = None,
     via: dict[str, str] | None = None,
     extra: dict[str, str] | None = None,
+    targets: list[str] | None = None,
 ) -> Mirror:
-    mirror = Mirror(home=str(home), name=name, flows=[str(f) for f in flows])
+    """Start one MirrorMaker 2 process for ``flows`` (``targets``: only the herders writing to
+    those clusters run in it, MirrorMaker's ``--clusters``); returns once it has started."""
+    mirror = Mirror(
+        home=str(home), name=name, flows=[str(f) for f in flows], targets=list(targets or [])
+    )
     mirror.dir.mkdir(parents=True, exist_ok=True)
     mirror.log.parent.mkdir(parents=True, exist_ok=True)
     text = mm2_properties(flows, regions, user, via, extra)
@@ -213,6 +222,7 @@ def start(
         artifacts.classpath(),
         MARKER,
         str(mirror.properties),
+        *(["--clusters", *mirror.targets] if mirror.targets else []),
     ]
     proc = procs.spawn(cmd, mirror.dir / "logs" / "stdout.log", cwd=mirror.dir)
     mirror.pid = proc.pid

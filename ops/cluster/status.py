@@ -53,7 +53,13 @@ def describe(cluster: Cluster, timeout: float = 5.0, run: str | None = None) -> 
         if run is not None:
             entry["capacity"] = capacity_of(region.settings(), run)
     report["mirrors"] = {
-        name: {"pid": m.pid, "flows": m.flows, "running": m.running(), "log": str(m.log)}
+        name: {
+            "pid": m.pid,
+            "flows": m.flows,
+            "targets": m.targets,
+            "running": m.running(),
+            "log": str(m.log),
+        }
         for name, m in cluster.mirrors.items()
     }
     if cluster.wan is not None:

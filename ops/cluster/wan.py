@@ -2,14 +2,15 @@
 through a link with a set round trip and bandwidth.
 
 The link is Toxiproxy (Shopify's TCP fault proxy, a Go program installed once with ``go install``
-into the per-user cache, as the Kafka jars are): one proxy per trainer broker per link, each
-with a latency toxic of half the round trip on both directions and, when a rate is set, a
+into the per-user cache, as the Kafka jars are): one proxy per broker of either region per link,
+each with a latency toxic of half the round trip on both directions and, when a rate is set, a
 bandwidth toxic on both. Each trainer broker has one extra listener per link (``LINK_<REGION>``)
 that advertises the proxy's address, so a client that bootstraps through the link is told the
-link's address for every broker and never reaches the trainer region around it. The link's
-MirrorMaker 2 runs "in" the rollout region: it reaches its own region directly and the trainer
-region through the link, so every byte between the regions crosses it (weights and tasks as
-MirrorMaker's remote fetches, trajectories as its remote produce requests).
+link's address for every broker and never reaches the trainer region around it; each rollout
+broker likewise has one (``LINK_<TRAINER>``) for the way back. The link's two MirrorMaker 2
+processes each run in the region they write to and reach the other region only through the
+link, so every byte between the regions crosses it, as remote fetches: weights and tasks
+fetched from the trainer region, trajectories fetched home (``cluster._link_processes``).
 
 Rules:
 - the round trip a run sees is measured, not assumed (``measure_rtt_ms``: Kafka ApiVersions

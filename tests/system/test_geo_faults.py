@@ -54,7 +54,8 @@ def test_a_mirrormaker_outage_delays_the_backlog_and_copies_it_once(geo, tmp, un
     try:
         run.start()
         run.wait(lambda: run.arrived("eu") > 0, 240, "the first trajectories from eu")
-        services.kill9(cluster.load(geo.home).mirrors["eu"].pid)
+        for link in cluster.load(geo.home).link_mirrors("eu"):  # both ways of the link
+            services.kill9(link.pid)
         eu, home = settings_of(geo.home, "eu"), run.home_settings()
         local = topics.topic_name(run.run, "trajectories")
 

@@ -56,10 +56,12 @@ def _wait_for(predicate, timeout: float, what: str, geo=None) -> None:
 
 def _mirror_trouble(geo) -> str:
     """The eu link's last warnings and errors, so that a link that stopped copying says why."""
-    log = cluster.load(geo.home).mirrors["eu"].log
-    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
-    trouble = [line for line in lines if " ERROR " in line or " WARN " in line][-20:]
-    return f"; last warnings of {log}:\n" + "\n".join(trouble)
+    said = ""
+    for link in cluster.load(geo.home).link_mirrors("eu"):
+        lines = link.log.read_text(errors="replace").splitlines() if link.log.exists() else []
+        trouble = [line for line in lines if " ERROR " in line or " WARN " in line][-20:]
+        said += f"; last warnings of {link.log}:\n" + "\n".join(trouble)
+    return said
 
 
 def test_only_committed_weights_and_trajectories_cross_regions(geo, unique_run):

@@ -1,5 +1,6 @@
 """The WAN link's rules (ops.cluster.wan): what a trainer broker advertises to a linked region,
-how the link's MirrorMaker reaches the trainer region, and the toxics a link spec becomes."""
+how the link's MirrorMakers reach the other region (each flow runs where it writes), and the
+toxics a link spec becomes."""
 
 from __future__ import annotations
 
@@ -42,6 +43,32 @@ def test_the_links_mirrormaker_reaches_the_trainer_region_through_the_link() -> 
     props = _props(mm2_properties(link_flows("trainer", "eu-west"), regions, via=via), " = ")
     assert props["trainer.bootstrap.servers"] == "127.0.0.1:9200,127.0.0.1:9210"
     assert props["eu-west.bootstrap.servers"] == "127.0.0.1:9300"
+
+
+def test_across_a_wan_each_flow_runs_in_the_region_it_writes_to(tmp_path) -> None:
+    from rlstream.ops import cluster
+
+    trainer = _trainer()
+    eu = Region("eu-west", "/tmp/x", 9300, 9301)
+    eu.links["trainer"] = [[9400, 9500]]
+    state = cluster.Cluster(home=tmp_path, regions={"trainer": trainer, "eu-west": eu})
+    (out_name, out_flows, out_via, out_targets), (home_name, home_flows, home_via, home_targets) = (
+        cluster._link_processes(state, "eu-west")
+    )
+    assert (out_name, [f.dst for f in out_flows], out_targets) == (
+        "eu-west",
+        ["eu-west"],
+        ["eu-west"],
+    )
+    assert out_via == {"trainer": "127.0.0.1:9200,127.0.0.1:9210"}  # fetches the trainer's remotely
+    assert (home_name, [f.dst for f in home_flows]) == ("eu-west-home", ["trainer"])
+    assert home_targets == ["trainer"] and home_via == {"eu-west": "127.0.0.1:9500"}
+    eu.links.clear()  # a region that predates the way back: one process, both flows, as before
+    ((name, flows, via, targets),) = cluster._link_processes(state, "eu-west")
+    assert (name, len(flows), targets) == ("eu-west", 2, []) and via == out_via
+    trainer.links.clear()  # no WAN: one process, both flows, each region reached directly
+    ((name, flows, via, targets),) = cluster._link_processes(state, "eu-west")
+    assert (name, len(flows), via, targets) == ("eu-west", 2, {}, [])
 
 
 def test_a_spec_becomes_half_the_round_trip_each_way_and_a_rate_in_kilobytes() -> None:
