@@ -250,11 +250,18 @@ class Capacity:
         self, ledger: ReleaseLedger, now_ms: int, weights: dict[str, int] | None
     ) -> list[dict[str, Any]]:
         """The reclaimed groups to release again now, each to a region with engines (those
-        that find none wait for the next call)."""
+        that find none wait for the next call). A group waits, too, while the live signal of
+        the region it was reclaimed in is older than its reclaim: that signal still counts the
+        engine serving took back (the reclaim's own signal may reach this follower after the
+        group does)."""
         with self._lock:
             pending, self._reclaimed = self._reclaimed, []
         out, later = [], []
         for pre in pending:
+            signal = self.view.live(str(pre.get("region")), now_ms)
+            if signal is not None and int(signal["published_ms"]) < int(pre["preempted_ms"]):
+                later.append(pre)
+                continue
             region = ledger.place(now_ms, weights=weights)
             if region is None:
                 later.append(pre)

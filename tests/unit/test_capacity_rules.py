@@ -142,6 +142,45 @@ def test_a_reclaimed_group_is_released_again_once_with_its_checkpoint() -> None:
     assert ledger.resume({**cut, "attempt": 1}, 7, "eu") is None  # decided: nothing to resume
 
 
+class _View:
+    """The scheduler's capacity view with one live signal per region (``published_ms``)."""
+
+    def __init__(self, published: dict[str, int]) -> None:
+        self.published = published
+
+    def live(self, region: str, now_ms: int) -> dict[str, int] | None:
+        at = self.published.get(region)
+        return None if at is None else {"published_ms": at}
+
+
+def test_a_reclaimed_group_waits_for_a_signal_newer_than_its_reclaim() -> None:
+    import threading
+
+    from rlstream.rollout.scheduler import Capacity
+
+    ledger = ReleaseLedger(("eu",), reissue_after_ms=60_000)
+    ledger.release(_task(0, "eu"), 0)
+    capacity = Capacity.__new__(Capacity)  # its Kafka followers replaced by the view below
+    capacity._lock, capacity.resumed = threading.Lock(), 0
+    cut = {
+        "group_id": "t0",
+        "attempt": 0,
+        "region": "eu",
+        "preempted_ms": 1_000,
+        "checkpoint": b"x",
+    }
+    capacity._reclaimed = [cut]
+    capacity.view = _View({"eu": 900})  # still counts the engine serving took back
+    assert capacity.resumes(ledger, 1_100, {"eu": 1}) == []
+    assert capacity._reclaimed == [cut]  # kept for the next call
+    capacity.view = _View({"eu": 1_050})  # the signal after the reclaim
+    (again,) = capacity.resumes(ledger, 1_100, {"eu": 1})
+    assert again["attempt"] == 1 and capacity.resumed == 1
+    capacity._reclaimed, capacity.view = [{**cut, "group_id": "t1"}], _View({})  # no live signal
+    ledger.release(_task(1, "eu"), 0)
+    assert len(capacity.resumes(ledger, 1_100, {"eu": 1})) == 1  # not held by a dead one
+
+
 def test_cluster_status_draws_lent_engines_as_a_line() -> None:
     from rlstream.ops.cluster.status import sparkline
 
