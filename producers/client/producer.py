@@ -247,8 +247,11 @@ class EventProducer:
         settings, overrides = self._origin
         log.warning("%s: replacing the producer (fencing the stuck one)", why)
         fresh = make_producer(settings, transactional_id=self._transactional_id, **overrides)
+        # a new instance waits for a coordinator that is still loading, which may take longer
+        # than a call of a settled producer may: its limit is the call's own timeout, and more
+        limit = None if self._hung_after is None else self._hung_after + 2 * timeout
         try:
-            retry_retriable(lambda: fresh.init_transactions(timeout), "init", self._hung_after)
+            retry_retriable(lambda: fresh.init_transactions(timeout), "init", limit)
         except HungCall as exc:
             _exit_hung(f"{why}, and its replacement's {exc}")
         self._producer = fresh

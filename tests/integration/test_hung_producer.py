@@ -55,7 +55,7 @@ def test_a_hung_call_replaces_the_producer_and_the_batch_commits_once(kafka, uni
         ):
             producer.produce_raw(out, b"first try")
             txn.send_offsets(offsets, consumer.consumer_group_metadata())
-        assert time.monotonic() - started < 15  # the limit, then a new instance's init
+        assert time.monotonic() - started < 30  # the limit, then a new instance's init
         assert producer.replacements == 1 and producer._producer is not stuck
         with producer.transaction(timeout=10) as txn:  # the batch again, on the new instance
             producer.produce_raw(out, b"second try")
