@@ -8,8 +8,10 @@ in the output exactly once. The processor is a plain function ``records -> outpu
 
 Rules a maintainer must keep:
 - poison records never stop the role: ``Refused`` is dead-lettered as ``invalid_record``; any
-  other exception re-reads the batch one record per transaction and dead-letters the culprit as
-  ``processing_error``; only fatal Kafka errors (fenced) end the role;
+  other exception re-reads the batch in halves (a failing half is halved again, a passing one
+  commits) down to the one record that fails, dead-lettered as ``processing_error``: a poison
+  record in a batch of n costs about 2·log2(n) transactions, not n; only fatal Kafka errors
+  (fenced) end the role;
 - a batch is processed before its transaction begins, so a processor that raises never aborts a
   transaction (aborting right after producing can kill a librdkafka producer for good);
 - ``close`` never raises and never commits.
@@ -111,9 +113,10 @@ class TransactionalLoop:
         self.offsets = offsets or next_offsets
         self.tick_s, self._last_tick = tick_s, time.monotonic()
         self.stats = LoopStats()
-        # Positions up to which records are processed one per transaction (after a failure),
-        # and the records known to fail: both only grow while a poison record is near.
+        # Positions up to which records are read in probe batches of ``_probe`` (after a
+        # failure), and the records known to fail: both only grow while a poison record is near.
         self._isolate: dict[tuple[str, int], int] = {}
+        self._probe = batch_size
         self._poison: dict[tuple[str, int, int], str] = {}
         # Prometheus export of ``stats`` (off unless RLSTREAM_METRICS_PORT is set).
         self.metrics = LoopMetrics.for_loop(group_id)
@@ -135,7 +138,7 @@ class TransactionalLoop:
 
     def run_once(self) -> int:
         """One batch: poll, transform, produce and commit atomically. Returns records consumed."""
-        size = 1 if self._isolate else self.batch_size
+        size = self._probe if self._isolate else self.batch_size
         records = self.consumer.poll_batch(size, self.poll_timeout)
         if not records:
             if self.tick_s is not None and time.monotonic() - self._last_tick >= self.tick_s:
@@ -208,13 +211,18 @@ class TransactionalLoop:
         if len(records) == 1:
             rec = records[0]
             position = (*rec.topic_partition, rec.offset)
+            self._probe = self.batch_size  # found: the rest is read whole (it is skipped there)
             self._poison[position] = f"{type(exc).__name__}: {exc}"
             while len(self._poison) > MAX_POISON:  # bounded: forget the oldest
                 del self._poison[next(iter(self._poison))]
             log.warning("record %s/%s/%s fails processing, dead-lettered: %r", *position, exc)
             return
+        self._probe = max(1, len(records) // 2)
         log.warning(
-            "a batch of %d failed (%r): re-reading it one record at a time", len(records), exc
+            "a batch of %d failed (%r): re-reading it %d record(s) at a time",
+            len(records),
+            exc,
+            self._probe,
         )
         for rec in records:
             tp = rec.topic_partition
