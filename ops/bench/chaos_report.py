@@ -72,8 +72,22 @@ def combine(runs: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
         out["replication_factor"] = runs[0]["replication_factor"]
         out["stalls_s"] = stalls
         out["max_stall_s"] = max(known) if known else None
+        if all("stall_kinds" in r for r in runs):
+            out["stall_kinds"] = [k for r in runs for k in r["stall_kinds"]]
+            out["max_stall_s_by_kind"] = max_by_kind(out["stall_kinds"], stalls)
     out["per_seed"] = runs
     return out
+
+
+def max_by_kind(kinds: list[str], stalls: list[float | None]) -> dict[str, float | None]:
+    """The longest stall after each kind of broker fault (None: no version came after it)."""
+    out: dict[str, float | None] = {}
+    for kind, stall in zip(kinds, stalls, strict=True):
+        if stall is None or out.get(kind, 0.0) is None:
+            out[kind] = None
+        else:
+            out[kind] = max(out.get(kind, 0.0) or 0.0, stall)
+    return dict(sorted(out.items()))
 
 
 def held(r: dict[str, Any]) -> bool:
@@ -139,5 +153,12 @@ def _failover_lines(r: dict[str, Any]) -> list[str]:
         f"brokers: {r['brokers']} (replication factor {r['replication_factor']}): "
         f"{r['leader_kills']} leader, {r['coordinator_kills']} coordinator and "
         f"{r['controller_kills']} controller kills, {r['rolling_restarts']} rolling restarts; "
-        f"stall after each {r['stalls_s']} s (max {r['max_stall_s']} s)"
+        f"stall after each {_each_stall(r)} (max {r['max_stall_s']} s; versions every "
+        f"{r.get('version_gap_p50_s')} s, median, without a fault)"
     ]
+
+
+def _each_stall(r: dict[str, Any]) -> str:
+    if "stall_kinds" not in r:
+        return f"{r['stalls_s']} s"
+    return ", ".join(f"{k} {s} s" for k, s in zip(r["stall_kinds"], r["stalls_s"], strict=True))

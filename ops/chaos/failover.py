@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +152,13 @@ def stalls(commits: list[tuple[int, float]], faults: list[float]) -> list[float 
     return out
 
 
+def version_gap_p50(commits: list[tuple[int, float]]) -> float | None:
+    """The median seconds between consecutive versions of the run: what a stall is read
+    against (a fault at a random point of a gap waits half of one even without a fault)."""
+    gaps = sorted(b[1] - a[1] for a, b in pairwise(commits))
+    return round(gaps[len(gaps) // 2], 2) if gaps else None
+
+
 def learner_transactional_id(run: str) -> str:
     """The transactional id of the learner's rank 0 (its manifests and offsets)."""
     from rlstream.schemas import topics
@@ -175,12 +183,14 @@ class BrokerFaults:
     down_s: float = 5.0
     done: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     times: list[float] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)  # of each fault in ``times``
 
     def inject(self, kind: str) -> str:
         from rlstream.ops import cluster
         from rlstream.schemas import topics
 
         settings = cluster.load(self.home).settings(self.region)
+        self.kinds.append(kind)
         if kind == "roll":
             self.times.append(time.time())
             took = rolling_restart(self.home, self.region, self.heap)
@@ -200,7 +210,8 @@ class BrokerFaults:
     def figures(self, settings: KafkaSettings, brokers: int) -> dict[str, Any]:
         from rlstream.ops.cluster.broker import replication
 
-        measured = stalls(commit_times(settings, self.run), self.times)
+        commits = commit_times(settings, self.run)
+        measured = stalls(commits, self.times)
         known = [s for s in measured if s is not None]
         return {
             "brokers": brokers,
@@ -210,7 +221,9 @@ class BrokerFaults:
             "controller_kills": self.done["controller"],
             "rolling_restarts": self.done["roll"],
             "stalls_s": measured,
+            "stall_kinds": self.kinds,
             "max_stall_s": max(known) if known else None,
+            "version_gap_p50_s": version_gap_p50(commits),
             "broker_rss_mb": broker_rss_mb(self.home, self.region),
         }
 

@@ -54,6 +54,8 @@ def prepare(args: argparse.Namespace) -> RoleContext[Any] | int:
     from rlstream.schemas.errors import CONFIG_EXIT
 
     log_librdkafka_to(logging.StreamHandler(sys.stderr))  # the role's log, as its own lines
+    # the role's own warnings, timed like librdkafka's: a fault's story reads across the logs
+    logging.basicConfig(stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
     role = args.role
     if ROLES[role].named and not args.name:
         raise SystemExit(f"error: the {role} role needs --name (e.g. --name {ROLES[role].example})")

@@ -63,12 +63,12 @@ def supervise(
     name: str,
     cmd: Sequence[str],
     policy: RestartPolicy,
-    log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+    log: Callable[[str], None] | None = None,
     rng: random.Random | None = None,
 ) -> int:
     """Run ``cmd`` until it succeeds or is stopped, restarting it by ``policy``; returns the exit
     code to leave with."""
-    rng = rng or random.Random()
+    rng, log = rng or random.Random(), log or _stamped
     stop = threading.Event()
     child: list[subprocess.Popen[bytes]] = []
 
@@ -83,6 +83,11 @@ def supervise(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _stamped(line: str) -> None:
+    """A supervisor line on stderr (the role's log), with the local time it happened."""
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}", file=sys.stderr, flush=True)
 
 
 def _restart_loop(

@@ -38,3 +38,11 @@ def test_seeds_sum_counts_pool_stalls_and_keep_each_run() -> None:
 def test_one_seed_that_lost_a_group_fails_the_whole() -> None:
     r = combine([_run(), _run(lost=1)], [0, 1])
     assert r["groups_lost"] == 1 and r["held_per_seed"] == [True, False] and not held(r)
+
+
+def test_stalls_are_told_apart_by_the_fault_that_caused_them() -> None:
+    a, b = _run(stalls=[3.0, 9.5]), _run(stalls=[None, 2.0])
+    a["stall_kinds"], b["stall_kinds"] = ["leader", "roll"], ["roll", "leader"]
+    r = combine([a, b], [0, 1])
+    assert r["stall_kinds"] == ["leader", "roll", "roll", "leader"]
+    assert r["max_stall_s_by_kind"] == {"leader": 3.0, "roll": None}

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from rlstream.ops.chaos.failover import java_hash, stalls, transaction_partition
+from rlstream.ops.chaos.failover import (
+    java_hash,
+    stalls,
+    transaction_partition,
+    version_gap_p50,
+)
 from rlstream.ops.cluster.broker import Region, default_heap, replication
 from rlstream.ops.run.regions import RegionsConfig
 
@@ -31,6 +36,11 @@ def test_java_hash_matches_javas_string_hashcode():
 def test_a_stall_is_the_time_to_the_first_version_made_after_the_fault():
     commits = [(1, 10.0), (2, 20.0), (3, 45.0)]
     assert stalls(commits, [12.0, 20.0, 50.0]) == [8.0, 25.0, None]
+
+
+def test_a_stall_is_read_against_the_median_gap_between_versions():
+    assert version_gap_p50([(1, 0.0), (2, 1.0), (3, 4.0), (4, 5.0)]) == 1.0
+    assert version_gap_p50([(1, 0.0)]) is None
 
 
 def test_a_region_state_without_peers_is_one_broker_and_peers_round_trip():
