@@ -57,6 +57,8 @@ Ref = tuple[str, int, int]  # topic, partition, offset of an admitted record
 MAX_WAITING = 1024
 #: Rank 0 tells the other ranks it is alive at least this often while no step is ready.
 HEARTBEAT_S = 5.0
+#: Tries to commit a version whose transaction aborted before the learner exits (one rank).
+PUBLISH_ATTEMPTS = 3
 
 
 @dataclass
@@ -283,8 +285,10 @@ class Learner:
         state = published_state(self.model, self.cfg.publish_dtype)
         refs = [{"topic": t, "partition": p, "offset": o} for item in used for t, p, o in item.refs]
         # On any failure no manifest of this version became visible (its chunks, if written,
-        # are orphans): the learner exits and, restarted, resumes from the last committed
-        # version and re-reads these inputs.
+        # are orphans). An aborted transaction (a broker failing over, a hung call whose
+        # producer was replaced) is published again in the process, the same state and inputs;
+        # anything else, or a third abort, ends the learner, which, restarted, resumes from the
+        # last committed version and re-reads these inputs.
         self.publisher.publish_version(
             state,
             version,
@@ -292,6 +296,7 @@ class Learner:
             stats=stats,
             offsets=offsets or (),
             group_metadata=self.consumer.group_metadata() if offsets else None,
+            attempts=PUBLISH_ATTEMPTS,
         )
         if self.ranks is not None:
             self._said = time.monotonic()

@@ -25,7 +25,7 @@ from typing import Any, Final
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from rlstream.producers.client.producer import DeliveryError, EventProducer
+from rlstream.producers.client.producer import DeliveryError, EventProducer, TransactionAborted
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.weights import retention
 from rlstream.producers.weights.chunks import write_chunks
@@ -395,12 +395,41 @@ class WeightPublisher:
         offsets: Sequence[TopicPartition] = (),
         group_metadata: object | None = None,
         timeout: float = 60.0,
+        attempts: int = 1,
     ) -> dict[str, Any]:
         """Write the chunks of ``version`` (as long as they take, no transaction open), then
         commit its manifest in a transaction of its own with the consumer ``offsets`` (of the
         group ``group_metadata`` names) that formed the version, if any. ``timeout`` bounds each
         call of that transaction. On any failure the transaction is aborted, the publish rolled
-        back (its chunks, if written, are orphans), and the error raised."""
+        back (its chunks, if written, are orphans), and the error raised; an aborted transaction
+        (``TransactionAborted``: e.g. a hung call that replaced the producer) is tried again, the
+        whole publish, up to ``attempts`` times in all, when this publisher is the only rank."""
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._publish_version(
+                    state, version, step_inputs, stats, force_keyframe, offsets, group_metadata,
+                    timeout,
+                )  # fmt: skip
+            except TransactionAborted as exc:
+                if self.ranks is not None or attempt == attempts:
+                    raise
+                log.warning(
+                    "version %d not committed (%s): publishing it again (%d of %d)",
+                    version, exc, attempt + 1, attempts,
+                )  # fmt: skip
+        raise AssertionError("unreachable: the last attempt returned or raised")
+
+    def _publish_version(
+        self,
+        state: State,
+        version: int,
+        step_inputs: Sequence[Mapping[str, Any]],
+        stats: Mapping[str, float] | None,
+        force_keyframe: bool,
+        offsets: Sequence[TopicPartition],
+        group_metadata: object | None,
+        timeout: float,
+    ) -> dict[str, Any]:
         staged = self._stage(state, version, step_inputs, stats, force_keyframe)
         if self.ranks is not None and self.ranks.rank > 0:
             return self._await_commit(staged)

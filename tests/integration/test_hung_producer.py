@@ -69,3 +69,54 @@ def test_a_hung_call_replaces_the_producer_and_the_batch_commits_once(kafka, uni
     finally:
         release.set()
         consumer.close()
+
+
+class _StuckOnce(_Stuck):
+    """Stuck in its first ``send_offsets_to_transaction`` only (a new instance replaces it)."""
+
+
+def test_a_version_whose_commit_hung_is_published_again_and_committed_once(
+    kafka, unique_run
+) -> None:
+    """The learner's publish (one rank) survives the hang in place: the first manifest
+    transaction is aborted when its producer is replaced, the version is published again on the
+    new instance, and exactly one manifest of it, with the step's offsets, is committed."""
+    import numpy as np
+
+    from rlstream.producers.client.admin import ensure_run_topics
+    from rlstream.producers.weights.publisher import rank_publisher
+    from rlstream.schemas import events, topics
+    from rlstream.schemas.deltacodec import TensorBits
+
+    ensure_run_topics(kafka, unique_run)
+    src = f"{unique_run}.admitted-src"
+    make_topics(kafka, src, partitions=1)
+    group = f"hung-learner-{uuid.uuid4().hex[:8]}"
+    consumer = Consumer({**kafka.librdkafka(), "group.id": group, "enable.auto.commit": "false"})
+    settings = kafka.model_copy(update={"hung_call_exit_s": 1.0})
+    pub = rank_publisher(settings, unique_run, "policy", f"rlstream.{unique_run}.learner.0")
+    release = threading.Event()
+    stuck = _StuckOnce(pub.producer._producer, release)
+    pub.producer._producer = stuck  # type: ignore[assignment]
+    bits = np.arange(4096, dtype=np.uint16)
+    try:
+        consumer.subscribe([src])
+        consumer.poll(1.0)
+        rec = pub.publish_version(
+            {"w": TensorBits("bfloat16", (4096,), bits)},
+            0,
+            offsets=[TopicPartition(src, 0, 5)],
+            group_metadata=consumer.consumer_group_metadata(),
+            timeout=10,
+            attempts=2,
+        )
+        assert rec["version"] == 0 and pub.producer.replacements == 1
+        manifests = read_all(kafka, topics.topic_name(unique_run, "weights.manifests"))
+        versions = [events.decode(value).record["version"] for _, value, _ in manifests]
+        assert versions == [0]
+        (committed,) = consumer.committed([TopicPartition(src, 0)], timeout=10)
+        assert committed.offset == 5
+    finally:
+        release.set()
+        pub.close()
+        consumer.close()
