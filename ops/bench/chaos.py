@@ -329,16 +329,21 @@ class Driver:
         return [f"failover_{k}" for k in KINDS] * self.args.failovers
 
     def _fault_failover_leader(self, i: int) -> str:
-        return str(self.failover.inject("leader"))
+        return str(self.failover.inject("leader", work_left=self._work_left()))
 
     def _fault_failover_coordinator(self, i: int) -> str:
-        return str(self.failover.inject("coordinator"))
+        return str(self.failover.inject("coordinator", work_left=self._work_left()))
 
     def _fault_failover_controller(self, i: int) -> str:
-        return str(self.failover.inject("controller"))
+        return str(self.failover.inject("controller", work_left=self._work_left()))
 
     def _fault_failover_roll(self, i: int) -> str:
-        return str(self.failover.inject("roll"))
+        return str(self.failover.inject("roll", work_left=self._work_left()))
+
+    def _work_left(self) -> bool:
+        """Tasks are still being decided: the scheduler ends once every task was."""
+        scheduler = next(r for r in self.roles if r.name == "scheduler")
+        return scheduler.proc.poll() is None
 
     def failover_figures(self) -> dict[str, Any]:
         brokers = getattr(self.args, "brokers", 1)

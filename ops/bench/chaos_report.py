@@ -72,17 +72,27 @@ def combine(runs: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
         out["replication_factor"] = runs[0]["replication_factor"]
         out["stalls_s"] = stalls
         out["max_stall_s"] = max(known) if known else None
+        for key in ("faults_after_the_work", "faults_never_recovered"):
+            if all(key in r for r in runs):
+                out[key] = sum(r[key] for r in runs)
         if all("stall_kinds" in r for r in runs):
             out["stall_kinds"] = [k for r in runs for k in r["stall_kinds"]]
-            out["max_stall_s_by_kind"] = max_by_kind(out["stall_kinds"], stalls)
+            left = [w for r in runs for w in r.get("stall_work_left", [True] * len(r["stalls_s"]))]
+            out["stall_work_left"] = left
+            out["max_stall_s_by_kind"] = max_by_kind(out["stall_kinds"], stalls, left)
     out["per_seed"] = runs
     return out
 
 
-def max_by_kind(kinds: list[str], stalls: list[float | None]) -> dict[str, float | None]:
-    """The longest stall after each kind of broker fault (None: no version came after it)."""
+def max_by_kind(
+    kinds: list[str], stalls: list[float | None], work_left: list[bool]
+) -> dict[str, float | None]:
+    """The longest stall after each kind of broker fault (None: no version came after one
+    that struck while work was left); a fault after the work ended counts for nothing."""
     out: dict[str, float | None] = {}
-    for kind, stall in zip(kinds, stalls, strict=True):
+    for kind, stall, left in zip(kinds, stalls, work_left, strict=True):
+        if stall is None and not left:
+            continue
         if stall is None or out.get(kind, 0.0) is None:
             out[kind] = None
         else:
@@ -96,6 +106,8 @@ def held(r: dict[str, Any]) -> bool:
     seeds, every run did."""
     if "per_seed" in r:
         return all(held(one) for one in r["per_seed"])
+    if r.get("faults_never_recovered"):
+        return False  # work was left and no version ever came after a broker fault
     zero = (
         "groups_lost",
         "groups_decided_twice",
@@ -154,7 +166,9 @@ def _failover_lines(r: dict[str, Any]) -> list[str]:
         f"{r['leader_kills']} leader, {r['coordinator_kills']} coordinator and "
         f"{r['controller_kills']} controller kills, {r['rolling_restarts']} rolling restarts; "
         f"stall after each {_each_stall(r)} (max {r['max_stall_s']} s; versions every "
-        f"{r.get('version_gap_p50_s')} s, median, without a fault)"
+        f"{r.get('version_gap_p50_s')} s, median, without a fault; "
+        f"{r.get('faults_after_the_work', 0)} struck after the work ended, "
+        f"{r.get('faults_never_recovered', 0)} never recovered from)"
     ]
 
 

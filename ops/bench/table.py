@@ -241,6 +241,10 @@ def _chaos(r: dict[str, Any]) -> Cells:
             f"{r['controller_kills']} controller kills, {r['rolling_restarts']} rolling "
             f"restarts, next version within **{_f(r['max_stall_s'], 1)} s** of each (max)"
         )
+        if r.get("faults_after_the_work"):
+            figure += f" ({r['faults_after_the_work']} struck after the work ended: no stall)"
+        if r.get("faults_never_recovered"):
+            figure += f"; **{r['faults_never_recovered']}** never recovered from"
     return figure, "none: the figures are invariants"
 
 
@@ -372,6 +376,22 @@ def _publish(r: dict[str, Any]) -> Cells:
     )
 
 
+def _plan(r: dict[str, Any]) -> Cells:
+    checks = "; ".join(
+        f"{c['kind']} {c['what'].removesuffix('_s')} {c['predicted_s']} s predicted, "
+        f"{c['measured_s']} s measured"
+        for c in r["checks"]
+    )
+    scale = r["scale"]
+    return (
+        f"sizing model fitted at {r['calibrate_gb']} GB, checked at {r['check_gb']} GB: "
+        f"{checks}; worst error **{r['max_error']:.0%}** (target {r['target_error']:.0%}: "
+        f"{'held' if r['held'] else 'missed'}); at 1 TB / 50 GB deltas, 4 regions: lands in "
+        f"{scale['land_s']} s as given, dominant {scale['dominant']}",
+        "measured times of the same versions (the model predicts them)",
+    )
+
+
 def _router_replay(r: dict[str, Any]) -> Cells:
     w, wo = r["with_replay"], r["without_replay"]
     return (
@@ -484,6 +504,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], Cells]] = {
     "geo-3b": _geo,
     "ingest": _ingest,
     "learner": _learner,
+    "plan": _plan,
     "publish": _publish,
     "router-replay": _router_replay,
     "stability": _stability,

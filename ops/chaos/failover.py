@@ -184,13 +184,17 @@ class BrokerFaults:
     done: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     times: list[float] = field(default_factory=list)
     kinds: list[str] = field(default_factory=list)  # of each fault in ``times``
+    # whether work was left when each fault struck (tasks not yet all decided): a fault after
+    # the run's work ended is followed by no version, and that is no stall
+    work_left: list[bool] = field(default_factory=list)
 
-    def inject(self, kind: str) -> str:
+    def inject(self, kind: str, work_left: bool = True) -> str:
         from rlstream.ops import cluster
         from rlstream.schemas import topics
 
         settings = cluster.load(self.home).settings(self.region)
         self.kinds.append(kind)
+        self.work_left.append(work_left)
         if kind == "roll":
             self.times.append(time.time())
             took = rolling_restart(self.home, self.region, self.heap)
@@ -213,6 +217,7 @@ class BrokerFaults:
         commits = commit_times(settings, self.run)
         measured = stalls(commits, self.times)
         known = [s for s in measured if s is not None]
+        after_work = [s is None and not w for s, w in zip(measured, self.work_left, strict=True)]
         return {
             "brokers": brokers,
             "replication_factor": replication(brokers)[0],
@@ -222,7 +227,12 @@ class BrokerFaults:
             "rolling_restarts": self.done["roll"],
             "stalls_s": measured,
             "stall_kinds": self.kinds,
+            "stall_work_left": self.work_left,
             "max_stall_s": max(known) if known else None,
+            # no version after them: struck once the work was done (no stall), or while work
+            # was left (the run never recovered)
+            "faults_after_the_work": sum(after_work),
+            "faults_never_recovered": sum(s is None for s in measured) - sum(after_work),
             "version_gap_p50_s": version_gap_p50(commits),
             "broker_rss_mb": broker_rss_mb(self.home, self.region),
         }

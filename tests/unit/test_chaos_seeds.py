@@ -46,3 +46,16 @@ def test_stalls_are_told_apart_by_the_fault_that_caused_them() -> None:
     r = combine([a, b], [0, 1])
     assert r["stall_kinds"] == ["leader", "roll", "roll", "leader"]
     assert r["max_stall_s_by_kind"] == {"leader": 3.0, "roll": None}
+
+
+def test_a_fault_after_the_work_ended_is_no_stall_but_one_never_recovered_fails() -> None:
+    done = _run(stalls=[3.0, None])
+    done.update(stall_kinds=["leader", "roll"], stall_work_left=[True, False])
+    done.update(faults_after_the_work=1, faults_never_recovered=0)
+    stuck = _run(stalls=[2.0, None])
+    stuck.update(stall_kinds=["leader", "roll"], stall_work_left=[True, True])
+    stuck.update(faults_after_the_work=0, faults_never_recovered=1)
+    r = combine([done, done], [0, 1])
+    assert r["max_stall_s_by_kind"] == {"leader": 3.0} and r["faults_after_the_work"] == 2
+    assert held(r)
+    assert not held(combine([done, stuck], [0, 1]))
