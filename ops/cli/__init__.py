@@ -33,6 +33,7 @@ COMMANDS = (
     "rlstream.ops.cli.cmd_export",
     "rlstream.ops.cli.cmd_config",
     "rlstream.ops.cli.cmd_trust",
+    "rlstream.ops.cli.cmd_plan",
 )
 # Command modules added as the features land are appended here.
 

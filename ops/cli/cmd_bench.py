@@ -29,6 +29,7 @@ BENCHES = (
     "rlstream.ops.bench.verdicts",
     "rlstream.ops.bench.role_start",
     "rlstream.ops.bench.tidal",
+    "rlstream.ops.bench.plan",
 )
 # Benchmarks added as the features land are appended here.
 

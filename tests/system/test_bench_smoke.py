@@ -52,11 +52,26 @@ CASES = {
         ["--seconds", "0.5", "--reps", "1", "--concurrency", "2,4", "--warmup", "0.5"],
         ["ratio", "stored_check", "levels"],
     ),
+    "plan": (
+        [
+            *(
+                "--calibrate-gb",
+                "0.01,0.02",
+                "--check-gb",
+                "0.04",
+                "--trials",
+                "1",
+                "--tensor-mb",
+                "2",
+            )
+        ],
+        ["rates", "checks", "held", "max_error", "scale"],
+    ),
 }
 
 
 #: Benchmarks that reach Kafka by a bare bootstrap address (``async``: roles given one).
-ON_KAFKA = {"bus", "sync", "ingest", "async"}
+ON_KAFKA = {"bus", "sync", "ingest", "async", "plan"}
 UNSECURED = pytest.mark.unsecured_only("the benchmark is given a bare bootstrap, no credentials")
 
 
@@ -68,7 +83,7 @@ def test_bench_runs_and_keeps_its_result(
 ) -> None:
     args, keys = CASES[bench]
     env = {**os.environ, "RLSTREAM_RESULTS": str(tmp_path)}
-    if bench in ("bus", "sync", "ingest"):
+    if bench in ("bus", "sync", "ingest", "plan"):
         args = [*args, "--bootstrap", kafka.bootstrap_servers]
     if bench == "async":  # the pipeline runs on the session's local cluster
         args = [*args, "--home", str(cluster_home)]

@@ -154,10 +154,11 @@ ROOMS: dict[str, set[str]] = {
     "ops.forensics": {"ops.run"},  # replay, lineage, forget
     "ops.chaos": {"ops.run", "ops.cluster", "ops.observe"},  # faults, attacks, failover
     "ops.demo": {"ops.run", "ops.cluster", "ops.observe"},
-    "ops.bench": {"ops.run", "ops.observe", "ops.cluster", "ops.chaos", "ops.demo"},
+    "ops.plan": set(),  # the sizing model: arithmetic only
+    "ops.bench": {"ops.run", "ops.observe", "ops.cluster", "ops.chaos", "ops.demo", "ops.plan"},
     "ops.cli": {  # the top: none imports it
         *("ops.run", "ops.observe", "ops.cluster", "ops.bench", "ops.forensics", "ops.chaos"),
-        "ops.demo",
+        *("ops.demo", "ops.plan"),
     },
 }
 
