@@ -52,8 +52,11 @@ class Rates:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Rates:
-        out = {f.name: data[f.name] for f in fields(cls)}
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in out.items()})
+        out: dict[str, Any] = {}
+        for f in fields(cls):
+            value = data[f.name]
+            out[f.name] = tuple(value) if isinstance(value, list) else value  # JSON has no tuples
+        return cls(**out)
 
     def encode_s(self, kind: str, raw_gb: float, cores: int) -> float:
         fixed, per_gb = self.encode_keyframe if kind == "keyframe" else self.encode_delta
