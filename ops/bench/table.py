@@ -376,6 +376,10 @@ def _publish(r: dict[str, Any]) -> Cells:
     )
 
 
+def _sizes(gb: Any) -> str:
+    return " and ".join(f"{g:g}" for g in gb) if isinstance(gb, list) else str(gb)
+
+
 def _plan(r: dict[str, Any]) -> Cells:
     checks = "; ".join(
         f"{c['kind']} {c['what'].removesuffix('_s')} {c['predicted_s']} s predicted, "
@@ -384,7 +388,7 @@ def _plan(r: dict[str, Any]) -> Cells:
     )
     scale = r["scale"]
     return (
-        f"sizing model fitted at {r['calibrate_gb']} GB, checked at {r['check_gb']} GB: "
+        f"sizing model fitted at {_sizes(r['calibrate_gb'])} GB, checked at {r['check_gb']:g} GB: "
         f"{checks}; worst error **{r['max_error']:.0%}** (target {r['target_error']:.0%}: "
         f"{'held' if r['held'] else 'missed'}); at 1 TB / 50 GB deltas, 4 regions: lands in "
         f"{scale['land_s']} s as given, dominant {scale['dominant']}",
