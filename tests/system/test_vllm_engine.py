@@ -212,8 +212,9 @@ def _split_rows(engine: VllmEngine, gate: ReadyAfter, delay: float, seed: int) -
 def test_a_new_version_goes_in_during_a_generation_and_rows_continue(
     tmp_path: Path, base: dict[str, torch.Tensor]
 ) -> None:
+    tries = 8
     states = {0: base}
-    for v in range(1, 8):
+    for v in range(1, tries + 2):  # a version per try, and one a late try pushes after it
         states[v] = perturbed(states[v - 1], v, scale=0.05)
     gate = ReadyAfter(states)
     # no canary checks here: this test times where a version lands in a generation, and a
@@ -227,7 +228,7 @@ def test_a_new_version_goes_in_during_a_generation_and_rows_continue(
         # rows take from one try to the next: each try arms it at a share of the last try's
         # generation, a smaller share after a late landing, a larger one after an early one
         share, landed = 0.4, []
-        for seed in range(1, 9):
+        for seed in range(1, tries + 1):
             where, took = _split_rows(engine, gate, share * took, seed)
             landed.append(f"{where} at {share:.2f}")
             if where == "mid":
