@@ -38,11 +38,12 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlstream.envs.sandbox import cgroup as sandbox_cgroup
+from rlstream.envs.sandbox import client as sandbox_client
 from rlstream.envs.sandbox import zygote as sandbox_zygote
 from rlstream.schemas.derive import LOCAL
 from rlstream.schemas.errors import RlstreamError
@@ -191,7 +192,10 @@ def probe_mode(mode: Mode) -> str:
 
 
 def probe() -> dict[str, str]:
-    """Every mode -> "" when it works here, else why not."""
+    """Every mode -> "" when it works here, else why not (the service's answer, in a process
+    that runs its sandboxes through one)."""
+    if (service := sandbox_client.active()) is not None:
+        return dict(_ask(service, {"op": "probe"}))
     return {mode: probe_mode(mode) for mode in MODES}
 
 
@@ -231,6 +235,8 @@ def run(
     (a file under a file) are the program's fault: a ``crash`` result, nothing run.
     """
     cfg = cfg or SandboxConfig()
+    if (service := sandbox_client.active()) is not None:  # this process dropped root
+        return _through(service, code, cfg, stdin, files, answer)
     mode = choose_mode(cfg)
     if answer is not None and mode == "rlimits" and os.geteuid() != 0:
         raise IsolationUnavailable(
@@ -239,6 +245,43 @@ def run(
             "what the verdict side imports"
         )
     return _run_in(mode, code, cfg, stdin, files, answer)
+
+
+def _through(
+    service: sandbox_client.Client,
+    code: str,
+    cfg: SandboxConfig,
+    stdin: str,
+    files: Mapping[str, bytes | str] | None,
+    answer: str | None,
+) -> SandboxResult:
+    """``run`` by this process's sandbox service (``envs.sandbox.service``): it stays root
+    where this process dropped it; what crosses is the programs and the files, by value."""
+    given = None
+    if files is not None:
+        given = {
+            k: base64.b64encode(v.encode() if isinstance(v, str) else v).decode()
+            for k, v in files.items()
+        }
+    request = {"op": "run", "code": code, "cfg": cfg.model_dump(mode="json"), "stdin": stdin}
+    found = _ask(service, {**request, "files": given, "answer": answer})
+    back = found.pop("files")
+    result = SandboxResult(**found)
+    if back is not None:
+        result.files = {k: base64.b64decode(v) for k, v in back.items()}
+    return result
+
+
+def _ask(service: sandbox_client.Client, request: dict[str, object]) -> Any:
+    """The service's answer; its refusals raised as the local call would raise them."""
+    try:
+        return service.ask(request)
+    except sandbox_client.ServiceError as exc:
+        if exc.kind == "isolation":
+            raise IsolationUnavailable(str(exc)) from None
+        if exc.kind == "value":
+            raise ValueError(str(exc)) from None
+        raise OSError(str(exc)) from None
 
 
 def _run_in(
@@ -373,6 +416,8 @@ def library_of(modules: tuple[str, ...]) -> str:
     package folder or a module file), made once per process for each set under a lock: the
     callers of a scorer's threads must all name the same folder (``SandboxConfig.library``).
     ``ValueError`` naming the modules that do not import here."""
+    if (service := sandbox_client.active()) is not None:
+        return str(_ask(service, {"op": "library", "modules": sorted(set(modules))}))
     with _LIBRARY_LOCK:
         return _library_of(tuple(sorted(set(modules))))
 
