@@ -144,7 +144,13 @@ class MlflowSink:
         self.uri = cfg.tracking_uri or f"sqlite:///{folder / 'mlflow.db'}"
         self.client = mlflow.tracking.MlflowClient(self.uri)
         found = self.client.get_experiment_by_name(cfg.experiment)
-        exp = found.experiment_id if found else self.client.create_experiment(cfg.experiment)
+        # artifacts beside our own store, never in ./mlruns of whatever folder the role ran in
+        beside = None if cfg.tracking_uri else (folder / "mlartifacts").as_uri()
+        exp = (
+            found.experiment_id
+            if found
+            else self.client.create_experiment(cfg.experiment, artifact_location=beside)
+        )
         runs = self.client.search_runs([exp], f"tags.`{TAG}` = '{run}'", max_results=1)
         self.logged: set[tuple[str, int]] = set()
         if runs:

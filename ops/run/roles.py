@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from rlstream.schemas import topics
+
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
@@ -243,16 +245,8 @@ _ROLES = (
         "tracker",
         "rlstream.ops.observe.tracker",  # reads like the dashboard: no group, writes no stream
         RoleAccess(
-            reads=(
-                "tasks",
-                "trajectories",
-                "rewards",
-                "admitted",
-                "rejected",
-                "weights.manifests",
-                "evals",
-                "dlq",
-            ),
+            # every stream of the run its reader follows (ops.observe.analytics.STREAMS)
+            reads=tuple(s for s in topics.RUN_STREAMS if s != "weights.chunks"),
             writes=(),
             group=None,
             transactional=False,
