@@ -21,6 +21,7 @@ BUDGETS = {"fast": 300.0, "system": 1500.0}
 #: Skips that are expected, with why: anything else fails the run.
 ALLOWED_SKIPS = {
     r"CUDA": "the GPU tests: CI has no GPU",
+    r"needs root": "roles as their own OS users, where the suite does not run as root",
     r"RLSTREAM_SECURE": "tests that need a plaintext broker, when the suite runs secured",
     r"RLSTREAM_BOOTSTRAP|needs the local launcher": "tests that start their own brokers, when "
     "the suite runs against an external cluster",

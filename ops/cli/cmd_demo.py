@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -149,9 +150,18 @@ def _demo(args: argparse.Namespace) -> int:
     init_model(learner_cfg, lambda line: print(f"  {line}", flush=True))
     key_file = demo.learner_key_file(args.secure, _home(args), run, out)
     keys = demo.sign_weights(home, run, key_file, learner_cfg.insecure_weights)
-    roles = _start_roles(args, run, config, settings, out / "logs", extra, keys)
+    procs = _processes(args, config)
+    users = _role_users(args, run, out, procs, cache) if args.secure else None
+    roles = _start_roles(args, run, procs, settings, out / "logs", extra, keys, users)
     tracker = demo.start_role(
-        "tracker", run, home, out / "logs", extra, region=regions.trainer, env=keys.env("tracker")
+        "tracker",
+        run,
+        home,
+        out / "logs",
+        extra,
+        region=regions.trainer,
+        home=_home(args) if users is not None and users.enabled else None,
+        env={**keys.env("tracker"), **(users.env("tracker") if users else {})},
     )
     services: list[Any] = []
     editors = None
@@ -209,6 +219,9 @@ def _demo(args: argparse.Namespace) -> int:
     result.update(demo.weights_summary(home, run, config))
     result["learner_ranks"] = learner_cfg.ranks
     result["model"] = demo.model_record(config.policy)
+    result["os_users"] = (
+        users.record() if users else {"enabled": False, "reason": "not secured", "users": {}}
+    )
     result.update(demo.throughput(home, run, config.model, regions))
     result.update(demo.engine_summary(out / "engines"))
     result["feedback"] = None
@@ -259,18 +272,44 @@ def authorize_run(run: str, regions, settings: dict, home: Path) -> None:
         print(f"run {run}: {links} MirrorMaker 2 ACLs on the links", flush=True)
 
 
-def _start_roles(args, run, config, settings, logs: Path, extra: list[str], keys: RunKeys) -> list:
-    """The run's processes (``ops.run.launch.plan``, the tracker apart: it is stopped last),
-    each in its region and given its part of the run's ``keys`` (the signing key file: the
-    learner alone); secured, each finds the cluster in the state folder as its own user."""
-    from rlstream.ops.demo import demo
+def _processes(args, config) -> list:
+    """The run's processes (``ops.run.launch.plan``), the tracker apart: it is stopped last."""
     from rlstream.ops.run.launch import plan
 
-    procs = [
+    return [
         p for p in plan(config, args.rollout_workers, bool(args.feedback)) if p.role != "tracker"
     ]
+
+
+def _start_roles(args, run, procs, settings, logs: Path, extra, keys: RunKeys, users) -> list:
+    """``procs``, each in its region and given its part of the run's ``keys`` (the signing key
+    file: the learner alone); secured, each finds the cluster in the state folder as its own
+    Kafka user, and runs as its own OS user where ``users`` says so."""
+    from rlstream.ops.demo import demo
+
     home = _home(args) if args.secure else None
-    return demo.start_plan(procs, run, settings, logs, extra, keys, home)
+    return demo.start_plan(procs, run, settings, logs, extra, keys, home, users)
+
+
+def _role_users(args, run: str, out: Path, procs: list, cache: str):
+    """A secured demo's roles, each as an OS user of its own (``ops.run.os_users``): the
+    learner owns its state folder, the rollout workers their engine figures, the tracker the
+    run's folder (its store and uploads); where the host does not allow it, the downgrade is
+    said here and recorded in the summary (``os_users``)."""
+    from rlstream.ops.run import os_users
+
+    roles = sorted({p.role for p in procs} | {"tracker"})
+    writes = {"learner": [out / "learner"], "rollout": [out / "engines"]}
+    reads = [out, Path(cache), *([Path(args.config)] if args.config else [])]
+    users = os_users.prepare(roles, writes, reads)
+    if not users.enabled:
+        print(f"run {run}: every role runs as this user: {users.reason}", flush=True)
+        return users
+    tracker = users.users["tracker"]
+    os.chown(out, tracker.pw_uid, tracker.pw_gid)  # the folder alone: the logs stay ours
+    names = ", ".join(f"{r} as {u.pw_name}" for r, u in sorted(users.users.items()))
+    print(f"run {run}: roles as their own OS users: {names}", flush=True)
+    return users
 
 
 def _home(args) -> Path:

@@ -33,6 +33,7 @@ from typing import Any
 
 from rlstream.consumers.consumer import Stopper
 from rlstream.ops.observe.analytics import RunAnalytics
+from rlstream.ops.run.os_users import Users
 from rlstream.producers.client.settings import KafkaSettings
 from rlstream.producers.weights.run_keys import RunKeys
 from rlstream.schemas import topics
@@ -101,9 +102,11 @@ def start_plan(
     shared: list[str],
     keys: RunKeys,
     home: Path | str | None = None,
+    users: Users | None = None,
 ) -> list[RoleProcess]:
     """Each of a run's ``processes`` (``ops.run.launch.Process``) started in its region, with
-    the run's ``shared`` options and its part of the run's ``keys`` (``start_role``)."""
+    the run's ``shared`` options and its part of the run's ``keys`` (``start_role``), as its
+    role's own OS user where ``users`` says so (``ops.run.os_users``)."""
     return [
         start_role(
             p.role,
@@ -114,7 +117,7 @@ def start_plan(
             p.name,
             region=p.region,
             home=home,
-            env=keys.env(p.role),
+            env={**keys.env(p.role), **(users.env(p.role) if users else {})},
         )
         for p in processes
     ]

@@ -22,10 +22,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlstream.ops.run.os_users import OS_USER_ENV
 from rlstream.ops.run.roles import HUNG_TRANSACTION_S, ROLES
 
 if TYPE_CHECKING:
     from rlstream.consumers.consumer import RoleContext
+    from rlstream.producers.client.settings import KafkaSettings
     from rlstream.producers.weights.run_keys import RunKeys
 
 
@@ -93,6 +95,8 @@ def prepare(args: argparse.Namespace) -> RoleContext[Any] | int:
         .or_else(_secured_run_keys(args.home, args.run, role))
         .or_else(key_folder_keys(Path(config.learner.state_dir) / args.run, role))
     )
+    if user := os.environ.get(OS_USER_ENV):  # its own OS user from here on (ops.run.os_users)
+        settings, keys = _become(settings, keys, role, user)
     report = ensure_run_topics(settings, args.run, regions=regions, here=region)
     if report.drift:
         print(f"warning: topic drift {report.drift}", file=sys.stderr)
@@ -113,6 +117,41 @@ def prepare(args: argparse.Namespace) -> RoleContext[Any] | int:
         regions=regions,
         keys=keys,
     )
+
+
+def _become(
+    settings: KafkaSettings, keys: RunKeys, role: str, user: str
+) -> tuple[KafkaSettings, RunKeys]:
+    """Drop to ``user`` (``os_users.become``) with what the role read as root kept: its
+    credentials are in ``settings`` already; the files it reads later (the CA of its client,
+    the learner's signing key, the compiled kernels) are read now and written into the user's
+    home, 0600, once it is that user. Refused (exit with the reason) when this process cannot
+    switch users."""
+    import pwd
+
+    from rlstream.ops.run import os_users
+    from rlstream.producers.weights.run_keys import RunKeys
+    from rlstream.schemas.derive import derive
+
+    try:
+        found = pwd.getpwnam(user)
+    except KeyError:
+        raise SystemExit(f"error: ${OS_USER_ENV} names {user!r}, no user of this host") from None
+    if os.geteuid() == found.pw_uid:
+        return settings, keys
+    if os.geteuid() != 0:
+        raise SystemExit(f"error: ${OS_USER_ENV}={user}: only root starts a role as another user")
+    home = Path(found.pw_dir)
+    carry = os_users.compiled(found)
+    if settings.ssl_ca_location:
+        carry[home / "ca.pem"] = Path(settings.ssl_ca_location).read_bytes()
+        settings = derive(settings, ssl_ca_location=str(home / "ca.pem"))
+    if role == "learner" and keys.signing_key and Path(keys.signing_key).exists():
+        carry[home / "weights-signing-key.pem"] = Path(keys.signing_key).read_bytes()
+        keys = RunKeys(keys.verify_hex, str(home / "weights-signing-key.pem"), keys.insecure)
+    os_users.become(user, sandboxed=role in os_users.SANDBOXED, carry=carry)
+    print(f"{role}: running as {user} (uid {os.getuid()})", file=sys.stderr, flush=True)
+    return settings, keys
 
 
 def _secured_run_keys(home: str | None, run: str, role: str) -> RunKeys:

@@ -9,7 +9,11 @@ connecting as its own user. It stops exactly that broker and those processes, by
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import stat
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -33,12 +37,13 @@ from pydantic import SecretStr
 from rlstream.consumers.consumer import make_consumer
 from rlstream.consumers.feedback.seen import FeedbackIdLog
 from rlstream.consumers.read_to_end import read_to_end, reader
+from rlstream.envs.sandbox.zygote import default_python
 from rlstream.ops import cluster
 from rlstream.ops.cli.cmd_acl import apply
 from rlstream.ops.cli.cmd_serve import FEEDBACK_USER, POLICY_USER, service_settings
 from rlstream.ops.cluster import security
 from rlstream.ops.demo.demo import RoleProcess, start_role, stop_roles
-from rlstream.ops.run import acls
+from rlstream.ops.run import acls, os_users
 from rlstream.ops.run.regions import local_settings
 from rlstream.producers.client.admin import ensure_run_topics
 from rlstream.producers.client.producer import EventProducer
@@ -368,3 +373,136 @@ def _wait_for(found, roles: list[RoleProcess], timeout: float = 150.0):
         time.sleep(2.0)
     tails = {r.name: r.log.read_text()[-800:] for r in roles}
     raise AssertionError(f"not within {timeout}s; role logs: {tails}")
+
+
+def test_each_role_runs_as_its_own_os_user(secured: Secured) -> None:
+    """The same loop, each role as an OS user of its own (``ops.run.os_users``): the roles'
+    processes run as their users (the judge's sandbox service alone stays root, and the judge
+    still scores in ``full`` isolation through it), a group is admitted and versions published;
+    the judge's user can read neither the learner's signing key nor the learner's process."""
+    if os_users.unavailable():
+        pytest.skip(f"needs root: {os_users.unavailable()}")
+    run = f"own{uuid.uuid4().hex[:8]}"
+    admin = secured.user("admin")
+    apply(admin, run, secured.state.home)
+    shared = Path(tempfile.mkdtemp(prefix="rlstream-own-", dir="/var/tmp"))
+    shared.chmod(0o755)  # the run's folder: readable by the roles' users (mkdtemp makes 0700)
+    users = {role: os_users.ensure(role) for role in ("learner", "admission", "judge", "rollout")}
+    os_users.give(shared / "learner", users["learner"])
+    recipe = shared / "tiny.toml"
+    recipe.write_text(TINY_RUN)
+    extra = ["--config", str(recipe), "--set", f"learner.state_dir={shared / 'learner'}"]
+    extra += ["--set", f"learner.warm_start_cache={shared / 'learner' / 'warm.pt'}"]
+    roles = [
+        _start_as_own_user(role, run, [*more, *extra], secured.state.home, shared)
+        for role, more in [
+            ("learner", []),
+            ("admission", []),
+            ("judge", ["--name", "tests"]),
+            ("rollout", ["--member", "0"]),
+        ]
+    ]
+    roles.append(start_role("scheduler", run, admin, shared, extra, home=secured.state.home))
+    try:
+        admitted = _wait_for(lambda: decode_all(admin, topics.topic_name(run, "admitted")), roles)
+        assert admitted[0].record["reason"] in (None, ""), admitted[0].record
+        assert max(_wait_for(lambda: _versions(admin, run, least=1), roles)) >= 1
+        workers = {r.name: _children(r.proc.pid) for r in roles if r.name in users}
+        for name, pids in workers.items():
+            assert [_uid(p) for p in pids] == [users[name].pw_uid], (name, pids)
+        service = _children(workers["judge"][0])
+        assert [_uid(p) for p in service] == [0]  # the sandbox service: the only root part
+        key = Path(users["learner"].pw_dir) / "weights-signing-key.pem"
+        assert key.stat().st_uid == users["learner"].pw_uid and key.stat().st_mode & 0o077 == 0
+        learner = workers["learner"][0]
+        for secret in (key, Path(f"/proc/{learner}/environ"), Path(f"/proc/{learner}/mem")):
+            assert _read_as(users["judge"], secret) == "PermissionError", secret
+        assert _read_as(users["learner"], key) == "read"
+    finally:
+        stop_roles(roles)
+    for r in roles[:-1]:
+        assert f"running as {os_users.user_of(r.name)}" in r.log.read_text(), r.name
+    denied = [r.name for r in roles if "AUTHORIZATION_FAILED" in r.log.read_text()]
+    assert denied == [], denied
+    shutil.rmtree(shared, ignore_errors=True)
+
+
+def _start_as_own_user(role: str, run: str, args: list[str], home: Path, logs: Path) -> RoleProcess:
+    """``rlstream run ROLE`` started as root with ``$RLSTREAM_OS_USER`` (as a launcher does).
+    Where this host's interpreter lies under a private home (pyenv in /root, 0700), the role
+    runs in a mount namespace of its own whose view of that home is traversable (an overlay
+    with a 0711 top), as on a host whose interpreter other users may read."""
+    user = os_users.ensure(role)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k != "RLSTREAM_BOOTSTRAP" and not k.startswith("RLSTREAM_KAFKA_")
+    }
+    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    env.update(os_users.Users(True, "", {role: user}).env(role))
+    cmd = [sys.executable, "-m", "rlstream", "run", role, "--run", run, "--home", str(home), *args]
+    private = _private_above(sys.base_prefix)
+    if private is not None:
+        top = logs / f"overlay-{role}"
+        (top / "upper").mkdir(parents=True)
+        (top / "work").mkdir()
+        (top / "upper").chmod(0o711)
+        opts = f"lowerdir={private},upperdir={top / 'upper'},workdir={top / 'work'}"
+        mount = f'mount -t overlay overlay -o {opts} {private} && exec "$@"'
+        cmd = [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            mount,
+            "sh",
+            *cmd,
+        ]
+    log = logs / f"{role}.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    return RoleProcess(role, proc, log)
+
+
+def _private_above(path: str) -> str | None:
+    """The nearest folder above ``path`` that other users cannot traverse, or None."""
+    for folder in [*reversed(Path(path).parents), Path(path)]:
+        if not folder.stat().st_mode & stat.S_IXOTH:
+            return str(folder)
+    return None
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return sorted(found)
+
+
+def _uid(pid: int) -> int:
+    line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x[:4] == "Uid:")
+    return int(line.split()[1])
+
+
+def _read_as(user, path: Path) -> str:
+    """``read``, or the name of the error a process of ``user`` gets reading ``path``."""
+    probe = (
+        "import sys\ntry:\n    open(sys.argv[1], 'rb').read(1)\n    print('read')\n"
+        "except OSError as e:\n    print(type(e).__name__)"
+    )
+    done = subprocess.run(
+        [default_python(), "-I", "-S", "-c", probe, str(path)],
+        user=user.pw_uid, group=user.pw_gid, extra_groups=[], cwd="/",
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    return done.stdout.strip() or done.stderr.strip()[-300:]
