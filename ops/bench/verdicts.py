@@ -9,14 +9,17 @@ driver's ``list`` role), the two arms interleaved in alternating order so drift 
 on both. Reported per package: the median time of each arm, the median of the paired
 differences with its 95% interval (order statistics of the paired differences), and the
 policy check alone. Every test must pass in both arms (the reference patch), so the defences
-are timed on work that gets through them. With ``--json`` the last stdout line is one JSON
-object; ``--save`` also keeps it in the results folder.
+are timed on work that gets through them. Run as root, a third arm scores the defended path
+through the sandbox service (``envs.sandbox.service``: what a role running as its own OS user
+pays, ``service_added_ms``, paired against the defended path run here). With ``--json`` the last
+stdout line is one JSON object; ``--save`` also keeps it in the results folder.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from typing import Any
@@ -47,6 +50,7 @@ def _main(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from rlstream.envs import patch_policy, repo, repo_tools, sandbox
+    from rlstream.envs.sandbox import client as sandbox_client
     from rlstream.ops.bench.common import median_ci95, progress
 
     fam = repo.RepoFamily("repo", repo.RepoConfig(eval_fraction=0.0))
@@ -64,18 +68,31 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         outcomes = json.loads((result.stdout.strip().splitlines() or ["[{}]"])[-1])[0]
         return all(outcomes.get(t) == "passed" for t in must)
 
+    client = sandbox_client.start() if os.geteuid() == 0 else None
+    sandbox_client.use(None)  # each arm says where it runs
+
+    def scored(task: repo.RepoTask, arm: str) -> bool:
+        if arm == "undefended":
+            return undefended(task)
+        sandbox_client.use(client if arm == "service" else None)
+        try:
+            return fam.score_patch(task, task.patch, args.isolation).passed
+        finally:
+            sandbox_client.use(None)
+
+    arms = ["defended", "undefended", *(["service"] if client else [])]
     packages = {}
     for name, task in firsts.items():
-        fam.score_patch(task, task.patch, args.isolation)  # warm: the library, the zygote
-        times: dict[bool, list[float]] = {True: [], False: []}
+        for arm in arms:  # warm: the library, the zygote, the service's own
+            scored(task, arm)
+        times: dict[str, list[float]] = {arm: [] for arm in arms}
         for i in range(args.pairs):
-            for defended in (True, False) if i % 2 == 0 else (False, True):
+            for arm in arms[i % len(arms) :] + arms[: i % len(arms)]:  # each arm leads in turn
                 t0 = time.perf_counter()
-                ok = fam.score_patch(task, task.patch, args.isolation).passed if defended else (
-                    undefended(task))  # fmt: skip
-                times[defended].append(time.perf_counter() - t0)
+                ok = scored(task, arm)
+                times[arm].append(time.perf_counter() - t0)
                 if not ok:
-                    raise RuntimeError(f"{task.instance_id}: reference patch failed ({defended})")
+                    raise RuntimeError(f"{task.instance_id}: reference patch failed ({arm})")
         tree = fam.loaded.trees[task.base]
         base, files = repo.base_files(task, tree), repo.prepared(task, tree, task.patch)
         assert isinstance(files, dict)
@@ -83,15 +100,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for _ in range(args.pairs):
             patch_policy.check(base, files)
         policy_ms = (time.perf_counter() - t0) / args.pairs * 1000
-        diffs = [(a - b) * 1000 for a, b in zip(times[True], times[False], strict=True)]
+        diffs = [
+            (a - b) * 1000 for a, b in zip(times["defended"], times["undefended"], strict=True)
+        ]
         packages[name] = {
-            "with_defences_ms": round(statistics.median(times[True]) * 1000, 1),
-            "without_ms": round(statistics.median(times[False]) * 1000, 1),
+            "with_defences_ms": round(statistics.median(times["defended"]) * 1000, 1),
+            "without_ms": round(statistics.median(times["undefended"]) * 1000, 1),
             "added_ms_median": round(statistics.median(diffs), 1),
             "added_ms_ci95": [round(x, 1) for x in median_ci95(diffs)],
             "policy_check_ms": round(policy_ms, 3),
         }
+        if client is not None:
+            via = [(a - b) * 1000 for a, b in zip(times["service"], times["defended"], strict=True)]
+            packages[name]["service_added_ms_median"] = round(statistics.median(via), 1)
+            packages[name]["service_added_ms_ci95"] = [round(x, 1) for x in median_ci95(via)]
         progress(f"{name}: {packages[name]}")
+    if client is not None:
+        client.close()
     return {"pairs": args.pairs, "isolation": args.isolation, "packages": packages}
 
 
@@ -103,5 +128,10 @@ def _lines(result: dict[str, Any]) -> list[str]:
             f"  {name:20} {p['with_defences_ms']:7.1f} ms vs {p['without_ms']:7.1f} ms: "
             f"added {p['added_ms_median']:+.1f} ms (95% {lo:+.1f}..{hi:+.1f}); "
             f"policy check {p['policy_check_ms']:.3f} ms"
+            + (
+                f"; through the sandbox service {p['service_added_ms_median']:+.1f} ms"
+                if "service_added_ms_median" in p
+                else ""
+            )
         )
     return out
