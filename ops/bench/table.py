@@ -463,13 +463,12 @@ def _verdicts(r: dict[str, Any]) -> Cells:
 
     figure = "judged apart from the patch, added per scored answer (median of "
     figure += f"{r['pairs']} pairs): " + "; ".join(each(n, q) for n, q in r["packages"].items())
-    via = [
-        q["service_added_ms_median"]
-        for q in r["packages"].values()
-        if "service_added_ms_median" in q
-    ]
-    if via:  # the role as its own OS user: its sandboxes through the root service
-        figure += f"; through the sandbox service {min(via):+.1f}..{max(via):+.1f} ms more"
+    via = [q for q in r["packages"].values() if "service_added_ms_median" in q]
+    if via:  # a role as its own OS user: its sandboxes through the root service
+        spans = all(lo <= 0 <= hi for lo, hi in (q["service_added_ms_ci95"] for q in via))
+        each_ms = "/".join(f"{q['service_added_ms_median']:+.1f}" for q in via)
+        figure += f"; through the sandbox service {each_ms} ms more"
+        figure += " (every 95% interval spans 0)" if spans else ""
     base = "; ".join(
         f"{n.split('==')[0]} {q['without_ms']:.0f} ms" for n, q in r["packages"].items()
     )
