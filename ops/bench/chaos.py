@@ -505,6 +505,11 @@ class Driver:
             "dead_letters_of_genuine_records": sum(
                 len(v) for k, v in letters.items() if k not in injected_at
             ),
+            "dead_letters_of_genuine_records_by_reason": dict(
+                collections.Counter(
+                    r for k, v in letters.items() if k not in injected_at for r in v
+                )
+            ),
             "forged_injected": len(self.forged),
             "forged_refused": sum(1 for f in self.forged if f.offset in refused),
             "forged_refusals_logged": sum(len(v) for k, v in refused.items() if k in forged_at),

@@ -18,6 +18,10 @@ _SUMMED = [
     "groups_trained",
     "groups_trained_twice",
     "groups_trained_unadmitted",
+    "inputs_trained",
+    "inputs_trained_twice",
+    "groups_admitted_untrained",
+    "groups_rejected_unjudged",
     "poison_injected",
     "poison_dead_lettered",
     "poison_missed",
@@ -112,12 +116,13 @@ def held(r: dict[str, Any]) -> bool:
         "groups_lost",
         "groups_decided_twice",
         "groups_trained_twice",
+        "inputs_trained_twice",  # absent from results kept before it was counted
         "poison_trained",
         "roles_given_up",
         "genuine_refused",
     )
     attacks_held = all(held_off(a) for a in r["attacks"].values())
-    return all(r[k] == 0 for k in zero) and r["feedback_stored"] == 1 and attacks_held
+    return all(r.get(k, 0) == 0 for k in zero) and r["feedback_stored"] == 1 and attacks_held
 
 
 def held_off(attempts: dict[str, int]) -> bool:
@@ -140,6 +145,11 @@ def lines(r: dict[str, Any]) -> list[str]:
         f"groups: {r['groups_released']} released, {r['groups_decided']} decided, "
         f"{r['groups_lost']} lost, {r['groups_trained_twice']} trained twice "
         f"({r['groups_trained']} trained, {r['groups_reissued']} re-issued)",
+        f"inputs: {r.get('inputs_trained', '?')} trained, "
+        f"{r.get('inputs_trained_twice', '?')} twice; admitted never trained "
+        f"{r.get('groups_admitted_untrained', '?')}, rejected unjudged (judge_error) "
+        f"{r.get('groups_rejected_unjudged', '?')}; dead letters of genuine records by reason "
+        f"{r.get('dead_letters_of_genuine_records_by_reason', '?')}",
         f"faults: {r['role_kills']} role kills ({r['role_restarts']} restarts logged, "
         f"{r['roles_given_up']} given up), {r['broker_kills']} broker kills",
         f"poison: {r['poison_dead_lettered']} of {r['poison_injected']} records dead-lettered "

@@ -8,13 +8,18 @@ trained twice, from the log alone (never from what a driver believes it did):
 - decided: per group id, one entry per decision on the admitted or rejected stream
   (``"admitted"`` or the rejection reason; the first part of a split decision only);
 - trained: the group ids behind every published version's inputs, in version order (a keyframe
-  and a delta of one version share their inputs and count once). Only manifests the run's
-  manifest log accepts count: a forged, foreign-key or implausible manifest (refused by
-  ``consumers.weights.manifest_log`` with the run's key) trains nothing.
+  and a delta of one version share their inputs and count once), and every input reference
+  with its multiplicity (``inputs``: the same admitted record named twice, in one step or in
+  two, is trained twice). Only manifests the run's manifest log accepts count: a forged,
+  foreign-key or implausible manifest (refused by ``consumers.weights.manifest_log`` with the
+  run's key) trains nothing.
 
 ``Ledger.figures`` states the rules as numbers: every released group decided (``groups_lost``
-0), decided once, trained at most once and only when admitted. Group ids a caller names as
-foreign (a chaos driver's own poison, say) are counted apart and never as lost.
+0), decided once, trained at most once and only when admitted. It also reports what is not a
+failure by itself: admitted groups never trained (the run ended before their step) and
+rejections that are no verdict on the samples (``judge_error``: the judge could not score
+them). Group ids a caller names as foreign (a chaos driver's own poison, say) are counted
+apart and never as lost.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ class Ledger:
     trained: list[str]  # group ids behind every published version's inputs
     online: dict[str, list[str]] = field(default_factory=dict)
     """feedback-rl's decisions (``source`` online: groups of editor feedback, not of tasks)."""
+    inputs: list[tuple[tuple[str, int, int], str]] = field(default_factory=list)
+    """Every input reference of every accepted version, with its group id, as often as named."""
 
     @property
     def reissued(self) -> set[str]:
@@ -49,7 +56,12 @@ class Ledger:
         the run and is counted in ``foreign_decided``/``foreign_trained`` only."""
         own = {g: v for g, v in self.decided.items() if not foreign(g)}
         counts = collections.Counter(g for g in self.trained if g not in self.online)
+        named = collections.Counter(ref for ref, _ in self.inputs)
+        for ref, group in dict(self.inputs).items():  # a record named twice trains it twice
+            if group not in self.online and named[ref] > 1:
+                counts[group] = max(counts[group], named[ref])
         admitted = {g for g, v in own.items() if v == ["admitted"]}
+        released = set(self.released)
         return {
             "groups_released": len(self.released),
             "groups_reissued": len(self.reissued),
@@ -62,6 +74,12 @@ class Ledger:
             "groups_trained_twice": sum(1 for c in counts.values() if c > 1),
             "groups_trained_unadmitted": sum(
                 1 for g in counts if not foreign(g) and g not in admitted
+            ),
+            "inputs_trained": sum(named.values()),
+            "inputs_trained_twice": sum(1 for c in named.values() if c > 1),
+            "groups_admitted_untrained": len((admitted & released) - set(counts)),
+            "groups_rejected_unjudged": sum(
+                1 for g, v in own.items() if g in released and "judge_error" in v
             ),
             "foreign_decided": sum(1 for g in self.decided if foreign(g)),
             "foreign_trained": sum(1 for g in counts if foreign(g)),
@@ -87,7 +105,8 @@ def read_ledger(settings: KafkaSettings, run: str, timeout: float = 60.0) -> Led
             if rec["part_index"] == 0:
                 into = online if rec.get("source") == "online" else decided
                 into[rec["group_id"]].append(rec["reason"] or "admitted")
-    return Ledger(dict(released), dict(decided), _trained(manifests, by_ref), dict(online))
+    inputs = _inputs(manifests, by_ref)
+    return Ledger(dict(released), dict(decided), _trained(manifests, by_ref), dict(online), inputs)
 
 
 def trained_groups(settings: KafkaSettings, run: str, timeout: float = 60.0) -> list[str]:
@@ -111,6 +130,22 @@ def _trained(manifests: list[dict[str, Any]], by_ref: dict[Any, str]) -> list[st
         refs = {(r["topic"], r["partition"], r["offset"]) for r in rec["step_inputs"]}
         groups += sorted({by_ref[r] for r in refs})
     return groups
+
+
+def _inputs(
+    manifests: list[dict[str, Any]], by_ref: dict[Any, str]
+) -> list[tuple[tuple[str, int, int], str]]:
+    """Every input reference of every accepted version (a version's first manifest), as often
+    as its manifest names it, with the group id it holds."""
+    seen, out = set(), []
+    for rec in manifests:
+        if rec["version"] in seen:
+            continue
+        seen.add(rec["version"])
+        for r in rec["step_inputs"]:
+            ref = (r["topic"], r["partition"], r["offset"])
+            out.append((ref, by_ref[ref]))
+    return out
 
 
 def accepted_manifests(
