@@ -111,13 +111,16 @@ def unreachable(user: pwd.struct_passwd, paths: list[Path]) -> list[str]:
         "import os, sys, rlstream.ops.run.role_main; "
         "print('\\n'.join(p for p in sys.argv[1:] if not os.access(p, os.R_OK)))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", probe, *map(str, paths)],
-        user=user.pw_uid, group=user.pw_gid, extra_groups=[], cwd="/",
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", probe, *map(str, paths)],
+            user=user.pw_uid, group=user.pw_gid, extra_groups=[], cwd="/",
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    except OSError:  # the interpreter itself cannot be run as that user
+        return [f"{os.path.realpath(sys.executable)} (not executable as {user.pw_name})"]
     if done.returncode != 0:
-        return [f"{sys.executable} (rlstream does not import as {user.pw_name})"]
+        return [f"{os.path.realpath(sys.executable)} (rlstream does not import as {user.pw_name})"]
     return [line for line in done.stdout.splitlines() if line]
 
 
