@@ -67,6 +67,7 @@ class ManifestLog(Mapping[Key, dict[str, Any]]):
     ) -> None:
         self.settings, self.topic, self.model = settings, topic, model
         self.audit = audit
+        self._cryptographic_seen = False
         if trust is None and verifier is not None:
             trust = Trust(verifier, source="given")
         self.trust = trust or self._resolve()
@@ -295,8 +296,11 @@ class ManifestLog(Mapping[Key, dict[str, Any]]):
     def _judge(self, rec: dict[str, Any]) -> tuple[str, str] | None:
         """``(reason kind, reason)`` when an authentic record is refused all the same."""
         algorithm = hash_algorithm(rec)
-        if self.trust.verifier is not None and not self.audit and algorithm not in CRYPTOGRAPHIC:
+        # a replay accepts a legacy hash only in a log that has used no cryptographic one yet
+        weak_ok = self.audit and not self._cryptographic_seen
+        if self.trust.verifier is not None and not weak_ok and algorithm not in CRYPTOGRAPHIC:
             return "hash", f"hash algorithm {algorithm} is not cryptographic (a signed run)"
+        self._cryptographic_seen |= algorithm in CRYPTOGRAPHIC
         run = _run_of(self.topic)
         if run is not None and rec["run"] != run:
             return "run", f"a manifest of run {rec['run']!r} on {self.topic}"
@@ -342,10 +346,14 @@ def manifests_by_version(
     *,
     audit: bool = False,
     source: str | None = None,
+    verifier: Verifier | None = None,
 ) -> dict[int, dict[str, Any]]:
     """One committed manifest per version of ``run`` (``ManifestLog.by_version``), read to the
     end as of the call (``audit``: by a replay, see ``ManifestLog``; ``source``: from
-    MirrorMaker's copy of that region's log, see ``ManifestLog.of_run``)."""
-    with ManifestLog.of_run(settings, run, model, source=source, audit=audit) as manifests:
+    MirrorMaker's copy of that region's log, see ``ManifestLog.of_run``; ``verifier``: the
+    run's key, given rather than looked up)."""
+    with ManifestLog.of_run(
+        settings, run, model, source=source, audit=audit, verifier=verifier
+    ) as manifests:
         manifests.catch_up(timeout)
         return manifests.by_version()

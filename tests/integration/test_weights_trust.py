@@ -146,6 +146,22 @@ def test_old_xxh3_unsigned_logs_replay_but_a_live_signed_reader_refuses_xxh3(
         assert len(log) == 0 and any("not cryptographic" in r for r in reasons), reasons
 
 
+def test_a_replay_takes_no_weak_hash_once_the_log_used_a_cryptographic_one(
+    kafka: KafkaSettings, unique_run: str
+) -> None:
+    """A replay tolerates legacy hashes for logs written before BLAKE3, not a manifest of the
+    run's own key with a weak hash in a log that already used BLAKE3 (a leaked key's forgery:
+    bench chaos's ``weak_hash``, which the replay of a chaos run took as a version of its own)."""
+    _make_topics(kafka, unique_run)
+    signer = signed_run(kafka, unique_run)
+    learner = Learner(seed=36)
+    _publish(_intruder(kafka, unique_run, signer=signer), learner, range(3))
+    weak = _intruder(kafka, unique_run, signer=signer, hash_algorithm="xxh3_128")
+    weak.resume(learner.states[2], 2, keyframe_version=0)
+    weak.publish_version(learner.step(), 3)
+    assert sorted(manifests_by_version(kafka, unique_run, MODEL, audit=True)) == [0, 1, 2]
+
+
 def test_crafted_chunks_under_a_good_signature_are_refused_and_the_old_weights_keep_serving(
     kafka: KafkaSettings, unique_run: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
