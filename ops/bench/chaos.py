@@ -129,8 +129,28 @@ def run(args: argparse.Namespace, suffix: str = "") -> dict[str, Any]:
         wall = time.monotonic() - started
         result = driver.figures()
         result.update(driver.failover_figures())
+        result.update(replayed(settings, name, driver.keys))
     result["wall_seconds"] = round(wall, 1)
     return result
+
+
+def replayed(settings: Any, run: str, keys: Any) -> dict[str, Any]:
+    """The run replayed from its record (``ops.forensics.replay``): each version's weights
+    rebuilt from the admitted records its manifest names and checked against its state hash.
+    ``replay_reproduced_through``: the last version reproduced bit-exactly; a divergence after a
+    learner restart that took the published weights (no checkpoint of that version) is expected
+    and named in ``replay_detail``."""
+    from rlstream.ops.forensics.replay import replay
+    from rlstream.producers.weights.signing import Verifier
+
+    progress("replaying the run from its record ...")  # the forged manifests refused by its key
+    found = replay(settings, run, log=lambda _line: None, verifier=Verifier.given(keys))
+    through = found.versions if found.diverged_at is None else found.diverged_at - 1
+    return {
+        "replay_reproduced_through": through,
+        "replay_diverged_at": found.diverged_at,
+        "replay_detail": found.detail,
+    }
 
 
 class Driver:

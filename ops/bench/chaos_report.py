@@ -150,6 +150,8 @@ def lines(r: dict[str, Any]) -> list[str]:
         f"{r.get('groups_admitted_untrained', '?')}, rejected unjudged (judge_error) "
         f"{r.get('groups_rejected_unjudged', '?')}; dead letters of genuine records by reason "
         f"{r.get('dead_letters_of_genuine_records_by_reason', '?')}",
+        f"replayed from the record: versions 0-{r.get('replay_reproduced_through', '?')} "
+        f"reproduced bit-exactly{'; ' + r['replay_detail'] if r.get('replay_detail') else ''}",
         f"faults: {r['role_kills']} role kills ({r['role_restarts']} restarts logged, "
         f"{r['roles_given_up']} given up), {r['broker_kills']} broker kills",
         f"poison: {r['poison_dead_lettered']} of {r['poison_injected']} records dead-lettered "

@@ -98,10 +98,13 @@ def replay(
     run: str,
     to_version: int | None = None,
     log: Callable[[str], None] = print,
+    verifier: Any = None,
 ) -> ReplayResult:
-    """Re-run the learner on the recorded admitted stream; see the module docstring."""
+    """Re-run the learner on the recorded admitted stream; see the module docstring.
+    ``verifier``: the run's key, given (else this host's pin, else unverified)."""
     cfg = learner_config(settings, run)
-    manifests = manifests_by_version(settings, run, audit=True)  # old logs replay too
+    # old logs replay too; a forged manifest is refused wherever the run's key is known
+    manifests = manifests_by_version(settings, run, audit=True, verifier=verifier)
     ranks = recorded_ranks(manifests, cfg.ranks)
     if ranks > 1:
         return _replay_ranks(settings, run, to_version, ranks, log, cfg, manifests)

@@ -155,7 +155,10 @@ ROOMS: dict[str, set[str]] = {
     "ops.chaos": {"ops.run", "ops.cluster", "ops.observe"},  # faults, attacks, failover
     "ops.demo": {"ops.run", "ops.cluster", "ops.observe"},
     "ops.plan": set(),  # the sizing model: arithmetic only
-    "ops.bench": {"ops.run", "ops.observe", "ops.cluster", "ops.chaos", "ops.demo", "ops.plan"},
+    "ops.bench": {
+        *("ops.run", "ops.observe", "ops.cluster", "ops.chaos", "ops.demo", "ops.plan"),
+        "ops.forensics",  # bench chaos replays its run from the record
+    },
     "ops.cli": {  # the top: none imports it
         *("ops.run", "ops.observe", "ops.cluster", "ops.bench", "ops.forensics", "ops.chaos"),
         *("ops.demo", "ops.plan"),

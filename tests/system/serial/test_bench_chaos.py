@@ -57,6 +57,10 @@ def test_chaos_bench_loses_nothing_and_shows_every_fault(tmp_path: Path) -> None
     assert r["finished"] and r["groups_released"] == r["groups_decided"] == TASKS, r
     assert r["groups_lost"] == 0 and r["groups_decided_twice"] == 0, r
     assert r["groups_trained"] > 0 and r["groups_trained_twice"] == 0, r
+    assert r["inputs_trained"] >= r["groups_trained"] and r["inputs_trained_twice"] == 0, r
+    # the run replayed from its record: version 0 at least, and a divergence is named
+    assert r["replay_reproduced_through"] >= 0, r
+    assert (r["replay_diverged_at"] is None) == (r["replay_detail"] == ""), r
     assert r["poison_dead_lettered"] > 0 and r["poison_missed"] == 0 and r["poison_trained"] == 0
     assert r["forged_refused"] == r["forged_injected"] == len(ATTACKS), r
     assert r["genuine_refused"] == 0, r
